@@ -1,0 +1,138 @@
+"""Tiny HF models for tests and the demo, built locally with no downloads.
+
+Writes a complete HF directory (config.json, model.safetensors, tokenizer files) that
+`transformers.AutoModelForCausalLM`, `AutoTokenizer` and vLLM all load. Weights are drawn
+with numpy, so neither torch nor jax is needed to make one. The tokenizer is
+character-level, built with `tokenizers`: one token per printable ASCII character plus
+<pad>, <bos>, <eos>.
+
+    python -m bridge.tiny_model --out=/tmp/tiny --family=qwen3
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import string
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from bridge import layouts
+from bridge.model_config import ModelConfig
+
+SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>"]
+PAD_ID, BOS_ID, EOS_ID = 0, 1, 2
+CHARS = string.digits + string.ascii_letters + string.punctuation + " \n"
+
+
+def char_vocab() -> dict[str, int]:
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS)}
+    for ch in CHARS:
+        vocab[ch] = len(vocab)
+    return vocab
+
+
+def tiny_config(family: str = "qwen3", **overrides) -> ModelConfig:
+    """A small config of a family. head_dim >= 32 because vLLM's CPU attention needs it."""
+    vocab = len(char_vocab())
+    base = dict(
+        family=family,
+        vocab_size=128 if vocab <= 128 else vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=2,
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=32,
+        rope_theta=10000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=family != "llama",
+        attention_bias=family == "qwen2",
+        qk_norm=family == "qwen3",
+        max_position_embeddings=512,
+    )
+    base.update(overrides)
+    return ModelConfig(**base)
+
+
+def random_hf_weights(cfg: ModelConfig, seed: int = 0, std: float = 0.02) -> dict[str, np.ndarray]:
+    """HF name -> fp32 array. Norm scales are 1 + noise so parity tests exercise them."""
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in layouts.hf_shapes(cfg).items():
+        if name.endswith("norm.weight") or "layernorm" in name:
+            out[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            out[name] = (std * rng.standard_normal(shape)).astype(np.float32)
+    return out
+
+
+def save_tokenizer(path: str, model_max_length: int = 512) -> None:
+    from tokenizers import Tokenizer, decoders, models
+
+    vocab = char_vocab()
+    # BPE with no merges over a character vocabulary = one token per character, spaces kept.
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False))
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.decoder = decoders.Fuse()
+    tok.save(os.path.join(path, "tokenizer.json"))
+    with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
+        json.dump(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "pad_token": "<pad>",
+                "bos_token": "<bos>",
+                "eos_token": "<eos>",
+                "model_max_length": model_max_length,
+                "clean_up_tokenization_spaces": False,
+            },
+            f,
+            indent=2,
+        )
+    with open(os.path.join(path, "special_tokens_map.json"), "w") as f:
+        json.dump({"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>"}, f)
+
+
+def write_hf_config(path: str, cfg: ModelConfig, dtype: str = "float32") -> None:
+    hf = cfg.to_hf_dict()
+    hf.update(
+        torch_dtype=dtype,
+        bos_token_id=BOS_ID,
+        eos_token_id=EOS_ID,
+        pad_token_id=PAD_ID,
+    )
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(hf, f, indent=2)
+    with open(os.path.join(path, "generation_config.json"), "w") as f:
+        json.dump({"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}, f)
+
+
+def make_tiny_model(path: str, cfg: ModelConfig | None = None, seed: int = 0) -> str:
+    """Write an HF model directory with random weights; returns `path`."""
+    cfg = cfg or tiny_config()
+    os.makedirs(path, exist_ok=True)
+    write_hf_config(path, cfg)
+    save_tokenizer(path, cfg.max_position_embeddings)
+    save_file(
+        random_hf_weights(cfg, seed),
+        os.path.join(path, "model.safetensors"),
+        metadata={"format": "pt"},
+    )
+    return path
+
+
+def main():
+    import argparse
+
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", required=True)
+    p.add_argument("--family", default="qwen3", choices=sorted(layouts.FAMILIES))
+    p.add_argument("--num_layers", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args()
+    print(make_tiny_model(a.out, tiny_config(a.family, num_layers=a.num_layers), a.seed))
+
+
+if __name__ == "__main__":
+    main()

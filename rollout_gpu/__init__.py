@@ -1,0 +1,1 @@
+"""echo2 rollout plane: vLLM workers that generate version-tagged trajectories."""

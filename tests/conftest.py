@@ -1,0 +1,48 @@
+"""Shared fixtures: 8 virtual CPU devices for JAX, tiny HF model dirs, one vLLM engine.
+
+The environment variables must be set before jax or vllm is imported anywhere.
+"""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+# One in-process vLLM engine per test session, with a small KV cache: these machines have
+# 2 cores and vLLM's CPU backend otherwise reserves most of a NUMA node.
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import pytest  # noqa: E402
+
+from bridge import tiny_model  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory):
+    """family -> HF dir of a 2-layer tiny model (Qwen3 tied, Qwen2 with bias, Llama untied)."""
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {
+        fam: tiny_model.make_tiny_model(str(root / fam), tiny_model.tiny_config(fam), seed=i)
+        for i, fam in enumerate(("qwen3", "qwen2", "llama"))
+    }
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tiny_model_dirs):
+    return tiny_model_dirs["qwen3"]
+
+
+@pytest.fixture(scope="session")
+def vllm_engine(tiny_model_dir):
+    """The session's one vLLM engine (fp32, eager) on the tiny Qwen3 model.
+
+    Tests that swap weights into it must restore the original weights when done
+    (see `rollout_gpu` swap tests) so test order does not matter.
+    """
+    from rollout_gpu.engine import make_engine
+
+    engine = make_engine(tiny_model_dir, dtype="float32", max_model_len=256, seed=0)
+    yield engine
+    del engine
