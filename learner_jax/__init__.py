@@ -1,0 +1,1 @@
+"""The learning plane: the Flax policy model, its sharding, checkpoint import and training."""
