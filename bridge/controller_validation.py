@@ -1,0 +1,86 @@
+"""Checks on a submitted group of trajectories, before the controller changes any state.
+
+Pydantic already refused wrong types, NaN/inf and absurd sizes on the wire; these are
+the checks that need the controller's context: the lease's group, the vocabulary, the
+configured length limits and the newest published version. Each failure is a
+`SubmissionError` carrying an HTTP status and a message naming the offending field.
+"""
+
+from __future__ import annotations
+
+import math
+
+from bridge.protocol import GroupResult, SamplingParams
+
+
+class SubmissionError(ValueError):
+    """A refused request; `status` is the HTTP status the service answers with."""
+
+    status = 422
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        if status is not None:
+            self.status = status
+
+
+def check_group(
+    result: GroupResult,
+    *,
+    prompt_id: str,
+    n: int,
+    sampling: SamplingParams,
+    vocab_size: int,
+    max_prompt_tokens: int,
+    newest_version: int,
+) -> None:
+    """Raise SubmissionError (422) unless `result` is a complete, well-formed group."""
+    g = f"group {result.group_id}"
+    trajs = result.trajectories
+    if len(trajs) != n:
+        raise SubmissionError(f"{g}: incomplete, has {len(trajs)} trajectories, needs {n}")
+    indices = sorted(t.sample_index for t in trajs)
+    if indices != list(range(n)):
+        raise SubmissionError(f"{g}: sample_index values must be 0..{n - 1} once each")
+    prompt_ids = trajs[0].prompt_token_ids
+    for t in trajs:
+        where = f"{g} sample {t.sample_index}"
+        if t.prompt_id != prompt_id:
+            raise SubmissionError(f"{where}: prompt_id {t.prompt_id!r} != leased {prompt_id!r}")
+        if not 1 <= len(t.prompt_token_ids) <= max_prompt_tokens:
+            raise SubmissionError(
+                f"{where}: prompt has {len(t.prompt_token_ids)} tokens, "
+                f"allowed 1..{max_prompt_tokens}"
+            )
+        if t.prompt_token_ids != prompt_ids:
+            raise SubmissionError(f"{where}: prompt_token_ids differ within the group")
+        length = len(t.completion_token_ids)
+        if length > sampling.max_tokens:
+            raise SubmissionError(
+                f"{where}: completion has {length} tokens > max_tokens {sampling.max_tokens}"
+            )
+        if len(t.logprobs) != length or len(t.versions) != length:
+            raise SubmissionError(
+                f"{where}: need one logprob and one version per completion token "
+                f"({length}), got {len(t.logprobs)} and {len(t.versions)}"
+            )
+        for name, ids in (("prompt", t.prompt_token_ids), ("completion", t.completion_token_ids)):
+            bad = [i for i in ids if not 0 <= i < vocab_size]
+            if bad:
+                raise SubmissionError(
+                    f"{where}: {name} token id {bad[0]} outside the vocabulary [0, {vocab_size})"
+                )
+        bad_lp = [x for x in t.logprobs if not (math.isfinite(x) and x <= 0.0)]
+        if bad_lp:
+            raise SubmissionError(f"{where}: log-prob {bad_lp[0]} is not finite and <= 0")
+        if not math.isfinite(t.reward):
+            raise SubmissionError(f"{where}: reward {t.reward} is not finite")
+        if min(t.versions) < 0:
+            raise SubmissionError(f"{where}: negative policy version {min(t.versions)}")
+        if max(t.versions) > newest_version:
+            raise SubmissionError(
+                f"{where}: policy version {max(t.versions)} is from the future "
+                f"(newest published is {newest_version})"
+            )
+        if any(b < a for a, b in zip(t.versions, t.versions[1:], strict=False)):
+            raise SubmissionError(f"{where}: versions must not decrease along the completion")
