@@ -1,0 +1,287 @@
+"""The policy model: one Flax decoder for HF Qwen3, Qwen2 and Llama causal LMs.
+
+Built from `bridge.model_config.ModelConfig`; the parameter tree and its logical axis
+names are the ones fixed in the `bridge/layouts.py` docstring, so HF checkpoints map onto
+it row by row. Numerics follow transformers: RMSNorm and softmax in fp32, RoPE with HF's
+rotate_half convention (the two halves of a head, not interleaved pairs), SwiGLU MLP,
+grouped-query attention. One departure: RMSNorm multiplies by its scale in fp32 before
+casting back, where HF casts first; identical in fp32, within bf16 rounding otherwise.
+
+Einsum letters: B batch, T query time, S key time, D model, N heads, K kv heads,
+G query heads per kv head, H head dim, F mlp, V vocab.
+
+Sequences are packed or padded with `segment_ids` (0 = padding): a token attends to
+earlier-or-equal indices of the same nonzero segment. Padding rows attend to nothing; a
+finite mask value keeps them NaN-free (their outputs are meaningless, mask them out).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from bridge.model_config import ModelConfig
+
+Dtype = Any
+_INIT = nn.initializers.normal(stddev=0.02)
+
+
+def _param(module: nn.Module, name: str, init, shape, names, dtype):
+    return module.param(name, nn.with_logical_partitioning(init, names), shape, dtype)
+
+
+class RMSNorm(nn.Module):
+    axis_name: str  # logical axis of the scale: 'embed' or 'kv' (per-head q/k norm)
+    eps: float
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        scale = _param(
+            self, "scale", nn.initializers.ones, (x.shape[-1],), (self.axis_name,), self.param_dtype
+        )
+        x = x.astype(jnp.float32)
+        x = x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + self.eps)
+        return (x * scale.astype(jnp.float32)).astype(self.dtype)
+
+
+class Linear(nn.Module):
+    """`einsum(eqn, x, kernel)` (+ bias over the output axes); kernel [in..., out...]."""
+
+    eqn: str
+    shape: tuple[int, ...]
+    names: tuple[str, ...]
+    use_bias: bool = False
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+    accum_dtype: Dtype | None = None  # fp32 for the output head, so bf16 logits stay exact
+
+    @nn.compact
+    def __call__(self, x):
+        kernel = _param(self, "kernel", _INIT, self.shape, self.names, self.param_dtype)
+        y = jnp.einsum(
+            self.eqn,
+            x.astype(self.dtype),
+            kernel.astype(self.dtype),
+            preferred_element_type=self.accum_dtype,
+        )
+        if self.use_bias:  # q/k/v projections only: bias over (heads, head_dim)
+            bias = _param(
+                self,
+                "bias",
+                nn.initializers.zeros,
+                self.shape[1:],
+                self.names[1:],
+                self.param_dtype,
+            )
+            y = y + bias.astype(self.dtype)
+        return y
+
+
+class Embed(nn.Module):
+    vocab_size: int
+    features: int
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    def setup(self):
+        self.embedding = _param(
+            self,
+            "embedding",
+            _INIT,
+            (self.vocab_size, self.features),
+            ("vocab", "embed"),
+            self.param_dtype,
+        )
+
+    def __call__(self, tokens):
+        # FSDP-gather the model dim first so the lookup partitions cleanly over the batch.
+        table = nn.with_logical_constraint(self.embedding, ("vocab", None))
+        return jnp.take(table, tokens, axis=0).astype(self.dtype)  # [B, T, D]
+
+    def attend(self, x):
+        """Tied output head: logits = x @ embedding.T, accumulated in fp32."""
+        return jnp.einsum(
+            "btd,vd->btv",
+            x,
+            self.embedding.astype(self.dtype),
+            preferred_element_type=jnp.float32,
+        )
+
+
+def apply_rope(x, positions, theta: float):
+    """Rotary embedding on x [B, T, heads, H] at positions [B, T], HF rotate_half layout."""
+    h = x.shape[-1]
+    inv_freq = 1.0 / theta ** (jnp.arange(0, h, 2, dtype=jnp.float32) / h)  # [H/2]
+    angles = positions[..., None].astype(jnp.float32) * inv_freq  # [B, T, H/2]
+    sin, cos = jnp.sin(angles)[:, :, None, :], jnp.cos(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
+
+
+def attention_mask(segment_ids):
+    """[B, T, S] bool: key index <= query index, same nonzero segment."""
+    t = segment_ids.shape[1]
+    causal = jnp.tril(jnp.ones((t, t), dtype=bool))  # [T, S]
+    same = segment_ids[:, :, None] == segment_ids[:, None, :]  # [B, T, S]
+    return causal[None] & same & (segment_ids[:, :, None] != 0)
+
+
+class Attention(nn.Module):
+    cfg: ModelConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, positions, mask):
+        cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
+        d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        b, t = x.shape[:2]
+
+        def proj(name, heads, axis):
+            return Linear(
+                "btd,dnh->btnh",
+                (d, heads, h),
+                ("embed", axis, "kv"),
+                cfg.attention_bias,
+                dt,
+                pdt,
+                name=name,
+            )(x)
+
+        q = proj("q_proj", n, "heads")  # [B, T, N, H]
+        key = proj("k_proj", k, "kv_heads")  # [B, S, K, H]
+        v = proj("v_proj", k, "kv_heads")  # [B, S, K, H]
+        if cfg.qk_norm:  # Qwen3: per-head RMSNorm before RoPE
+            q = RMSNorm("kv", cfg.rms_norm_eps, dt, pdt, name="q_norm")(q)
+            key = RMSNorm("kv", cfg.rms_norm_eps, dt, pdt, name="k_norm")(key)
+        q = apply_rope(q, positions, cfg.rope_theta)
+        key = apply_rope(key, positions, cfg.rope_theta)
+        q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", None))
+
+        q = q.reshape(b, t, k, n // k, h)  # [B, T, K, G, H]: query heads grouped by kv head
+        scores = jnp.einsum("btkgh,bskh->bkgts", q, key, preferred_element_type=jnp.float32)
+        scores = scores * h**-0.5
+        # Finite fill: a fully masked (padding) row softmaxes to uniform instead of NaN.
+        scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
+        probs = jax.nn.softmax(scores, axis=-1).astype(dt)  # [B, K, G, T, S]
+        out = jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(b, t, n, h)  # [B, T, N, H]
+        out = nn.with_logical_constraint(out, ("batch", "length", "act_heads", None))
+        return Linear(
+            "btnh,nhd->btd", (n, h, d), ("heads", "kv", "embed"), False, dt, pdt, name="o_proj"
+        )(out)  # [B, T, D]
+
+
+class MLP(nn.Module):
+    cfg: ModelConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x):
+        cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
+        d, f = cfg.hidden_size, cfg.intermediate_size
+
+        def dense(name, eqn, shape, names):
+            return Linear(eqn, shape, names, False, dt, pdt, name=name)
+
+        gate = dense("gate_proj", "btd,df->btf", (d, f), ("embed", "mlp"))(x)  # [B, T, F]
+        up = dense("up_proj", "btd,df->btf", (d, f), ("embed", "mlp"))(x)  # [B, T, F]
+        hidden = nn.with_logical_constraint(jax.nn.silu(gate) * up, ("batch", "length", "act_mlp"))
+        return dense("down_proj", "btf,fd->btd", (f, d), ("mlp", "embed"))(hidden)  # [B, T, D]
+
+
+class Block(nn.Module):
+    cfg: ModelConfig
+    dtype: Dtype = jnp.float32
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, x, positions, mask):
+        cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
+        h = RMSNorm("embed", cfg.rms_norm_eps, dt, pdt, name="input_norm")(x)
+        x = x + Attention(cfg, dt, pdt, name="attn")(h, positions, mask)
+        x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
+        h = RMSNorm("embed", cfg.rms_norm_eps, dt, pdt, name="post_attn_norm")(x)
+        x = x + MLP(cfg, dt, pdt, name="mlp")(h)
+        return nn.with_logical_constraint(x, ("batch", "length", "act_embed"))  # [B, T, D]
+
+
+class Transformer(nn.Module):
+    """tokens, positions, segment_ids [B, T] int32 -> logits [B, T, V] float32."""
+
+    cfg: ModelConfig
+    dtype: Dtype = jnp.float32  # compute dtype
+    param_dtype: Dtype = jnp.float32
+
+    @nn.compact
+    def __call__(self, tokens, positions, segment_ids):
+        cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
+        embed = Embed(cfg.vocab_size, cfg.hidden_size, dt, pdt, name="embed")
+        x = nn.with_logical_constraint(embed(tokens), ("batch", "length", "act_embed"))
+        mask = attention_mask(segment_ids)  # [B, T, S]
+        for i in range(cfg.num_layers):
+            x = Block(cfg, dt, pdt, name=f"layers_{i}")(x, positions, mask)
+        x = RMSNorm("embed", cfg.rms_norm_eps, dt, pdt, name="final_norm")(x)
+        if cfg.tie_word_embeddings:
+            logits = embed.attend(x)
+        else:
+            d, v = cfg.hidden_size, cfg.vocab_size
+            logits = Linear(
+                "btd,dv->btv",
+                (d, v),
+                ("embed", "vocab"),
+                False,
+                dt,
+                pdt,
+                jnp.float32,
+                name="lm_head",
+            )(x)  # [B, T, V]
+        return nn.with_logical_constraint(
+            logits.astype(jnp.float32), ("batch", "length", "act_vocab")
+        )
+
+
+def token_logprobs(logits, targets):
+    """log p(targets) [B, T] float32 from logits [B, T, V] (log_softmax in fp32)."""
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+
+
+def forward_logprobs(
+    params, cfg: ModelConfig, tokens, positions, segment_ids, targets, dtype=jnp.float32
+):
+    """log p(targets[b, t] | tokens[b, :t+1]) [B, T]; `params` boxed or unboxed."""
+    logits = Transformer(cfg, dtype=dtype).apply({"params": params}, tokens, positions, segment_ids)
+    return token_logprobs(logits, targets)
+
+
+def positions_from_segments(segment_ids):
+    """Index of each token within its segment [B, T] (0 on padding), for left padding or packing."""
+    t = segment_ids.shape[1]
+    idx = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), segment_ids.shape)
+    first = jnp.ones_like(segment_ids[:, :1], dtype=bool)
+    starts = jnp.concatenate([first, segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    start_idx = jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)  # index where the run began
+    return jnp.where(segment_ids == 0, 0, idx - start_idx)
+
+
+def _init_boxed(cfg: ModelConfig, rng, param_dtype):
+    dummy = jnp.ones((1, 1), jnp.int32)
+    model = Transformer(cfg, param_dtype=param_dtype)
+    return model.init(rng, dummy, jnp.zeros_like(dummy), dummy)["params"]
+
+
+def init_params(cfg: ModelConfig, rng, param_dtype=jnp.float32):
+    """Randomly initialized parameters, unboxed (plain arrays)."""
+    # jit: op-by-op init of an unrolled model dispatches thousands of tiny ops.
+    return jax.jit(lambda r: nn.unbox(_init_boxed(cfg, r, param_dtype)))(rng)
+
+
+def abstract_params(cfg: ModelConfig, param_dtype=jnp.float32):
+    """ShapeDtypeStructs of the parameters, still boxed with their logical axis names."""
+    return jax.eval_shape(lambda: _init_boxed(cfg, jax.random.key(0), param_dtype))

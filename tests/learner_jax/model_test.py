@@ -1,0 +1,160 @@
+"""The Flax model against transformers (torch fp32) on tiny Qwen3 / Qwen2 / Llama models."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import torch
+from safetensors.numpy import save_file
+from transformers import AutoModelForCausalLM
+
+from bridge import layouts, tiny_model
+from learner_jax import model
+
+# Together: Qwen3 tied and untied, Qwen2 with bias, Llama with and without bias; GQA ratios
+# (num_heads / num_kv_heads) 1, 2 and 4; 3 layers; two rope_theta values.
+CONFIGS = {
+    "qwen3_tied_gqa2": tiny_model.tiny_config("qwen3", num_layers=3),
+    "qwen3_untied_mha": tiny_model.tiny_config(
+        "qwen3", num_layers=3, num_kv_heads=4, tie_word_embeddings=False, rope_theta=1e6
+    ),
+    "qwen2_bias_gqa4": tiny_model.tiny_config("qwen2", num_layers=3, num_kv_heads=1),
+    "llama_untied_gqa2": tiny_model.tiny_config("llama", num_layers=3),
+    "llama_bias_gqa4": tiny_model.tiny_config(
+        "llama", num_layers=3, num_heads=8, num_kv_heads=2, attention_bias=True
+    ),
+}
+
+
+def make_model(path, cfg, seed=0):
+    """Tiny HF dir whose weights have std 0.2: with the default 0.02 the logits are ~1e-3,
+    so a 1e-4 tolerance would not test anything. Returns (dir, Flax params via the table)."""
+    tiny_model.make_tiny_model(str(path), cfg, seed)
+    weights = tiny_model.random_hf_weights(cfg, seed, std=0.2)
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return str(path), layouts.hf_to_flax(cfg, weights)
+
+
+def padded_batch(vocab, seed=0):
+    """Rows: left-padded, right-padded, full, left-padded short. segment_ids 0 = padding."""
+    t = 12
+    seg = np.ones((4, t), np.int32)
+    seg[0, :4] = 0
+    seg[1, 9:] = 0
+    seg[3, :9] = 0
+    tokens = np.random.default_rng(seed).integers(3, vocab, (4, t)).astype(np.int32)
+    tokens[seg == 0] = tiny_model.PAD_ID
+    return tokens, seg
+
+
+def hf_logits(hf_dir, tokens, seg, positions):
+    hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32)
+    with torch.no_grad():
+        out = hf(
+            input_ids=torch.tensor(tokens, dtype=torch.long),
+            attention_mask=torch.tensor(seg > 0, dtype=torch.long),
+            position_ids=torch.tensor(np.asarray(positions), dtype=torch.long),
+        )
+    return out.logits.numpy()
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_logits_match_transformers(tmp_path, name):
+    cfg = CONFIGS[name]
+    hf_dir, params = make_model(tmp_path, cfg)
+    tokens, seg = padded_batch(cfg.vocab_size)
+    positions = model.positions_from_segments(jnp.asarray(seg))
+    ours = np.asarray(model.Transformer(cfg).apply({"params": params}, tokens, positions, seg))
+    ref = hf_logits(hf_dir, tokens, seg, positions)
+    real = seg > 0
+    assert ours.dtype == np.float32 and ours.shape == (4, 12, cfg.vocab_size)
+    assert ref[real].std() > 0.5  # logits large enough for the tolerance to mean something
+    np.testing.assert_allclose(ours[real], ref[real], atol=1e-4, rtol=0)
+    assert np.isfinite(ours).all()  # padding rows too
+
+    # log-probs of the next token, against torch's log_softmax of HF's logits
+    targets = np.roll(tokens, -1, axis=1)
+    logp = model.forward_logprobs(params, cfg, tokens, positions, seg, targets)
+    ref_logp = torch.log_softmax(torch.tensor(ref), -1).gather(
+        -1, torch.tensor(targets[..., None]).long()
+    )
+    np.testing.assert_allclose(np.asarray(logp)[real], ref_logp[..., 0].numpy()[real], atol=1e-4)
+
+
+def test_positions_from_segments():
+    seg = jnp.array([[0, 0, 1, 1, 1], [1, 1, 1, 0, 0], [1, 1, 2, 2, 2], [0, 0, 0, 0, 0]])
+    expected = [[0, 0, 0, 1, 2], [0, 1, 2, 0, 0], [0, 1, 0, 1, 2], [0, 0, 0, 0, 0]]
+    np.testing.assert_array_equal(model.positions_from_segments(seg), expected)
+
+
+def test_packed_segments_equal_separate_sequences(tmp_path):
+    """Two sequences packed in one row give the logits each gets alone (mask + positions)."""
+    cfg = CONFIGS["qwen3_tied_gqa2"]
+    _, params = make_model(tmp_path, cfg)
+    fwd = jax.jit(lambda t, p, s: model.Transformer(cfg).apply({"params": params}, t, p, s))
+    rng = np.random.default_rng(1)
+    a, b = rng.integers(3, 100, 5), rng.integers(3, 100, 6)
+    packed = np.concatenate([a, b, [0]])[None].astype(np.int32)
+    seg = np.array([[1] * 5 + [2] * 6 + [0]], np.int32)
+    out = fwd(packed, model.positions_from_segments(seg), seg)
+    for toks, sl in ((a, slice(0, 5)), (b, slice(5, 11))):
+        alone = fwd(
+            toks[None].astype(np.int32),
+            np.arange(len(toks))[None].astype(np.int32),
+            np.ones((1, len(toks)), np.int32),
+        )
+        np.testing.assert_allclose(out[0, sl], alone[0], atol=1e-5)
+
+
+def test_all_padding_row_is_finite(tmp_path):
+    cfg = CONFIGS["llama_untied_gqa2"]
+    _, params = make_model(tmp_path, cfg)
+    seg = np.zeros((2, 6), np.int32)
+    seg[1, 2:] = 1
+    tokens = np.full((2, 6), 5, np.int32)
+    out = model.Transformer(cfg).apply(
+        {"params": params}, tokens, model.positions_from_segments(seg), seg
+    )
+    assert np.isfinite(np.asarray(out)).all()
+
+
+def test_param_tree_matches_layout_table():
+    """init_params builds exactly the tree of bridge/layouts.py, with the logical names."""
+    for cfg in CONFIGS.values():
+        params = nn.unbox(model.abstract_params(cfg))
+        flat = {
+            tuple(k.key for k in path): x.shape
+            for path, x in jax.tree_util.tree_leaves_with_path(params)
+        }
+        rows = layouts.table(cfg)
+        assert set(flat) == {r.flax_path for r in rows}
+        hf_shapes = layouts.hf_shapes(cfg)
+        for r in rows:  # the inverse transform of an HF-shaped tensor gives our shape
+            assert r.transform.from_hf(np.zeros(hf_shapes[r.hf_name])).shape == flat[r.flax_path]
+    boxed = model.abstract_params(CONFIGS["qwen2_bias_gqa4"])
+    names = {
+        tuple(k.key for k in path): x.names
+        for path, x in jax.tree_util.tree_leaves_with_path(
+            boxed, is_leaf=lambda x: hasattr(x, "names")
+        )
+    }
+    assert names[("embed", "embedding")] == ("vocab", "embed")
+    assert names[("layers_0", "attn", "q_proj", "kernel")] == ("embed", "heads", "kv")
+    assert names[("layers_0", "attn", "k_proj", "bias")] == ("kv_heads", "kv")
+    assert names[("layers_2", "attn", "o_proj", "kernel")] == ("heads", "kv", "embed")
+    assert names[("layers_1", "mlp", "down_proj", "kernel")] == ("mlp", "embed")
+    assert names[("final_norm", "scale")] == ("embed",)
+
+
+def test_bf16_compute_close_to_fp32(tmp_path):
+    cfg = CONFIGS["qwen3_tied_gqa2"]
+    _, params = make_model(tmp_path, cfg)
+    tokens, seg = padded_batch(cfg.vocab_size)
+    pos = model.positions_from_segments(seg)
+    f32 = model.Transformer(cfg).apply({"params": params}, tokens, pos, seg)
+    bf16 = model.Transformer(cfg, dtype=jnp.bfloat16).apply({"params": params}, tokens, pos, seg)
+    assert bf16.dtype == jnp.float32
+    real = seg > 0
+    err = np.abs(np.asarray(bf16) - np.asarray(f32))[real].max()
+    assert 0 < err < 0.25 * np.asarray(f32)[real].std()
