@@ -1,0 +1,403 @@
+"""Versioned, immutable weight store on a tensorstore kvstore (numpy + tensorstore + pydantic).
+
+The learner publishes one version per `publish_every` steps; rollout workers list, fetch and
+verify versions. One code path serves the `file`, `memory`, `s3` and `gcs` kvstores.
+
+Layout under the store root (version numbers zero-padded so key order = numeric order):
+  manifests/{version:012d}.json          written last, create-if-absent: a version exists
+                                         iff its manifest does
+  data/{version:012d}/{hf_name}/         one zarr3 array per HF tensor (zarr.json, c/i/j)
+
+Manifests live under their own prefix so `versions()` lists O(#versions) keys, not every
+chunk (that listing is a paged LIST on S3/GCS).
+
+A sharded jax.Array arrives as a `ShardedSource` of its addressable shards in HF layout
+(`learner_jax/publish.py`). Chunks are aligned to the shard shape, so the writer digests
+each shard as it passes, never gathering a tensor, and on a multi-host learner no chunk
+would be written by two hosts. Checksums (`bridge/chunk_digest.py`): per-chunk CRC-32s of
+the stored bytes combined by SHA-256 in chunk order; readers recompute them from what
+they read and raise `CorruptVersionError` naming the array on any mismatch.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import math
+import os
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+from urllib.parse import urlparse
+
+import ml_dtypes
+import numpy as np
+import pydantic
+import tensorstore as ts
+
+from bridge import layouts
+from bridge.chunk_digest import (
+    CHECKSUM_ALGORITHM,
+    ChunkWriter,
+    array_checksum,
+    chunk_shape,
+)
+from bridge.model_config import ModelConfig
+
+STORE_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32, "float16": np.float16}
+INFLIGHT_BYTES = 512 << 20  # bound on written-but-uncommitted bytes held alive
+DRIVERS = ("file", "memory", "s3", "gcs")
+# One Context per process: `memory` kvstores are scoped to a Context, so every WeightStore
+# in this process on "memory://name" sees the same data.
+_CONTEXT = ts.Context()
+_FLOAT_DTYPES = [np.dtype(t) for t in (*STORE_DTYPES.values(), np.float64)]
+_ABSENT = b"\x02"  # tensorstore's "no value" generation: makes a write create-if-absent
+
+
+class CorruptVersionError(ValueError):
+    """A published version whose data does not match its manifest."""
+
+
+class VersionNotFoundError(LookupError):
+    """No manifest for this version (never published, still being written, or collected)."""
+
+
+class VersionExistsError(ValueError):
+    """Published versions are immutable."""
+
+
+class ArrayInfo(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(frozen=True)
+
+    shape: tuple[int, ...]
+    dtype: str
+    chunks: tuple[int, ...]
+    checksum: str
+    nbytes: int
+
+
+class Manifest(pydantic.BaseModel):
+    # The HF config is serialized under "model_config" (the issue's name); pydantic reserves
+    # that attribute name, so in Python it is `hf_config`.
+    model_config = pydantic.ConfigDict(frozen=True, populate_by_name=True)
+
+    version: int
+    step: int
+    created_at: float
+    dtype: str
+    total_bytes: int
+    hf_config: dict[str, Any] = pydantic.Field(alias="model_config")
+    arrays: dict[str, ArrayInfo]
+    extra: dict[str, Any] = {}
+    checksum_algorithm: str = CHECKSUM_ALGORITHM
+
+    def to_json(self) -> bytes:
+        return self.model_dump_json(by_alias=True, indent=1).encode()
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardedSource:
+    """A tensor given as pieces `(index, block)` in HF layout that cover it exactly once.
+
+    `index` is a tuple of step-1 slices into `shape`. `block_shape` (the shard shape) makes
+    chunks align to shards, so each chunk's digest comes from one piece.
+    """
+
+    shape: tuple[int, ...]
+    pieces: Iterable[tuple[tuple[slice, ...], np.ndarray]]
+    block_shape: tuple[int, ...] | None = None
+
+
+def parse_spec(spec: str | Mapping[str, Any]) -> dict[str, Any]:
+    """A kvstore JSON spec (path ending in "/") from a URL, a local path or a spec dict."""
+    if isinstance(spec, str) and spec.startswith("memory://"):
+        # Any name will do (no urlparse: it reads "[...]" as an IPv6 host).
+        out = {"driver": "memory", "path": spec[len("memory://") :].strip("/")}
+    elif isinstance(spec, str):
+        url = urlparse(spec)
+        if url.scheme in ("", "file"):
+            path = url.path if url.scheme else spec
+            if url.scheme == "file" and url.netloc not in ("", "localhost"):
+                raise ValueError(f"file URL must be file:///abs/path, got {spec!r}")
+            out = {"driver": "file", "path": os.path.abspath(path)}
+        elif url.scheme in ("s3", "gs"):
+            if not url.netloc:
+                raise ValueError(f"{spec!r} names no bucket")
+            driver = "s3" if url.scheme == "s3" else "gcs"
+            out = {"driver": driver, "bucket": url.netloc, "path": url.path.strip("/")}
+        else:
+            raise ValueError(
+                f"unsupported store URL {spec!r}; use file://, memory://, s3://, gs://"
+            )
+    else:
+        out = dict(spec)
+    if out.get("driver") not in DRIVERS:
+        raise ValueError(f"unsupported kvstore driver {out.get('driver')!r}; use one of {DRIVERS}")
+    if out["driver"] in ("s3", "gcs") and not out.get("bucket"):
+        raise ValueError(f"{out['driver']} spec needs a bucket: {out}")
+    path = out.get("path", "")
+    out["path"] = path if not path or path.endswith("/") else path + "/"
+    ts.KvStore.Spec(out)  # validates field names and types; opens nothing
+    return out
+
+
+def _key(version: int) -> str:
+    return f"{version:012d}"
+
+
+def _ahead(items: Iterable, start, depth: int, pending=None) -> Iterator[tuple[Any, Any]]:
+    """Yield (item, start(item)), keeping `depth` items started ahead of the consumer."""
+    pending = collections.deque() if pending is None else pending
+    for item in items:
+        pending.append((item, start(item)))
+        if len(pending) > depth:
+            yield pending.popleft()
+    while pending:
+        yield pending.popleft()
+
+
+class WeightStore:
+    """Publish, list, read and garbage-collect immutable weight versions."""
+
+    def __init__(self, spec: str | Mapping[str, Any]):
+        self.spec = parse_spec(spec)
+        self._kv: ts.KvStore | None = None  # opened on first use: building a spec is offline
+
+    def __repr__(self):
+        return f"WeightStore({self.spec})"
+
+    @property
+    def kv(self) -> ts.KvStore:
+        if self._kv is None:
+            self._kv = ts.KvStore.open(self.spec, context=_CONTEXT).result()
+        return self._kv
+
+    def _array_spec(self, version: int, name: str) -> dict[str, Any]:
+        kv = {**self.spec, "path": f"{self.spec['path']}data/{_key(version)}/{name}/"}
+        return {"driver": "zarr3", "kvstore": kv}
+
+    # -- listing ------------------------------------------------------------------------
+    def versions(self) -> list[int]:
+        """Published versions (those whose manifest exists), ascending."""
+        rng = ts.KvStore.KeyRange(inclusive_min="manifests/", exclusive_max="manifests0")
+        out = []
+        for key in self.kv.list(rng, strip_prefix_length=len("manifests/")).result():
+            stem = key.decode()
+            if stem.endswith(".json") and stem[:-5].isdigit():
+                out.append(int(stem[:-5]))
+        return sorted(out)
+
+    def latest(self) -> int | None:
+        v = self.versions()
+        return v[-1] if v else None
+
+    def manifest(self, version: int) -> Manifest:
+        r = self.kv.read(f"manifests/{_key(version)}.json").result()
+        if r.state != "value":
+            raise VersionNotFoundError(
+                f"version {version} has no manifest in {self.spec} (not published, still "
+                f"being written, or garbage-collected); published: {self.versions()}"
+            )
+        try:
+            return Manifest.model_validate_json(r.value)
+        except pydantic.ValidationError as e:
+            raise CorruptVersionError(f"version {version}: unreadable manifest: {e}") from e
+
+    # -- publish ------------------------------------------------------------------------
+    def publish(
+        self,
+        version: int,
+        step: int,
+        arrays: Iterable[tuple[str, np.ndarray | ShardedSource]],
+        model_config: Mapping[str, Any],
+        dtype: str = "bfloat16",
+        extra: Mapping[str, Any] | None = None,
+    ) -> Manifest:
+        """Write every array (concurrently), then the manifest. Returns the manifest."""
+        if dtype not in STORE_DTYPES:
+            raise ValueError(f"store dtype {dtype!r} not in {sorted(STORE_DTYPES)}")
+        if not isinstance(version, int) or version < 0:
+            raise ValueError(f"version must be an int >= 0, got {version!r}")
+        self._check_new(version)
+        self._delete_data(version, version + 1)  # debris of a crashed publish of it
+        infos: dict[str, ArrayInfo] = {}
+        inflight: collections.deque = collections.deque()
+        inflight_bytes, published_elsewhere = 0, False
+        names, opening = set(), collections.deque()
+        try:
+            # Array creations run ahead of the data writes: on S3/GCS each is round trips.
+            create = lambda item: self._create(version, dtype, names, item)
+            for (name, _), (source, chunks, open_future) in _ahead(arrays, create, 32, opening):
+                store = open_future.result()
+                writer = ChunkWriter(name, store.shape, chunks)
+                for index, piece in source.pieces:
+                    piece = np.asarray(piece)
+                    if piece.dtype not in _FLOAT_DTYPES:
+                        raise ValueError(f"{name}: dtype {piece.dtype} is not a float weight")
+                    piece = piece.astype(STORE_DTYPES[dtype], copy=False)
+                    for idx, data in writer.add(tuple(index), piece):
+                        inflight.append((store[idx].write(data), data.nbytes))
+                        inflight_bytes += data.nbytes
+                        while inflight_bytes > INFLIGHT_BYTES:
+                            fut, nbytes = inflight.popleft()
+                            fut.result()
+                            inflight_bytes -= nbytes
+                infos[name] = ArrayInfo(
+                    shape=writer.shape,
+                    dtype=dtype,
+                    chunks=chunks,
+                    checksum=writer.checksum(),
+                    nbytes=math.prod(writer.shape) * np.dtype(STORE_DTYPES[dtype]).itemsize,
+                )
+            while inflight:
+                inflight.popleft()[0].result()
+            if not infos:
+                raise ValueError("nothing to publish")
+            manifest = Manifest(
+                version=version,
+                step=step,
+                created_at=time.time(),
+                dtype=dtype,
+                total_bytes=sum(i.nbytes for i in infos.values()),
+                model_config=dict(model_config),
+                arrays=infos,
+                extra=dict(extra or {}),
+            )
+            self._check_new(version)  # a newer version may have appeared meanwhile
+            gen = self.kv.write(
+                f"manifests/{_key(version)}.json", manifest.to_json(), if_equal=_ABSENT
+            ).result()
+            if not gen.generation:
+                published_elsewhere = True  # its data is not ours to delete
+                raise VersionExistsError(f"version {version} was published concurrently")
+            return manifest
+        except BaseException:
+            # Let pending writes land, so none recreates a key after the cleanup.
+            for fut in [f for f, _ in inflight] + [item[1][2] for item in opening]:
+                try:
+                    fut.result()
+                except Exception:
+                    pass
+            if not published_elsewhere:
+                self._delete_data(version, version + 1)
+            raise
+
+    def _create(self, version: int, dtype: str, names: set, item):
+        """Starts creating the zarr3 array of one tensor; returns (source, chunks, future)."""
+        if not isinstance(item, tuple) or len(item) != 2:
+            raise ValueError(f"arrays must yield (hf_name, array) pairs, got {type(item).__name__}")
+        name, source = item
+        if not isinstance(name, str) or not name or "/" in name or name in names:
+            raise ValueError(f"array name {name!r} is empty, has '/' or repeats")
+        names.add(name)
+        if isinstance(source, ShardedSource):
+            shape, block = tuple(source.shape), source.block_shape
+        else:
+            array = np.asarray(source)
+            shape, block = array.shape, None
+            source = ShardedSource(shape, [((slice(None),) * array.ndim, array)])
+        if not shape:
+            raise ValueError(f"{name}: scalars are not weights")
+        chunks = chunk_shape(shape, np.dtype(STORE_DTYPES[dtype]).itemsize, block)
+        metadata = {
+            "shape": list(shape),
+            "data_type": dtype,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunks)}},
+        }
+        spec = {**self._array_spec(version, name), "metadata": metadata, "create": True}
+        return source, chunks, ts.open(spec, context=_CONTEXT)
+
+    def _check_new(self, version: int) -> None:
+        existing = self.versions()
+        if version in existing:
+            raise VersionExistsError(f"version {version} is already published (immutable)")
+        if existing and version <= existing[-1]:
+            raise ValueError(f"version {version} is not newer than the latest {existing[-1]}")
+
+    # -- read ---------------------------------------------------------------------------
+    def read(
+        self, version: int, names: Iterable[str] | None = None, depth: int = 8
+    ) -> Iterator[tuple[str, np.ndarray]]:
+        """Yield (name, array) in manifest order, each verified against the manifest.
+
+        Opens run 32 arrays ahead and reads `depth` arrays ahead, so I/O overlaps with
+        checksumming.
+        """
+        manifest = self.manifest(version)
+        names = list(manifest.arrays if names is None else names)
+        unknown = [n for n in names if n not in manifest.arrays]
+        if unknown:
+            raise KeyError(f"version {version} has no arrays {unknown[:5]}")
+        array_spec = lambda n: {**self._array_spec(version, n), "open": True}
+        opened = _ahead(names, lambda n: ts.open(array_spec(n), context=_CONTEXT, read=True), 32)
+        reads = _ahead(opened, lambda item: self._read_checked(version, manifest, *item), depth)
+        for (name, _), future in reads:
+            try:
+                data = future.result()
+            except Exception as e:  # decode errors of torn/truncated chunks
+                raise CorruptVersionError(f"version {version}: array {name}: {e}") from e
+            yield name, _verify(version, name, manifest.arrays[name], data)
+
+    def _read_checked(self, version: int, manifest: Manifest, name: str, open_future):
+        info = manifest.arrays[name]
+        try:
+            store = open_future.result()
+        except Exception as e:
+            raise CorruptVersionError(f"version {version}: array {name} unreadable: {e}") from e
+        if tuple(store.shape) != info.shape:
+            raise CorruptVersionError(
+                f"version {version}: array {name} has shape {tuple(store.shape)}, "
+                f"manifest says {info.shape}"
+            )
+        if store.dtype.name != info.dtype:
+            raise CorruptVersionError(
+                f"version {version}: array {name} has dtype {store.dtype.name}, "
+                f"manifest says {info.dtype}"
+            )
+        return store.read()
+
+    def read_all(self, version: int, names: Iterable[str] | None = None) -> dict[str, np.ndarray]:
+        """Every array of a version, all verified before any is returned."""
+        return dict(self.read(version, names))
+
+    # -- garbage collection ------------------------------------------------------------
+    def gc(self, keep: int) -> list[int]:
+        """Delete all but the newest `keep` versions; returns the deleted versions."""
+        if not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"gc keeps at least 1 version, got keep={keep!r}")
+        existing = self.versions()
+        doomed = existing[:-keep]
+        for v in doomed:  # manifest first: a half-deleted version is never visible
+            self.kv.write(f"manifests/{_key(v)}.json", None).result()
+        if doomed:
+            # Also removes debris of crashed publishes older than the oldest kept version.
+            self._delete_data(0, existing[-keep])
+        return doomed
+
+    def _delete_data(self, lo: int, hi: int) -> None:
+        rng = ts.KvStore.KeyRange(
+            inclusive_min=f"data/{_key(lo)}", exclusive_max=f"data/{_key(hi)}"
+        )
+        self.kv.delete_range(rng).result()
+
+
+def _verify(version: int, name: str, info: ArrayInfo, data: np.ndarray) -> np.ndarray:
+    if data.shape != info.shape or data.dtype.name != info.dtype:
+        raise CorruptVersionError(
+            f"version {version}: array {name} is {data.dtype.name}{list(data.shape)}, "
+            f"manifest says {info.dtype}{list(info.shape)}"
+        )
+    got = array_checksum(data, info.chunks)
+    if got != info.checksum:
+        raise CorruptVersionError(
+            f"version {version}: array {name} checksum mismatch (corrupt, truncated or "
+            f"stale chunk): got {got[:16]}, manifest {info.checksum[:16]}"
+        )
+    return data
+
+
+def hf_arrays_from_flax(
+    cfg: ModelConfig, params_numpy: Mapping
+) -> Iterator[tuple[str, np.ndarray]]:
+    """(HF name, HF-layout array) for host numpy Flax params, ready for `publish`."""
+    return layouts.flax_to_hf(cfg, params_numpy)

@@ -1,0 +1,67 @@
+"""Chunk grids and the piecewise checksum: any exact cover of an array gives the same digest."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from bridge.chunk_digest import CHUNK_BYTES, ChunkWriter, array_checksum, chunk_shape
+
+
+def test_chunk_shape_fits_the_budget_and_divides_the_shard():
+    assert chunk_shape((64,), 4, None) == (64,)
+    assert chunk_shape((151936, 1024), 2, None) == (CHUNK_BYTES // 2048, 1024)
+    # Shard [75968, 512]: 4096 rows fit; the largest divisor of 75968 below that is 2374.
+    rows, cols = chunk_shape((151936, 1024), 2, (75968, 512))
+    assert (75968 % rows, cols) == (0, 512) and rows * cols * 2 <= CHUNK_BYTES
+    # A prime shard height has no useful divisor: fall back to the budget, assemble in memory.
+    assert chunk_shape((2 * 100003, 1024), 2, (100003, 1024)) == (2048, 1024)
+
+
+def _random_cover(rng, shape):
+    """Random axis-aligned boxes that cover `shape` exactly once (recursive splits)."""
+    boxes, todo = [], [tuple((0, n) for n in shape)]
+    while todo:
+        box = todo.pop()
+        dims = [d for d, (lo, hi) in enumerate(box) if hi - lo > 1]
+        if not dims or rng.random() < 0.25:
+            boxes.append(box)
+            continue
+        d = rng.choice(dims)
+        cut = int(rng.integers(box[d][0] + 1, box[d][1]))
+        todo += [
+            box[:d] + ((box[d][0], cut),) + box[d + 1 :],
+            box[:d] + ((cut, box[d][1]),) + box[d + 1 :],
+        ]
+    rng.shuffle(boxes)
+    return [tuple(slice(lo, hi) for lo, hi in b) for b in boxes]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_checksum_is_independent_of_the_pieces(seed):
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((37, 23)).astype(ml_dtypes.bfloat16)
+    chunks = (8, 23) if seed % 2 else (5, 7)
+    writer, out = ChunkWriter("x", x.shape, chunks), np.zeros_like(x)
+    for index in _random_cover(rng, x.shape):
+        for idx, data in writer.add(index, x[index]):
+            out[idx] = data
+    assert writer.checksum() == array_checksum(x, chunks)
+    np.testing.assert_array_equal(out.view(np.uint16), x.view(np.uint16))  # writes cover it
+
+
+def test_checksum_sees_one_flipped_bit_and_a_moved_chunk():
+    x = np.arange(64, dtype=np.float32).reshape(16, 4)
+    ref = array_checksum(x, (4, 4))
+    y = x.copy()
+    y.view(np.uint32)[9, 2] ^= 1
+    assert array_checksum(y, (4, 4)) != ref
+    z = np.concatenate([x[4:8], x[:4], x[8:]])  # two chunks swapped
+    assert array_checksum(z, (4, 4)) != ref
+
+
+def test_bad_index_is_refused():
+    w = ChunkWriter("x", (4, 4), (2, 4))
+    with pytest.raises(ValueError, match="not all slices"):
+        w.add((0, slice(None)), np.zeros((1, 4)))
+    with pytest.raises(ValueError, match="bad piece slice"):
+        w.add((slice(0, 4, 2), slice(None)), np.zeros((2, 4)))
