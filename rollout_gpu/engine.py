@@ -28,7 +28,10 @@ def make_engine(
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
 
-    kwargs = {}
+    # Sampled-token log-probs as the model's log-softmax, before temperature/top-k/top-p:
+    # what the learner recomputes (vLLM's default, pinned so a default change cannot
+    # silently turn behavior log-probs into processed ones).
+    kwargs = {"logprobs_mode": "raw_logprobs"}
     if on_cpu():
         kwargs["gpu_memory_utilization"] = 0.1
     return LLM(

