@@ -32,6 +32,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import logging
 import secrets
 import threading
 import time
@@ -287,8 +288,10 @@ class Controller(LearnerSide):
         ):
             self._end_lease(r["lease_id"], "expired")
 
-    def release(self, worker_id: str, lease_id: str) -> bool:
+    def release(self, worker_id: str, lease_id: str, reason: str = "") -> bool:
         """Give a lease back (e.g. its reward failed); its unsubmitted groups requeue now."""
+        if reason:  # the worker's own words: the operator's first clue to a broken task
+            logging.warning("worker %s released lease %s: %s", worker_id, lease_id, reason)
         with self._op():
             lease = self._own_lease(worker_id, lease_id)
             if lease["state"] != "active":

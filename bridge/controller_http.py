@@ -162,7 +162,7 @@ def make_app(controller: Controller, join_secret: str, max_body_bytes: int = 16 
 
     @app.post("/v1/release", response_model=Ack, dependencies=auth)
     def release(rel: Release, request: Request) -> Ack:
-        ok = controller.release(request.state.worker_id, rel.lease_id)
+        ok = controller.release(request.state.worker_id, rel.lease_id, rel.reason)
         return Ack(ok=ok, detail="" if ok else "lease was no longer active")
 
     @app.post("/v1/leave", response_model=Ack, dependencies=auth)
