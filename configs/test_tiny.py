@@ -1,0 +1,29 @@
+"""Small, fast variant of tiny_arith for tests: a few SFT steps, tiny batches, no workers.
+
+python -m learner_jax.train --config=configs/test_tiny.py --workdir=/tmp/echo2_test
+"""
+
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import tiny_arith  # noqa: E402
+
+
+def get_config():
+    c = tiny_arith.get_config()
+    c.total_steps = 0
+    c.local_workers = 0
+    c.batch.groups_per_step = 2
+    c.batch.samples_per_group = 4
+    c.batch.micro_batch_size = 4
+    c.batch.max_prompt_len = 8
+    c.batch.max_answer_len = 4
+    c.sft.steps = 2
+    c.sft.batch_size = 8
+    c.sft.micro_batch_size = 4
+    c.sft.warmup_steps = 0
+    c.checkpoint.interval = 2
+    c.checkpoint.keep = 2
+    return c

@@ -1,0 +1,247 @@
+"""The learner object the training binary drives: sharded state + jitted steps + checkpoints.
+
+Built from the config: mesh and logical rules, the policy (from `model.hf_dir`, or the
+tiny model written into `<workdir>/model`), one optimizer per phase, the train state
+(restored from the latest checkpoint in `<workdir>/checkpoints` when there is one), and
+the metrics writer. Phases:
+
+    sft  next-token loss on a task's (prompt, answer) pairs (the warm start)
+    rl   the policy loss of `config.loss.name` on trajectories from the rollout fleet
+
+`state.step` counts every optimizer update of both phases (it is the checkpoint step and
+the metrics `step`); each phase starts a fresh optimizer state, so warmup and the
+learning-rate schedule restart at the RL boundary. The two optimizers have the same
+structure (only hyper-parameters differ), so one restore target fits both.
+
+The checkpoint cursor holds {"phase", "sft_consumed", "rl_start_step", "rl": <blob>},
+where the "rl" blob is whatever the RL loop (the controller's state) hands in.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from bridge import tiny_model
+from bridge.model_config import ModelConfig
+from learner_jax import checkpoint, hf_import, losses, optim, sharding, train_state, train_step
+from learner_jax.metrics import MetricsWriter
+
+PHASES = ("sft", "rl")
+
+
+def optimizer_config(config, phase: str) -> optim.OptimizerConfig:
+    o = config.optimizer
+    common = dict(
+        b1=o.b1,
+        b2=o.b2,
+        eps=o.eps,
+        weight_decay=o.weight_decay,
+        max_grad_norm=o.max_grad_norm,
+        end_lr_fraction=o.end_lr_fraction,
+    )
+    if phase == "sft":
+        steps = max(config.sft.steps, 1)
+        warmup = min(config.sft.warmup_steps, steps - 1)
+        return optim.OptimizerConfig(
+            learning_rate=config.sft.learning_rate,
+            warmup_steps=warmup,
+            total_steps=steps,
+            **common,
+        )
+    steps = max(config.total_steps, 1)
+    return optim.OptimizerConfig(
+        learning_rate=o.learning_rate,
+        warmup_steps=min(o.warmup_steps, steps - 1),
+        total_steps=steps,
+        **common,
+    )
+
+
+def step_config(config, phase: str) -> train_step.StepConfig:
+    if phase == "sft":
+        micro = config.sft.batch_size // config.sft.micro_batch_size
+        return train_step.StepConfig(kind="sft", micro_batches=micro, dtype=config.model.dtype)
+    rows = config.batch.groups_per_step * config.batch.samples_per_group
+    return train_step.StepConfig(
+        kind="rl",
+        loss=losses.LossConfig(**config.loss.to_dict()),
+        micro_batches=rows // config.batch.micro_batch_size,
+        dtype=config.model.dtype,
+    )
+
+
+def check_batch_sizes(config, mesh) -> None:
+    """Fail before any compile when the batch does not split over micro-batches and mesh."""
+    shards = mesh.shape["data"] * mesh.shape["fsdp"]
+    rows = config.batch.groups_per_step * config.batch.samples_per_group
+    for name, total, micro in (
+        ("batch", rows, config.batch.micro_batch_size),
+        ("sft", config.sft.batch_size, config.sft.micro_batch_size),
+    ):
+        if micro <= 0 or total % micro or micro % shards:
+            raise ValueError(
+                f"{name}: micro-batch size {micro} must divide the global batch {total} "
+                f"and be a multiple of data*fsdp = {shards}"
+            )
+
+
+def validate(config) -> None:
+    """Every config error that can be found without touching the workdir, raised early."""
+    check_batch_sizes(config, make_mesh(config))
+    sharding.normalize_rules(config.sharding_rules)
+    for phase in PHASES:
+        optimizer_config(config, phase)
+        step_config(config, phase)
+
+
+def make_mesh(config):
+    """The config's mesh. Sizes that multiply to fewer than the devices present use the
+    first ones (the 1x1x1 default runs anywhere); -1 fills with all devices."""
+    shape = {k: int(v) for k, v in config.mesh.items()}
+    devices = jax.devices()
+    n = math.prod(shape.values())
+    if n > 0 and n < len(devices):
+        logging.warning("mesh %s uses %d of %d devices", shape, n, len(devices))
+        devices = devices[:n]
+    return sharding.make_mesh(shape, devices)
+
+
+def prepare_model_dir(config, workdir: str) -> str:
+    """config.model.hf_dir, or a tiny random model written once into <workdir>/model."""
+    if config.model.hf_dir:
+        return config.model.hf_dir
+    path = os.path.join(workdir, "model")
+    if not os.path.exists(os.path.join(path, "config.json")):
+        cfg = tiny_model.tiny_config(
+            config.model.tiny_family, num_layers=config.model.tiny_num_layers
+        )
+        tiny_model.make_tiny_model(path, cfg, seed=config.seed)
+    return path
+
+
+class Learner:
+    """Holds the train state and runs steps; only this object mutates `state`."""
+
+    def __init__(self, config, workdir: str):
+        self.config, self.workdir = config, workdir
+        self.rules = sharding.normalize_rules(config.sharding_rules)
+        self.mesh = make_mesh(config)
+        check_batch_sizes(config, self.mesh)
+        self.hf_dir = prepare_model_dir(config, workdir)
+        self.model_cfg: ModelConfig = ModelConfig.from_hf_dir(self.hf_dir)
+        self.param_dtype = jnp.dtype(config.model.param_dtype)
+        opt_cfgs = {p: optimizer_config(config, p) for p in PHASES}
+        self.optimizers = {p: optim.make_optimizer(c) for p, c in opt_cfgs.items()}
+        self.schedules = {p: optim.make_schedule(c) for p, c in opt_cfgs.items()}
+        self.abstract, self.shardings = train_state.state_shardings(
+            self.model_cfg, self.optimizers["rl"], self.mesh, self.rules, self.param_dtype
+        )
+        self.ckpt = checkpoint.Checkpointer(
+            checkpoint.checkpoint_dir(workdir),
+            checkpoint.CheckpointConfig(
+                interval=config.checkpoint.interval,
+                keep=config.checkpoint.keep,
+                async_save=config.checkpoint.async_save,
+            ),
+        )
+        self._steps: dict[str, Any] = {}
+        first = "sft" if config.sft.steps > 0 else "rl"
+        self.cursor = {"phase": first, "sft_consumed": 0, "rl_start_step": 0, "rl": {}}
+        if self.ckpt.latest_step() is not None:
+            self.state, self.cursor = self.ckpt.restore(self.abstract)
+            logging.info("resumed from step %d (%s)", int(self.state.step), self.cursor["phase"])
+        else:
+            _, params = hf_import.load_hf_params(
+                self.hf_dir, self.mesh, self.rules, self.param_dtype
+            )
+            self.state = train_state.state_from_params(
+                self.model_cfg,
+                params,
+                self.optimizers[first],
+                self.mesh,
+                self.rules,
+                config.seed,
+                self.param_dtype,
+            )
+            if first == "rl":
+                self.cursor["rl_start_step"] = 0
+        self.metrics = MetricsWriter(workdir)
+        self._last_line = time.perf_counter()
+        self._busy = 0.0
+
+    @property
+    def step(self) -> int:
+        return int(self.state.step)
+
+    @property
+    def rl_steps(self) -> int:
+        """RL updates done so far (the RL policy version), 0 during SFT."""
+        return 0 if self.phase == "sft" else self.step - self.cursor["rl_start_step"]
+
+    @property
+    def phase(self) -> str:
+        return self.cursor["phase"]
+
+    def _step_fn(self, phase: str):
+        if phase not in self._steps:
+            self._steps[phase] = train_step.jit_step(
+                self.model_cfg,
+                self.optimizers[phase],
+                step_config(self.config, phase),
+                self.mesh,
+                self.shardings,
+                self.rules,
+            )
+        return self._steps[phase]
+
+    def start_rl(self) -> None:
+        """Leave the SFT phase: fresh RL optimizer state, checkpoint the boundary."""
+        if self.phase == "rl":
+            return
+        init = jax.jit(self.optimizers["rl"].init, out_shardings=self.shardings.opt_state)
+        self.state = self.state.replace(opt_state=init(self.state.params))
+        self.cursor.update(phase="rl", rl_start_step=self.step)
+        self.save(force=True)
+
+    def train_step(self, batch: train_step.Batch, wait_s: float = 0.0) -> dict:
+        """One optimizer update of the current phase; returns its metrics (host floats)."""
+        fn = self._step_fn(self.phase)
+        start = 0 if self.phase == "sft" else self.cursor["rl_start_step"]
+        lr = float(self.schedules[self.phase](self.step - start))  # this update's rate
+        t0 = time.perf_counter()
+        self.state, out = fn(self.state, train_step.put_batch(batch, self.mesh, self.rules))
+        out = jax.device_get(out)
+        dt = time.perf_counter() - t0
+        self._busy += dt
+        now = time.perf_counter()
+        metrics = {k: float(v) for k, v in out.items()}
+        metrics.update(
+            {
+                "phase": self.phase,
+                "learning_rate": lr,
+                "time/step_s": dt,
+                "time/wait_s": wait_s,
+                "learner/utilization": self._busy / max(now - self._last_line, 1e-9),
+            }
+        )
+        return metrics
+
+    def log(self, metrics: dict) -> dict:
+        """Write one metrics line for the current step and reset the utilization window."""
+        row = self.metrics.write(self.step, metrics)
+        self._last_line, self._busy = time.perf_counter(), 0.0
+        return row
+
+    def save(self, force: bool = False) -> bool:
+        return self.ckpt.save(self.step, self.state, self.cursor, force=force)
+
+    def close(self) -> None:
+        self.ckpt.close()
+        self.metrics.close()

@@ -1,0 +1,279 @@
+"""The jitted learner steps: RL (policy loss from the registry) and SFT (next-token CE).
+
+Both run the same machinery: the global batch is split into `micro_batches` micro-batches,
+`jax.lax.scan` runs forward/backward on each and sums the gradients, then one optimizer
+update is applied. So the global batch is independent of memory, and the update equals
+the one-shot update on the whole batch (tests/learner_jax/train_step_test.py):
+each micro-batch loss is weighted by its share of the loss's normalizer (sequences for
+grpo / dr_grpo / gspo, tokens for dapo and SFT), which makes the weighted sum exactly the
+full-batch loss, not a mean of means.
+
+Micro-batch i takes rows i, i+k, i+2k, ... (strided), so every device's shard of the
+global batch holds an equal part of every micro-batch: no data moves between devices.
+
+The proximal log-probs of decoupled PPO (`losses.py`) are the learner's own params at the
+start of the update. With one update per batch they equal the stop-gradient of the
+forward pass that computes the loss, so the step reuses that pass instead of running a
+second one (prox and logp are bitwise equal, ratio = 1 with its gradient intact).
+
+Einsum/shape letters: B batch (rows), T time, V vocab, k micro-batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from bridge.model_config import ModelConfig
+from learner_jax import losses, model, sharding
+from learner_jax.train_state import TrainState
+
+# Which count normalizes each loss (see losses.py "Aggregations"): the micro-batch weight.
+_NORMALIZER = {"grpo": "sequences", "dr_grpo": "sequences", "gspo": "sequences", "dapo": "tokens"}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass(frozen=True)
+class Batch:
+    """One learner batch: one sequence (prompt + completion) per row, right-padded."""
+
+    tokens: jax.Array  # int32 [B, T] model input
+    positions: jax.Array  # int32 [B, T]
+    segment_ids: jax.Array  # int32 [B, T] 0 = padding
+    targets: jax.Array  # int32 [B, T] next token (tokens shifted left)
+    loss_mask: jax.Array  # float32 [B, T] 1 where targets[b, t] is a completion token
+    behavior_logp: jax.Array  # float32 [B, T] the worker's log p(targets), 0 elsewhere
+    advantages: jax.Array  # float32 [B]
+    seq_mask: jax.Array  # float32 [B] 0 drops a row (filtered group, batch padding)
+    on_policy: jax.Array  # float32 [B] 1 = sampled by the learner's current version
+
+    @property
+    def size(self) -> int:
+        return self.tokens.shape[0]
+
+
+def make_batch(
+    tokens,
+    loss_mask,
+    valid=None,
+    behavior_logp=None,
+    advantages=None,
+    seq_mask=None,
+    on_policy=None,
+) -> Batch:
+    """A numpy Batch from right-padded rows `tokens` [B, T+1].
+
+    `loss_mask` [B, T+1] marks the completion tokens, `valid` [B, T+1] the real (non-pad)
+    tokens (default: tokens != 0); targets are tokens shifted left by one, so a row of
+    T+1 tokens trains T next-token predictions. `behavior_logp` [B, T] is aligned with the
+    targets (the worker's log p of token t+1).
+    """
+    tokens = np.asarray(tokens, np.int32)
+    loss_mask = np.asarray(loss_mask, np.float32)
+    valid = (tokens != 0) if valid is None else np.asarray(valid, bool)
+    if tokens.ndim != 2 or loss_mask.shape != tokens.shape or valid.shape != tokens.shape:
+        raise ValueError(
+            f"tokens {tokens.shape}, loss_mask {loss_mask.shape}, valid {valid.shape} "
+            "must all be [B, T+1]"
+        )
+    b, t = tokens.shape[0], tokens.shape[1] - 1
+    seg = valid[:, :-1].astype(np.int32)  # [B, T]
+    pos = (np.maximum(np.cumsum(seg, axis=1) - 1, 0) * seg).astype(np.int32)
+    lm = loss_mask[:, 1:] * valid[:, 1:] * valid[:, :-1]  # only real (input, target) pairs
+
+    def vec(x, fill):
+        return np.full((b,), fill, np.float32) if x is None else np.asarray(x, np.float32)
+
+    return Batch(
+        tokens=tokens[:, :-1],
+        positions=pos,
+        segment_ids=seg,
+        targets=tokens[:, 1:],
+        loss_mask=lm.astype(np.float32),
+        behavior_logp=(
+            np.zeros((b, t), np.float32)
+            if behavior_logp is None
+            else np.asarray(behavior_logp, np.float32)
+        ),
+        advantages=vec(advantages, 0.0),
+        seq_mask=vec(seq_mask, 1.0),
+        on_policy=vec(on_policy, 0.0),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class StepConfig:
+    kind: str = "rl"  # 'rl' (policy loss) or 'sft' (next-token cross-entropy)
+    loss: losses.LossConfig = losses.LossConfig()
+    micro_batches: int = 1
+    dtype: str = "float32"  # compute dtype; params stay in their param_dtype
+
+    def __post_init__(self):
+        if self.kind not in ("rl", "sft"):
+            raise ValueError(f"kind must be 'rl' or 'sft', got {self.kind!r}")
+        if self.micro_batches < 1:
+            raise ValueError(f"micro_batches must be >= 1, got {self.micro_batches}")
+        if self.kind == "rl" and self.loss.name not in _NORMALIZER:
+            raise ValueError(f"no micro-batch weighting known for loss {self.loss.name!r}")
+
+
+def batch_sharding(mesh: Mesh, rules: Sequence = sharding.DEFAULT_RULES) -> NamedSharding:
+    """Rows over the mesh axes the rules give the logical 'batch' axis."""
+    spec = nn.logical_to_mesh(PartitionSpec("batch"), sharding.normalize_rules(rules))
+    return NamedSharding(mesh, spec)
+
+
+def _row_counts(mb: Batch) -> tuple[jax.Array, jax.Array]:
+    """(kept sequences, loss tokens) of a batch, as the losses count them."""
+    m = mb.loss_mask * mb.seq_mask[:, None]  # [B, T]
+    return (m.sum(axis=1) > 0).sum().astype(jnp.float32), m.sum()
+
+
+def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
+    """(params, micro-batch) -> (loss, (weighted metrics, summed metrics))."""
+    net = model.Transformer(cfg, dtype=jnp.dtype(step_cfg.dtype))
+
+    def fn(params, mb: Batch):
+        logits = net.apply({"params": params}, mb.tokens, mb.positions, mb.segment_ids)
+        logp_all = jax.nn.log_softmax(logits, axis=-1)  # [B, T, V] fp32
+        logp = jnp.take_along_axis(logp_all, mb.targets[..., None], axis=-1)[..., 0]  # [B, T]
+        m = mb.loss_mask * mb.seq_mask[:, None]  # [B, T]
+        entropy = -(jnp.exp(logp_all) * logp_all).sum(-1)  # [B, T]
+        sums = {
+            "entropy": jax.lax.stop_gradient((entropy * m).sum()),
+            "tokens": m.sum(),
+            "sequences": _row_counts(mb)[0],
+        }
+        if step_cfg.kind == "sft":
+            loss = -(logp * m).sum() / jnp.maximum(m.sum(), 1.0)
+            correct = (jnp.argmax(logits, -1) == mb.targets).astype(jnp.float32)
+            sums["token_accuracy"] = (correct * m).sum()
+            return loss, ({"loss": jax.lax.stop_gradient(loss)}, sums)
+        prox = jax.lax.stop_gradient(logp)
+        inputs = losses.LossInputs(
+            prox_logp=prox,
+            behavior_logp=mb.behavior_logp,
+            advantages=mb.advantages,
+            loss_mask=mb.loss_mask,
+            seq_mask=mb.seq_mask,
+        )
+        loss, metrics = losses.compute_loss(logp, inputs, step_cfg.loss)
+        # mismatch/kl: k3 estimate of KL(behavior || learner) on rows the learner's current
+        # version sampled; anything above float noise is an engine/learner numerics gap.
+        mm = m * mb.on_policy[:, None]
+        d = jnp.where(mm > 0, prox - mb.behavior_logp, 0.0)
+        sums["mismatch/kl"] = ((jnp.exp(d) - d - 1.0) * mm).sum()
+        sums["mismatch/tokens"] = mm.sum()
+        metrics.pop("tokens", None)
+        return loss, (metrics, sums)
+
+    return fn
+
+
+def _split(batch: Batch, k: int) -> Batch:
+    """[B, ...] -> [k, B/k, ...], micro-batch i = rows i, i+k, ... (see module docstring)."""
+
+    def split(x):
+        return jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1)
+
+    return jax.tree.map(split, batch)
+
+
+def _combine(name: str, values: jax.Array, loss_w: jax.Array, token_w: jax.Array):
+    """Reduce a per-micro-batch metric [k] to the full-batch value."""
+    if name.endswith("max"):
+        return values.max()
+    if name.endswith("min"):
+        return values.min()
+    if name in ("loss", "pg_loss", "kl"):
+        return (values * loss_w).sum()
+    return (values * token_w).sum()
+
+
+def make_step_fn(cfg: ModelConfig, optimizer: optax.GradientTransformation, step_cfg: StepConfig):
+    """The unjitted step (state, batch) -> (state, metrics); see `jit_step`."""
+    objective = _objective(cfg, step_cfg)
+
+    def weighted(params, mb, w):
+        loss, aux = objective(params, mb)
+        return loss * w, aux
+
+    grad_fn = jax.value_and_grad(weighted, has_aux=True)
+    k = step_cfg.micro_batches
+    by = "tokens" if step_cfg.kind == "sft" else _NORMALIZER[step_cfg.loss.name]
+
+    def step(state: TrainState, batch: Batch):
+        if batch.size % k:
+            raise ValueError(f"batch of {batch.size} rows does not split into {k} micro-batches")
+        micro = _split(batch, k)
+        seqs, toks = jax.vmap(_row_counts)(micro)  # [k] each
+        counts = toks if by == "tokens" else seqs
+        loss_w = counts / jnp.maximum(counts.sum(), 1.0)  # [k]
+        token_w = toks / jnp.maximum(toks.sum(), 1.0)
+
+        def body(grads, xs):
+            mb, w = xs
+            (_, (metrics, sums)), g = grad_fn(state.params, mb, w)
+            return jax.tree.map(jnp.add, grads, g), (metrics, sums)
+
+        zeros = jax.tree.map(jnp.zeros_like, state.params)
+        grads, (metrics, sums) = jax.lax.scan(body, zeros, (micro, loss_w))
+        out = {name: _combine(name, v, loss_w, token_w) for name, v in metrics.items()}
+        sums = {name: v.sum() for name, v in sums.items()}
+        tokens = jnp.maximum(sums["tokens"], 1.0)
+        out["entropy"] = sums["entropy"] / tokens
+        out["tokens"] = sums["tokens"]
+        out["sequences"] = sums["sequences"]
+        if step_cfg.kind == "sft":
+            out["token_accuracy"] = sums["token_accuracy"] / tokens
+        else:
+            out["mismatch/kl"] = sums["mismatch/kl"] / jnp.maximum(sums["mismatch/tokens"], 1.0)
+            out["mismatch/tokens"] = sums["mismatch/tokens"]
+        out["grad_norm"] = optax.tree.norm(grads)
+        updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        out["update_norm"] = optax.tree.norm(updates)
+        new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
+        return new_state, out
+
+    return step
+
+
+def jit_step(
+    cfg: ModelConfig,
+    optimizer: optax.GradientTransformation,
+    step_cfg: StepConfig,
+    mesh: Mesh,
+    shardings: TrainState,
+    rules: Sequence = sharding.DEFAULT_RULES,
+    donate: bool = True,
+):
+    """The step jitted with explicit in/out shardings: state as `shardings` (from
+    `train_state.state_shardings`), batch rows as the 'batch' rule says, metrics replicated.
+    Traced under the mesh and rules so the model's activation constraints apply.
+    """
+    fn = jax.jit(
+        make_step_fn(cfg, optimizer, step_cfg),
+        in_shardings=(shardings, batch_sharding(mesh, rules)),
+        out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())),
+        donate_argnums=(0,) if donate else (),
+    )
+
+    def step(state: TrainState, batch: Batch):
+        with sharding.use_mesh(mesh, rules):
+            return fn(state, batch)
+
+    step.jitted = fn
+    return step
+
+
+def put_batch(batch: Batch, mesh: Mesh, rules: Sequence = sharding.DEFAULT_RULES) -> Batch:
+    """Host arrays -> device arrays with rows sharded over the batch axes."""
+    return jax.device_put(batch, batch_sharding(mesh, rules))

@@ -1,0 +1,166 @@
+"""The jitted train step: 8-device (data=2, fsdp=2, tensor=2) == 1 device, shardings as the
+rules say, and micro-batch accumulation == one full batch (RL losses and SFT)."""
+
+import dataclasses
+import functools
+
+import jax
+import numpy as np
+import pytest
+from jax.sharding import PartitionSpec as P
+
+from bridge import tiny_model
+from learner_jax import losses, optim, sharding, train_state, train_step
+
+CFG = tiny_model.tiny_config("qwen3")
+B, T = 16, 20
+# Adam's first update is lr * g / (|g| + eps): with the default eps=1e-8 a gradient entry
+# near 1e-8 turns float rounding (~1e-11) into a visible update difference, whatever the
+# implementation. eps=1e-5 keeps that conditioning sane; every other entry still moves ~lr.
+OPT = optim.make_optimizer(
+    optim.OptimizerConfig(
+        learning_rate=1e-2, warmup_steps=0, total_steps=10, weight_decay=0.1, eps=1e-5
+    )
+)
+MESH_8 = {"data": 2, "fsdp": 2, "tensor": 2}
+
+
+def make_rl_batch(seed=0):
+    """Rows of different lengths (so micro-batches hold different token counts), a dropped
+    row (seq_mask 0), stale behavior log-probs and signed advantages."""
+    rng = np.random.default_rng(seed)
+    tokens = rng.integers(3, CFG.vocab_size, (B, T + 1))
+    prompt = rng.integers(3, 8, B)
+    length = rng.integers(10, T + 2, B)
+    valid = np.arange(T + 1)[None, :] < length[:, None]
+    tokens = np.where(valid, tokens, 0)
+    loss_mask = (np.arange(T + 1)[None, :] >= prompt[:, None]) & valid
+    seq_mask = np.ones(B)
+    seq_mask[5] = 0.0
+    return train_step.make_batch(
+        tokens,
+        loss_mask,
+        behavior_logp=np.log(1.0 / CFG.vocab_size) + 0.3 * rng.standard_normal((B, T)),
+        advantages=rng.standard_normal(B),
+        seq_mask=seq_mask,
+        on_policy=(np.arange(B) % 2).astype(np.float32),
+    )
+
+
+@functools.cache
+def initial_state(mesh_items):
+    mesh_shape = dict(mesh_items)
+    n = int(np.prod(list(mesh_shape.values())))
+    mesh = sharding.make_mesh(mesh_shape, jax.devices()[:n])
+    _, shardings = train_state.state_shardings(CFG, OPT, mesh)
+    return mesh, train_state.create_train_state(CFG, OPT, mesh, seed=0), shardings
+
+
+def run_step(mesh_shape, step_cfg, batch):
+    mesh, state, shardings = initial_state(tuple(sorted(mesh_shape.items())))
+    before = jax.device_get(state.params)
+    # No donation: the cached initial state is reused by several tests.
+    step = train_step.jit_step(CFG, OPT, step_cfg, mesh, shardings, donate=False)
+    new_state, metrics = step(state, train_step.put_batch(batch, mesh))
+    return before, new_state, shardings, jax.device_get(metrics)
+
+
+def assert_trees_close(a, b, atol):
+    for (path, x), y in zip(
+        jax.tree_util.tree_leaves_with_path(a), jax.tree.leaves(b), strict=True
+    ):
+        np.testing.assert_allclose(
+            np.asarray(x), np.asarray(y), atol=atol, rtol=0, err_msg=jax.tree_util.keystr(path)
+        )
+
+
+def test_sharded_step_equals_single_device_and_follows_rules():
+    cfg = train_step.StepConfig(kind="rl", loss=losses.LossConfig(name="grpo", clip_eps=0.2))
+    batch = make_rl_batch()
+    before, one, _, m1 = run_step({"data": 1}, cfg, batch)
+    _, eight, shardings, m8 = run_step(MESH_8, cfg, batch)
+
+    assert len(jax.tree.leaves(eight.params)[0].sharding.device_set) == 8
+    np.testing.assert_allclose(m8["loss"], m1["loss"], atol=1e-5, rtol=0)
+    np.testing.assert_allclose(m8["grad_norm"], m1["grad_norm"], rtol=1e-5)
+    assert_trees_close(eight.params, one.params, atol=1e-5)
+    assert_trees_close(eight.opt_state, one.opt_state, atol=1e-5)
+    # The update is real: every parameter moved by ~lr (Adam), far beyond the tolerance.
+    moved = jax.tree.map(lambda a, b: np.abs(np.asarray(a) - b).max(), one.params, before)
+    assert min(jax.tree.leaves(moved)) > 1e-3
+    assert int(eight.step) == 1 and m8["tokens"] > 0
+
+    # Layout: every array of the new state carries exactly the sharding the rules give.
+    for (path, x), s in zip(
+        jax.tree_util.tree_leaves_with_path(eight), jax.tree.leaves(shardings), strict=True
+    ):
+        assert x.sharding.is_equivalent_to(s, x.ndim), jax.tree_util.keystr(path)
+    spec = train_state.spec_tree(eight)
+    adam = spec.opt_state[1][0]  # chain(clip, adamw(scale_by_adam, decay, lr)) -> adam state
+    for tree in (spec.params, adam.mu, adam.nu):
+        assert tree["embed"]["embedding"] == P("tensor", "fsdp")  # (vocab, embed)
+        attn, mlp = tree["layers_0"]["attn"], tree["layers_1"]["mlp"]
+        assert attn["q_proj"]["kernel"] == P("fsdp", "tensor", None)  # (embed, heads, kv)
+        assert attn["o_proj"]["kernel"] == P("tensor", None, "fsdp")  # (heads, kv, embed)
+        assert mlp["down_proj"]["kernel"] == P("tensor", "fsdp")  # (mlp, embed)
+        assert tree["final_norm"]["scale"] == P("fsdp")
+    replicated = [adam.count, spec.step, spec.rng, spec.opt_state[1][2].count]
+    assert all(all(a is None for a in s) for s in replicated), replicated
+
+
+@pytest.mark.parametrize(
+    "step_cfg",
+    [
+        train_step.StepConfig(kind="rl", loss=losses.LossConfig(name="grpo")),
+        train_step.StepConfig(kind="sft"),  # normalized by tokens, like dapo
+    ],
+    ids=["grpo", "sft"],
+)
+def test_micro_batches_equal_full_batch(step_cfg):
+    """1 x 16 rows == 4 x 4 rows; micro-batches have different token counts, so a plain
+    mean of micro-batch losses would differ from the full-batch loss."""
+    batch = make_rl_batch(seed=1)
+    mesh = {"data": 2, "fsdp": 2}  # micro-batches of 4 rows still split over 4 devices
+    _, full, _, mf = run_step(mesh, step_cfg, batch)
+    _, acc, _, ma = run_step(mesh, dataclasses.replace(step_cfg, micro_batches=4), batch)
+    for key in ("loss", "grad_norm", "entropy", "tokens"):
+        np.testing.assert_allclose(ma[key], mf[key], atol=1e-5, rtol=1e-5, err_msg=key)
+    assert_trees_close(acc.params, full.params, atol=1e-5)
+
+    # The exactness is not luck: the per-micro-batch normalizers really differ.
+    toks = np.asarray(batch.loss_mask * batch.seq_mask[:, None]).sum(1)
+    per_micro = [toks[i::4].sum() for i in range(4)]
+    assert len(set(per_micro)) > 1
+
+
+def test_indivisible_batch_is_rejected():
+    mesh, state, _ = initial_state((("data", 1),))
+    fn = train_step.make_step_fn(CFG, OPT, train_step.StepConfig(kind="sft", micro_batches=3))
+    with pytest.raises(ValueError, match="micro-batches"):
+        jax.eval_shape(fn, state, make_rl_batch())  # fails while tracing, before any compile
+
+
+def test_make_batch_shifts_and_masks():
+    tokens = np.array([[5, 6, 7, 8, 0, 0], [9, 10, 11, 12, 13, 14]])
+    loss_mask = np.array([[0, 0, 1, 1, 1, 1], [0, 1, 1, 1, 1, 1]])
+    b = train_step.make_batch(tokens, loss_mask)
+    np.testing.assert_array_equal(b.tokens, tokens[:, :-1])
+    np.testing.assert_array_equal(b.targets, tokens[:, 1:])
+    np.testing.assert_array_equal(b.segment_ids, [[1, 1, 1, 1, 0], [1, 1, 1, 1, 1]])
+    np.testing.assert_array_equal(b.positions, [[0, 1, 2, 3, 0], [0, 1, 2, 3, 4]])
+    # Row 0: targets 7, 8 are completion tokens; the pad targets are not.
+    np.testing.assert_array_equal(b.loss_mask, [[0, 1, 1, 0, 0], [1, 1, 1, 1, 1]])
+    with pytest.raises(ValueError, match="must all be"):
+        train_step.make_batch(tokens, loss_mask[:, :-1])
+
+
+def test_bf16_compute_keeps_fp32_master_weights():
+    batch = make_rl_batch(seed=2)
+    cfg32 = train_step.StepConfig(kind="sft")
+    _, s32, _, m32 = run_step({"data": 1}, cfg32, batch)
+    _, s16, _, m16 = run_step({"data": 1}, dataclasses.replace(cfg32, dtype="bfloat16"), batch)
+    assert {x.dtype for x in jax.tree.leaves(s16.params)} == {np.dtype("float32")}
+    assert {x.dtype for x in jax.tree.leaves(s16.opt_state[1][0].mu)} == {np.dtype("float32")}
+    # bf16 matmuls: same loss to bf16 precision, but not bitwise the fp32 computation.
+    np.testing.assert_allclose(m16["loss"], m32["loss"], rtol=2e-2)
+    assert m16["loss"] != m32["loss"]

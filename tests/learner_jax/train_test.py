@@ -1,0 +1,138 @@
+"""The training binary end to end: a sharded SFT run via subprocess, resume in the same
+workdir, and the RL phase fed by a trajectory iterator (what the controller plugs into)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from learner_jax import checkpoint, sharding, train, train_step
+from learner_jax import learner as learner_lib
+from learner_jax import metrics as metrics_lib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SFT_KEYS = {"step", "phase", "loss", "grad_norm", "entropy", "learning_rate", "time/step_s"}
+SFT_KEYS |= {"time/wait_s", "learner/utilization", "token_accuracy"}
+
+
+def tiny_test_config():
+    if os.path.join(ROOT, "configs") not in sys.path:
+        sys.path.insert(0, os.path.join(ROOT, "configs"))
+    import test_tiny
+
+    return test_tiny.get_config()
+
+
+def run_binary(workdir, *overrides):
+    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    cmd = [
+        sys.executable,
+        "-m",
+        "learner_jax.train",
+        "--config=configs/test_tiny.py",
+        f"--workdir={workdir}",
+        "--config.mesh.data=2",
+        "--config.mesh.fsdp=2",
+        "--config.mesh.tensor=2",
+        *overrides,
+    ]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p
+
+
+def test_binary_sft_then_resume(tmp_path):
+    wd = str(tmp_path / "run")
+    run_binary(wd, "--config.sft.steps=2")
+    with open(os.path.join(wd, "config.json")) as f:
+        resolved = json.load(f)
+    assert resolved["sft"]["steps"] == 2 and resolved["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}
+    assert os.path.exists(os.path.join(wd, "model", "config.json"))  # tiny model built
+    rows = metrics_lib.read_metrics(wd)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:
+        assert SFT_KEYS <= set(r), SFT_KEYS - set(r)
+        assert r["phase"] == "sft" and np.isfinite(r["loss"]) and r["tokens"] > 0
+    assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["2"]
+    assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(wd, "tb")))
+
+    # Same workdir, more steps: resumes at 2 (SFT cursor included), runs only step 3.
+    p = run_binary(wd, "--config.sft.steps=3")
+    assert "resumed from step 2 (sft)" in p.stderr
+    rows = metrics_lib.read_metrics(wd)
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert json.loads(p.stdout.strip().splitlines()[-1]) == {
+        "workdir": wd,
+        "step": 3,
+        "phase": "sft",
+    }
+    assert "3" in os.listdir(os.path.join(wd, "checkpoints"))  # final step always saved
+
+
+def test_bad_override_fails_cleanly(tmp_path):
+    env = dict(os.environ)
+    cmd = [sys.executable, "-m", "learner_jax.train", "--config=configs/test_tiny.py"]
+    cmd += [f"--workdir={tmp_path}", "--config.no_such_key=1"]
+    p = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode != 0 and "no_such_key" in p.stderr
+    assert os.listdir(tmp_path) == []  # nothing written
+
+
+def _rl_items(n, rows, length, vocab):
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        tokens = rng.integers(3, vocab, (rows, length + 1))
+        loss_mask = np.zeros_like(tokens)
+        loss_mask[:, 5:] = 1
+        batch = train_step.make_batch(
+            tokens,
+            loss_mask,
+            behavior_logp=-4.8 + 0.1 * rng.standard_normal((rows, length)),
+            advantages=rng.standard_normal(rows),
+            on_policy=np.ones(rows),
+        )
+        yield batch, {"policy_version": i, "reward/mean": 0.5}, {"next_prompt": 8 * (i + 1)}
+
+
+def test_sft_then_rl_phase_in_process(tmp_path):
+    config = tiny_test_config()
+    config.sft.steps = 1
+    config.total_steps = 2
+    config.loss.name = "dapo"
+    wd = str(tmp_path)
+    learner = train.run(config, wd, items=_rl_items(5, 8, 12, 100))
+    assert learner.step == 3 and learner.phase == "rl" and learner.rl_steps == 2
+    rows = metrics_lib.read_metrics(wd)
+    assert [(r["step"], r["phase"]) for r in rows] == [(1, "sft"), (2, "rl"), (3, "rl")]
+    rl_keys = {"loss", "grad_norm", "clip_frac", "is_weight/mean", "is_weight/max", "entropy"}
+    rl_keys |= {"mismatch/kl", "policy_version", "reward/mean", "learner/utilization"}
+    for r in rows[1:]:
+        assert rl_keys <= set(r), rl_keys - set(r)
+    assert rows[2]["policy_version"] == 1
+    # The RL phase restarted the optimizer schedule: warmup from 0 at its first update.
+    assert rows[1]["learning_rate"] == 0.0 and rows[2]["learning_rate"] > 0
+    ckpt = checkpoint.Checkpointer(checkpoint.checkpoint_dir(wd))
+    assert ckpt.latest_step() == 3
+    _, cursor = ckpt.restore(learner.abstract)
+    assert cursor["phase"] == "rl" and cursor["rl_start_step"] == 1
+    assert cursor["rl"] == {"next_prompt": 16}
+
+
+def test_batch_sizes_checked_before_compile():
+    config = tiny_test_config()
+    config.sft.micro_batch_size = 3
+    mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+    with pytest.raises(ValueError, match="sft: micro-batch size 3"):
+        learner_lib.check_batch_sizes(config, mesh)
+
+
+def test_bad_config_writes_nothing(tmp_path):
+    config = tiny_test_config()
+    config.loss.name = "no_such_loss"
+    with pytest.raises(ValueError, match="unknown loss"):
+        train.run(config, str(tmp_path / "wd"))
+    assert not (tmp_path / "wd").exists()
