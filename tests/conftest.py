@@ -41,7 +41,14 @@ def vllm_engine(tiny_model_dir):
     Tests that swap weights into it must restore the original weights when done
     (see `rollout_gpu` swap tests) so test order does not matter.
     """
+    import sys
+
     from rollout_gpu.engine import make_engine
+
+    # vLLM's CPU kernel registration probes every loaded module's attributes; flask's
+    # context-local proxies raise on that probe. Servers built on flask (moto) must run in
+    # their own process.
+    assert "flask" not in sys.modules, "flask was imported into the test process"
 
     engine = make_engine(tiny_model_dir, dtype="float32", max_model_len=256, seed=0)
     yield engine

@@ -1,9 +1,11 @@
 """WeightStore on real kvstores: file, memory, s3 (moto server on loopback), gcs (spec only)."""
 
 import json
-import logging
 import os
 import socket
+import subprocess
+import sys
+import time
 
 import ml_dtypes
 import numpy as np
@@ -258,22 +260,39 @@ def test_spec_parsing():
 
 @pytest.fixture(scope="module")
 def s3_endpoint():
-    """A real S3-compatible server (moto's server mode) on a free loopback port."""
-    import boto3
-    from moto.server import ThreadedMotoServer
+    """A real S3-compatible server (moto's server mode) on a free loopback port.
 
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # one line per request otherwise
+    It runs in its own process: importing moto's server pulls flask into this one, and
+    flask's `current_app` proxy breaks vLLM's kernel registration (it probes every module
+    attribute with hasattr) for any engine the same pytest session starts later.
+    """
+    import boto3
+
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     endpoint = f"http://127.0.0.1:{port}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket="echo2")
+    client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            client.create_bucket(Bucket="echo2")
+            break
+        except Exception:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                raise
+            time.sleep(0.2)
     yield endpoint
-    server.stop()
+    server.terminate()
+    server.wait(timeout=30)
     for k, v in old.items():
         if v is None:
             os.environ.pop(k, None)
