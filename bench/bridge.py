@@ -10,10 +10,24 @@ them on the host. Per repeat, on the same disk:
   raw_read_s   np.load per array
 ratio = (publish_s + fetch_s) / (raw_write_s + raw_read_s), medians over the repeats.
 Reads follow writes, so both sides read from the page cache; the two sides alternate
-which goes first. swap_s (vLLM hot swap) is
-measured by the rollout side's benchmark and left null here.
+which goes first.
 
-    python -m bench.bridge --out=/tmp/bench_bridge.json [--repeats=3] [--num_layers=28]
+Then the rollout side's hot swap (`--swap`, default on): a vLLM engine (bfloat16, eager,
+`rollout_gpu.engine.make_engine`) is started on an HF dir of the same model (random bf16
+weights, the char tokenizer of `bridge/tiny_model.py`), two versions are published to a
+store, and each repeat loads the other version, split the way
+`rollout_gpu.weight_swap.load_version` runs it:
+  swap_fetch_s  store.read_all: read + verify every checksum (as fetch_s above)
+  swap_s        swap_weights: validate names/shapes/finiteness + vLLM reload_weights in
+                place + tied-layer reprocessing + prefix-cache reset (the swap alone)
+  validate_s    of which: the validation alone (timed once more on its own)
+  load_version_s  the whole `load_version` call (fetch + swap), timed separately
+  canary_s      check_canary on 4 probes of 25 tokens (payload scored by the engine itself,
+                so only its cost is measured; the published versions carry no canary)
+The fp32 host copy is dropped before vLLM starts (whole run: ~10.5 GB peak RSS, ~4 min).
+
+    python -m bench.bridge --out=/tmp/bench_bridge.json [--repeats=3] [--num_layers=28] \
+        [--noswap]
 """
 
 from __future__ import annotations
@@ -29,7 +43,7 @@ import ml_dtypes
 import numpy as np
 from absl import app, flags
 
-from bridge import layouts
+from bridge import layouts, tiny_model
 from bridge.model_config import ModelConfig
 from bridge.weight_store import WeightStore
 
@@ -38,6 +52,8 @@ flags.DEFINE_string("out", None, "JSON file for the results.", required=True)
 flags.DEFINE_integer("repeats", 3, "Timed repeats (medians are reported).")
 flags.DEFINE_integer("num_layers", 28, "Decoder layers (28 = Qwen3-0.6B).")
 flags.DEFINE_string("workdir", None, "Scratch directory on the disk to test (default: tmp).")
+flags.DEFINE_bool("swap", True, "Also time the hot swap into a vLLM engine (bf16).")
+flags.DEFINE_integer("swap_repeats", 3, "Timed hot swaps.")
 
 
 def qwen3_0p6b(num_layers: int = 28) -> ModelConfig:
@@ -101,6 +117,64 @@ def via_numpy(weights, root: str) -> dict[str, float]:
     return {"raw_write_s": raw_write_s, "raw_read_s": raw_read_s}
 
 
+def write_engine_dir(path: str, cfg: ModelConfig, weights) -> None:
+    """An HF dir vLLM starts from: config, char tokenizer, the weights in bf16."""
+    from safetensors.numpy import save_file
+
+    os.makedirs(path)
+    tiny_model.write_hf_config(path, cfg, dtype="bfloat16")
+    tiny_model.save_tokenizer(path)
+    save_file(
+        {n: a.astype(ml_dtypes.bfloat16) for n, a in weights.items()},
+        os.path.join(path, "model.safetensors"),
+        metadata={"format": "pt"},
+    )
+
+
+def measure_swap(cfg: ModelConfig, model_dir: str, store: WeightStore, repeats: int) -> dict:
+    """Hot-swap timings into a fresh bf16 vLLM engine (store versions 1 and 2 exist)."""
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine
+    from rollout_gpu import canary as canary_lib
+    from rollout_gpu import weight_swap
+    from rollout_gpu.engine import make_engine
+
+    t = time.perf_counter()
+    llm = make_engine(model_dir, dtype="bfloat16", max_model_len=256, max_num_seqs=8)
+    probes = canary_lib.probe_token_lists(len(tiny_model.char_vocab()), tiny_model.BOS_ID)
+    canary_lib.engine_prompt_logprobs(llm, probes)  # first forward compiles kernels
+    startup_s = time.perf_counter() - t
+    shapes = layouts.hf_shapes(cfg)
+    current = weight_swap.EngineVersion()
+    runs = []
+    for r in range(repeats):
+        version = 1 + r % 2
+        fetch_s, tensors = timed(store.read_all, version)
+        validate_s, _ = timed(weight_swap.validate_tensors, tensors, shapes)  # part of swap_s
+        swap_s, _ = timed(weight_swap.swap_weights, llm, tensors, shapes, current)
+        current.version, current.tensors = version, tensors
+        del tensors
+        # The whole call the worker makes (fetch + swap), on the other version.
+        other = 1 + (r + 1) % 2
+        load_s, _ = timed(weight_swap.load_version, llm, store, other, current)
+        assert current.version == other
+        payload = canary_lib.canary_payload(probes, canary_lib.engine_prompt_logprobs(llm, probes))
+        canary_s, res = timed(canary_lib.check_canary, llm, payload, "bfloat16")
+        assert res.ok, res
+        runs.append(
+            {
+                "swap_fetch_s": fetch_s,
+                "swap_s": swap_s,
+                "validate_s": validate_s,
+                "load_version_s": load_s,
+                "canary_s": canary_s,
+            }
+        )
+        print(f"swap {r}: " + ", ".join(f"{k}={v:.2f}" for k, v in runs[-1].items()))
+    del llm
+    med = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
+    return {**med, "engine_startup_s": startup_s, "swap_repeats": runs}
+
+
 def main(argv):
     del argv
     cfg = qwen3_0p6b(FLAGS.num_layers)
@@ -124,6 +198,16 @@ def main(argv):
             print(f"repeat {r}: " + ", ".join(f"{k}={v:.2f}" for k, v in runs[-1].items()))
             shutil.rmtree(store_dir)
             shutil.rmtree(raw_dir)
+        swap = None
+        if FLAGS.swap:
+            # Two versions to alternate between; the second one is the negated weights.
+            swap_store = WeightStore(f"file://{os.path.join(scratch, 'swap_store')}")
+            swap_store.publish(1, 1, weights.items(), cfg.to_hf_dict())
+            swap_store.publish(2, 2, ((n, -a) for n, a in weights.items()), cfg.to_hf_dict())
+            engine_dir = os.path.join(scratch, "engine_model")
+            write_engine_dir(engine_dir, cfg, weights)
+            del weights  # the engine and the fetched versions are bf16 from here on
+            swap = measure_swap(cfg, engine_dir, swap_store, FLAGS.swap_repeats)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     med = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
@@ -133,8 +217,14 @@ def main(argv):
         "bytes": nbytes,
         **med,
         "ratio": (med["publish_s"] + med["fetch_s"]) / (med["raw_write_s"] + med["raw_read_s"]),
-        "swap_s": None,
-        "swap_note": "vLLM hot swap is measured by the rollout-side benchmark, not here",
+        "swap_s": None if swap is None else swap["swap_s"],
+        "swap_note": (
+            "not measured (--noswap)"
+            if swap is None
+            else "swap_weights alone: validate + vLLM reload_weights (bf16 engine) + "
+            "tied-layer reprocessing + prefix-cache reset; fetch/verify is swap_fetch_s"
+        ),
+        **({} if swap is None else {k: v for k, v in swap.items() if k != "swap_s"}),
         "repeats": runs,
         "cpus": os.cpu_count(),
     }
@@ -143,6 +233,10 @@ def main(argv):
     for label, a, b in (("write", "publish_s", "raw_write_s"), ("read", "fetch_s", "raw_read_s")):
         print(f"{label:12s}{med[a]:10.2f}{med[b]:10.2f}{gb / med[a]:12.2f}{gb / med[b]:12.2f}")
     print(f"bytes {nbytes} ({gb:.2f} GB), ratio {result['ratio']:.2f} (target <= 2.0)")
+    if swap is not None:
+        print(f"\nvLLM hot swap (bf16 engine, startup {swap['engine_startup_s']:.1f} s), medians:")
+        for key in ("swap_fetch_s", "swap_s", "validate_s", "load_version_s", "canary_s"):
+            print(f"{key:16s}{swap[key]:10.2f}")
     with open(FLAGS.out, "w") as f:
         json.dump(result, f, indent=1)
 

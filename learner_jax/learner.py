@@ -28,6 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from bridge import export as hf_export
 from bridge import tiny_model
 from bridge.model_config import ModelConfig
 from learner_jax import checkpoint, hf_import, losses, optim, sharding, train_state, train_step
@@ -151,6 +152,10 @@ class Learner:
                 async_save=config.checkpoint.async_save,
             ),
         )
+        if jax.process_index() == 0:
+            # config + tokenizer beside the checkpoints, so `python -m bridge.export
+            # --checkpoint_dir=...` needs nothing else (hf_dir may be elsewhere, or gone).
+            hf_export.save_model_files(self.hf_dir, self.ckpt.directory)
         self._steps: dict[str, Any] = {}
         first = "sft" if config.sft.steps > 0 else "rl"
         self.cursor = {"phase": first, "sft_consumed": 0, "rl_start_step": 0, "rl": {}}

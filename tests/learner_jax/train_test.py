@@ -57,7 +57,8 @@ def test_binary_sft_then_resume(tmp_path):
     for r in rows:
         assert SFT_KEYS <= set(r), SFT_KEYS - set(r)
         assert r["phase"] == "sft" and np.isfinite(r["loss"]) and r["tokens"] > 0
-    assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["2"]
+    # Step dirs plus the HF config/tokenizer copy bridge.export reads.
+    assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["2", "hf_model"]
     assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(wd, "tb")))
 
     # Same workdir, more steps: resumes at 2 (SFT cursor included), runs only step 3.
