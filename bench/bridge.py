@@ -43,6 +43,7 @@ import ml_dtypes
 import numpy as np
 from absl import app, flags
 
+from bench.shapes import qwen3_0p6b
 from bridge import layouts, tiny_model
 from bridge.model_config import ModelConfig
 from bridge.weight_store import WeightStore
@@ -54,23 +55,6 @@ flags.DEFINE_integer("num_layers", 28, "Decoder layers (28 = Qwen3-0.6B).")
 flags.DEFINE_string("workdir", None, "Scratch directory on the disk to test (default: tmp).")
 flags.DEFINE_bool("swap", True, "Also time the hot swap into a vLLM engine (bf16).")
 flags.DEFINE_integer("swap_repeats", 3, "Timed hot swaps.")
-
-
-def qwen3_0p6b(num_layers: int = 28) -> ModelConfig:
-    return ModelConfig(
-        family="qwen3",
-        vocab_size=151936,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_layers=num_layers,
-        num_heads=16,
-        num_kv_heads=8,
-        head_dim=128,
-        rope_theta=1000000.0,
-        tie_word_embeddings=True,
-        qk_norm=True,
-        max_position_embeddings=40960,
-    )
 
 
 def random_weights(cfg: ModelConfig, seed: int = 0) -> dict[str, np.ndarray]:

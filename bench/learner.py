@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from bench.shapes import qwen3_0p6b
 from bridge.model_config import ModelConfig
 from learner_jax import losses, optim, sharding, train_state, train_step
 
@@ -54,23 +55,6 @@ PEAK_BF16 = {
     "TPU v4": 275e12,
     "TPU v6 lite": 918e12,
 }
-
-
-def qwen3_06b(num_layers: int) -> ModelConfig:
-    return ModelConfig(
-        family="qwen3",
-        vocab_size=151936,
-        hidden_size=1024,
-        intermediate_size=3072,
-        num_layers=num_layers,
-        num_heads=16,
-        num_kv_heads=8,
-        head_dim=128,
-        rope_theta=1e6,
-        tie_word_embeddings=True,
-        qk_norm=True,
-        max_position_embeddings=40960,
-    )
 
 
 def model_flops_per_step(cfg: ModelConfig, batch: int, seq_len: int) -> float:
@@ -114,7 +98,7 @@ def main(argv):
     del argv
     on_cpu = jax.devices()[0].platform == "cpu"
     dtype = FLAGS.dtype or ("float32" if on_cpu else "bfloat16")
-    cfg = qwen3_06b(FLAGS.num_layers)
+    cfg = qwen3_0p6b(FLAGS.num_layers)
     mesh = sharding.make_mesh(parse_mesh(FLAGS.mesh))
     opt = optim.make_optimizer(
         optim.OptimizerConfig(learning_rate=1e-6, warmup_steps=0, total_steps=100)

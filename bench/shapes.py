@@ -1,0 +1,21 @@
+"""Real model shapes the benchmarks run at (random weights; no download)."""
+
+from bridge.model_config import ModelConfig
+
+
+def qwen3_0p6b(num_layers: int = 28) -> ModelConfig:
+    """Qwen3-0.6B's architecture (596,049,920 parameters at 28 layers)."""
+    return ModelConfig(
+        family="qwen3",
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_layers=num_layers,
+        num_heads=16,
+        num_kv_heads=8,
+        head_dim=128,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+        qk_norm=True,
+        max_position_embeddings=40960,
+    )
