@@ -43,9 +43,9 @@ import ml_dtypes
 import numpy as np
 from absl import app, flags
 
-from bench.shapes import qwen3_0p6b
 from bridge import layouts, tiny_model
 from bridge.model_config import ModelConfig
+from bridge.presets import qwen3_0p6b
 from bridge.weight_store import WeightStore
 
 FLAGS = flags.FLAGS

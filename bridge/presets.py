@@ -1,4 +1,4 @@
-"""Real model shapes the benchmarks run at (random weights; no download)."""
+"""Architectures of real released models, for benchmarks and sizing (no weights, no download)."""
 
 from bridge.model_config import ModelConfig
 
