@@ -238,8 +238,19 @@ class Learner:
         )
         return metrics
 
+    def utilization(self) -> float:
+        """Fraction of the wall time since the previous metrics line spent in train steps."""
+        return self._busy / max(time.perf_counter() - self._last_line, 1e-9)
+
     def log(self, metrics: dict) -> dict:
-        """Write one metrics line for the current step and reset the utilization window."""
+        """Write one metrics line for the current step and reset the utilization window.
+
+        Utilization is re-measured here, over the whole window since the previous line, so
+        the work between the update and the line (publishing weights, evaluation) counts
+        as learner idle time, as the metric's contract says.
+        """
+        if "learner/utilization" in metrics:
+            metrics = {**metrics, "learner/utilization": self.utilization()}
         row = self.metrics.write(self.step, metrics)
         self._last_line, self._busy = time.perf_counter(), 0.0
         return row

@@ -134,9 +134,13 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None) -> Learner:
         if items is None and config.total_steps > 0:
             items = _default_rl_items(learner)
         if items is not None and config.total_steps > 0:
-            run_rl(learner, items)
+            # The controller-fed source (rl_loop.RLSource) publishes weights after each
+            # step (on_step) and stops its workers and writes the report on close().
+            run_rl(learner, items, getattr(items, "on_step", None))
         learner.save(force=learner.ckpt.latest_step() != learner.step)
     finally:
+        if hasattr(items, "close"):
+            items.close()
         learner.close()
     return learner
 

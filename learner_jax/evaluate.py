@@ -1,0 +1,128 @@
+"""Held-out accuracy of the learner's policy: greedy decoding with the Flax model, in JAX.
+
+    acc = Evaluator(learner.model_cfg, codec, task, EvalConfig(...)).accuracy(params, mesh, rules)
+
+The task's fixed `eval_prompts()` are tokenized like the workers see them (the HF
+tokenizer's BOS, then the text's ids: `TextCodec.encode_prompt`, as
+rollout_gpu/generate.py builds them), left-padded to `max_prompt_len`, and decoded greedily
+for `max_new_tokens` steps inside one jitted `fori_loop`. Shapes are fixed (one compile
+per run): every step runs the full [B, P + A] forward and reads the logits at the current
+position. That is quadratic work a KV cache would avoid, but for the tiny demo model it
+is milliseconds, and it keeps this independent of the worker's decoding code (vLLM), so
+the held-out number checks the rollout plane rather than repeating it.
+
+Why fixed segment ids: the buffer's not-yet-generated positions are marked as part of
+the sequence from the start. Attention is causal, so a position's logits never depend on
+later (still empty) slots, and positions/masks stay constant across decode steps.
+
+Scoring is the task's own reward (`bridge.tasks.score`) on the decoded text up to EOS;
+accuracy is the fraction of prompts with reward >= 1.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bridge import tasks
+from bridge.model_config import ModelConfig
+from learner_jax import model, sharding
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    max_prompt_len: int = 32
+    max_new_tokens: int = 16
+    batch_size: int = 256  # prompts per jitted call (padded up to a fixed shape)
+    dtype: str = "float32"
+
+    def __post_init__(self):
+        if self.max_prompt_len < 1 or self.max_new_tokens < 1 or self.batch_size < 1:
+            raise ValueError(f"bad eval config {self}")
+
+
+def greedy_fn(cfg: ModelConfig, prompt_len: int, new_tokens: int, dtype=jnp.float32):
+    """(params, tokens [B, P + A], segment_ids [B, P + A]) -> tokens with A greedy steps."""
+    net = model.Transformer(cfg, dtype=dtype)
+
+    def decode(params, tokens, segment_ids):
+        positions = model.positions_from_segments(segment_ids)  # [B, P + A]
+
+        def body(i, toks):
+            logits = net.apply({"params": params}, toks, positions, segment_ids)  # [B, L, V]
+            cur = prompt_len - 1 + i
+            nxt = jnp.argmax(jax.lax.dynamic_index_in_dim(logits, cur, 1, False), -1)  # [B]
+            return jax.lax.dynamic_update_index_in_dim(toks, nxt.astype(toks.dtype), cur + 1, 1)
+
+        return jax.lax.fori_loop(0, new_tokens, body, tokens)
+
+    return jax.jit(decode)
+
+
+class Evaluator:
+    """Held-out accuracy of a param tree on a task's eval prompts (one compile per shape)."""
+
+    def __init__(
+        self,
+        cfg: ModelConfig,
+        codec,
+        task: tasks.Task,
+        eval_cfg: EvalConfig,
+    ):
+        self.cfg, self.codec, self.task, self.eval_cfg = cfg, codec, task, eval_cfg
+        self.prompts = task.eval_prompts()
+        if not self.prompts:
+            raise ValueError(f"task {task.name!r} has no held-out prompts")
+        p, a = eval_cfg.max_prompt_len, eval_cfg.max_new_tokens
+        self._fn = greedy_fn(cfg, p, a, jnp.dtype(eval_cfg.dtype))
+        self._rows = [self._row(x.text) for x in self.prompts]
+        # One fixed call shape: the whole eval set when it fits, rounded up to 8 rows so
+        # the batch splits over any data x fsdp mesh of up to 8 devices.
+        self._batch = min(eval_cfg.batch_size, -(-len(self._rows) // 8) * 8)
+
+    def _row(self, text: str) -> list[int]:
+        ids = self.codec.encode_prompt(text)
+        if len(ids) > self.eval_cfg.max_prompt_len:
+            raise ValueError(
+                f"eval prompt {text!r} has {len(ids)} tokens > max_prompt_len "
+                f"{self.eval_cfg.max_prompt_len}"
+            )
+        return ids
+
+    def _arrays(self, rows: Sequence[list[int]], size: int):
+        p, a = self.eval_cfg.max_prompt_len, self.eval_cfg.max_new_tokens
+        tokens = np.full((size, p + a), self.codec.pad_id, np.int32)
+        seg = np.zeros((size, p + a), np.int32)
+        for i, ids in enumerate(rows):
+            tokens[i, p - len(ids) : p] = ids  # left-padded: the prompt ends at p - 1
+            seg[i, p - len(ids) :] = 1
+        return tokens, seg
+
+    def completions(self, params, mesh=None, rules=sharding.DEFAULT_RULES) -> list[str]:
+        """Greedy completion text of every eval prompt (special tokens dropped, cut at EOS)."""
+        p, b = self.eval_cfg.max_prompt_len, self._batch
+        out = []
+        for lo in range(0, len(self._rows), b):
+            chunk = self._rows[lo : lo + b]
+            tokens, seg = self._arrays(chunk, b)
+            if mesh is not None:
+                with sharding.use_mesh(mesh, rules):
+                    gen = self._fn(params, tokens, seg)
+            else:
+                gen = self._fn(params, tokens, seg)
+            gen = np.asarray(jax.device_get(gen))[: len(chunk), p:]  # [b, A]
+            for row in gen:
+                ids = row.tolist()
+                if self.codec.eos_id in ids:
+                    ids = ids[: ids.index(self.codec.eos_id)]
+                out.append(self.codec.decode(ids))
+        return out
+
+    def accuracy(self, params, mesh=None, rules=sharding.DEFAULT_RULES) -> float:
+        texts = self.completions(params, mesh, rules)
+        rewards = [tasks.score(self.task, pr, t) for pr, t in zip(self.prompts, texts, strict=True)]
+        return float(np.mean([r >= 1.0 for r in rewards]))

@@ -1,0 +1,223 @@
+"""What a run shows a person: the live line per RL step, and the end-of-run report.
+
+    python -m learner_jax.report --workdir=/tmp/echo2_demo     # re-draw from the files
+
+`live_line(metrics, end_step)` is one compact line per learner step (step, reward,
+held-out accuracy when evaluated, staleness, learner utilization, active workers, cost).
+
+`write_report(workdir)` reads `metrics.jsonl` (RL lines), `eval.jsonl` (held-out
+accuracy: "before" = right after SFT, "rl" = during RL, "after" = at the end, "stop" =
+when interrupted) and
+`swaps.jsonl` (when the controller first saw each worker serve each version, next to the
+version's publish time) and writes, into the workdir, matplotlib (Agg) PNGs:
+
+    reward.png        reward/mean per step and held-out accuracy
+    utilization.png   learner/utilization per step
+    staleness.png     histogram of trajectory staleness (learner step - sampling version)
+    swap_latency.png  seconds from publish to each worker's swap, per version
+    cost.png          cumulative fleet cost (USD) over steps
+
+plus `summary.md` (before/after held-out accuracy, wall time, means) and returns its path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+from collections import defaultdict
+
+from absl import app, flags
+
+EVAL_FILE, SWAPS_FILE = "eval.jsonl", "swaps.jsonl"
+
+
+def live_line(m: dict, end_step: int) -> str:
+    acc = m.get("eval/accuracy")
+    parts = [
+        f"step {m['step']:>5}/{end_step}",
+        f"reward {m.get('reward/mean', float('nan')):.3f}",
+        f"acc {acc:.3f}" if acc is not None else "acc   -  ",
+        f"stale {m.get('staleness/mean', float('nan')):.2f}/{m.get('staleness/max', 0):.0f}",
+        f"util {m.get('learner/utilization', float('nan')):.2f}",
+        f"workers {m.get('fleet/active_workers', 0):.0f}",
+        f"${m.get('cost/usd', 0.0):.4f}",
+        f"wait {m.get('time/wait_s', 0.0):.2f}s",
+    ]
+    return " | ".join(parts)
+
+
+def _jsonl(path: str) -> list[dict]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def rl_rows(workdir: str) -> list[dict]:
+    """RL metrics lines, the last line of each step (a resumed run may repeat steps)."""
+    by_step = {}
+    for row in _jsonl(os.path.join(workdir, "metrics.jsonl")):
+        if row.get("phase") == "rl":
+            by_step[row["step"]] = row
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def swap_latencies(workdir: str) -> dict[str, list[tuple[int, float]]]:
+    """worker label -> [(version, seconds from publish to first seen serving it)]."""
+    out = defaultdict(list)
+    for r in _jsonl(os.path.join(workdir, SWAPS_FILE)):
+        if r.get("published_at"):
+            label = f"{r['worker_id']} (${r['price_per_hour']:.2f}/h)"
+            out[label].append((r["version"], max(0.0, r["seen_at"] - r["published_at"])))
+    return dict(out)
+
+
+def _plot(path, draw):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4))
+    draw(ax)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _series(rows, key):
+    pts = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    return [p[0] for p in pts], [p[1] for p in pts]
+
+
+def write_report(workdir: str) -> str:
+    rows = rl_rows(workdir)
+    evals = _jsonl(os.path.join(workdir, EVAL_FILE))
+    swaps = swap_latencies(workdir)
+
+    def reward(ax):
+        ax.plot(*_series(rows, "reward/mean"), label="reward/mean (rollouts)", alpha=0.7)
+        if evals:
+            ax.plot(
+                [e["step"] for e in evals],
+                [e["accuracy"] for e in evals],
+                "o-",
+                label="held-out accuracy",
+            )
+        ax.set_xlabel("learner step")
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend()
+
+    def util(ax):
+        ax.plot(*_series(rows, "learner/utilization"))
+        ax.set_xlabel("learner step")
+        ax.set_ylabel("learner utilization")
+        ax.set_ylim(0, 1.05)
+
+    def stale(ax):
+        hist = defaultdict(float)
+        for r in rows:
+            for k, v in r.items():
+                if k.startswith("staleness/lag_") and v:
+                    hist[int(k.rsplit("_", 1)[1])] += v
+        lags = sorted(hist)
+        ax.bar(lags, [hist[k] for k in lags])
+        ax.set_xlabel("staleness (learner step - sampling version)")
+        ax.set_ylabel("trajectories")
+
+    def swap(ax):
+        for label, pts in sorted(swaps.items()):
+            ax.plot([p[0] for p in pts], [p[1] for p in pts], ".-", label=label)
+        ax.set_xlabel("version")
+        ax.set_ylabel("publish -> swap (s)")
+        if swaps:
+            ax.legend(fontsize=7)
+
+    def cost(ax):
+        ax.plot(*_series(rows, "cost/usd"))
+        ax.set_xlabel("learner step")
+        ax.set_ylabel("cumulative fleet cost (USD)")
+
+    for name, draw in (
+        ("reward.png", reward),
+        ("utilization.png", util),
+        ("staleness.png", stale),
+        ("swap_latency.png", swap),
+        ("cost.png", cost),
+    ):
+        _plot(os.path.join(workdir, name), draw)
+    path = os.path.join(workdir, "summary.md")
+    with open(path, "w") as f:
+        f.write(summary(rows, evals, swaps))
+    return path
+
+
+def summary(rows: list[dict], evals: list[dict], swaps: dict) -> str:
+    by_tag = {}
+    for e in evals:
+        by_tag[e["tag"]] = e
+    before, after = by_tag.get("before"), by_tag.get("after")
+
+    def mean(key):
+        vals = [r[key] for r in rows if r.get(key) is not None]
+        return statistics.fmean(vals) if vals else float("nan")
+
+    lines = ["# echo2 run summary", ""]
+    if before:
+        lines.append(
+            f"- held-out accuracy after SFT (step {before['step']}): {before['accuracy']:.3f}"
+        )
+    if after:
+        lines.append(
+            f"- held-out accuracy after RL (step {after['step']}): {after['accuracy']:.3f}"
+        )
+    stop = by_tag.get("stop")
+    if stop and not after:
+        lines.append(
+            f"- held-out accuracy when stopped early (step {stop['step']}): {stop['accuracy']:.3f}"
+        )
+    if before and after:
+        lines.append(f"- change: {100 * (after['accuracy'] - before['accuracy']):+.1f} points")
+    if rows:
+        walls = [r["time/wall"] for r in rows if r.get("time/wall")]
+        wall = f"{walls[-1] - walls[0]:.0f} s" if len(walls) > 1 else "-"
+        k = max(1, len(rows) // 10)
+        first = statistics.fmean(r["reward/mean"] for r in rows[:k])
+        last = statistics.fmean(r["reward/mean"] for r in rows[-k:])
+        max_stale = max(r.get("staleness/max", 0) for r in rows)
+        kls = [r["mismatch/kl"] for r in rows if r.get("mismatch/tokens")]
+        lines += [
+            f"- RL steps: {len(rows)} (steps {rows[0]['step']}..{rows[-1]['step']})",
+            f"- RL wall time: {wall}",
+            f"- reward/mean: first {k} steps {first:.3f}, last {k} steps {last:.3f}",
+            f"- learner utilization (mean): {mean('learner/utilization'):.3f}",
+            f"- staleness mean {mean('staleness/mean'):.2f}, max {max_stale:.0f}, "
+            f"dropped groups {rows[-1].get('staleness/dropped', 0)}",
+            f"- fleet cost: ${rows[-1].get('cost/usd', 0.0):.4f}",
+            f"- mismatch/kl, mean over steps with on-policy rows: "
+            f"{statistics.fmean(kls) if kls else float('nan'):.2e}",
+        ]
+    for label, pts in sorted(swaps.items()):
+        secs = [p[1] for p in pts]
+        med = statistics.median(secs)
+        lines.append(f"- publish -> swap, {label}: median {med:.2f} s over {len(secs)} versions")
+    lines += [
+        "",
+        "Plots: reward.png, utilization.png, staleness.png, swap_latency.png, cost.png; "
+        "metrics in metrics.jsonl and tb/ (TensorBoard).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv):
+    del argv
+    print(write_report(flags.FLAGS.workdir))
+
+
+if __name__ == "__main__":
+    # Defined here, not at import: the training binary imports this module and owns --workdir.
+    flags.DEFINE_string("workdir", None, "run directory with metrics.jsonl", required=True)
+    app.run(main)

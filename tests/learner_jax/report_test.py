@@ -1,0 +1,100 @@
+"""End-of-run report from the run's files: PNGs, summary numbers, the live line."""
+
+import json
+import os
+
+from learner_jax import report
+
+
+def _write(path, rows):
+    with open(path, "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+
+
+def test_report_from_run_files(tmp_path):
+    wd = str(tmp_path)
+    rows = [{"step": 5, "phase": "sft", "loss": 1.0}]
+    for i in range(20):
+        rows.append(
+            {
+                "step": 10 + i,
+                "phase": "rl",
+                "reward/mean": 0.1 if i < 10 else 0.5,
+                "learner/utilization": 0.8,
+                "staleness/mean": 1.0,
+                "staleness/max": 2,
+                "staleness/dropped": 3,
+                "staleness/lag_1": 48.0,
+                "staleness/lag_2": 16.0,
+                "cost/usd": 0.001 * i,
+                "mismatch/kl": 1e-9,
+                "mismatch/tokens": 10.0,
+                "time/wall": 1000.0 + 2 * i,
+            }
+        )
+    rows.append(dict(rows[-1], **{"reward/mean": 0.9}))  # a resumed run repeats step 29
+    _write(os.path.join(wd, "metrics.jsonl"), rows)
+    _write(
+        os.path.join(wd, "eval.jsonl"),
+        [
+            {"tag": "before", "step": 9, "accuracy": 0.2},
+            {"tag": "rl", "step": 19, "accuracy": 0.3},
+            {"tag": "after", "step": 29, "accuracy": 0.55},
+        ],
+    )
+    _write(
+        os.path.join(wd, "swaps.jsonl"),
+        [
+            {
+                "worker_id": "w-a",
+                "price_per_hour": 0.4,
+                "version": v,
+                "seen_at": v + 0.5,
+                "published_at": float(v),
+            }  # fmt: skip
+            for v in range(10, 20)
+        ]
+        + [
+            {
+                "worker_id": "w-b",
+                "price_per_hour": 0.15,
+                "version": 10,
+                "seen_at": 11.0,
+                "published_at": 9.0,
+            }
+        ],  # fmt: skip
+    )
+    path = report.write_report(wd)
+    text = open(path).read()
+    assert "after SFT (step 9): 0.200" in text
+    assert "after RL (step 29): 0.550" in text
+    assert "+35.0 points" in text
+    assert "RL steps: 20 (steps 10..29)" in text
+    assert "RL wall time: 38 s" in text
+    assert "first 2 steps 0.100, last 2 steps 0.700" in text  # the repeated step's last line
+    assert "w-a ($0.40/h): median 0.50 s over 10 versions" in text
+    assert "w-b ($0.15/h): median 2.00 s over 1 versions" in text
+    for name in ("reward.png", "utilization.png", "staleness.png", "swap_latency.png", "cost.png"):
+        with open(os.path.join(wd, name), "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_live_line():
+    line = report.live_line(
+        {
+            "step": 12,
+            "reward/mean": 0.25,
+            "eval/accuracy": 0.5,
+            "staleness/mean": 1.5,
+            "staleness/max": 2,
+            "learner/utilization": 0.9,
+            "fleet/active_workers": 2,
+            "cost/usd": 0.0123,
+            "time/wait_s": 0.1,
+        },
+        100,
+    )
+    assert line.startswith("step    12/100 | reward 0.250 | acc 0.500 | stale 1.50/2 | util 0.90")
+    assert "workers 2" in line and "$0.0123" in line
+    assert "acc   -" in report.live_line({"step": 1}, 2)
