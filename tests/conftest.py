@@ -53,3 +53,22 @@ def vllm_engine(tiny_model_dir):
     engine = make_engine(tiny_model_dir, dtype="float32", max_model_len=256, seed=0)
     yield engine
     del engine
+
+
+@pytest.fixture(scope="session")
+def extra_vllm_engine():
+    """Start another vLLM engine that lives until the session ends.
+
+    Tearing down one in-process engine destroys vLLM's process-wide parallel groups, which
+    breaks every other engine still alive (the session engine): "pipeline model parallel
+    group is not initialized". So no test engine is torn down before the process exits.
+    """
+    from rollout_gpu.engine import make_engine
+
+    alive = []
+
+    def start(model_dir: str, **kwargs):
+        alive.append(make_engine(model_dir, **kwargs))
+        return alive[-1]
+
+    yield start

@@ -224,24 +224,19 @@ def test_parse_size_and_shard_plan():
 
 @pytest.mark.slow
 @pytest.mark.vllm
-def test_vllm_loads_the_export(learner_run, tmp_path):
+def test_vllm_loads_the_export(learner_run, tmp_path, extra_vllm_engine):
     """A fresh vLLM engine on the exported dir scores prompts like transformers does and
     generates (greedy) the tokens transformers ranks first."""
     from vllm import SamplingParams
-
-    from rollout_gpu.engine import make_engine
 
     wd, cfg, params = learner_run
     out = export.export(export.ExportOptions(checkpoint.checkpoint_dir(wd), str(tmp_path / "hf")))
     ids, valid = _batch()
     prompts = [ids[i, : valid[i].sum()].tolist() for i in range(len(ids)) if valid[i].sum() > 2]
     hf = _hf_model(out["output_dir"])
-    llm = make_engine(out["output_dir"], dtype="float32", max_model_len=128)
-    try:
-        sp = SamplingParams(max_tokens=4, temperature=0.0, prompt_logprobs=0)
-        results = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
-    finally:
-        del llm
+    llm = extra_vllm_engine(out["output_dir"], dtype="float32", max_model_len=128)
+    sp = SamplingParams(max_tokens=4, temperature=0.0, prompt_logprobs=0)
+    results = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
     for prompt, res in zip(prompts, results, strict=True):
         gen = list(res.outputs[0].token_ids)
         assert len(gen) >= 1

@@ -301,14 +301,11 @@ def test_canary_compare_criteria():
 
 
 @pytest.fixture(scope="module")
-def llama_bf16(tiny_model_dirs, tmp_path_factory):
+def llama_bf16(tiny_model_dirs, tmp_path_factory, extra_vllm_engine):
     """The second family, on a bf16 engine (the dtype GPU workers serve in)."""
-    from rollout_gpu.engine import make_engine
-
     model_dir = tiny_model_dirs["llama"]
-    llm = make_engine(model_dir, dtype="bfloat16", max_model_len=256, seed=0, max_num_seqs=8)
-    yield Harness(llm, model_dir, tmp_path_factory.mktemp("swap_store_llama"))
-    del llm
+    llm = extra_vllm_engine(model_dir, dtype="bfloat16", max_model_len=256, seed=0, max_num_seqs=8)
+    return Harness(llm, model_dir, tmp_path_factory.mktemp("swap_store_llama"))
 
 
 @pytest.mark.slow
