@@ -17,7 +17,9 @@ def test_vllm_generates_with_logprobs(vllm_engine):
     for sample in out.outputs:
         assert 1 <= len(sample.token_ids) <= 12
         assert len(sample.logprobs) == len(sample.token_ids)
-        logps = np.array([lp[t].logprob for t, lp in zip(sample.token_ids, sample.logprobs)])
+        logps = np.array(
+            [lp[t].logprob for t, lp in zip(sample.token_ids, sample.logprobs, strict=True)]
+        )
         assert np.all(np.isfinite(logps)) and np.all(logps <= 0)
         assert all(0 <= t < tiny_model.tiny_config().vocab_size for t in sample.token_ids)
 

@@ -31,11 +31,10 @@ work has arrived stale the test kills it and checks the fast worker redoes those
 """
 
 import os
-import subprocess
-import sys
 import time
 
 import pytest
+from worker_procs import spawn_worker, tail
 
 from bridge import tiny_model
 from bridge.controller import Controller, ControllerConfig
@@ -46,7 +45,6 @@ from bridge.weight_store import WeightStore
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 S = 1  # staleness bound
 GROUPS_PER_STEP, GROUP_SIZE, MAX_TOKENS = 2, 4, 8
 LEASE_TTL_S = 3.0  # heartbeats (0.5 s) renew it: the throttled worker keeps its leases
@@ -96,40 +94,6 @@ class RecordingController(Controller):
             if batch is not None:
                 self.log.append(("take", step, [g.group_id for g in batch]))
             return batch, stats
-
-
-def spawn_worker(url, workdir, model_dir, region, seed, extra=()):
-    env = dict(os.environ)
-    env.update(
-        VLLM_CPU_KVCACHE_SPACE="1",
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",
-        TOKENIZERS_PARALLELISM="false",
-        HF_HUB_OFFLINE="1",
-    )
-    log = os.path.join(workdir, f"worker_{region}.log")
-    cmd = [
-        sys.executable,
-        "-m",
-        "rollout_gpu.worker",
-        f"--controller={url}",
-        f"--token_file={os.path.join(workdir, 'join_token')}",
-        f"--model_dir={model_dir}",
-        "--max_num_seqs=8",
-        f"--region={region}",
-        f"--seed={seed}",
-        "--max_model_len=256",
-        *extra,
-    ]
-    f = open(log, "w")  # noqa: SIM115 - kept open for the process's lifetime
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT), log
-
-
-def tail(logs):
-    out = []
-    for name, path in logs.items():
-        with open(path) as f:
-            out.append(f"--- {name} ---\n" + "".join(f.readlines()[-30:]))
-    return "\n".join(out)
 
 
 @pytest.fixture

@@ -13,12 +13,11 @@ import dataclasses
 import math
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import numpy as np
 import pytest
+import worker_procs
 
 from bridge import tiny_model
 from bridge.controller import Controller, ControllerConfig
@@ -34,7 +33,6 @@ from bridge.weight_store import WeightStore
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 GROUPS_PER_STEP, GROUP_SIZE, MAX_TOKENS = 2, 4, 8
 LEASE_TTL_S = 3.0
 THROTTLE_S = 3.0  # the slow worker holds each lease this long before generating
@@ -114,39 +112,10 @@ class Fleet:
         return batch
 
     def tail(self):
-        out = []
-        for name, path in self.logs.items():
-            with open(path) as f:
-                out.append(f"--- {name} ---\n" + "".join(f.readlines()[-30:]))
-        return "\n".join(out)
+        return worker_procs.tail(self.logs)
 
 
-def spawn_worker(url, workdir, model_dir, region, seed, extra=()):
-    env = dict(os.environ)
-    env.update(
-        VLLM_CPU_KVCACHE_SPACE="1",
-        VLLM_ENABLE_V1_MULTIPROCESSING="0",
-        TOKENIZERS_PARALLELISM="false",
-        HF_HUB_OFFLINE="1",
-    )
-    log = os.path.join(workdir, f"worker_{region}.log")
-    cmd = [
-        sys.executable,
-        "-m",
-        "rollout_gpu.worker",
-        f"--controller={url}",
-        f"--token_file={os.path.join(workdir, 'join_token')}",
-        f"--model_dir={model_dir}",
-        "--max_num_seqs=8",
-        "--price_per_hour=0.5",
-        f"--region={region}",
-        f"--seed={seed}",
-        "--max_model_len=256",
-        "--grace_s=20",
-        *extra,
-    ]
-    f = open(log, "w")  # noqa: SIM115 - kept open for the process's lifetime
-    return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT), log
+PRICE_AND_GRACE = ("--price_per_hour=0.5", "--grace_s=20")
 
 
 @pytest.fixture(scope="module")
@@ -157,8 +126,8 @@ def fleet(tmp_path_factory, tiny_model_dir):
     ctl, server = start_controller(workdir, make_task("arithmetic"))
     procs, logs = {}, {}
     for region, seed, extra in (("fast", 1, ()), ("slow", 2, (f"--throttle_s={THROTTLE_S}",))):
-        procs[region], logs[region] = spawn_worker(
-            server.url, workdir, tiny_model_dir, region, seed, extra
+        procs[region], logs[region] = worker_procs.spawn_worker(
+            server.url, workdir, tiny_model_dir, region, seed, (*PRICE_AND_GRACE, *extra)
         )
     fl = Fleet(ctl, workdir, weights, procs, logs, [])
 
