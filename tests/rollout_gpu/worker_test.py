@@ -212,10 +212,14 @@ def test_trajectories_flow_from_two_workers(fleet, tiny_model_dir):
                 ref = scorer.completion_logprobs(t.prompt_token_ids, t.completion_token_ids)
                 np.testing.assert_allclose(t.logprobs, ref, atol=1e-3, rtol=0)
 
-    # Heartbeats carry measured throughput.
+    # Heartbeats carry measured throughput. A worker's first heartbeat after its first
+    # submission can trail the submission itself by up to one interval: wait for it.
+    deadline = time.monotonic() + 10
     for wid in (fast, slow):
-        w = fleet.ctl.store.worker(wid)
-        assert w["tokens_per_s"] > 0 and w["samples_per_s"] > 0, dict(w)
+        while (w := fleet.ctl.store.worker(wid))["samples_per_s"] <= 0:
+            assert time.monotonic() < deadline, dict(w)
+            time.sleep(0.1)
+        assert w["tokens_per_s"] > 0, dict(w)
     fast_w, slow_w = fleet.ctl.store.worker(fast), fleet.ctl.store.worker(slow)
     assert fast_w["samples_per_s"] > slow_w["samples_per_s"]  # the throttled one is slower
     assert fleet.ctl.stats()["fleet/rollouts_per_s"] > 0
