@@ -105,6 +105,8 @@ def main():
         print(f"{name:<10}" + "".join(f"{r[c]:>22.4f}" for c in cols))
     s0, s2 = results["sync_S0"], results["async_S2"]
     results["verdict"] = {
+        "wall_time_ratio_S0_over_S2": s0["rl_wall_s"] / s2["rl_wall_s"],
+        "utilization_ratio_S2_over_S0": s2["learner_utilization"] / s0["learner_utilization"],
         "async_faster": s2["rl_wall_s"] < s0["rl_wall_s"],
         "async_higher_utilization": s2["learner_utilization"] > s0["learner_utilization"],
         "accuracy_gap_points": 100 * (s0["accuracy_after"] - s2["accuracy_after"]),

@@ -142,6 +142,13 @@ class Arithmetic(Task):
     Reward: 1.0 when the completion's leading integer equals the answer; otherwise
     `format_reward` (default 0.0) if it at least starts with an integer, else 0.0.
     With `strict=True` the whole stripped completion must equal the answer.
+
+    `sft_label_noise` models a sloppy teacher for the SFT warm start: that fraction of the
+    SFT targets overshoots by one (answer + 1). Above 0.5 the overshoot is the teacher's
+    most common answer, so an imitating policy answers one too high while still computing
+    the right result internally (it must, to overshoot it); RL against the exact reward has
+    to unlearn the habit. It touches only `sft_examples`: prompts, rewards and the held-out
+    set stay exact.
     """
 
     def __init__(
@@ -154,6 +161,7 @@ class Arithmetic(Task):
         eval_every: int = 10,
         format_reward: float = 0.0,
         strict: bool = False,
+        sft_label_noise: float = 0.0,
     ):
         if not 1 <= min_digits <= digits <= 9:
             raise ValueError(f"need 1 <= min_digits <= digits <= 9, got {min_digits}, {digits}")
@@ -164,6 +172,9 @@ class Arithmetic(Task):
         self.digits, self.min_digits, self.ops = digits, min_digits, ops
         self.allow_negative, self.eval_size, self.eval_every = allow_negative, eval_size, eval_every
         self.format_reward, self.strict = float(format_reward), strict
+        if not 0.0 <= sft_label_noise <= 1.0:
+            raise ValueError(f"sft_label_noise must be in [0, 1], got {sft_label_noise}")
+        self.sft_label_noise = float(sft_label_noise)
 
     def _problem(self, rng: random.Random) -> tuple[int, str, int]:
         lo = 0 if self.min_digits == 1 else 10 ** (self.min_digits - 1)
@@ -210,5 +221,9 @@ class Arithmetic(Task):
         return 1.0 if got == int(prompt.answer) else self.format_reward
 
     def sft_examples(self, seed: int) -> Iterator[tuple[str, str]]:
+        noise = random.Random(f"sft-label-noise/{seed}")  # independent of the problem stream
         for p in self.train_prompts(seed):
-            yield p.text, p.answer
+            answer = int(p.answer)
+            if noise.random() < self.sft_label_noise:
+                answer += 1
+            yield p.text, str(answer)

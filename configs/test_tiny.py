@@ -15,6 +15,7 @@ def get_config():
     c = tiny_arith.get_config()
     c.total_steps = 0
     c.local_workers = 0
+    c.model.tiny_num_layers, c.model.tiny_hidden_size, c.model.tiny_intermediate_size = 2, 64, 128
     c.batch.groups_per_step = 2
     c.batch.samples_per_group = 4
     c.batch.micro_batch_size = 4

@@ -54,7 +54,7 @@ def optimizer_config(config, phase: str) -> optim.OptimizerConfig:
             learning_rate=config.sft.learning_rate,
             warmup_steps=warmup,
             total_steps=steps,
-            **common,
+            **{**common, "end_lr_fraction": config.sft.get("end_lr_fraction", o.end_lr_fraction)},
         )
     steps = max(config.total_steps, 1)
     return optim.OptimizerConfig(
@@ -121,7 +121,10 @@ def prepare_model_dir(config, workdir: str) -> str:
     path = os.path.join(workdir, "model")
     if not os.path.exists(os.path.join(path, "config.json")):
         cfg = tiny_model.tiny_config(
-            config.model.tiny_family, num_layers=config.model.tiny_num_layers
+            config.model.tiny_family,
+            num_layers=config.model.tiny_num_layers,
+            hidden_size=config.model.get("tiny_hidden_size", 64),
+            intermediate_size=config.model.get("tiny_intermediate_size", 128),
         )
         tiny_model.make_tiny_model(path, cfg, seed=config.seed)
     return path

@@ -13,7 +13,7 @@ rollout worker processes (`learner_jax/local_fleet.py`). Iterating it yields one
 `(Batch, fleet metrics, cursor)` per learner step: `wait_batch(step, groups_per_step)`
 -> `rollout_batch.groups_to_batch`. `on_step` publishes every `publish_every` steps
 (`bridge/publish_s`), keeps S + 2 versions in the store, evaluates held-out accuracy
-every `task.eval_every` steps, frees consumed trajectories once a checkpoint holds them
+every `rollout.eval_period` RL steps, frees consumed trajectories once a checkpoint holds them
 and prints the live line.
 
 Versions are learner steps (SFT steps included): version v = params after v updates.
@@ -156,7 +156,7 @@ class RLSource:
             name=config.advantages.name,
             filter_equal_groups=config.advantages.filter_equal_groups,
         )
-        self.eval_every = int(_opt(config, "task.eval_every", 0))
+        self.eval_period = int(_opt(config, "rollout.eval_period", 0))
         self.rl_start = learner.cursor["rl_start_step"] if learner.phase == "rl" else learner.step
         self.end = self.rl_start + config.total_steps
         self._stop_requested = False
@@ -340,7 +340,9 @@ class RLSource:
         if (step - self.rl_start) % self.kappa == 0:
             out["bridge/publish_s"] = self.publish(step)
         out["policy_version"] = self.ctl.announcement().version
-        if step >= self.end or (self.eval_every and (step - self.rl_start) % self.eval_every == 0):
+        if step >= self.end or (
+            self.eval_period and (step - self.rl_start) % self.eval_period == 0
+        ):
             out["eval/accuracy"] = self.evaluate(tag="after" if step >= self.end else "rl")
         latest = learner.ckpt.latest_step()
         if latest is not None and latest != self._last_ckpt:

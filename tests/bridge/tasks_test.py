@@ -88,6 +88,22 @@ def test_arithmetic_sft_examples_are_prompt_answer_pairs():
     assert ex == [(p.text, p.answer) for p in _take(t.train_prompts(0), 5)]
 
 
+def test_sft_label_noise_overshoots_only_sft_targets_by_one():
+    clean, noisy = make_task("arithmetic"), make_task("arithmetic", sft_label_noise=0.75)
+    pairs = _take(noisy.sft_examples(0), 4000)
+    assert [p for p, _ in pairs] == [p for p, _ in _take(clean.sft_examples(0), 4000)]
+    # The truth from the prompt text itself (an independent evaluation, not the task's answer).
+    diffs = [int(a) - eval(p.rstrip("=")) for p, a in pairs]
+    assert set(diffs) == {0, 1}
+    assert abs(diffs.count(1) / len(diffs) - 0.75) < 0.03
+    # Rewards and the held-out set are untouched.
+    assert noisy.eval_prompts() == clean.eval_prompts()
+    q = noisy.eval_prompts()[0]
+    assert noisy.reward(q, q.answer) == 1.0
+    with pytest.raises(ValueError, match="sft_label_noise"):
+        make_task("arithmetic", sft_label_noise=1.5)
+
+
 class _Bad(Task):
     name = "bad"
 
