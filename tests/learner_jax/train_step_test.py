@@ -164,3 +164,33 @@ def test_bf16_compute_keeps_fp32_master_weights():
     # bf16 matmuls: same loss to bf16 precision, but not bitwise the fp32 computation.
     np.testing.assert_allclose(m16["loss"], m32["loss"], rtol=2e-2)
     assert m16["loss"] != m32["loss"]
+
+
+def test_mismatch_kl_equals_numpy_k3_and_is_never_negative():
+    """`mismatch/kl` on on-policy rows vs a float64 numpy k3 of the same log-prob gaps."""
+    from learner_jax import model
+
+    base = make_rl_batch(seed=3)
+    mesh, state, _ = initial_state((("data", 1), ("fsdp", 1), ("tensor", 1)))
+    prox = np.asarray(
+        model.forward_logprobs(
+            jax.device_get(state.params),
+            CFG,
+            base.tokens,
+            base.positions,
+            base.segment_ids,
+            base.targets,
+        ),
+        np.float64,
+    )
+    mm = base.loss_mask * base.seq_mask[:, None] * base.on_policy[:, None]
+    rng = np.random.default_rng(0)
+    for scale in (0.0, 1e-4, 0.05):  # exact engine, float-noise gap, a real numerics gap
+        behav = (prox + scale * rng.standard_normal(prox.shape)).astype(np.float32)
+        batch = dataclasses.replace(base, behavior_logp=behav)
+        *_, metrics = run_step({"data": 1}, train_step.StepConfig(), batch)
+        d = prox - behav.astype(np.float64)
+        want = ((np.exp(d) - d - 1.0) * mm).sum() / mm.sum()
+        got = float(metrics["mismatch/kl"])
+        assert got >= 0.0
+        assert abs(got - want) <= 1e-2 * want + 1e-9, (scale, got, want)
