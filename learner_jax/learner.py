@@ -114,19 +114,47 @@ def make_mesh(config):
     return sharding.make_mesh(shape, devices)
 
 
+def _tiny_config(config) -> ModelConfig:
+    return tiny_model.tiny_config(
+        config.model.tiny_family,
+        num_layers=config.model.tiny_num_layers,
+        hidden_size=config.model.get("tiny_hidden_size", 64),
+        intermediate_size=config.model.get("tiny_intermediate_size", 128),
+    )
+
+
+def check_tiny_model_dir(config, workdir: str) -> None:
+    """A workdir's tiny model must be the one the config asks for (resume never mixes shapes).
+
+    Resuming reuses <workdir>/model and its checkpoints; a workdir made by an older or
+    different config would otherwise resume a model of another shape, or skip training
+    because its step counter is already past the new config's end.
+    """
+    path = os.path.join(workdir, "model")
+    if config.model.hf_dir or not os.path.exists(os.path.join(path, "config.json")):
+        return
+    have = ModelConfig.from_hf_dir(path)
+    want = _tiny_config(config)
+    diff = [
+        f"{f}: {getattr(have, f)} in the workdir, {getattr(want, f)} in the config"
+        for f in ("family", "num_layers", "hidden_size", "intermediate_size")
+        if getattr(have, f) != getattr(want, f)
+    ]
+    if diff:
+        raise ValueError(
+            f"{workdir} holds a run of a different tiny model ({'; '.join(diff)}); "
+            "use a new --workdir (or delete this one) to start over"
+        )
+
+
 def prepare_model_dir(config, workdir: str) -> str:
     """config.model.hf_dir, or a tiny random model written once into <workdir>/model."""
     if config.model.hf_dir:
         return config.model.hf_dir
+    check_tiny_model_dir(config, workdir)
     path = os.path.join(workdir, "model")
     if not os.path.exists(os.path.join(path, "config.json")):
-        cfg = tiny_model.tiny_config(
-            config.model.tiny_family,
-            num_layers=config.model.tiny_num_layers,
-            hidden_size=config.model.get("tiny_hidden_size", 64),
-            intermediate_size=config.model.get("tiny_intermediate_size", 128),
-        )
-        tiny_model.make_tiny_model(path, cfg, seed=config.seed)
+        tiny_model.make_tiny_model(path, _tiny_config(config), seed=config.seed)
     return path
 
 

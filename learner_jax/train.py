@@ -22,7 +22,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from learner_jax import train_step
-from learner_jax.learner import Learner, validate
+from learner_jax.learner import Learner, check_tiny_model_dir, validate
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a configs/NAME.py file.", lock_config=True
@@ -125,6 +125,7 @@ def run_rl(
 def run(config, workdir: str, items: Iterable[RLItem] | None = None) -> Learner:
     """Everything main() does, callable from tests and the RL loop."""
     validate(config)  # a bad config fails here, before anything is written
+    check_tiny_model_dir(config, workdir)  # and so does resuming another model's workdir
     write_config(config, workdir)
     learner = Learner(config, workdir)
     try:

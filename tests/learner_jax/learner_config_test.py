@@ -34,3 +34,17 @@ def test_tiny_model_shape_comes_from_the_config(tmp_path):
     with open(os.path.join(path, "config.json")) as f:
         hf = json.load(f)
     assert (hf["num_hidden_layers"], hf["hidden_size"], hf["intermediate_size"]) == (3, 96, 160)
+
+
+def test_resuming_a_workdir_of_another_tiny_model_is_refused(tmp_path):
+    from learner_jax import train
+
+    old = tiny_arith.get_config()
+    old.model.tiny_num_layers, old.model.tiny_hidden_size = 2, 64
+    prepare_model_dir(old, str(tmp_path))
+    before = sorted(os.listdir(tmp_path))
+    new = tiny_arith.get_config()  # the demo's 4 x 128
+    with pytest.raises(ValueError, match=r"num_layers: 2 in the workdir, 4 in the config"):
+        train.run(new, str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == before  # refused before writing anything
+    prepare_model_dir(old, str(tmp_path))  # the same shape resumes fine
