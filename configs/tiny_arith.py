@@ -136,6 +136,12 @@ def get_config() -> ConfigDict:
     c.fleet.threads = 1  # torch/OpenMP threads per worker on a shared CPU box
     c.fleet.kvcache_gib = 1
 
+    c.bridge = ConfigDict()
+    # Weight store the learner publishes to and workers read (bridge/weight_store.py): a path,
+    # s3://bucket/path, gs://bucket/path, or a tensorstore kvstore spec as JSON (e.g. an S3
+    # endpoint). '' = <workdir>/weights, which only workers on this machine can read.
+    c.bridge.store = ""
+
     c.controller = ConfigDict()
     c.controller.host = "127.0.0.1"
     c.controller.port = 0  # 0 = any free port

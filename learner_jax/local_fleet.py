@@ -1,10 +1,11 @@
 """The rollout workers the training binary runs on its own machine (`config.local_workers`).
 
 Each worker is a `python -m rollout_gpu.worker` subprocess (the learner never imports
-vLLM or torch) that joins the controller like any remote worker would, with the join
-secret file and the HF model directory. Workers differ by their fleet entry: price per
-hour (the controller bills it), and an optional per-lease throttle, so the local demo
-fleet has a fast, expensive worker and a slow, cheap one.
+vLLM or torch) that joins the controller exactly like a remote worker: with the join
+secret file only, taking the model's config and tokenizer from the weight store
+(bridge/model_files.py) into `<workdir>/workers/model_files`. Workers differ by their
+fleet entry: price per hour (the controller bills it), and an optional per-lease throttle,
+so the local demo fleet has a fast, expensive worker and a slow, cheap one.
 
 On a shared CPU box every worker gets `threads` OpenMP/torch threads, so the workers and
 the JAX learner are not all scheduled onto the same cores at once. Logs go to
@@ -65,7 +66,6 @@ class LocalFleet:
         specs: Sequence[WorkerSpec],
         controller_url: str,
         token_file: str,
-        model_dir: str,
         log_dir: str,
         cfg: FleetConfig = FleetConfig(),
     ):
@@ -90,7 +90,7 @@ class LocalFleet:
                 "rollout_gpu.worker",
                 f"--controller={controller_url}",
                 f"--token_file={token_file}",
-                f"--model_dir={model_dir}",
+                f"--cache_dir={os.path.join(log_dir, 'model_files')}",
                 f"--price_per_hour={spec.price_per_hour}",
                 f"--accelerator={spec.accelerator}",
                 f"--max_num_seqs={spec.max_num_seqs}",

@@ -42,6 +42,7 @@ import time
 import jax
 import numpy as np
 
+from bridge import model_files
 from bridge.controller import Controller, ControllerConfig
 from bridge.controller_http import ServerOptions, serve_controller
 from bridge.protocol import SamplingParams
@@ -83,6 +84,39 @@ def fleet_config(config) -> local_fleet.FleetConfig:
         threads=_opt(config, "fleet.threads", d.threads),
         kvcache_gib=_opt(config, "fleet.kvcache_gib", d.kvcache_gib),
     )
+
+
+def open_store(config, workdir: str, step: int) -> WeightStore:
+    """The run's weight store (`bridge.store`, default <workdir>/weights) for checkpoint `step`.
+
+    Versions newer than the checkpoint come from a run that died after publishing past its
+    last checkpoint. In the workdir's own store they (and the controller database, whose
+    trajectories refer to them) are moved aside; in a configured store they are an error,
+    since a shared bucket path may hold someone else's run.
+    """
+    spec = str(_opt(config, "bridge.store", "") or "")
+    own = os.path.join(workdir, "weights")
+    store = WeightStore(json.loads(spec) if spec.startswith("{") else spec or own)
+    newer = [v for v in store.versions() if v > step]
+    if not newer:
+        return store
+    if spec:
+        raise ValueError(
+            f"weight store {store.spec} has versions {newer} newer than checkpoint step "
+            f"{step} (another run, or a lost checkpoint): point bridge.store at a fresh path"
+        )
+    tag = time.strftime("%Y%m%d-%H%M%S")
+    logging.warning(
+        "weight store has versions %s newer than checkpoint step %d: moving the store and "
+        "controller database aside (*.stale-%s)",
+        newer,
+        step,
+        tag,
+    )
+    for path in (own, os.path.join(workdir, "controller.db")):
+        if os.path.exists(path):
+            os.replace(path, f"{path}.stale-{tag}")
+    return WeightStore(own)
 
 
 class SwapWatcher:
@@ -187,22 +221,8 @@ class RLSource:
     # -- startup ---------------------------------------------------------------------------
     def _start(self) -> None:
         config, wd, learner = self.config, self.workdir, self.learner
-        store_dir, db = os.path.join(wd, "weights"), os.path.join(wd, "controller.db")
-        self.store = WeightStore(store_dir)
-        newer = [v for v in self.store.versions() if v > learner.step]
-        if newer:
-            tag = time.strftime("%Y%m%d-%H%M%S")
-            logging.warning(
-                "weight store has versions %s newer than checkpoint step %d: moving the store "
-                "and controller database aside (*.stale-%s)",
-                newer,
-                learner.step,
-                tag,
-            )
-            for path in (store_dir, db):
-                if os.path.exists(path):
-                    os.replace(path, f"{path}.stale-{tag}")
-            self.store = WeightStore(store_dir)
+        db = os.path.join(wd, "controller.db")
+        self.store = open_store(config, wd, learner.step)
         sampling = SamplingParams(
             temperature=float(_opt(config, "rollout.temperature", 1.0)),
             max_tokens=self.A,
@@ -232,6 +252,8 @@ class RLSource:
         )
         self.token_file = config.controller.token_file or os.path.join(wd, "join_token")
         logging.info("controller at %s", self.server.url)
+        # Config + tokenizer beside the versions: a remote worker needs no local model copy.
+        model_files.publish(self.store, learner.hf_dir)
         self.publish(learner.step)
         self.watcher = SwapWatcher(self.ctl, os.path.join(wd, SWAPS_FILE))
         if not self._evals().get("before"):
@@ -241,7 +263,6 @@ class RLSource:
             specs,
             self.server.url,
             self.token_file,
-            learner.hf_dir,
             os.path.join(wd, "workers"),
             fleet_config(config),
         )

@@ -22,9 +22,11 @@ def make_engine(
     max_model_len: int = 512,
     seed: int = 0,
     max_num_seqs: int = 64,
+    load_format: str = "auto",
 ):
     """A vLLM `LLM` for `model_dir`. Eager mode: CUDA graphs/compilation buy nothing for
-    tiny models and make the first hot swap slower."""
+    tiny models and make the first hot swap slower. `load_format="dummy"` starts from
+    random weights (a directory with config and tokenizer only; a swap brings the real ones)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
 
@@ -41,5 +43,6 @@ def make_engine(
         enforce_eager=True,
         seed=seed,
         max_num_seqs=max_num_seqs,
+        load_format=load_format,
         **kwargs,
     )

@@ -2,13 +2,15 @@
 turns leased prompt groups into scored, version-tagged trajectories.
 
     python -m rollout_gpu.worker --controller=http://127.0.0.1:8470 \\
-        --token_file=/tmp/run/join_token --model_dir=/tmp/tiny \\
+        --token_file=/tmp/run/join_token \\
         [--price_per_hour=2.5 --accelerator=H100-80GB --max_num_seqs=64 --region=us-east]
 
 `--token_file` holds the join secret (the training binary writes <workdir>/join_token).
-`--model_dir` is an HF directory (config.json + tokenizer) vLLM starts from before the
-first published version is swapped in: the weight store carries the weights and config
-but no tokenizer, and the protocol announces only the store.
+vLLM needs an HF directory (config.json + tokenizer) to start. By default the worker
+downloads those few files from the announced weight store (bridge/model_files.py,
+checksummed, cached in `--cache_dir`), starts vLLM on dummy weights and swaps the newest
+version in through the verified path; `--model_dir=DIR` starts from a local directory
+instead (and its weights, until the first swap).
 
 Loop (`RolloutWorker.run`): join -> load the newest announced version -> take a lease ->
 generate n samples per prompt with per-token log-probs (rollout_gpu/generate.py) ->
@@ -70,6 +72,7 @@ class WorkerOptions:
     max_backoff_s: float = 30.0
     rate_window_s: float = 60.0
     tls_verify: Any = True  # True, False or a CA bundle path
+    cache_dir: str = os.path.expanduser("~/.cache/echo2/models")  # the store's model files
 
 
 class Throughput:
@@ -97,9 +100,14 @@ class Throughput:
 
 
 class RolloutWorker:
-    def __init__(self, options: WorkerOptions, llm):
-        self.opts, self.llm = options, llm
-        gen.check_raw_logprobs(llm)
+    def __init__(self, options: WorkerOptions, llm=None, make_llm=None):
+        """`llm`: a running engine; or `make_llm(model_dir)`, called once the store's model
+        files are known (a worker started without a local model directory)."""
+        if (llm is None) == (make_llm is None):
+            raise ValueError("pass exactly one of llm and make_llm")
+        self.opts, self.llm, self._make_llm = options, llm, make_llm
+        if llm is not None:
+            gen.check_raw_logprobs(llm)
         self.current = EngineVersion()
         self.meter = Throughput(options.rate_window_s)
         self.announcement = VersionAnnouncement(version=-1)
@@ -231,6 +239,27 @@ class RolloutWorker:
         self._hb_thread.start()
 
     # -- versions --------------------------------------------------------------------------
+    def start_engine(self) -> bool:
+        """Builds the engine from the store's model files once a store is announced."""
+        from bridge import model_files
+        from bridge.weight_store import WeightStore
+
+        if self.llm is not None:
+            return True
+        store = self.announcement.store
+        if store is None:
+            logging.info("waiting for the learner's first version (it names the store)")
+            return False
+        try:
+            path = model_files.fetch(WeightStore(store), self.opts.cache_dir)
+        except model_files.ModelFilesError as e:
+            logging.error("%s", e)
+            return False
+        logging.info("starting vLLM from the store's model files in %s", path)
+        self.llm = self._make_llm(path)
+        gen.check_raw_logprobs(self.llm)
+        return True
+
     def ensure_version(self) -> bool:
         """Swap to the newest announced version if the engine is behind; True if current."""
         from bridge.weight_store import WeightStore
@@ -328,7 +357,7 @@ class RolloutWorker:
             while not self.stop.is_set():
                 if self.opts.max_leases and self.leases_done >= self.opts.max_leases:
                     break
-                if not self.ensure_version():
+                if not self.start_engine() or not self.ensure_version():
                     self.stop.wait(self.opts.backoff_s)
                     continue
                 lease = self.take_lease()
@@ -354,7 +383,12 @@ class RolloutWorker:
 # -- binary ----------------------------------------------------------------------------------
 _CONTROLLER = flags.DEFINE_string("controller", None, "controller URL", required=True)
 _TOKEN_FILE = flags.DEFINE_string("token_file", None, "file holding the join secret", required=True)
-_MODEL_DIR = flags.DEFINE_string("model_dir", None, "HF dir (config + tokenizer)", required=True)
+_MODEL_DIR = flags.DEFINE_string(
+    "model_dir", None, "local HF dir (config + tokenizer); default: the weight store's files"
+)
+_CACHE_DIR = flags.DEFINE_string(
+    "cache_dir", os.path.expanduser("~/.cache/echo2/models"), "where the store's files go"
+)
 _PRICE = flags.DEFINE_float("price_per_hour", 0.0, "USD per hour, for the fleet's cost")
 _ACCEL = flags.DEFINE_string("accelerator", "", "accelerator name; default: detected")
 _MAX_SEQS = flags.DEFINE_integer("max_num_seqs", 64, "concurrent sequences (vLLM batch)")
@@ -390,13 +424,17 @@ def main(argv):
     from rollout_gpu.engine import make_engine
 
     seed = _SEED.value if _SEED.value is not None else random.randrange(1 << 31)
-    llm = make_engine(
-        _MODEL_DIR.value,
-        dtype=_DTYPE.value,
-        max_model_len=_MAX_LEN.value,
-        seed=seed,
-        max_num_seqs=_MAX_SEQS.value,
-    )
+
+    def engine(model_dir: str, load_format: str = "auto"):
+        return make_engine(
+            model_dir,
+            dtype=_DTYPE.value,
+            max_model_len=_MAX_LEN.value,
+            seed=seed,
+            max_num_seqs=_MAX_SEQS.value,
+            load_format=load_format,
+        )
+
     opts = WorkerOptions(
         controller=_CONTROLLER.value,
         join_secret=secret,
@@ -410,8 +448,12 @@ def main(argv):
         max_leases=_MAX_LEASES.value,
         grace_s=_GRACE.value,
         tls_verify=_TLS_CA.value or True,
+        cache_dir=_CACHE_DIR.value,
     )
-    worker = RolloutWorker(opts, llm)
+    if _MODEL_DIR.value:
+        worker = RolloutWorker(opts, llm=engine(_MODEL_DIR.value))
+    else:  # the weights arrive by swap: start vLLM on dummy ones
+        worker = RolloutWorker(opts, make_llm=lambda path: engine(path, "dummy"))
     signal.signal(signal.SIGTERM, worker.request_stop)
     signal.signal(signal.SIGINT, worker.request_stop)
     try:

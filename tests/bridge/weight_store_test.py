@@ -329,3 +329,28 @@ def test_s3_publish_read_gc(s3_endpoint):
         ("manifests", "000000000002.json"),
         ("data", "000000000002"),
     }
+
+
+def test_s3_carries_model_files_for_remote_workers(s3_endpoint, tiny_model_dir, tmp_path):
+    from bridge import model_files
+
+    spec = {
+        "driver": "s3",
+        "bucket": "echo2",
+        "path": "runs/files",
+        "endpoint": s3_endpoint,
+        "aws_region": "us-east-1",
+        "aws_credentials": {"type": "environment"},
+    }
+    store = WeightStore(spec)
+    index = model_files.publish(store, tiny_model_dir)
+    _publish(store, 1, _weights())
+    _publish(store, 2, _weights())
+    store.gc(1)  # gc removes versions, never the model files
+    path = model_files.fetch(WeightStore(spec), str(tmp_path / "cache"))
+    for name in index:
+        with (
+            open(os.path.join(path, name), "rb") as a,
+            open(os.path.join(tiny_model_dir, name), "rb") as b,
+        ):
+            assert a.read() == b.read(), name

@@ -48,3 +48,41 @@ def test_resuming_a_workdir_of_another_tiny_model_is_refused(tmp_path):
         train.run(new, str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == before  # refused before writing anything
     prepare_model_dir(old, str(tmp_path))  # the same shape resumes fine
+
+
+def _publish_small(store, version):
+    from bridge import tiny_model
+
+    cfg = tiny_model.tiny_config("qwen3", num_layers=1)
+    w = tiny_model.random_hf_weights(cfg)
+    store.publish(version, version, w.items(), cfg.to_hf_dict(), "float32")
+
+
+def test_open_store_default_configured_and_stale_versions(tmp_path):
+    from bridge.weight_store import WeightStore
+    from learner_jax.rl_loop import open_store
+
+    c = tiny_arith.get_config()
+    wd = str(tmp_path / "wd")
+    own = open_store(c, wd, step=0)
+    assert own.spec["path"].rstrip("/").endswith("wd/weights")
+    _publish_small(own, 5)
+    with open(os.path.join(wd, "controller.db"), "w") as f:
+        f.write("x")
+    # The workdir's own store: versions past the checkpoint are moved aside with the db.
+    fresh = open_store(c, wd, step=3)
+    assert fresh.versions() == []
+    assert sorted(p.split(".stale-")[0] for p in os.listdir(wd) if ".stale-" in p) == [
+        "controller.db",
+        "weights",
+    ]
+
+    # A configured store (URL or JSON kvstore spec) is used as given, and never moved.
+    c.bridge.store = f"file://{tmp_path}/shared"
+    shared = open_store(c, wd, step=0)
+    assert shared.spec["path"].rstrip("/").endswith("shared")
+    c.bridge.store = json.dumps({"driver": "file", "path": f"{tmp_path}/shared/"})
+    _publish_small(open_store(c, wd, step=0), 7)
+    with pytest.raises(ValueError, match=r"versions \[7\] newer than checkpoint step 2"):
+        open_store(c, wd, step=2)
+    assert WeightStore(f"file://{tmp_path}/shared").versions() == [7]  # untouched
