@@ -141,6 +141,9 @@ def get_config() -> ConfigDict:
     # s3://bucket/path, gs://bucket/path, or a tensorstore kvstore spec as JSON (e.g. an S3
     # endpoint). '' = <workdir>/weights, which only workers on this machine can read.
     c.bridge.store = ""
+    # Publish from a background thread (learner_jax/background_publish.py): the learner runs
+    # the next step while the previous version is written and announced.
+    c.bridge.async_publish = True
 
     c.controller = ConfigDict()
     c.controller.host = "127.0.0.1"

@@ -199,6 +199,15 @@ def summary(rows: list[dict], evals: list[dict], swaps: dict) -> str:
             f"- mismatch/kl, mean over steps with on-policy rows: "
             f"{statistics.fmean(kls) if kls else float('nan'):.2e}",
         ]
+        blocking = [
+            r["bridge/publish_blocking_s"] for r in rows if "bridge/publish_blocking_s" in r
+        ]
+        if blocking:  # background publishing: what the learner still waited for
+            lines.append(
+                f"- publishing in the background: median {statistics.median(blocking):.3f} s "
+                "on the learner's thread per version, "
+                f"{rows[-1].get('bridge/publish_skipped', 0)} versions skipped (a newer one won)"
+            )
     for label, pts in sorted(swaps.items()):
         secs = [p[1] for p in pts]
         med = statistics.median(secs)

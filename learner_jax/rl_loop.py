@@ -40,6 +40,7 @@ import threading
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from bridge import model_files
@@ -48,6 +49,7 @@ from bridge.controller_http import ServerOptions, serve_controller
 from bridge.protocol import SamplingParams
 from bridge.weight_store import WeightStore
 from learner_jax import advantages, evaluate, local_fleet, model, publish, report, rollout_batch
+from learner_jax.background_publish import BackgroundPublisher, PublishError
 from learner_jax.sft_data import TextCodec
 from rollout_gpu import canary as canary_lib  # numpy-only module (no torch/vllm import)
 
@@ -197,7 +199,7 @@ class RLSource:
         self._closed = False
         self._prev_sigint = None
         self._last_ckpt = None
-        self.fleet = self.server = self.watcher = None
+        self.fleet = self.server = self.watcher = self.publisher = None
         self.evaluator = evaluate.Evaluator(
             learner.model_cfg,
             self.codec,
@@ -254,7 +256,10 @@ class RLSource:
         logging.info("controller at %s", self.server.url)
         # Config + tokenizer beside the versions: a remote worker needs no local model copy.
         model_files.publish(self.store, learner.hf_dir)
-        self.publish(learner.step)
+        self.publish(learner.step)  # synchronous: workers need a first version to start
+        if _opt(config, "bridge.async_publish", False):
+            self.publisher = BackgroundPublisher(self.publish)
+            self._snapshot = jax.jit(lambda p: jax.tree.map(jnp.copy, p))
         self.watcher = SwapWatcher(self.ctl, os.path.join(wd, SWAPS_FILE))
         if not self._evals().get("before"):
             self.evaluate(tag="before")
@@ -282,11 +287,15 @@ class RLSource:
         lps = np.asarray(self._canary_fn(params, toks[:, :-1], pos, seg, toks[:, 1:]))
         return canary_lib.canary_payload(self._canary_tokens, list(lps))
 
-    def publish(self, version: int) -> float:
-        """Write `version` (unless the store has it), announce it, gc; returns seconds."""
+    def publish(self, version: int, params=None) -> float:
+        """Write `version` (unless the store has it), announce it, gc; returns seconds.
+
+        `params` defaults to the learner's current ones; the background publisher passes
+        its own snapshot (the learner has moved on by then)."""
         t0 = time.perf_counter()
-        if version not in self.store.versions():
+        if params is None:
             params = self.learner.state.params
+        if version not in self.store.versions():
             publish.publish_params(
                 self.store,
                 version,
@@ -359,7 +368,14 @@ class RLSource:
     def on_step(self, learner, metrics: dict) -> dict:
         step, out = learner.step, {"bridge/publish_s": 0.0, "time/wall": time.time()}
         if (step - self.rl_start) % self.kappa == 0:
-            out["bridge/publish_s"] = self.publish(step)
+            if self.publisher is None:
+                out["bridge/publish_s"] = self.publish(step)
+            else:
+                t0 = time.perf_counter()
+                self.publisher.submit(step, self._snapshot(learner.state.params))
+                out["bridge/publish_blocking_s"] = time.perf_counter() - t0
+                out["bridge/publish_s"] = self.publisher.last_s  # the newest one finished
+                out["bridge/publish_skipped"] = self.publisher.skipped
         out["policy_version"] = self.ctl.announcement().version
         if step >= self.end or (
             self.eval_period and (step - self.rl_start) % self.eval_period == 0
@@ -382,6 +398,11 @@ class RLSource:
         self._closed = True
         if self._prev_sigint is not None:
             signal.signal(signal.SIGINT, self._prev_sigint)
+        if self.publisher is not None:
+            try:
+                self.publisher.close(timeout=120)
+            except PublishError as e:
+                logging.error("%s", e)
         if self.fleet is not None:
             self.fleet.stop()
         if self.watcher is not None:

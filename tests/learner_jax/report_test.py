@@ -31,6 +31,8 @@ def test_report_from_run_files(tmp_path):
                 "mismatch/kl": 1e-9,
                 "mismatch/tokens": 10.0,
                 "time/wall": 1000.0 + 2 * i,
+                "bridge/publish_blocking_s": 0.001 * (i + 1),
+                "bridge/publish_skipped": i // 10,
             }
         )
     rows.append(dict(rows[-1], **{"reward/mean": 0.9}))  # a resumed run repeats step 29
@@ -75,6 +77,8 @@ def test_report_from_run_files(tmp_path):
     assert "first 2 steps 0.100, last 2 steps 0.700" in text  # the repeated step's last line
     assert "w-a ($0.40/h): median 0.50 s over 10 versions" in text
     assert "w-b ($0.15/h): median 2.00 s over 1 versions" in text
+    assert "in the background: median 0.01" in text  # of 0.001..0.020 s
+    assert "1 versions skipped" in text
     for name in ("reward.png", "utilization.png", "staleness.png", "swap_latency.png", "cost.png"):
         with open(os.path.join(wd, name), "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n", name
