@@ -248,17 +248,27 @@ class RolloutWorker:
             return True
         store = self.announcement.store
         if store is None:
-            logging.info("waiting for the learner's first version (it names the store)")
+            self._say_once("waiting for the learner's first version (it names the store)")
             return False
         try:
             path = model_files.fetch(WeightStore(store), self.opts.cache_dir)
-        except model_files.ModelFilesError as e:
-            logging.error("%s", e)
+        except Exception as e:  # noqa: BLE001 - unreachable or bad store: keep retrying
+            self._say_once(
+                f"cannot take the model files from {store}: {type(e).__name__}: {e} (a "
+                "learner's default <workdir>/weights store is readable only on its own "
+                "machine: set bridge.store, or pass --model_dir)"
+            )
             return False
         logging.info("starting vLLM from the store's model files in %s", path)
         self.llm = self._make_llm(path)
         gen.check_raw_logprobs(self.llm)
         return True
+
+    def _say_once(self, message: str) -> None:
+        """Logs a waiting condition when it changes, not at every retry."""
+        if message != getattr(self, "_last_said", None):
+            self._last_said = message
+            logging.warning("%s", message)
 
     def ensure_version(self) -> bool:
         """Swap to the newest announced version if the engine is behind; True if current."""

@@ -1,0 +1,39 @@
+"""A worker without --model_dir: it waits, and never starts vLLM from a store it cannot use."""
+
+import json
+
+from bridge import model_files
+from bridge.protocol import VersionAnnouncement, WorkerProfile
+from bridge.weight_store import WeightStore
+from rollout_gpu.worker import RolloutWorker, WorkerOptions
+
+
+def _never(path):
+    raise AssertionError(f"vLLM must not start from {path}")
+
+
+def _worker(tmp_path):
+    opts = WorkerOptions(
+        controller="http://127.0.0.1:9",
+        join_secret="x",
+        profile=WorkerProfile(accelerator="cpu", price_per_hour=0.0, max_concurrent_sequences=8),
+        cache_dir=str(tmp_path / "cache"),
+    )
+    return RolloutWorker(opts, make_llm=_never)
+
+
+def test_waits_for_a_store_then_refuses_bad_model_files(tmp_path, tiny_model_dir, caplog):
+    w = _worker(tmp_path)
+    assert not w.start_engine()  # nothing announced yet
+    spec = f"file://{tmp_path}/store"
+    w.announcement = VersionAnnouncement(version=3, store=spec)
+    assert not w.start_engine()  # a store without model files (e.g. another machine's path)
+    assert not w.start_engine()
+    said = [r.getMessage() for r in caplog.records if "cannot take the model files" in r.message]
+    assert len(said) == 1 and "bridge.store" in said[0]  # once, not at every retry
+
+    store = WeightStore(spec)
+    index = model_files.publish(store, tiny_model_dir)
+    index["tokenizer.json"]["sha256"] = "0" * 64  # tampered after publishing
+    store.kv.write(model_files.INDEX_KEY, json.dumps(index).encode()).result()
+    assert not w.start_engine() and w.llm is None
