@@ -20,6 +20,7 @@ ASCII because the tiny demo model's tokenizer is character-level.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import functools
 import json
@@ -43,20 +44,24 @@ class Prompt:
     answer: str
 
 
-class Task:
-    """Base class; subclasses set `name` and override the prompt/reward methods."""
+class Task(abc.ABC):
+    """Base class; subclasses set `name` and implement the prompt/reward methods (a subclass
+    missing one fails when it is built, not mid-run)."""
 
     name: str = ""
     options: dict[str, Any] = {}  # set per instance by make_task
 
+    @abc.abstractmethod
     def train_prompts(self, seed: int) -> Iterator[Prompt]:
-        raise NotImplementedError
+        """Endless, deterministic stream of training prompts for `seed`."""
 
+    @abc.abstractmethod
     def eval_prompts(self) -> list[Prompt]:
-        raise NotImplementedError
+        """The fixed held-out prompts, disjoint from the training stream."""
 
+    @abc.abstractmethod
     def reward(self, prompt: Prompt, completion: str) -> float:
-        raise NotImplementedError
+        """Reward of one completion text (special tokens removed)."""
 
     def sft_examples(self, seed: int) -> Iterator[tuple[str, str]]:
         return iter(())

@@ -109,6 +109,7 @@ class RolloutWorker:
         if llm is not None:
             gen.check_raw_logprobs(llm)
         self.current = EngineVersion()
+        self._last_said: str | None = None  # the last waiting condition logged
         self.meter = Throughput(options.rate_window_s)
         self.announcement = VersionAnnouncement(version=-1)
         self.client: ControllerClient | None = None
@@ -266,7 +267,7 @@ class RolloutWorker:
 
     def _say_once(self, message: str) -> None:
         """Logs a waiting condition when it changes, not at every retry."""
-        if message != getattr(self, "_last_said", None):
+        if message != self._last_said:
             self._last_said = message
             logging.warning("%s", message)
 
@@ -396,9 +397,7 @@ _TOKEN_FILE = flags.DEFINE_string("token_file", None, "file holding the join sec
 _MODEL_DIR = flags.DEFINE_string(
     "model_dir", None, "local HF dir (config + tokenizer); default: the weight store's files"
 )
-_CACHE_DIR = flags.DEFINE_string(
-    "cache_dir", os.path.expanduser("~/.cache/echo2/models"), "where the store's files go"
-)
+_CACHE_DIR = flags.DEFINE_string("cache_dir", WorkerOptions.cache_dir, "where the store's files go")
 _PRICE = flags.DEFINE_float("price_per_hour", 0.0, "USD per hour, for the fleet's cost")
 _ACCEL = flags.DEFINE_string("accelerator", "", "accelerator name; default: detected")
 _MAX_SEQS = flags.DEFINE_integer("max_num_seqs", 64, "concurrent sequences (vLLM batch)")

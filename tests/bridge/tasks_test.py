@@ -104,7 +104,7 @@ def test_sft_label_noise_overshoots_only_sft_targets_by_one():
         make_task("arithmetic", sft_label_noise=1.5)
 
 
-class _Bad(Task):
+class _Bad(tasks.Arithmetic):  # only the reward matters here
     name = "bad"
 
     def __init__(self, result):

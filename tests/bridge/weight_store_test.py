@@ -300,17 +300,21 @@ def s3_endpoint():
             os.environ[k] = v
 
 
-def test_s3_publish_read_gc(s3_endpoint):
-    import boto3
-
-    spec = {
+def _s3_spec(endpoint, path):
+    return {
         "driver": "s3",
         "bucket": "echo2",
-        "path": "runs/r1",
-        "endpoint": s3_endpoint,
+        "path": path,
+        "endpoint": endpoint,
         "aws_region": "us-east-1",
         "aws_credentials": {"type": "environment"},
     }
+
+
+def test_s3_publish_read_gc(s3_endpoint):
+    import boto3
+
+    spec = _s3_spec(s3_endpoint, "runs/r1")
     store = WeightStore(spec)
     w = _weights()
     _publish(store, 1, w, dtype="bfloat16")
@@ -334,14 +338,7 @@ def test_s3_publish_read_gc(s3_endpoint):
 def test_s3_carries_model_files_for_remote_workers(s3_endpoint, tiny_model_dir, tmp_path):
     from bridge import model_files
 
-    spec = {
-        "driver": "s3",
-        "bucket": "echo2",
-        "path": "runs/files",
-        "endpoint": s3_endpoint,
-        "aws_region": "us-east-1",
-        "aws_credentials": {"type": "environment"},
-    }
+    spec = _s3_spec(s3_endpoint, "runs/files")
     store = WeightStore(spec)
     index = model_files.publish(store, tiny_model_dir)
     _publish(store, 1, _weights())
