@@ -7,14 +7,16 @@ Staleness-aware batches and the checkpoint cursor are in bridge/controller_learn
 Admission control. With g = groups_per_step, S the staleness bound, newest published
 version P, the learner's next step t and allowed worker lag m (`max_version_lag`): a group
 leased with `ahead` groups leased or buffered before it is generated at a version >= P - m
-and, FIFO, consumed at step t + floor(ahead / g), so its staleness is at most
+and consumed at step t + floor(ahead / g) (batches go oldest version first, then by
+arrival, and later leases are at versions >= its own), so its staleness is at most
 (t - P + m) + floor(ahead / g), which is <= S iff ahead < (S + 1 - (t - P) - m) * g. So
 
     leased + buffered <= max(0, (S + 1 - (t - P) - m) * g)
 
-and a worker more than m versions behind P gets no work, only `swap_to`. Drops stay
-possible (a slow worker's group overtaken in FIFO order, restarts) and are counted, never
-fed to the learner.
+and a worker more than m versions behind P gets no work, only `swap_to`. A worker whose
+measured lease latency exceeds the time left before its work would go stale gets no work
+either (reason "too_slow", bridge/lease_timing.py). Drops stay possible (a worker slowing
+down mid-lease, restarts) and are counted, never fed to the learner.
 
 Leases expire `lease_ttl_s` after issue; each heartbeat renews its worker's leases. Expired
 or released work goes back to the front of the queue. Submissions are idempotent per group:
@@ -42,6 +44,7 @@ from collections.abc import Callable
 from bridge.controller_learner import LearnerSide
 from bridge.controller_store import ControllerStore
 from bridge.controller_validation import SubmissionError, check_group
+from bridge.lease_timing import LeaseTiming
 from bridge.protocol import (
     Heartbeat,
     HeartbeatResponse,
@@ -71,6 +74,8 @@ class ControllerConfig:
     worker_timeout_s: float = 30.0
     max_groups_per_lease: int = 16
     max_version_lag: int = 0  # m above
+    refuse_too_slow: bool = True  # freshness-aware leasing (bridge/lease_timing.py)
+    retest_slow_after_s: float = 60.0  # a too-slow worker's latency is re-measured this often
     retry_after_s: float = 0.5
     seed: int = 0
 
@@ -93,6 +98,7 @@ class Controller(LearnerSide):
         self.store = ControllerStore(db_path)
         self.lock = threading.RLock()
         self._new_work = threading.Condition(self.lock)
+        self.timing = LeaseTiming(config.staleness, config.retest_slow_after_s)
         # Draw one prompt now so a broken task (say, a missing data file) fails here, at
         # startup, not inside a worker's request; then resume where the last run stopped.
         prompts = task.train_prompts(config.seed)
@@ -203,6 +209,7 @@ class Controller(LearnerSide):
                 self._end_lease(r["lease_id"], "released")
             self._touch(worker_id)
             self.store.update_worker(worker_id, left_at=self.clock())
+            self.timing.forget(worker_id)
 
     # -- leases --------------------------------------------------------------------------
     def admission_capacity(self) -> int:
@@ -230,6 +237,8 @@ class Controller(LearnerSide):
                 )
             if ann.version - req.worker_version > c.max_version_lag:
                 return LeaseResponse(reason="behind", **reply)
+            if not self._fresh_enough(worker_id, min(req.worker_version, ann.version), now):
+                return LeaseResponse(reason="too_slow", retry_after_s=c.retry_after_s, **reply)
             profile = WorkerProfile(**json.loads(self.store.worker(worker_id)["profile"]))
             held = self.store.q(
                 "SELECT COUNT(*) AS n FROM groups g JOIN leases l ON g.lease_id=l.lease_id"
@@ -268,6 +277,25 @@ class Controller(LearnerSide):
             return LeaseResponse(
                 lease=Lease(lease_id=lease_id, expires_at=expires, groups=groups), **reply
             )
+
+    def _fresh_enough(self, worker_id: str, version: int, now: float) -> bool:
+        """False if this worker's leases come back too late to be fresh (lease_timing.py)."""
+        was_slow = worker_id in self.timing.too_slow
+        ok, latency, window = self.timing.fresh_enough(
+            worker_id, version, self.store.get("next_step", 0), now
+        )
+        if not ok and not was_slow:
+            logging.warning(
+                "worker %s gets no work: its leases take %.2fs but must be back within "
+                "%.2fs (staleness %d at the learner's current pace). It is still billed; "
+                "raise staleness or stop it (re-measured every %.0fs).",
+                worker_id,
+                latency,
+                window,
+                self.config.staleness,
+                self.config.retest_slow_after_s,
+            )
+        return ok or not self.config.refuse_too_slow
 
     def _refill(self, k: int) -> None:
         short = k - self.store.count("queued")
@@ -361,6 +389,7 @@ class Controller(LearnerSide):
                 r["state"] == "leased" for r in self.store.groups_of_lease(sub.lease_id)
             ):
                 self.store.set_lease_state(sub.lease_id, "done")
+                self.timing.lease_done(worker_id, lease["created_at"], now)
             self._new_work.notify_all()
             return SubmitResponse(
                 accepted=[g.group_id for g in fresh],
@@ -387,6 +416,9 @@ class Controller(LearnerSide):
         out = {
             "fleet/active_workers": sum(1 for w in alive if w["enabled"]),
             "fleet/rollouts_per_s": sum(w["samples_per_s"] for w in alive if w["enabled"]),
+            "fleet/too_slow_workers": sum(
+                1 for w in alive if w["worker_id"] in self.timing.too_slow
+            ),
             "cost/usd": cost / 3600.0,
             "policy_version/published": self._announcement().version,
             "admission/capacity": self.admission_capacity(),

@@ -7,7 +7,9 @@ Bounded staleness S: version v = parameters after v updates; learner step t may 
 trajectory only if t - v <= S for its oldest token. Before each batch, buffered groups that
 already break this are dropped (counted in `staleness/dropped`, cumulative over the run)
 and their prompts requeued; a group is judged by its stalest trajectory, since GRPO needs
-it whole. Batches are FIFO by acceptance time, which drops the fewest groups.
+it whole. Batches take the oldest version first (the earliest deadline: a group of version
+v expires after step v + S), then the earliest arrival: a slow worker's group that arrives
+behind fresher ones is used while it still can be, instead of being overtaken until stale.
 
 Durability: `export_cursor` goes into the learner's orbax checkpoint; `restore_cursor`
 returns groups consumed after that checkpoint to the buffer (their trajectories stay in
@@ -44,8 +46,8 @@ class LearnerSide:
             self.store.put("next_step", step)
             self._drop_stale(step)
             rows = self.store.q(
-                "SELECT * FROM groups WHERE state='buffered' ORDER BY accepted_at, group_id"
-                " LIMIT ?",
+                "SELECT * FROM groups WHERE state='buffered'"
+                " ORDER BY min_version, accepted_at, group_id LIMIT ?",
                 (num_groups,),
             )
             if len(rows) < num_groups:
@@ -54,6 +56,7 @@ class LearnerSide:
             self.store.put("next_step", step + 1)
             self.store.put("consumed_through_step", step)
             self.store.incr("groups/consumed", len(rows))
+            self.timing.batch_taken(self.clock())
             batch = [
                 ConsumedGroup(
                     group_id=r["group_id"],

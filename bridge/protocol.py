@@ -121,7 +121,7 @@ class Lease(_Model):
 
 class LeaseResponse(_Model):
     lease: Lease | None = None
-    reason: Literal["ok", "behind", "full", "no_version", "inactive", "empty"] = "ok"
+    reason: Literal["ok", "behind", "full", "no_version", "inactive", "empty", "too_slow"] = "ok"
     retry_after_s: float = 0.0
     announcement: VersionAnnouncement
     swap_to: int | None = None

@@ -149,6 +149,11 @@ def get_config() -> ConfigDict:
     c.controller.host = "127.0.0.1"
     c.controller.port = 0  # 0 = any free port
     c.controller.token_file = ""  # '' = generate <workdir>/join_token (mode 0600)
+    # Freshness-aware leasing (bridge/lease_timing.py): a worker whose measured lease latency
+    # exceeds the time its work stays fresh gets no leases (its output would be dropped as
+    # stale); it is measured again every retest_slow_after_s.
+    c.controller.refuse_too_slow = True
+    c.controller.retest_slow_after_s = 60.0
 
     c.log_every = 1
     return c

@@ -40,7 +40,8 @@ def live_line(m: dict, end_step: int) -> str:
         f"acc {acc:.3f}" if acc is not None else "acc   -  ",
         f"stale {m.get('staleness/mean', float('nan')):.2f}/{m.get('staleness/max', 0):.0f}",
         f"util {m.get('learner/utilization', float('nan')):.2f}",
-        f"workers {m.get('fleet/active_workers', 0):.0f}",
+        f"workers {m.get('fleet/active_workers', 0):.0f}"
+        + (f" ({slow:.0f} too slow)" if (slow := m.get("fleet/too_slow_workers", 0)) else ""),
         f"${m.get('cost/usd', 0.0):.4f}",
         f"wait {m.get('time/wait_s', 0.0):.2f}s",
     ]

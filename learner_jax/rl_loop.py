@@ -239,6 +239,8 @@ class RLSource:
                 sampling=sampling,
                 max_prompt_tokens=self.P,
                 seed=config.seed,
+                refuse_too_slow=config.controller.refuse_too_slow,
+                retest_slow_after_s=config.controller.retest_slow_after_s,
             ),
             db,
             self.task,

@@ -341,3 +341,101 @@ def test_a_broken_task_fails_at_startup(tmp_path):
             str(tmp_path / "c.db"),
             make_task("gsm8k", path=str(tmp_path / "missing.jsonl")),
         )
+
+
+def test_batches_take_the_oldest_version_first(tmp_path):
+    # Consumed in arrival order, the slow worker's version-0 group would wait behind the
+    # fast worker's version-1 group and be dropped at step 2 (2 - 0 > S = 1).
+    ctl = make(tmp_path, staleness=1, groups_per_step=1, max_groups_per_lease=1)
+    ctl.publish(0)
+    slow, fast = worker(ctl), worker(ctl)
+    old = ctl.lease(slow, LeaseRequest(worker_version=0)).lease
+    assert ctl.take_batch(0, 1)[0] is None  # the learner is at step 1 once it has a batch
+    ctl.store.put("next_step", 1)
+    ctl.publish(1)
+    new = ctl.lease(fast, LeaseRequest(worker_version=1)).lease
+    submit_all(ctl, fast, new, versions=(1, 1, 1))
+    submit_all(ctl, slow, old, versions=(0, 0, 0))  # arrives last
+    b1, _ = ctl.take_batch(1, 1)
+    b2, stats = ctl.take_batch(2, 1)
+    assert [b1[0].group_id, b2[0].group_id] == [old.groups[0].group_id, new.groups[0].group_id]
+    assert stats["staleness/dropped"] == 0 and stats["staleness/max"] == 1
+
+
+def test_a_worker_too_slow_for_the_staleness_bound_gets_no_work(tmp_path):
+    clock, S, train_s = Clock(), 1, 1.0
+    ctl = make(
+        tmp_path, clock, staleness=S, groups_per_step=1, max_groups_per_lease=1,
+        retest_slow_after_s=100.0,
+    )  # fmt: skip
+    ctl.publish(0)
+    slow, fast = worker(ctl), worker(ctl)
+    slow_lease = ctl.lease(slow, LeaseRequest(worker_version=0)).lease  # not measured yet
+
+    def learner_step(step):  # the fast worker makes the batch in 0.1 s, training takes 1 s
+        lease = ctl.lease(fast, LeaseRequest(worker_version=step)).lease
+        clock.t += 0.1
+        submit_all(ctl, fast, lease, versions=(step, step, step))
+        batch, stats = ctl.take_batch(step, 1)
+        assert batch is not None
+        clock.t += train_s
+        ctl.publish(step + 1)
+        return stats
+
+    for step in range(5):
+        learner_step(step)
+    submit_all(ctl, slow, slow_lease)  # 5.5 s after its lease, at version 0: stale
+    issued = ctl.store.lease(slow_lease.lease_id)["created_at"]
+    assert ctl.timing.latency[slow].seconds == pytest.approx(clock.t - issued)
+    # Independent arithmetic: steps every 1.1 s, the last batch 1.0 s ago, learner at step 5,
+    # worker at version 5: a lease must be back within (5 + S - 5 + 1) * 1.1 - 1.0 = 1.2 s.
+    assert ctl.timing.window_s(5, 5, clock.t) == pytest.approx(1.2)
+    r = ctl.lease(slow, LeaseRequest(worker_version=5))
+    assert r.lease is None and r.reason == "too_slow" and r.retry_after_s > 0
+    stats = learner_step(5)
+    assert stats["fleet/too_slow_workers"] == 1 and stats["staleness/dropped"] == 1
+    # The fast worker keeps getting work; the slow one's version-0 group was requeued.
+    assert ctl.lease(fast, LeaseRequest(worker_version=6)).lease is not None
+
+    # The fleet runs short (the fast worker leaves): the learner waits, its step period
+    # grows with the wait, and the slow worker's 5.5 s fits again: window = 2 * wait - wait
+    # (the wait counts from the last batch, 1 s of training ago).
+    ctl.leave(fast)
+    clock.t += 4.0  # wait 5 s < 5.5 s
+    assert ctl.lease(slow, LeaseRequest(worker_version=6)).reason == "too_slow"
+    clock.t += 1.0  # wait 6 s
+    assert ctl.lease(slow, LeaseRequest(worker_version=6)).lease is not None
+    assert ctl.stats()["fleet/too_slow_workers"] == 0
+
+
+def test_a_too_slow_worker_is_measured_again_later(tmp_path):
+    clock = Clock()
+    ctl = make(tmp_path, clock, staleness=0, groups_per_step=2, retest_slow_after_s=30.0)
+    ctl.publish(0)
+    w = worker(ctl)
+    lease = ctl.lease(w, LeaseRequest(worker_version=0)).lease
+    for step in range(3):  # the learner's pace: a batch and a version every second
+        ctl.store.put("next_step", step)
+        ctl.publish(step)
+        ctl.timing.batch_taken(clock.t)
+        clock.t += 1.0
+    submit_all(ctl, w, lease)  # 3 s: slower than a window of at most (0 + 1) * 1 s
+    assert ctl.lease(w, LeaseRequest(worker_version=2)).reason == "too_slow"
+    # The window is still 0 s (the learner's 33 s wait counts as its step period: 1 * 33 -
+    # 33), but the measurement is 31 s old and forgotten: one lease to measure again.
+    clock.t += 31.0
+    assert ctl.lease(w, LeaseRequest(worker_version=2)).lease is not None
+
+
+def test_refusing_slow_workers_can_be_turned_off(tmp_path):
+    clock = Clock()
+    ctl = make(tmp_path, clock, staleness=0, groups_per_step=2, refuse_too_slow=False)
+    ctl.publish(0)
+    w = worker(ctl)
+    lease = ctl.lease(w, LeaseRequest(worker_version=0)).lease
+    for _ in range(2):
+        ctl.timing.batch_taken(clock.t)
+        clock.t += 1.0
+    submit_all(ctl, w, lease)
+    assert ctl.lease(w, LeaseRequest(worker_version=0)).lease is not None
+    assert ctl.stats()["fleet/too_slow_workers"] == 1  # still reported

@@ -100,5 +100,7 @@ def test_live_line():
         100,
     )
     assert line.startswith("step    12/100 | reward 0.250 | acc 0.500 | stale 1.50/2 | util 0.90")
-    assert "workers 2" in line and "$0.0123" in line
+    assert "workers 2 |" in line and "$0.0123" in line
+    slow = report.live_line({"step": 1, "fleet/active_workers": 2, "fleet/too_slow_workers": 1}, 2)
+    assert "workers 2 (1 too slow) |" in slow
     assert "acc   -" in report.live_line({"step": 1}, 2)

@@ -21,13 +21,13 @@ drops stale work only when it looks: at `take_batch` and at `lease`).
 lock and in order, what `submit` accepted, each moment the controller looks at the buffer
 (`lease` at the learner's next step, `take_batch` at its step) and what `take_batch`
 handed out. `replay` re-implements the rule on that log (drop what is stale at each look,
-then hand out FIFO): it must predict every batch and exactly the drops, which a wrong
-drop (of fresh work) or a miscount would break.
+then hand out the oldest version first, then by arrival): it must predict every batch and
+exactly the drops, which a wrong drop (of fresh work) or a miscount would break.
 
-Found on the way: a prompt dropped as stale is requeued at the front, and the throttled
-worker, idle right after its submission while the fast one is busy, often leases it
-again and returns it stale again, forever (never lost, never trained on). So once its
-work has arrived stale the test kills it and checks the fast worker redoes those prompts.
+Freshness-aware leasing (bridge/lease_timing.py): once the throttled worker's first lease
+has come back (stale), the controller knows its leases take ~6 s while work must be back
+within ~(S + 1) learner steps, and gives it no more work ("too_slow"). Before that rule it
+leased its own requeued prompts again and again, returning them stale forever.
 """
 
 import os
@@ -111,6 +111,7 @@ def fleet(tmp_path, tiny_model_dir):
         lease_ttl_s=LEASE_TTL_S,
         heartbeat_interval_s=0.5,
         retry_after_s=0.2,
+        retest_slow_after_s=600.0,  # no re-measuring lease within the test
     )
     ctl = RecordingController(
         config, os.path.join(workdir, "controller.db"), make_task("arithmetic")
@@ -173,7 +174,8 @@ def replay(log):
             stale = [j for j in buf if e[1] - log[j][2] > S]
             dropped += stale
             buf = [j for j in buf if j not in stale]
-        else:  # take: right after its look, the first groups_per_step in arrival order
+        else:  # take: right after its look, oldest version first, then arrival order
+            buf.sort(key=lambda j: (log[j][2], j))
             batches[e[1]], buf = [log[j][1] for j in buf[:GROUPS_PER_STEP]], buf[GROUPS_PER_STEP:]
     return dropped, batches
 
@@ -181,15 +183,13 @@ def replay(log):
 def test_no_consumed_trajectory_is_too_stale_and_drops_are_counted(fleet):
     ctl, publish, procs, logs = fleet
     consumed = {}  # step -> batch
-    step, killed = 0, set()
+    step = 0
 
     def learner_step():
         nonlocal step
         batch, stats = ctl.wait_batch(step, GROUPS_PER_STEP, STEP_TIMEOUT_S)
         dead = {k: p.returncode for k, p in procs.items() if p.poll() is not None}
-        assert batch is not None and set(dead) <= killed, (
-            f"step {step}: {dead} {stats}\n{tail(logs)}"
-        )
+        assert batch is not None and not dead, f"step {step}: {dead} {stats}\n{tail(logs)}"
         assert stats["staleness/max"] <= S
         consumed[step] = batch
         time.sleep(TRAIN_S)
@@ -200,13 +200,8 @@ def test_no_consumed_trajectory_is_too_stale_and_drops_are_counted(fleet):
     while step < MIN_STEPS or not stale_arrivals(ctl.log):
         assert step < MAX_STEPS, f"no stale arrival in {step} steps\n{tail(logs)}"
         learner_step()
-    # Phase 2: the throttled worker may re-lease the requeued prompts after each of its
-    # submissions (see the docstring). Kill it; its lease expires, the fast worker redoes them.
-    killed.add("slow")
-    procs["slow"].kill()
-    procs["slow"].wait()
-    # Also until some group was consumed exactly S old: with the throttled worker's leases
-    # gone, the fast one gets room during each training step (with them it may not).
+    # Phase 2: the controller now refuses the throttled worker (too slow to be fresh); the
+    # fast one redoes the dropped prompts, and some group is consumed exactly S old.
     while not stale_arrivals(ctl.log) <= consumed_ids(ctl.log) or max_lag(consumed) < S:
         assert step < MAX_STEPS, (
             f"step {step}: dropped groups not redone or no group consumed S old\n{tail(logs)}"
@@ -278,6 +273,10 @@ def test_no_consumed_trajectory_is_too_stale_and_drops_are_counted(fleet):
         if '"region":"slow"' in r["profile"]
     )
     assert any(log[i][4] == slow for i in stale_on_arrival)  # the throttled worker's work
+    # Freshness-aware leasing: one lease measured it, then it got no more work.
+    slow_leases = ctl.store.q("SELECT COUNT(*) AS n FROM leases WHERE worker_id=?", (slow,))
+    assert slow_leases[0]["n"] == 1 and stats["fleet/too_slow_workers"] == 1
+    assert procs["slow"].poll() is None  # alive, asking, refused
 
     # (3) Nothing lost: each dropped group went back to the queue (same row, same prompt)
     # and was consumed at a later step or is still queued, leased or buffered.
