@@ -35,6 +35,7 @@ import hashlib
 import itertools
 import json
 import logging
+import math
 import secrets
 import threading
 import time
@@ -99,6 +100,7 @@ class Controller(LearnerSide):
         self.lock = threading.RLock()
         self._new_work = threading.Condition(self.lock)
         self.timing = LeaseTiming(config.staleness, config.retest_slow_after_s)
+        self._slow_warned: dict[str, float] = {}  # worker -> when it was last reported slow
         # Draw one prompt now so a broken task (say, a missing data file) fails here, at
         # startup, not inside a worker's request; then resume where the last run stopped.
         prompts = task.train_prompts(config.seed)
@@ -280,22 +282,26 @@ class Controller(LearnerSide):
 
     def _fresh_enough(self, worker_id: str, version: int, now: float) -> bool:
         """False if this worker's leases come back too late to be fresh (lease_timing.py)."""
-        was_slow = worker_id in self.timing.too_slow
+        c = self.config
         ok, latency, window = self.timing.fresh_enough(
             worker_id, version, self.store.get("next_step", 0), now
         )
-        if not ok and not was_slow:
+        # A borderline worker flips between fits and does not fit within a step: say it once
+        # per re-measuring period, not at every flip.
+        if not ok and now - self._slow_warned.get(worker_id, -math.inf) > c.retest_slow_after_s:
+            self._slow_warned[worker_id] = now
             logging.warning(
-                "worker %s gets no work: its leases take %.2fs but must be back within "
-                "%.2fs (staleness %d at the learner's current pace). It is still billed; "
-                "raise staleness or stop it (re-measured every %.0fs).",
+                "worker %s %s: its leases take %.2fs but must be back within %.2fs "
+                "(staleness %d at the learner's current pace). It is still billed; raise "
+                "staleness or stop it (re-measured every %.0fs).",
                 worker_id,
+                "gets no work for now" if c.refuse_too_slow else "returns work too late",
                 latency,
                 window,
-                self.config.staleness,
-                self.config.retest_slow_after_s,
+                c.staleness,
+                c.retest_slow_after_s,
             )
-        return ok or not self.config.refuse_too_slow
+        return ok or not c.refuse_too_slow
 
     def _refill(self, k: int) -> None:
         short = k - self.store.count("queued")
