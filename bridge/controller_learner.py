@@ -40,7 +40,7 @@ class LearnerSide:
         return len(stale)
 
     def take_batch(self, step: int, num_groups: int) -> tuple[list[ConsumedGroup] | None, dict]:
-        """`num_groups` fresh groups consumed at `step` (FIFO), or None if not enough yet."""
+        """`num_groups` fresh groups for `step`, oldest version first; None if too few yet."""
         with self._op():
             self._expire(self.clock())
             self.store.put("next_step", step)

@@ -115,7 +115,7 @@ def test_lease_expires_and_requeues_heartbeat_renews(tmp_path):
     assert submit_all(ctl, b, lb).accepted == [g.group_id for g in lb.groups]
 
 
-def test_submission_is_idempotent_and_batch_is_fifo(tmp_path):
+def test_submission_is_idempotent_and_batch_is_in_arrival_order_within_a_version(tmp_path):
     ctl = make(tmp_path)
     ctl.publish(0)
     w = worker(ctl)
