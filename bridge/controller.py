@@ -239,8 +239,6 @@ class Controller(LearnerSide):
                 )
             if ann.version - req.worker_version > c.max_version_lag:
                 return LeaseResponse(reason="behind", **reply)
-            if not self._fresh_enough(worker_id, min(req.worker_version, ann.version), now):
-                return LeaseResponse(reason="too_slow", retry_after_s=c.retry_after_s, **reply)
             profile = WorkerProfile(**json.loads(self.store.worker(worker_id)["profile"]))
             held = self.store.q(
                 "SELECT COUNT(*) AS n FROM groups g JOIN leases l ON g.lease_id=l.lease_id"
@@ -256,6 +254,8 @@ class Controller(LearnerSide):
             k = min(req.max_groups, c.max_groups_per_lease, room, worker_room)
             if k <= 0:
                 return LeaseResponse(reason="full", retry_after_s=c.retry_after_s, **reply)
+            if not self._fresh_enough(worker_id, min(req.worker_version, ann.version), now):
+                return LeaseResponse(reason="too_slow", retry_after_s=c.retry_after_s, **reply)
             self._refill(k)
             rows = self.store.groups_in("queued", k)
             lease_id = uuid.uuid4().hex
@@ -395,7 +395,10 @@ class Controller(LearnerSide):
                 r["state"] == "leased" for r in self.store.groups_of_lease(sub.lease_id)
             ):
                 self.store.set_lease_state(sub.lease_id, "done")
-                self.timing.lease_done(worker_id, lease["created_at"], now)
+                step = self.store.get("next_step", 0)
+                late = any(step - min(t.min_version for t in g.trajectories) > c.staleness
+                           for g in fresh)  # fmt: skip
+                self.timing.lease_done(worker_id, lease["created_at"], now, late)
             self._new_work.notify_all()
             return SubmitResponse(
                 accepted=[g.group_id for g in fresh],

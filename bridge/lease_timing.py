@@ -12,8 +12,11 @@ T is measured by the controller (moving average of the time between batches; whi
 learner waits for data the current wait counts too, so T grows when the fleet is short and
 a slow worker becomes useful again). Each worker's lease latency (issue -> last
 submission: the paper's T_gen plus the worker's swap-free overheads) is measured by the
-controller too, never taken from the worker's word. A worker whose latency exceeds the
-window would only produce work dropped as stale: it gets no lease (reason "too_slow").
+controller too, never taken from the worker's word. A worker is refused (reason
+"too_slow") on evidence only: its last lease came back already stale, and its latency
+exceeds the window now, so the next one would be wasted as well. (Timing alone would also
+refuse a fast worker whose one lease was slow on a loaded machine, although its work was
+used.)
 
 A latency estimate older than `retest_after_s` is forgotten, so a refused worker gets one
 lease now and then and is measured again (it may have become faster, or the learner
@@ -36,6 +39,7 @@ def _ema(old: float | None, new: float) -> float:
 class _Latency:
     seconds: float
     measured_at: float
+    late: bool  # the last lease came back already too stale to be used
 
 
 class LeaseTiming:
@@ -51,10 +55,10 @@ class LeaseTiming:
             self.step_period_s = _ema(self.step_period_s, now - self.last_batch_at)
         self.last_batch_at = now
 
-    def lease_done(self, worker_id: str, issued_at: float, now: float) -> None:
+    def lease_done(self, worker_id: str, issued_at: float, now: float, late: bool) -> None:
         old = self.latency.get(worker_id)
         seconds = _ema(old.seconds if old else None, max(0.0, now - issued_at))
-        self.latency[worker_id] = _Latency(seconds, now)
+        self.latency[worker_id] = _Latency(seconds, now, late)
 
     def window_s(self, worker_version: int, next_step: int, now: float) -> float | None:
         """Seconds a lease issued now may take; None while the step period is unknown."""
@@ -65,12 +69,12 @@ class LeaseTiming:
         return (worker_version + self.staleness - next_step + 1) * period - since
 
     def fresh_enough(self, worker_id: str, worker_version: int, next_step: int, now: float):
-        """(ok, latency, window): False only when a recent measurement says too slow."""
+        """(ok, latency, window): False only on a recent late lease and a too-long latency."""
         lat, window = self.latency.get(worker_id), self.window_s(worker_version, next_step, now)
         if lat is not None and now - lat.measured_at > self.retest_after_s:
             del self.latency[worker_id]  # too old: lease once more to measure again
             lat = None
-        ok = lat is None or window is None or lat.seconds <= window
+        ok = lat is None or window is None or not lat.late or lat.seconds <= window
         (self.too_slow.discard if ok else self.too_slow.add)(worker_id)
         return ok, (lat.seconds if lat else None), window
 

@@ -436,6 +436,25 @@ def test_refusing_slow_workers_can_be_turned_off(tmp_path):
     for _ in range(2):
         ctl.timing.batch_taken(clock.t)
         clock.t += 1.0
-    submit_all(ctl, w, lease)
-    assert ctl.lease(w, LeaseRequest(worker_version=0)).lease is not None
+    ctl.store.put("next_step", 1)
+    ctl.publish(1)
+    submit_all(ctl, w, lease)  # version 0 at step 1: late
+    assert ctl.lease(w, LeaseRequest(worker_version=1)).lease is not None
     assert ctl.stats()["fleet/too_slow_workers"] == 1  # still reported
+
+
+def test_a_slow_lease_whose_work_was_used_is_no_reason_to_refuse(tmp_path):
+    # Timing alone says too slow (3 s against a window of 0 s), but the work arrived fresh:
+    # a fast worker with one slow lease on a loaded machine must keep its work.
+    clock = Clock()
+    ctl = make(tmp_path, clock, staleness=0, groups_per_step=2)
+    ctl.publish(0)
+    w = worker(ctl)
+    lease = ctl.lease(w, LeaseRequest(worker_version=0)).lease
+    for _ in range(3):
+        ctl.timing.batch_taken(clock.t)
+        clock.t += 1.0
+    submit_all(ctl, w, lease)  # version 0 while the learner is still at step 0: fresh
+    assert ctl.timing.window_s(0, 0, clock.t) < ctl.timing.latency[w].seconds
+    assert ctl.lease(w, LeaseRequest(worker_version=0)).lease is not None
+    assert ctl.stats()["fleet/too_slow_workers"] == 0

@@ -275,7 +275,8 @@ def test_no_consumed_trajectory_is_too_stale_and_drops_are_counted(fleet):
     assert any(log[i][4] == slow for i in stale_on_arrival)  # the throttled worker's work
     # Freshness-aware leasing: one lease measured it, then it got no more work.
     slow_leases = ctl.store.q("SELECT COUNT(*) AS n FROM leases WHERE worker_id=?", (slow,))
-    assert slow_leases[0]["n"] == 1 and stats["fleet/too_slow_workers"] == 1
+    assert slow_leases[0]["n"] == 1 and slow in ctl.timing.too_slow
+    assert stats["fleet/too_slow_workers"] >= 1
     assert procs["slow"].poll() is None  # alive, asking, refused
 
     # (3) Nothing lost: each dropped group went back to the queue (same row, same prompt)
