@@ -90,3 +90,11 @@ def print_table(results: dict, cols: tuple[str, ...]) -> None:
     print(f"{'arm':<16}" + "".join(f"{c:>22}" for c in cols))
     for name, r in results.items():
         print(f"{name:<16}" + "".join(f"{r[c]:>22.4f}" for c in cols))
+
+
+def save(results: dict, verdict: dict, config: dict, out: str) -> None:
+    """Write the arms, the verdict and the config as JSON; print the verdict."""
+    results.update(verdict=verdict, config=config)
+    with open(out, "w") as f:
+        json.dump(results, f, indent=2)
+    print(json.dumps(verdict), f"\nwrote {out}")

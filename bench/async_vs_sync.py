@@ -17,7 +17,6 @@ written as JSON.
 from __future__ import annotations
 
 import argparse
-import json
 
 from bench import arms
 
@@ -43,17 +42,14 @@ def main():
          "accuracy_after", "cost_usd"),
     )  # fmt: skip
     s0, s2 = results["sync_S0"], results["async_S2"]
-    results["verdict"] = {
+    verdict = {
         "wall_time_ratio_S0_over_S2": s0["rl_wall_s"] / s2["rl_wall_s"],
         "utilization_ratio_S2_over_S0": s2["learner_utilization"] / s0["learner_utilization"],
         "async_faster": s2["rl_wall_s"] < s0["rl_wall_s"],
         "async_higher_utilization": s2["learner_utilization"] > s0["learner_utilization"],
         "accuracy_gap_points": 100 * (s0["accuracy_after"] - s2["accuracy_after"]),
     }
-    results["config"] = {"config": a.config, "steps": a.steps, "overrides": a.set}
-    with open(a.out, "w") as f:
-        json.dump(results, f, indent=2)
-    print(json.dumps(results["verdict"]), f"\nwrote {a.out}")
+    arms.save(results, verdict, {"config": a.config, "steps": a.steps, "overrides": a.set}, a.out)
 
 
 if __name__ == "__main__":

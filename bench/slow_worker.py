@@ -15,7 +15,6 @@ fleet cost; a table and JSON.
 from __future__ import annotations
 
 import argparse
-import json
 
 from bench import arms
 
@@ -44,16 +43,13 @@ def main():
          "accuracy_after", "cost_usd"),
     )  # fmt: skip
     on, off = results["refuse"], results["lease"]
-    results["verdict"] = {
+    verdict = {
         "wall_time_ratio_lease_over_refuse": off["rl_wall_s"] / on["rl_wall_s"],
         "dropped_fraction_refuse": on["groups_dropped"] / on["groups_accepted"],
         "dropped_fraction_lease": off["groups_dropped"] / off["groups_accepted"],
         "accuracy_gap_points": 100 * (on["accuracy_after"] - off["accuracy_after"]),
     }
-    results["config"] = vars(a)
-    with open(a.out, "w") as f:
-        json.dump(results, f, indent=2)
-    print(json.dumps(results["verdict"]), f"\nwrote {a.out}")
+    arms.save(results, verdict, vars(a), a.out)
 
 
 if __name__ == "__main__":

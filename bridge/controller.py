@@ -14,9 +14,10 @@ arrival, and later leases are at versions >= its own), so its staleness is at mo
     leased + buffered <= max(0, (S + 1 - (t - P) - m) * g)
 
 and a worker more than m versions behind P gets no work, only `swap_to`. A worker whose
-measured lease latency exceeds the time left before its work would go stale gets no work
-either (reason "too_slow", bridge/lease_timing.py). Drops stay possible (a worker slowing
-down mid-lease, restarts) and are counted, never fed to the learner.
+last lease came back stale and whose measured lease latency exceeds the time left before
+new work would go stale gets no work either (reason "too_slow", bridge/lease_timing.py).
+Drops stay possible (a worker slowing down mid-lease, restarts) and are counted, never fed
+to the learner.
 
 Leases expire `lease_ttl_s` after issue; each heartbeat renews its worker's leases. Expired
 or released work goes back to the front of the queue. Submissions are idempotent per group:

@@ -408,18 +408,25 @@ def test_a_worker_too_slow_for_the_staleness_bound_gets_no_work(tmp_path):
     assert ctl.stats()["fleet/too_slow_workers"] == 0
 
 
-def test_a_too_slow_worker_is_measured_again_later(tmp_path):
+def one_lease_then_batches(tmp_path, batches, **cfg):
+    """S=0: a worker takes a version-0 lease, then the learner takes `batches` batches one
+    second apart (no worker needed: only the pace is recorded). Returns (clock, ctl, w, lease)."""
     clock = Clock()
-    ctl = make(tmp_path, clock, staleness=0, groups_per_step=2, retest_slow_after_s=30.0)
+    ctl = make(tmp_path, clock, staleness=0, groups_per_step=2, **cfg)
     ctl.publish(0)
     w = worker(ctl)
     lease = ctl.lease(w, LeaseRequest(worker_version=0)).lease
-    for step in range(3):  # the learner's pace: a batch and a version every second
-        ctl.store.put("next_step", step)
-        ctl.publish(step)
+    for _ in range(batches):
         ctl.timing.batch_taken(clock.t)
         clock.t += 1.0
-    submit_all(ctl, w, lease)  # 3 s: slower than a window of at most (0 + 1) * 1 s
+    return clock, ctl, w, lease
+
+
+def test_a_too_slow_worker_is_measured_again_later(tmp_path):
+    clock, ctl, w, lease = one_lease_then_batches(tmp_path, 3, retest_slow_after_s=30.0)
+    ctl.store.put("next_step", 2)
+    ctl.publish(2)
+    submit_all(ctl, w, lease)  # 3 s, version 0 at step 2: late, and slower than the window
     assert ctl.lease(w, LeaseRequest(worker_version=2)).reason == "too_slow"
     # The window is still 0 s (the learner's 33 s wait counts as its step period: 1 * 33 -
     # 33), but the measurement is 31 s old and forgotten: one lease to measure again.
@@ -428,14 +435,7 @@ def test_a_too_slow_worker_is_measured_again_later(tmp_path):
 
 
 def test_refusing_slow_workers_can_be_turned_off(tmp_path):
-    clock = Clock()
-    ctl = make(tmp_path, clock, staleness=0, groups_per_step=2, refuse_too_slow=False)
-    ctl.publish(0)
-    w = worker(ctl)
-    lease = ctl.lease(w, LeaseRequest(worker_version=0)).lease
-    for _ in range(2):
-        ctl.timing.batch_taken(clock.t)
-        clock.t += 1.0
+    clock, ctl, w, lease = one_lease_then_batches(tmp_path, 2, refuse_too_slow=False)
     ctl.store.put("next_step", 1)
     ctl.publish(1)
     submit_all(ctl, w, lease)  # version 0 at step 1: late
@@ -446,14 +446,7 @@ def test_refusing_slow_workers_can_be_turned_off(tmp_path):
 def test_a_slow_lease_whose_work_was_used_is_no_reason_to_refuse(tmp_path):
     # Timing alone says too slow (3 s against a window of 0 s), but the work arrived fresh:
     # a fast worker with one slow lease on a loaded machine must keep its work.
-    clock = Clock()
-    ctl = make(tmp_path, clock, staleness=0, groups_per_step=2)
-    ctl.publish(0)
-    w = worker(ctl)
-    lease = ctl.lease(w, LeaseRequest(worker_version=0)).lease
-    for _ in range(3):
-        ctl.timing.batch_taken(clock.t)
-        clock.t += 1.0
+    clock, ctl, w, lease = one_lease_then_batches(tmp_path, 3)
     submit_all(ctl, w, lease)  # version 0 while the learner is still at step 0: fresh
     assert ctl.timing.window_s(0, 0, clock.t) < ctl.timing.latency[w].seconds
     assert ctl.lease(w, LeaseRequest(worker_version=0)).lease is not None
