@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
-from bridge.model_config import ModelConfig
-from bridge.presets import qwen3_0p6b
+from bridge.model.config import ModelConfig
+from bridge.model.presets import qwen3_0p6b
 from learner_jax import losses, optim, sharding, train_state, train_step
 
 FLAGS = flags.FLAGS

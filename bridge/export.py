@@ -5,7 +5,7 @@
 
 Reads only `state/params` of one orbax step (latest by default) as host numpy arrays --
 no optimizer state, no mesh, any number of devices -- converts them with the
-`bridge.layouts` table and writes `model-0000k-of-0000n.safetensors` shards plus
+`bridge.model.layouts` table and writes `model-0000k-of-0000n.safetensors` shards plus
 `model.safetensors.index.json` (`weight_map`, `metadata.total_size`), next to the
 config.json and tokenizer files of the model the learner was trained from.
 
@@ -35,8 +35,8 @@ from collections.abc import Mapping
 import ml_dtypes
 import numpy as np
 
-from bridge import layouts
-from bridge.model_config import ModelConfig
+from bridge.model import layouts
+from bridge.model.config import ModelConfig
 
 MODEL_FILES_SUBDIR = "hf_model"
 INDEX_NAME = "model.safetensors.index.json"

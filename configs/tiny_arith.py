@@ -98,7 +98,7 @@ def get_config() -> ConfigDict:
     c.task.name = "arithmetic"
     c.task.digits = 2
     c.task.ops = "+-"
-    c.task.sft_label_noise = 0.7  # the SFT teacher overshoots by one this often (bridge/tasks.py)
+    c.task.sft_label_noise = 0.7  # the SFT teacher overshoots by one this often (bridge/tasks/registry.py)
     c.task.format_reward = 0.0  # reward for a wrong answer that at least starts with a number
     c.task.eval_every = 10  # held-out split: 1 problem in eval_every is never trained on
     c.task.eval_size = 200
@@ -137,7 +137,7 @@ def get_config() -> ConfigDict:
     c.fleet.kvcache_gib = 1
 
     c.bridge = ConfigDict()
-    # Weight store the learner publishes to and workers read (bridge/weight_store.py): a path,
+    # Weight store the learner publishes to and workers read (bridge/store/weight_store.py): a path,
     # s3://bucket/path, gs://bucket/path, or a tensorstore kvstore spec as JSON (e.g. an S3
     # endpoint). '' = <workdir>/weights, which only workers on this machine can read.
     c.bridge.store = ""
@@ -149,7 +149,7 @@ def get_config() -> ConfigDict:
     c.controller.host = "127.0.0.1"
     c.controller.port = 0  # 0 = any free port
     c.controller.token_file = ""  # '' = generate <workdir>/join_token (mode 0600)
-    # Freshness-aware leasing (bridge/lease_timing.py): a worker whose measured lease latency
+    # Freshness-aware leasing (bridge/control/lease_timing.py): a worker whose measured lease latency
     # exceeds the time its work stays fresh gets no leases (its output would be dropped as
     # stale); it is measured again every retest_slow_after_s.
     c.controller.refuse_too_slow = True

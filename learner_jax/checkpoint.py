@@ -11,7 +11,7 @@ differ from the mesh it was saved from).
 The state is saved as Flax's state dict (nested dicts, optax named tuples included), so
 the checkpoint is a plain tree any tool (e.g. `bridge.export`) can read with
 `checkpoint_manager.restore(step)` and no knowledge of our Python classes:
-`state/params` is the Flax parameter tree of `bridge/layouts.py`.
+`state/params` is the Flax parameter tree of `bridge/model/layouts.py`.
 """
 
 from __future__ import annotations

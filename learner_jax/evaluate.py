@@ -29,7 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bridge import tasks
-from bridge.model_config import ModelConfig
+from bridge.model.config import ModelConfig
 from learner_jax import model, sharding
 
 

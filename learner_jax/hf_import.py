@@ -3,7 +3,7 @@
     cfg, params = load_hf_params("/path/to/Qwen3-0.6B", mesh=mesh)
 
 Reads `model.safetensors` or the shards listed in `model.safetensors.index.json` one
-tensor at a time, converts each with the `bridge.layouts` table (HF `[out, in]` -> Flax),
+tensor at a time, converts each with the `bridge.model.layouts` table (HF `[out, in]` -> Flax),
 casts it and places it straight into its target `NamedSharding` with
 `jax.make_array_from_callback`, so each device receives only its slice and the host never
 holds more than one tensor. Every name, and every shape, is checked against the
@@ -26,8 +26,8 @@ import jax.numpy as jnp
 import ml_dtypes
 import numpy as np
 
-from bridge import layouts
-from bridge.model_config import ModelConfig
+from bridge.model import layouts
+from bridge.model.config import ModelConfig
 from learner_jax import sharding
 
 _DTYPES = {

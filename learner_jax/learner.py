@@ -29,8 +29,8 @@ import jax
 import jax.numpy as jnp
 
 from bridge import export as hf_export
-from bridge import tiny_model
-from bridge.model_config import ModelConfig
+from bridge.model import tiny_model
+from bridge.model.config import ModelConfig
 from learner_jax import checkpoint, hf_import, losses, optim, sharding, train_state, train_step
 from learner_jax.metrics import MetricsWriter
 

@@ -3,7 +3,7 @@
 Each worker is a `python -m rollout_gpu.worker` subprocess (the learner never imports
 vLLM or torch) that joins the controller exactly like a remote worker: with the join
 secret file only, taking the model's config and tokenizer from the weight store
-(bridge/model_files.py) into `<workdir>/workers/model_files`. Workers differ by their
+(bridge/store/model_files.py) into `<workdir>/workers/model_files`. Workers differ by their
 fleet entry: price per hour (the controller bills it), and an optional per-lease throttle,
 so the local demo fleet has a fast, expensive worker and a slow, cheap one.
 

@@ -56,6 +56,8 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from bridge.contracts.k3 import k3
+
 IS_MODES = ("truncate", "mask", "none")
 # exp() of a larger log-weight overflows fp32; only the (already capped) weight metrics
 # see the clamp, never a gradient.
@@ -208,8 +210,7 @@ def _clipped_surrogate(ratio: jax.Array, adv: jax.Array, cfg: LossConfig):
 
 
 def _k3(logp: jax.Array, ref_logp: jax.Array, m: jax.Array) -> jax.Array:
-    d = _masked_diff(ref_logp, logp, m)  # [B, T]
-    return jnp.exp(d) - d - 1.0
+    return k3(_masked_diff(ref_logp, logp, m), xp=jnp)  # [B, T]
 
 
 def _token_level_loss(logp, batch: LossInputs, cfg: LossConfig, aggregate):

@@ -1,7 +1,7 @@
 """The policy model: one Flax decoder for HF Qwen3, Qwen2 and Llama causal LMs.
 
-Built from `bridge.model_config.ModelConfig`; the parameter tree and its logical axis
-names are the ones fixed in the `bridge/layouts.py` docstring, so HF checkpoints map onto
+Built from `bridge.model.config.ModelConfig`; the parameter tree and its logical axis
+names are the ones fixed in the `bridge/model/layouts.py` docstring, so HF checkpoints map onto
 it row by row. Numerics follow transformers: RMSNorm and softmax in fp32, RoPE with HF's
 rotate_half convention (the two halves of a head, not interleaved pairs), SwiGLU MLP,
 grouped-query attention. One departure: RMSNorm multiplies by its scale in fp32 before
@@ -23,7 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from bridge.model_config import ModelConfig
+from bridge.model.config import ModelConfig
 
 Dtype = Any
 _INIT = nn.initializers.normal(stddev=0.02)

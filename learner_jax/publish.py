@@ -16,9 +16,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from bridge import layouts
-from bridge.model_config import ModelConfig
-from bridge.weight_store import Manifest, ShardedSource, WeightStore
+from bridge.model import layouts
+from bridge.model.config import ModelConfig
+from bridge.store.weight_store import Manifest, ShardedSource, WeightStore
 
 Index = tuple[slice, ...]
 # (Flax index, Flax block or None, Flax global shape) -> [(HF index, HF block or None)].

@@ -43,15 +43,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bridge import model_files
-from bridge.controller import Controller, ControllerConfig
-from bridge.controller_http import ServerOptions, serve_controller
-from bridge.protocol import SamplingParams
-from bridge.weight_store import WeightStore
+from bridge.store import model_files
+from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.service import ServerOptions, serve_controller
+from bridge.control.protocol import SamplingParams
+from bridge.store.weight_store import WeightStore
 from learner_jax import advantages, evaluate, local_fleet, model, publish, report, rollout_batch
 from learner_jax.background_publish import BackgroundPublisher, PublishError
-from learner_jax.sft_data import TextCodec
-from rollout_gpu import canary as canary_lib  # numpy-only module (no torch/vllm import)
+from bridge.contracts.prompt import TextCodec
+from bridge.contracts import canary as canary_lib
 
 EVAL_FILE = "eval.jsonl"
 SWAPS_FILE = "swaps.jsonl"

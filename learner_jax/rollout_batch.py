@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from bridge.protocol import ConsumedGroup
+from bridge.control.protocol import ConsumedGroup
 from learner_jax import advantages as adv_lib
 from learner_jax.train_step import Batch, make_batch
 

@@ -5,7 +5,7 @@ covers the answer and the EOS only, so the policy learns to answer and to stop. 
 tokenized with the HF directory's `tokenizer.json` through `tokenizers` (no torch, no
 transformers), exactly as the rollout workers see a prompt: the tokenizer's BOS (when it
 has one) followed by the text's ids with no other special tokens
-(rollout_gpu/generate.py `prompt_token_ids`).
+(`bridge/contracts/prompt.py`).
 
 The example stream is the task's deterministic `sft_examples(seed)`; `SFTStream` counts
 the examples it has consumed, so a resumed run skips exactly those (checkpoint cursor).
@@ -14,51 +14,12 @@ the examples it has consumed, so a resumed run skips exactly those (checkpoint c
 from __future__ import annotations
 
 import itertools
-import json
-import os
 from collections.abc import Iterator
 
 import numpy as np
 
+from bridge.contracts.prompt import TextCodec
 from learner_jax.train_step import Batch, make_batch
-
-
-class TextCodec:
-    """Tokenizer of an HF dir: text -> ids, plus its EOS and PAD ids."""
-
-    def __init__(self, hf_dir: str):
-        from tokenizers import Tokenizer
-
-        path = os.path.join(hf_dir, "tokenizer.json")
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"{hf_dir} has no tokenizer.json")
-        self.tok = Tokenizer.from_file(path)
-        special = {}
-        for name in ("tokenizer_config.json", "special_tokens_map.json"):
-            p = os.path.join(hf_dir, name)
-            if os.path.exists(p):
-                with open(p) as f:
-                    for k, v in json.load(f).items():
-                        special.setdefault(k, v["content"] if isinstance(v, dict) else v)
-        self.eos_id = self._id(special.get("eos_token"))
-        self.bos_id = self._id(special.get("bos_token"))
-        pad = self._id(special.get("pad_token"))
-        self.pad_id = pad if pad is not None else self.eos_id
-        if self.eos_id is None:
-            raise ValueError(f"{hf_dir}: tokenizer config names no eos_token")
-
-    def _id(self, token):
-        return None if token is None else self.tok.token_to_id(token)
-
-    def encode(self, text: str) -> list[int]:
-        return self.tok.encode(text, add_special_tokens=False).ids
-
-    def encode_prompt(self, text: str) -> list[int]:
-        """Prompt ids as the rollout workers build them: BOS (if any), then the text."""
-        return ([self.bos_id] if self.bos_id is not None else []) + self.encode(text)
-
-    def decode(self, ids) -> str:
-        return self.tok.decode(list(ids), skip_special_tokens=True)
 
 
 def sft_rows(codec: TextCodec, pairs, max_len: int):

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import AxisType, Mesh, NamedSharding, PartitionSpec
 
-from bridge.model_config import ModelConfig
+from bridge.model.config import ModelConfig
 from learner_jax import model
 
 MESH_AXES = ("data", "fsdp", "tensor")

@@ -54,7 +54,8 @@ def make_task(config):
 
 def run_sft(learner: Learner, task, log_every: int = 1) -> None:
     """SFT phase until `config.sft.steps` updates; resumes mid-phase from the cursor."""
-    from learner_jax.sft_data import SFTStream, TextCodec
+    from bridge.contracts.prompt import TextCodec
+    from learner_jax.sft_data import SFTStream
 
     config = learner.config
     if learner.phase != "sft":

@@ -25,14 +25,14 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from bridge.model_config import ModelConfig
+from bridge.model.config import ModelConfig
 from learner_jax import model, sharding
 
 
 @flax.struct.dataclass
 class TrainState:
     step: jax.Array  # int32 [] optimizer updates applied so far
-    params: Any  # Flax parameter tree (bridge/layouts.py), param_dtype (fp32 master weights)
+    params: Any  # Flax parameter tree (bridge/model/layouts.py), param_dtype (fp32 master weights)
     opt_state: Any  # optax state; moments sharded like params
     rng: jax.Array  # uint32 [2] raw PRNG key data, so checkpoints hold a plain array
 

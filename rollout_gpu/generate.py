@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from bridge.protocol import GroupResult, PromptGroup, Trajectory
+from bridge.contracts.prompt import prompt_ids
+from bridge.control.protocol import GroupResult, PromptGroup, Trajectory
 from bridge.tasks import Prompt, cached_task, score
 
 
@@ -49,9 +50,7 @@ def check_raw_logprobs(llm) -> None:
 
 
 def prompt_token_ids(tokenizer, text: str) -> list[int]:
-    ids = list(tokenizer.encode(text, add_special_tokens=False))
-    bos = tokenizer.bos_token_id
-    return ([bos] if bos is not None else []) + ids
+    return prompt_ids(tokenizer.bos_token_id, tokenizer.encode(text, add_special_tokens=False))
 
 
 def vllm_params(group: PromptGroup):

@@ -34,8 +34,8 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from bridge import layouts
-from bridge.model_config import ModelConfig
+from bridge.model import layouts
+from bridge.model.config import ModelConfig
 from rollout_gpu import canary as canary_lib
 
 ALLOWED_DTYPES = ("float32", "bfloat16", "float16")

@@ -7,7 +7,7 @@ turns leased prompt groups into scored, version-tagged trajectories.
 
 `--token_file` holds the join secret (the training binary writes <workdir>/join_token).
 vLLM needs an HF directory (config.json + tokenizer) to start. By default the worker
-downloads those few files from the announced weight store (bridge/model_files.py,
+downloads those few files from the announced weight store (bridge/store/model_files.py,
 checksummed, cached in `--cache_dir`), starts vLLM on dummy weights and swaps the newest
 version in through the verified path; `--model_dir=DIR` starts from a local directory
 instead (and its weights, until the first swap).
@@ -42,8 +42,8 @@ from typing import Any
 
 from absl import app, flags, logging
 
-from bridge.controller_client import ControllerClient, ControllerError
-from bridge.protocol import (
+from bridge.control.client import ControllerClient, ControllerError
+from bridge.control.protocol import (
     Heartbeat,
     Lease,
     LeaseRequest,
@@ -242,8 +242,8 @@ class RolloutWorker:
     # -- versions --------------------------------------------------------------------------
     def start_engine(self) -> bool:
         """Builds the engine from the store's model files once a store is announced."""
-        from bridge import model_files
-        from bridge.weight_store import WeightStore
+        from bridge.store import model_files
+        from bridge.store.weight_store import WeightStore
 
         if self.llm is not None:
             return True
@@ -273,7 +273,7 @@ class RolloutWorker:
 
     def ensure_version(self) -> bool:
         """Swap to the newest announced version if the engine is behind; True if current."""
-        from bridge.weight_store import WeightStore
+        from bridge.store.weight_store import WeightStore
 
         ann = self.announcement
         if ann.version < 0 or ann.version == self.current.version:

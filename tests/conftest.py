@@ -16,7 +16,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import pytest  # noqa: E402
 
-from bridge import tiny_model  # noqa: E402
+from bridge.model import tiny_model  # noqa: E402
 
 
 @pytest.fixture(scope="session")

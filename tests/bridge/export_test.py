@@ -18,8 +18,12 @@ import numpy as np
 import pytest
 import torch
 
-from bridge import export, layouts, tiny_model
-from bridge.model_config import ModelConfig
+from bridge import export
+
+from bridge.model import layouts
+
+from bridge.model import tiny_model
+from bridge.model.config import ModelConfig
 from learner_jax import checkpoint, model, optim, sharding, train, train_state
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bridge import tiny_model
+from bridge.model import tiny_model
 from learner_jax import (
     advantages,
     checkpoint,

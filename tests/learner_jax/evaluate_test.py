@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from bridge import tasks
-from bridge.model_config import ModelConfig
+from bridge.model.config import ModelConfig
 from learner_jax import evaluate, hf_import, sharding
-from learner_jax.sft_data import TextCodec
+from bridge.contracts.prompt import TextCodec
 
 NEW = 6
 

@@ -51,7 +51,7 @@ def test_resuming_a_workdir_of_another_tiny_model_is_refused(tmp_path):
 
 
 def _publish_small(store, version):
-    from bridge import tiny_model
+    from bridge.model import tiny_model
 
     cfg = tiny_model.tiny_config("qwen3", num_layers=1)
     w = tiny_model.random_hf_weights(cfg)
@@ -59,7 +59,7 @@ def _publish_small(store, version):
 
 
 def test_open_store_default_configured_and_stale_versions(tmp_path):
-    from bridge.weight_store import WeightStore
+    from bridge.store.weight_store import WeightStore
     from learner_jax.rl_loop import open_store
 
     c = tiny_arith.get_config()

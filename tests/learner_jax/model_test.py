@@ -9,7 +9,9 @@ import torch
 from safetensors.numpy import save_file
 from transformers import AutoModelForCausalLM
 
-from bridge import layouts, tiny_model
+from bridge.model import layouts
+
+from bridge.model import tiny_model
 from learner_jax import model
 
 # Together: Qwen3 tied and untied, Qwen2 with bias, Llama with and without bias; GQA ratios
@@ -120,7 +122,7 @@ def test_all_padding_row_is_finite(tmp_path):
 
 
 def test_param_tree_matches_layout_table():
-    """init_params builds exactly the tree of bridge/layouts.py, with the logical names."""
+    """init_params builds exactly the tree of bridge/model/layouts.py, with the logical names."""
     for cfg in CONFIGS.values():
         params = nn.unbox(model.abstract_params(cfg))
         flat = {

@@ -8,8 +8,10 @@ from jax._src import array as jax_array
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from bridge import layouts, tiny_model
-from bridge.weight_store import WeightStore
+from bridge.model import layouts
+
+from bridge.model import tiny_model
+from bridge.store.weight_store import WeightStore
 from learner_jax import hf_import, publish, sharding
 
 N, H, D = 4, 8, 6  # heads, head dim, model dim of the mapper tests

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from bridge import tiny_model
-from bridge.model_config import ModelConfig
+from bridge.model import tiny_model
+from bridge.model.config import ModelConfig
 from learner_jax import model, sharding
 
 MESH_SHAPE = {"data": 2, "fsdp": 2, "tensor": 2}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from bridge import tiny_model
+from bridge.model import tiny_model
 from learner_jax import losses, optim, sharding, train_state, train_step
 
 CFG = tiny_model.tiny_config("qwen3")

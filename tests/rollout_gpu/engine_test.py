@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from bridge import tiny_model
+from bridge.model import tiny_model
 
 pytestmark = pytest.mark.vllm
 

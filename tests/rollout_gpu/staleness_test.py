@@ -24,7 +24,7 @@ handed out. `replay` re-implements the rule on that log (drop what is stale at e
 then hand out the oldest version first, then by arrival): it must predict every batch and
 exactly the drops, which a wrong drop (of fresh work) or a miscount would break.
 
-Freshness-aware leasing (bridge/lease_timing.py): once the throttled worker's first lease
+Freshness-aware leasing (bridge/control/lease_timing.py): once the throttled worker's first lease
 has come back (stale), the controller knows its leases take ~6 s while work must be back
 within ~(S + 1) learner steps, and gives it no more work ("too_slow"). Before that rule it
 leased its own requeued prompts again and again, returning them stale forever.
@@ -36,12 +36,12 @@ import time
 import pytest
 from worker_procs import spawn_worker, tail
 
-from bridge import tiny_model
-from bridge.controller import Controller, ControllerConfig
-from bridge.controller_http import ServerOptions, serve_controller
-from bridge.protocol import SamplingParams
+from bridge.model import tiny_model
+from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.service import ServerOptions, serve_controller
+from bridge.control.protocol import SamplingParams
 from bridge.tasks import make_task
-from bridge.weight_store import WeightStore
+from bridge.store.weight_store import WeightStore
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

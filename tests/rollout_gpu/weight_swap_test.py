@@ -12,9 +12,11 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bridge import tiny_model
-from bridge.weight_store import CorruptVersionError, VersionNotFoundError, WeightStore
-from rollout_gpu import canary, weight_swap
+from bridge.model import tiny_model
+from bridge.store.weight_store import CorruptVersionError, VersionNotFoundError, WeightStore
+from bridge.contracts import canary
+from rollout_gpu import canary as engine_canary
+from rollout_gpu import weight_swap
 
 pytestmark = pytest.mark.vllm
 
@@ -76,7 +78,7 @@ class Harness:
         self.initial = self.engine_lps()
 
     def engine_lps(self):
-        return canary.engine_prompt_logprobs(self.llm, self.checks)
+        return engine_canary.engine_prompt_logprobs(self.llm, self.checks)
 
     def greedy_first_token(self, ids):
         """(token, logprob) of a greedy 1-token generation: reads the prefix cache."""

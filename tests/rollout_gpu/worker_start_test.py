@@ -2,9 +2,9 @@
 
 import json
 
-from bridge import model_files
-from bridge.protocol import VersionAnnouncement, WorkerProfile
-from bridge.weight_store import WeightStore
+from bridge.store import model_files
+from bridge.control.protocol import VersionAnnouncement, WorkerProfile
+from bridge.store.weight_store import WeightStore
 from rollout_gpu.worker import RolloutWorker, WorkerOptions
 
 

@@ -19,17 +19,17 @@ import numpy as np
 import pytest
 import worker_procs
 
-from bridge import tiny_model
-from bridge.controller import Controller, ControllerConfig
-from bridge.controller_http import (
+from bridge.model import tiny_model
+from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.service import (
     ControllerServer,
     ServerOptions,
     load_or_create_join_secret,
     serve_controller,
 )
-from bridge.protocol import PromptGroup, SamplingParams, WorkerProfile
+from bridge.control.protocol import PromptGroup, SamplingParams, WorkerProfile
 from bridge.tasks import Arithmetic, Prompt, RewardError, make_task, register_task, score
-from bridge.weight_store import WeightStore
+from bridge.store.weight_store import WeightStore
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -8,9 +8,9 @@ import pytest
 import tensorstore as ts
 import transformers
 
-from bridge import model_files
-from bridge.model_files import ModelFilesError
-from bridge.weight_store import WeightStore
+from bridge.store import model_files
+from bridge.store.model_files import ModelFilesError
+from bridge.store.weight_store import WeightStore
 
 
 @pytest.fixture

@@ -3,7 +3,9 @@
 import numpy as np
 import pytest
 
-from bridge import layouts, tiny_model
+from bridge.model import layouts
+
+from bridge.model import tiny_model
 
 CONFIGS = {
     "qwen3_tied": tiny_model.tiny_config("qwen3", num_layers=3),

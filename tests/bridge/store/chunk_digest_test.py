@@ -4,7 +4,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bridge.chunk_digest import CHUNK_BYTES, ChunkWriter, array_checksum, chunk_shape
+from bridge.store.chunk_digest import CHUNK_BYTES, ChunkWriter, array_checksum, chunk_shape
 
 
 def test_chunk_shape_fits_the_budget_and_divides_the_shard():

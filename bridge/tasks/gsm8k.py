@@ -16,7 +16,8 @@ import random
 import re
 from collections.abc import Iterator
 
-from bridge.tasks import Prompt, Task, register_task
+from bridge.tasks.base import Prompt, Task
+from bridge.tasks.registry import register_task
 
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 

@@ -1,133 +1,17 @@
-"""Task adapters (the data plane): prompts, a reward function, optional SFT examples.
+"""Synthetic 2-digit arithmetic, the demo's default task (no files, no downloads).
 
-A task is registered by decorator and built by name with keyword options:
-
-    task = make_task("arithmetic", digits=2, ops="+-")   # on a worker: cached_task(name, options)
-    for p in itertools.islice(task.train_prompts(seed=0), 4): ...
-    r = score(task, p, "46")        # float; RewardError (never a crash) on a bad reward fn
-
-Contract of a task:
-- `train_prompts(seed)` an endless, deterministic iterator of `Prompt`s (same seed, same
-  stream), so a restarted controller can skip what it already drew.
-- `eval_prompts()` a fixed held-out list, disjoint from the training stream.
-- `reward(prompt, completion)` a float for one completion text (special tokens removed).
-- `sft_examples(seed)` an iterator of (prompt text, target completion text), or nothing.
-
-Built in: `arithmetic` (below, synthetic and the demo's default) and `gsm8k`
-(bridge/tasks_gsm8k.py, a local JSONL file, no downloads). Prompts stay short printable
-ASCII because the tiny demo model's tokenizer is character-level.
+Prompts stay short printable ASCII because the tiny demo model's tokenizer is
+character-level.
 """
 
 from __future__ import annotations
 
-import abc
-import dataclasses
-import functools
-import json
-import math
 import random
 import re
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Iterator
 
-_TASKS: dict[str, Callable[..., Task]] = {}
-
-
-class RewardError(ValueError):
-    """A task's reward function raised or returned something that is not a finite number."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Prompt:
-    prompt_id: str
-    text: str
-    answer: str
-
-
-class Task(abc.ABC):
-    """Base class; subclasses set `name` and implement the prompt/reward methods (a subclass
-    missing one fails when it is built, not mid-run)."""
-
-    name: str = ""
-    options: dict[str, Any] = {}  # set per instance by make_task
-
-    @abc.abstractmethod
-    def train_prompts(self, seed: int) -> Iterator[Prompt]:
-        """Endless, deterministic stream of training prompts for `seed`."""
-
-    @abc.abstractmethod
-    def eval_prompts(self) -> list[Prompt]:
-        """The fixed held-out prompts, disjoint from the training stream."""
-
-    @abc.abstractmethod
-    def reward(self, prompt: Prompt, completion: str) -> float:
-        """Reward of one completion text (special tokens removed)."""
-
-    def sft_examples(self, seed: int) -> Iterator[tuple[str, str]]:
-        return iter(())
-
-
-def register_task(name: str):
-    def deco(factory):
-        if name in _TASKS:
-            raise ValueError(f"task {name!r} registered twice")
-        _TASKS[name] = factory
-        if isinstance(factory, type):
-            factory.name = name
-        return factory
-
-    return deco
-
-
-def available_tasks() -> list[str]:
-    _load_builtins()
-    return sorted(_TASKS)
-
-
-def make_task(name: str, **options: Any) -> Task:
-    _load_builtins()
-    if name not in _TASKS:
-        raise KeyError(f"unknown task {name!r}; registered: {sorted(_TASKS)}")
-    task = _TASKS[name](**options)
-    # Kept so the controller can ship (name, options) in each lease and a worker rebuilds
-    # the same reward function with `cached_task`.
-    task.options = dict(options)
-    return task
-
-
-@functools.lru_cache(maxsize=32)
-def _cached(name: str, options_json: str) -> Task:
-    return make_task(name, **json.loads(options_json))
-
-
-def cached_task(name: str, options: dict[str, Any] | None = None) -> Task:
-    """One task object per (name, options), for workers scoring many leases."""
-    return _cached(name, json.dumps(options or {}, sort_keys=True))
-
-
-def _load_builtins() -> None:
-    # Registration happens on import; tasks in other modules register themselves here.
-    from bridge import tasks_gsm8k  # noqa: F401
-
-
-def score(task: Task, prompt: Prompt, completion: str) -> float:
-    """The task's reward as a finite float; any failure becomes a RewardError naming the task."""
-    try:
-        value = task.reward(prompt, completion)
-    except Exception as e:  # noqa: BLE001 - a user's reward fn may raise anything
-        raise RewardError(
-            f"task {task.name!r}: reward function raised {type(e).__name__}: {e} "
-            f"(prompt_id={prompt.prompt_id!r})"
-        ) from e
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise RewardError(
-            f"task {task.name!r}: reward function returned {type(value).__name__} "
-            f"{value!r}, not a number (prompt_id={prompt.prompt_id!r})"
-        )
-    if not math.isfinite(value):
-        raise RewardError(f"task {task.name!r}: reward {value} is not finite")
-    return float(value)
-
+from bridge.tasks.base import Prompt, Task
+from bridge.tasks.registry import register_task
 
 _LEADING_INT = re.compile(r"\s*(-?\d+)")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 
-from bridge.protocol import GroupResult, SamplingParams
+from bridge.control.protocol import GroupResult, SamplingParams
 
 
 class SubmissionError(ValueError):

@@ -6,7 +6,7 @@ with numpy, so neither torch nor jax is needed to make one. The tokenizer is
 character-level, built with `tokenizers`: one token per printable ASCII character plus
 <pad>, <bos>, <eos>.
 
-    python -m bridge.tiny_model --out=/tmp/tiny --family=qwen3
+    python -m bridge.model.tiny_model --out=/tmp/tiny --family=qwen3
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import string
 import numpy as np
 from safetensors.numpy import save_file
 
-from bridge import layouts
-from bridge.model_config import ModelConfig
+from bridge.model import layouts
+from bridge.model.config import ModelConfig
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>"]
 PAD_ID, BOS_ID, EOS_ID = 0, 1, 2

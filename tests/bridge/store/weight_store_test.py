@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import tensorstore as ts
 
-from bridge import tiny_model
-from bridge.chunk_digest import CHUNK_BYTES
-from bridge.weight_store import (
+from bridge.model import tiny_model
+from bridge.store.chunk_digest import CHUNK_BYTES
+from bridge.store.weight_store import (
     CorruptVersionError,
     ShardedSource,
     VersionExistsError,
@@ -336,7 +336,7 @@ def test_s3_publish_read_gc(s3_endpoint):
 
 
 def test_s3_carries_model_files_for_remote_workers(s3_endpoint, tiny_model_dir, tmp_path):
-    from bridge import model_files
+    from bridge.store import model_files
 
     spec = _s3_spec(s3_endpoint, "runs/files")
     store = WeightStore(spec)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bridge.protocol import (
+from bridge.control.protocol import (
     Ack,
     Heartbeat,
     HeartbeatResponse,

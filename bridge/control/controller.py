@@ -1,8 +1,8 @@
 """Controller logic (no HTTP): prompt queue, leases, staleness, admission, fleet accounting.
 
-Served over HTTP by bridge/controller_http.py; the learner calls `wait_batch` directly.
+Served over HTTP by bridge/control/service.py; the learner calls `wait_batch` directly.
 
-Staleness-aware batches and the checkpoint cursor are in bridge/controller_learner.py.
+Staleness-aware batches and the checkpoint cursor are in bridge/control/learner_api.py.
 
 Admission control. With g = groups_per_step, S the staleness bound, newest published
 version P, the learner's next step t and allowed worker lag m (`max_version_lag`): a group
@@ -15,7 +15,7 @@ arrival, and later leases are at versions >= its own), so its staleness is at mo
 
 and a worker more than m versions behind P gets no work, only `swap_to`. A worker whose
 last lease came back stale and whose measured lease latency exceeds the time left before
-new work would go stale gets no work either (reason "too_slow", bridge/lease_timing.py).
+new work would go stale gets no work either (reason "too_slow", bridge/control/lease_timing.py).
 Drops stay possible (a worker slowing down mid-lease, restarts) and are counted, never fed
 to the learner.
 
@@ -43,11 +43,11 @@ import time
 import uuid
 from collections.abc import Callable
 
-from bridge.controller_learner import LearnerSide
-from bridge.controller_store import ControllerStore
-from bridge.controller_validation import SubmissionError, check_group
-from bridge.lease_timing import LeaseTiming
-from bridge.protocol import (
+from bridge.control.learner_api import LearnerSide
+from bridge.control.db import ControllerStore
+from bridge.control.validation import SubmissionError, check_group
+from bridge.control.lease_timing import LeaseTiming
+from bridge.control.protocol import (
     Heartbeat,
     HeartbeatResponse,
     Lease,
@@ -76,7 +76,7 @@ class ControllerConfig:
     worker_timeout_s: float = 30.0
     max_groups_per_lease: int = 16
     max_version_lag: int = 0  # m above
-    refuse_too_slow: bool = True  # freshness-aware leasing (bridge/lease_timing.py)
+    refuse_too_slow: bool = True  # freshness-aware leasing (bridge/control/lease_timing.py)
     retest_slow_after_s: float = 60.0  # a too-slow worker's latency is re-measured this often
     retry_after_s: float = 0.5
     seed: int = 0

@@ -14,15 +14,15 @@ import time
 import httpx
 import pytest
 
-from bridge.controller import Controller, ControllerConfig
-from bridge.controller_client import ControllerClient, ControllerError
-from bridge.controller_http import (
+from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.client import ControllerClient, ControllerError
+from bridge.control.service import (
     ControllerServer,
     ServerOptions,
     load_or_create_join_secret,
     serve_controller,
 )
-from bridge.protocol import (
+from bridge.control.protocol import (
     GroupResult,
     Heartbeat,
     LeaseRequest,
@@ -32,7 +32,7 @@ from bridge.protocol import (
     WorkerProfile,
 )
 from bridge.tasks import Prompt, cached_task, make_task, score
-from bridge.tiny_model import EOS_ID, char_vocab
+from bridge.model.tiny_model import EOS_ID, char_vocab
 
 PROFILE = {
     "accelerator": "cpu",

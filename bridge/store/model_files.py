@@ -25,7 +25,7 @@ import os
 import shutil
 import tempfile
 
-from bridge.weight_store import WeightStore
+from bridge.store.weight_store import WeightStore
 
 # What vLLM and transformers read to build an engine and a tokenizer (never weights).
 ALLOWED = (

@@ -6,8 +6,8 @@ import os
 import numpy as np
 import pytest
 
-from bridge import tiny_model
-from bridge.model_config import ModelConfig
+from bridge.model import tiny_model
+from bridge.model.config import ModelConfig
 
 
 def test_tokenizer_is_character_level_and_round_trips(tiny_model_dir):

@@ -6,9 +6,9 @@ import threading
 
 import pytest
 
-from bridge.controller import Controller, ControllerConfig
-from bridge.controller_validation import SubmissionError
-from bridge.protocol import (
+from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.validation import SubmissionError
+from bridge.control.protocol import (
     GroupResult,
     Heartbeat,
     LeaseRequest,

@@ -1,6 +1,6 @@
 """Architectures of real released models, for benchmarks and sizing (no weights, no download)."""
 
-from bridge.model_config import ModelConfig
+from bridge.model.config import ModelConfig
 
 
 def qwen3_0p6b(num_layers: int = 28) -> ModelConfig:

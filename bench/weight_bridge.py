@@ -14,7 +14,7 @@ which goes first.
 
 Then the rollout side's hot swap (`--swap`, default on): a vLLM engine (bfloat16, eager,
 `rollout_gpu.engine.make_engine`) is started on an HF dir of the same model (random bf16
-weights, the char tokenizer of `bridge/tiny_model.py`), two versions are published to a
+weights, the char tokenizer of `bridge/model/tiny_model.py`), two versions are published to a
 store, and each repeat loads the other version, split the way
 `rollout_gpu.weight_swap.load_version` runs it:
   swap_fetch_s  store.read_all: read + verify every checksum (as fetch_s above)
@@ -43,10 +43,12 @@ import ml_dtypes
 import numpy as np
 from absl import app, flags
 
-from bridge import layouts, tiny_model
-from bridge.model_config import ModelConfig
-from bridge.presets import qwen3_0p6b
-from bridge.weight_store import WeightStore
+from bridge.model import layouts
+
+from bridge.model import tiny_model
+from bridge.model.config import ModelConfig
+from bridge.model.presets import qwen3_0p6b
+from bridge.store.weight_store import WeightStore
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "JSON file for the results.", required=True)
@@ -118,14 +120,15 @@ def write_engine_dir(path: str, cfg: ModelConfig, weights) -> None:
 def measure_swap(cfg: ModelConfig, model_dir: str, store: WeightStore, repeats: int) -> dict:
     """Hot-swap timings into a fresh bf16 vLLM engine (store versions 1 and 2 exist)."""
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # in-process engine
-    from rollout_gpu import canary as canary_lib
+    from bridge.contracts import canary as canary_lib
+    from rollout_gpu import canary as engine_canary
     from rollout_gpu import weight_swap
     from rollout_gpu.engine import make_engine
 
     t = time.perf_counter()
     llm = make_engine(model_dir, dtype="bfloat16", max_model_len=256, max_num_seqs=8)
     probes = canary_lib.probe_token_lists(len(tiny_model.char_vocab()), tiny_model.BOS_ID)
-    canary_lib.engine_prompt_logprobs(llm, probes)  # first forward compiles kernels
+    engine_canary.engine_prompt_logprobs(llm, probes)  # first forward compiles kernels
     startup_s = time.perf_counter() - t
     shapes = layouts.hf_shapes(cfg)
     current = weight_swap.EngineVersion()
@@ -141,8 +144,8 @@ def measure_swap(cfg: ModelConfig, model_dir: str, store: WeightStore, repeats: 
         other = 1 + (r + 1) % 2
         load_s, _ = timed(weight_swap.load_version, llm, store, other, current)
         assert current.version == other
-        payload = canary_lib.canary_payload(probes, canary_lib.engine_prompt_logprobs(llm, probes))
-        canary_s, res = timed(canary_lib.check_canary, llm, payload, "bfloat16")
+        payload = canary_lib.canary_payload(probes, engine_canary.engine_prompt_logprobs(llm, probes))
+        canary_s, res = timed(engine_canary.check_canary, llm, payload, "bfloat16")
         assert res.ok, res
         runs.append(
             {

@@ -58,7 +58,7 @@ class VersionAnnouncement(_Model):
     version: int = Field(ge=-1, description="-1 = nothing published yet")
     store: dict[str, Any] | str | None = Field(
         default=None,
-        description="where to read it: a bridge.weight_store.WeightStore spec (URL or dict)",
+        description="where to read it: a bridge.store.weight_store.WeightStore spec (URL or dict)",
     )
     published_at: float = 0.0
 

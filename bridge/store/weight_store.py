@@ -14,7 +14,7 @@ chunk (that listing is a paged LIST on S3/GCS).
 A sharded jax.Array arrives as a `ShardedSource` of its addressable shards in HF layout
 (`learner_jax/publish.py`). Chunks are aligned to the shard shape, so the writer digests
 each shard as it passes, never gathering a tensor, and on a multi-host learner no chunk
-would be written by two hosts. Checksums (`bridge/chunk_digest.py`): per-chunk CRC-32s of
+would be written by two hosts. Checksums (`bridge/store/chunk_digest.py`): per-chunk CRC-32s of
 the stored bytes combined by SHA-256 in chunk order; readers recompute them from what
 they read and raise `CorruptVersionError` naming the array on any mismatch.
 """
@@ -35,14 +35,14 @@ import numpy as np
 import pydantic
 import tensorstore as ts
 
-from bridge import layouts
-from bridge.chunk_digest import (
+from bridge.model import layouts
+from bridge.store.chunk_digest import (
     CHECKSUM_ALGORITHM,
     ChunkWriter,
     array_checksum,
     chunk_shape,
 )
-from bridge.model_config import ModelConfig
+from bridge.model.config import ModelConfig
 
 STORE_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32, "float16": np.float16}
 INFLIGHT_BYTES = 512 << 20  # bound on written-but-uncommitted bytes held alive

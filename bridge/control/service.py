@@ -34,9 +34,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
 
-from bridge.controller import Controller
-from bridge.controller_validation import SubmissionError
-from bridge.protocol import (
+from bridge.control.controller import Controller
+from bridge.control.validation import SubmissionError
+from bridge.control.protocol import (
     Ack,
     Heartbeat,
     HeartbeatResponse,

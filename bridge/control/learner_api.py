@@ -1,6 +1,6 @@
 """The learner's side of the controller: staleness-aware batches and the checkpoint cursor.
 
-A mixin of `Controller` (bridge/controller.py), which supplies `config`, `store` (SQLite),
+A mixin of `Controller` (bridge/control/controller.py), which supplies `config`, `store` (SQLite),
 `lock`, `_op()` (lock + transaction), `clock` and `_expire`.
 
 Bounded staleness S: version v = parameters after v updates; learner step t may use a
@@ -23,7 +23,7 @@ import itertools
 import json
 import time
 
-from bridge.protocol import ConsumedGroup, Trajectory
+from bridge.control.protocol import ConsumedGroup, Trajectory
 
 
 class LearnerSide:

@@ -8,8 +8,8 @@ import pytest
 
 from bridge import tasks
 from bridge.tasks import Prompt, RewardError, Task, make_task, register_task, score
-from bridge.tasks_gsm8k import final_number
-from bridge.tiny_model import char_vocab
+from bridge.tasks.gsm8k import final_number
+from bridge.model.tiny_model import char_vocab
 
 
 def _take(it, n):

@@ -3,7 +3,7 @@
 Weights cross the JAX/torch boundary in the HF convention: HF names, `[out, in]` linear
 layout, one tensor per HF name (q/k/v and gate/up stay separate; vLLM fuses them in its
 own `load_weights`). Each table row maps one Flax parameter path to one HF name with an
-invertible transform; `tests/bridge/layouts_test.py` checks every parameter of every
+invertible transform; `tests/bridge/model/layouts_test.py` checks every parameter of every
 family is covered exactly once in both directions.
 
 The Flax parameter tree (`learner_jax/model.py`), with its logical axes:
@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
-from bridge.model_config import ModelConfig
+from bridge.model.config import ModelConfig
 
 FlaxPath = tuple[str, ...]
 

@@ -1,0 +1,5 @@
+"""Contracts both stacks must compute identically, each in one place (numpy only).
+
+`canary.py` (probe sequences, payload, comparison criteria), `prompt.py` (prompt token
+ids: BOS + text), `k3.py` (the KL estimate behind `mismatch/kl` and the canary).
+"""

@@ -1,0 +1,73 @@
+"""What a task is (the data plane's contract): prompts, a reward, optional SFT examples.
+
+Contract of a task:
+- `train_prompts(seed)` an endless, deterministic iterator of `Prompt`s (same seed, same
+  stream), so a restarted controller can skip what it already drew.
+- `eval_prompts()` a fixed held-out list, disjoint from the training stream.
+- `reward(prompt, completion)` a float for one completion text (special tokens removed).
+- `sft_examples(seed)` an iterator of (prompt text, target completion text), or nothing.
+
+`score` wraps `reward` so a user's reward function that raises or returns a non-number
+becomes a `RewardError` naming the task, never a crashed process.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import math
+from collections.abc import Iterator
+from typing import Any
+
+
+class RewardError(ValueError):
+    """A task's reward function raised or returned something that is not a finite number."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    prompt_id: str
+    text: str
+    answer: str
+
+
+class Task(abc.ABC):
+    """Base class; subclasses set `name` and implement the prompt/reward methods (a subclass
+    missing one fails when it is built, not mid-run)."""
+
+    name: str = ""
+    options: dict[str, Any] = {}  # set per instance by make_task
+
+    @abc.abstractmethod
+    def train_prompts(self, seed: int) -> Iterator[Prompt]:
+        """Endless, deterministic stream of training prompts for `seed`."""
+
+    @abc.abstractmethod
+    def eval_prompts(self) -> list[Prompt]:
+        """The fixed held-out prompts, disjoint from the training stream."""
+
+    @abc.abstractmethod
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        """Reward of one completion text (special tokens removed)."""
+
+    def sft_examples(self, seed: int) -> Iterator[tuple[str, str]]:
+        return iter(())
+
+
+def score(task: Task, prompt: Prompt, completion: str) -> float:
+    """The task's reward as a finite float; any failure becomes a RewardError naming the task."""
+    try:
+        value = task.reward(prompt, completion)
+    except Exception as e:  # noqa: BLE001 - a user's reward fn may raise anything
+        raise RewardError(
+            f"task {task.name!r}: reward function raised {type(e).__name__}: {e} "
+            f"(prompt_id={prompt.prompt_id!r})"
+        ) from e
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise RewardError(
+            f"task {task.name!r}: reward function returned {type(value).__name__} "
+            f"{value!r}, not a number (prompt_id={prompt.prompt_id!r})"
+        )
+    if not math.isfinite(value):
+        raise RewardError(f"task {task.name!r}: reward {value} is not finite")
+    return float(value)
