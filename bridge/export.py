@@ -32,18 +32,12 @@ import sys
 import tempfile
 from collections.abc import Mapping
 
-import ml_dtypes
 import numpy as np
 
-from bridge.model import layouts
+from bridge.model import dtypes, hf_files, layouts
 from bridge.model.config import ModelConfig
 
 MODEL_FILES_SUBDIR = "hf_model"
-INDEX_NAME = "model.safetensors.index.json"
-DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
-# Weight files (and their indices) are not copied: the export writes its own.
-_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".msgpack", ".h5", ".gguf")
-_WEIGHT_INDICES = (INDEX_NAME, "pytorch_model.bin.index.json")
 
 
 class ExportError(ValueError):
@@ -61,29 +55,24 @@ class ExportOptions:
     overwrite: bool = False  # replace an existing export (a dir holding config.json)
 
     def __post_init__(self):
-        if self.dtype is not None and self.dtype not in DTYPES:
-            raise ExportError(f"dtype {self.dtype!r} not in {sorted(DTYPES)}")
+        if self.dtype is not None and self.dtype not in dtypes.WEIGHT_DTYPES:
+            raise ExportError(f"dtype {self.dtype!r} not in {sorted(dtypes.WEIGHT_DTYPES)}")
         if self.max_shard_bytes <= 0:
             raise ExportError(f"max_shard_bytes must be > 0, got {self.max_shard_bytes}")
 
 
 # -- model files (config + tokenizer) ----------------------------------------------------
-def _is_model_file(name: str) -> bool:
-    return not name.endswith(_WEIGHT_SUFFIXES) and name not in _WEIGHT_INDICES
-
-
 def save_model_files(hf_dir: str, checkpoint_dir: str) -> str:
     """Copy the non-weight files of `hf_dir` into `<checkpoint_dir>/hf_model` (atomically)."""
-    if not os.path.isfile(os.path.join(hf_dir, "config.json")):
+    if not os.path.isfile(os.path.join(hf_dir, hf_files.CONFIG)):
         raise FileNotFoundError(f"{hf_dir} has no config.json")
     os.makedirs(checkpoint_dir, exist_ok=True)
     dest = os.path.join(checkpoint_dir, MODEL_FILES_SUBDIR)
     tmp = tempfile.mkdtemp(prefix=f".{MODEL_FILES_SUBDIR}-", dir=checkpoint_dir)
     try:
-        for name in sorted(os.listdir(hf_dir)):
-            src = os.path.join(hf_dir, name)
-            if os.path.isfile(src) and _is_model_file(name):
-                shutil.copyfile(src, os.path.join(tmp, name))
+        # Weights (and their indices) are not copied: the export writes its own.
+        for name in hf_files.model_files(hf_dir):
+            shutil.copyfile(os.path.join(hf_dir, name), os.path.join(tmp, name))
         if os.path.isdir(dest):
             shutil.rmtree(dest)
         os.replace(tmp, dest)
@@ -103,10 +92,8 @@ def find_model_files(checkpoint_dir: str, model_dir: str | None = None) -> str:
         ]
     )
     for path in candidates:
-        if os.path.isfile(os.path.join(path, "config.json")):
-            if not os.path.isfile(os.path.join(path, "tokenizer.json")) and not os.path.isfile(
-                os.path.join(path, "tokenizer_config.json")
-            ):
+        if os.path.isfile(os.path.join(path, hf_files.CONFIG)):
+            if not hf_files.has_tokenizer(path):
                 raise ExportError(f"{path} has a config.json but no tokenizer files")
             return path
     raise ExportError(
@@ -194,17 +181,11 @@ def _check_paths(cfg: ModelConfig, params: Mapping, what: str, model_dir: str) -
 
 
 def _hf_config(model_dir: str, dtype: str) -> dict:
-    with open(os.path.join(model_dir, "config.json")) as f:
+    with open(os.path.join(model_dir, hf_files.CONFIG)) as f:
         hf = json.load(f)
     hf["torch_dtype"] = dtype  # transformers < 5 and vLLM read this one
     hf["dtype"] = dtype  # transformers >= 5
     return hf
-
-
-def _leaf(tree: Mapping, path: tuple[str, ...]) -> np.ndarray:
-    for key in path:
-        tree = tree[key]
-    return tree
 
 
 def write_hf_dir(
@@ -223,23 +204,22 @@ def write_hf_dir(
     """
     from safetensors.numpy import save_file
 
-    shapes = layouts.hf_shapes(cfg)
     rows = {row.hf_name: row for row in layouts.table(cfg)}
-    itemsize = np.dtype(DTYPES[dtype]).itemsize
-    sizes = {n: int(np.prod(s)) * itemsize for n, s in shapes.items()}
+    itemsize = dtypes.itemsize(dtype)
+    sizes = {n: int(np.prod(row.hf_shape)) * itemsize for n, row in rows.items()}
     shards = plan_shards(sizes, max_shard_bytes)
     weight_map = {}
     for k, names in enumerate(shards):
         tensors = {}
         for name in names:
             row = rows[name]
-            arr = row.transform.to_hf(np.asarray(_leaf(params, row.flax_path)))
-            if tuple(arr.shape) != shapes[name]:
+            arr = row.transform.to_hf(np.asarray(layouts.get_leaf(params, row.flax_path)))
+            if tuple(arr.shape) != row.hf_shape:
                 raise ExportError(
                     f"checkpoint tensor {name} has shape {tuple(arr.shape)}, but the model "
-                    f"config says {shapes[name]}: the config files are not this model's"
+                    f"config says {row.hf_shape}: the config files are not this model's"
                 )
-            tensors[name] = np.ascontiguousarray(arr, dtype=DTYPES[dtype])
+            tensors[name] = np.ascontiguousarray(arr, dtype=dtypes.WEIGHT_DTYPES[dtype])
         fname = f"model-{k + 1:05d}-of-{len(shards):05d}.safetensors"
         save_file(tensors, os.path.join(path, fname), metadata={"format": "pt"})
         os.chmod(os.path.join(path, fname), 0o644)  # safetensors writes 0600
@@ -249,13 +229,12 @@ def write_hf_dir(
         "metadata": {"total_size": sum(sizes.values()), **index_meta},
         "weight_map": weight_map,
     }
-    with open(os.path.join(path, INDEX_NAME), "w") as f:
+    with open(os.path.join(path, hf_files.SAFETENSORS_INDEX), "w") as f:
         json.dump(index, f, indent=2)
-    for name in sorted(os.listdir(model_dir)):
-        src = os.path.join(model_dir, name)
-        if os.path.isfile(src) and _is_model_file(name) and name != "config.json":
-            shutil.copyfile(src, os.path.join(path, name))
-    with open(os.path.join(path, "config.json"), "w") as f:
+    for name in hf_files.model_files(model_dir):
+        if name != hf_files.CONFIG:  # written below, with the export's dtype
+            shutil.copyfile(os.path.join(model_dir, name), os.path.join(path, name))
+    with open(os.path.join(path, hf_files.CONFIG), "w") as f:
         json.dump(_hf_config(model_dir, dtype), f, indent=2)
     return index
 
@@ -281,8 +260,10 @@ def export(opts: ExportOptions) -> dict:
     params = restore_params(opts.checkpoint_dir, step)
     _check_paths(cfg, params, f"step {step}'s parameters", model_dir)
     dtype = opts.dtype or np.asarray(params["embed"]["embedding"]).dtype.name
-    if dtype not in DTYPES:
-        raise ExportError(f"checkpoint parameters are {dtype}; pass --dtype={sorted(DTYPES)}")
+    if dtype not in dtypes.WEIGHT_DTYPES:
+        raise ExportError(
+            f"checkpoint parameters are {dtype}; pass --dtype={sorted(dtypes.WEIGHT_DTYPES)}"
+        )
 
     out = os.path.abspath(opts.output_dir)
     parent = os.path.dirname(out)
@@ -343,7 +324,9 @@ def _define_flags():
     flags.DEFINE_string("checkpoint_dir", None, "Learner checkpoint dir.", required=True)
     flags.DEFINE_string("output_dir", None, "HF directory to write.", required=True)
     flags.DEFINE_integer("step", None, "Checkpoint step (default: latest).")
-    flags.DEFINE_enum("dtype", "", [""] + sorted(DTYPES), "Weights dtype ('' = checkpoint's).")
+    flags.DEFINE_enum(
+        "dtype", "", [""] + sorted(dtypes.WEIGHT_DTYPES), "Weights dtype ('' = checkpoint's)."
+    )
     flags.DEFINE_string("max_shard_size", "2GB", "Largest safetensors shard, e.g. 500MB.")
     flags.DEFINE_string("model_dir", "", "HF dir with config/tokenizer ('' = found).")
     flags.DEFINE_bool("overwrite", False, "Replace an existing export in output_dir.")

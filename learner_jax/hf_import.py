@@ -23,29 +23,12 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 
-from bridge.model import layouts
+from bridge.model import hf_files, layouts
 from bridge.model.config import ModelConfig
+from bridge.model.dtypes import SAFETENSORS_DTYPES
 from learner_jax import sharding
-
-_DTYPES = {
-    "F64": np.float64,
-    "F32": np.float32,
-    "F16": np.float16,
-    "BF16": ml_dtypes.bfloat16,
-    "F8_E4M3": ml_dtypes.float8_e4m3fn,
-    "F8_E5M2": ml_dtypes.float8_e5m2,
-    "I64": np.int64,
-    "I32": np.int32,
-    "I16": np.int16,
-    "I8": np.int8,
-    "U8": np.uint8,
-    "BOOL": np.bool_,
-}
-# Buffers some exporters write that are not parameters (recomputed from the config).
-_IGNORED_SUFFIXES = ("rotary_emb.inv_freq",)
 
 
 def read_header(path: str) -> tuple[dict, int]:
@@ -59,29 +42,19 @@ def read_header(path: str) -> tuple[dict, int]:
 
 def read_tensor(path: str, entry: dict, data_start: int) -> np.ndarray:
     """One tensor from a safetensors file, as numpy in its stored dtype."""
-    if entry["dtype"] not in _DTYPES:
+    if entry["dtype"] not in SAFETENSORS_DTYPES:
         raise ValueError(f"{path}: unsupported safetensors dtype {entry['dtype']}")
     begin, end = entry["data_offsets"]
     with open(path, "rb") as f:
         f.seek(data_start + begin)
         raw = f.read(end - begin)
-    return np.frombuffer(raw, dtype=_DTYPES[entry["dtype"]]).reshape(entry["shape"])
+    return np.frombuffer(raw, dtype=SAFETENSORS_DTYPES[entry["dtype"]]).reshape(entry["shape"])
 
 
 def checkpoint_index(hf_dir: str) -> dict[str, tuple[str, dict, int]]:
     """HF name -> (file, header entry, data start) over all safetensors files of a dir."""
-    index_path = os.path.join(hf_dir, "model.safetensors.index.json")
-    if os.path.exists(index_path):
-        with open(index_path) as f:
-            files = sorted(set(json.load(f)["weight_map"].values()))
-    elif os.path.exists(os.path.join(hf_dir, "model.safetensors")):
-        files = ["model.safetensors"]
-    else:
-        raise FileNotFoundError(
-            f"{hf_dir}: neither model.safetensors nor model.safetensors.index.json"
-        )
     out = {}
-    for name in files:
+    for name in hf_files.safetensors_files(hf_dir):
         path = os.path.join(hf_dir, name)
         header, start = read_header(path)
         for tensor, entry in header.items():
@@ -93,7 +66,7 @@ def checkpoint_index(hf_dir: str) -> dict[str, tuple[str, dict, int]]:
 
 def _check(cfg: ModelConfig, index: dict) -> None:
     expected = layouts.hf_shapes(cfg)
-    present = {n for n in index if not n.endswith(_IGNORED_SUFFIXES)}
+    present = {n for n in index if not layouts.is_buffer(n)}
     if cfg.tie_word_embeddings:
         present.discard("lm_head.weight")  # tied checkpoints sometimes still carry a copy
     missing, extra = sorted(set(expected) - present), sorted(present - set(expected))
@@ -127,16 +100,11 @@ def load_hf_params(
             dtype=jnp.dtype(dtype),
             order="C",
         )
-        node, target = params, targets
-        for key in row.flax_path[:-1]:
-            node = node.setdefault(key, {})
-            target = None if target is None else target[key]
-        leaf = row.flax_path[-1]
-        if target is None:
-            node[leaf] = jax.device_put(host)
+        if targets is None:
+            leaf = jax.device_put(host)
         else:
-            node[leaf] = jax.make_array_from_callback(
-                host.shape, target[leaf], lambda idx, host=host: host[idx]
-            )
+            target = layouts.get_leaf(targets, row.flax_path)
+            leaf = jax.make_array_from_callback(host.shape, target, host.__getitem__)
+        layouts.set_leaf(params, row.flax_path, leaf)
         del host  # at most one tensor on host at a time
     return cfg, params

@@ -2,9 +2,12 @@
 
 Weights cross the JAX/torch boundary in the HF convention: HF names, `[out, in]` linear
 layout, one tensor per HF name (q/k/v and gate/up stay separate; vLLM fuses them in its
-own `load_weights`). Each table row maps one Flax parameter path to one HF name with an
-invertible transform; `tests/bridge/model/layouts_test.py` checks every parameter of every
-family is covered exactly once in both directions.
+own `load_weights`). Each table row maps one Flax parameter path and shape to one HF name
+with an invertible `Transform`, which is the one place that knows the HF shape, the numpy
+conversion both ways and where a shard of the Flax array lands in the HF tensor (the
+learner publishes shard by shard with it); nothing else guesses layouts from names.
+`tests/bridge/model/layouts_test.py` checks every parameter of every family is covered
+exactly once in both directions, against the state dict transformers builds.
 
 The Flax parameter tree (`learner_jax/model.py`), with its logical axes:
   embed/embedding                      [V, D]     (vocab, embed)
@@ -32,52 +35,115 @@ import numpy as np
 from bridge.model.config import ModelConfig
 
 FlaxPath = tuple[str, ...]
+Index = tuple[slice, ...]
+# HF tensors some exporters write that are buffers, not parameters (recomputed from the
+# config): a checkpoint may carry them, the tables never list them.
+BUFFER_SUFFIXES = ("rotary_emb.inv_freq",)
+
+
+def _bounds(s: slice, n: int) -> tuple[int, int]:
+    lo, hi, _ = s.indices(n)
+    return lo, hi
 
 
 @dataclasses.dataclass(frozen=True)
 class Transform:
-    """An invertible reshaping between a Flax array and its HF tensor."""
+    """Flax array -> HF tensor as two steps: merge the (heads, head_dim) axes at
+    `heads_axis` into one N*H axis (when set), then reverse the axes (when `transpose`).
+
+    Everything else is derived from those two steps, so the numpy conversion, the HF shape
+    and the shard index mapping cannot disagree. `to_hf` reads the sizes off its input, so
+    it converts a shard's block as well as a whole array; `from_hf` needs `heads` and
+    `head_dim` to split the merged axis again.
+    """
 
     name: str
-    to_hf: Callable[[np.ndarray], np.ndarray]
-    from_hf: Callable[[np.ndarray], np.ndarray]
+    transpose: bool = False
+    heads_axis: int | None = None
+    heads: int = 0
+    head_dim: int = 0
+
+    def to_hf(self, x: np.ndarray) -> np.ndarray:
+        if self.heads_axis is not None:
+            a = self.heads_axis
+            x = x.reshape(*x.shape[:a], -1, *x.shape[a + 2 :])
+        return x.T if self.transpose else x
+
+    def from_hf(self, x: np.ndarray) -> np.ndarray:
+        x = x.T if self.transpose else x
+        if self.heads_axis is not None:
+            a = self.heads_axis
+            x = x.reshape(*x.shape[:a], self.heads, self.head_dim, *x.shape[a + 1 :])
+        return x
+
+    def hf_shape(self, flax_shape: tuple[int, ...]) -> tuple[int, ...]:
+        shape = tuple(flax_shape)
+        if self.heads_axis is not None:
+            a = self.heads_axis
+            shape = (*shape[:a], shape[a] * shape[a + 1], *shape[a + 2 :])
+        return shape[::-1] if self.transpose else shape
+
+    def shard_pieces(self, index: Index, flax_shape: tuple[int, ...]) -> list[tuple[Index, Index]]:
+        """Where the Flax block at `index` lands in HF: [(HF index, block-local Flax index)].
+
+        Convert a piece with `to_hf(block[local])`. A block whose head_dim range is partial
+        and spans several heads is not a rectangle on the merged N*H axis, so it is cut
+        into one piece per head; otherwise there is one piece, the whole block.
+        """
+        spans = [_bounds(s, n) for s, n in zip(index, flax_shape, strict=True)]
+        hf, whole = [slice(*b) for b in spans], tuple(slice(None) for _ in spans)
+        if self.heads_axis is None:
+            pieces = [(hf, whole)]
+        else:
+            a, hd = self.heads_axis, flax_shape[self.heads_axis + 1]
+            (n0, n1), (h0, h1) = spans[a], spans[a + 1]
+            if (h0, h1) == (0, hd):
+                cuts = [(slice(n0 * hd, n1 * hd), whole)]
+            else:
+                cuts = [
+                    (slice(i * hd + h0, i * hd + h1), (*whole[:a], slice(i - n0, i - n0 + 1)))
+                    for i in range(n0, n1)
+                ]
+            pieces = [([*hf[:a], merged, *hf[a + 2 :]], local) for merged, local in cuts]
+        return [(tuple(hf[::-1] if self.transpose else hf), local) for hf, local in pieces]
 
 
-IDENTITY = Transform("identity", lambda x: x, lambda x: x)
+IDENTITY = Transform("identity")
 # Flax [in, out] <-> HF [out, in].
-LINEAR = Transform("linear", lambda x: x.T, lambda x: x.T)
+LINEAR = Transform("linear", transpose=True)
 
 
 def heads_in(heads: int, head_dim: int) -> Transform:
     """q/k/v kernel: Flax [D, N, H] <-> HF [N*H, D]."""
-    return Transform(
-        "heads_in",
-        lambda x: x.reshape(x.shape[0], heads * head_dim).T,
-        lambda x: x.T.reshape(x.shape[1], heads, head_dim),
-    )
+    return Transform("heads_in", transpose=True, heads_axis=1, heads=heads, head_dim=head_dim)
 
 
 def heads_bias(heads: int, head_dim: int) -> Transform:
     """q/k/v bias: Flax [N, H] <-> HF [N*H]."""
-    return Transform(
-        "heads_bias", lambda x: x.reshape(heads * head_dim), lambda x: x.reshape(heads, head_dim)
-    )
+    return Transform("heads_bias", heads_axis=0, heads=heads, head_dim=head_dim)
 
 
 def heads_out(heads: int, head_dim: int) -> Transform:
     """o_proj kernel: Flax [N, H, D] <-> HF [D, N*H]."""
-    return Transform(
-        "heads_out",
-        lambda x: x.reshape(heads * head_dim, x.shape[-1]).T,
-        lambda x: x.T.reshape(heads, head_dim, x.shape[0]),
-    )
+    return Transform("heads_out", transpose=True, heads_axis=0, heads=heads, head_dim=head_dim)
 
 
 @dataclasses.dataclass(frozen=True)
 class Row:
+    """One parameter: its Flax path and shape, its HF name, and the transform between them.
+
+    `norm` marks an RMSNorm scale (initialised near 1, not near 0).
+    """
+
     flax_path: FlaxPath
     hf_name: str
     transform: Transform
+    flax_shape: tuple[int, ...]
+    norm: bool = False
+
+    @property
+    def hf_shape(self) -> tuple[int, ...]:
+        return self.transform.hf_shape(self.flax_shape)
 
 
 # Family name -> function building its table from a ModelConfig.
@@ -92,40 +158,50 @@ def register_family(name: str):
     return deco
 
 
+def _layer_rows(cfg: ModelConfig, i: int) -> list[Row]:
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    n, k, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    fl, hf = f"layers_{i}", f"model.layers.{i}"
+
+    def attn(proj: str, leaf: str, transform: Transform, shape: tuple[int, ...]) -> Row:
+        hf_leaf = "bias" if leaf == "bias" else "weight"
+        path, name = (fl, "attn", proj, leaf), f"{hf}.self_attn.{proj}.{hf_leaf}"
+        return Row(path, name, transform, shape, norm=leaf == "scale")
+
+    def mlp(proj: str, shape: tuple[int, ...]) -> Row:
+        return Row((fl, "mlp", proj, "kernel"), f"{hf}.mlp.{proj}.weight", LINEAR, shape)
+
+    def norm(flax_name: str, hf_name: str) -> Row:
+        return Row((fl, flax_name, "scale"), f"{hf}.{hf_name}.weight", IDENTITY, (d,), norm=True)
+
+    rows = [
+        attn("q_proj", "kernel", heads_in(n, h), (d, n, h)),
+        attn("k_proj", "kernel", heads_in(k, h), (d, k, h)),
+        attn("v_proj", "kernel", heads_in(k, h), (d, k, h)),
+        attn("o_proj", "kernel", heads_out(n, h), (n, h, d)),
+        mlp("gate_proj", (d, f)),
+        mlp("up_proj", (d, f)),
+        mlp("down_proj", (f, d)),
+        norm("input_norm", "input_layernorm"),
+        norm("post_attn_norm", "post_attention_layernorm"),
+    ]
+    if cfg.attention_bias:
+        for proj, heads in (("q_proj", n), ("k_proj", k), ("v_proj", k)):
+            rows.append(attn(proj, "bias", heads_bias(heads, h), (heads, h)))
+    if cfg.qk_norm:
+        rows += [attn(qk, "scale", IDENTITY, (h,)) for qk in ("q_norm", "k_norm")]
+    return rows
+
+
 def _decoder_rows(cfg: ModelConfig) -> list[Row]:
     """Rows shared by every supported family; the family functions add their extras."""
-    n, k, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    rows = [Row(("embed", "embedding"), "model.embed_tokens.weight", IDENTITY)]
+    d, v = cfg.hidden_size, cfg.vocab_size
+    rows = [Row(("embed", "embedding"), "model.embed_tokens.weight", IDENTITY, (v, d))]
     for i in range(cfg.num_layers):
-        f, hf = f"layers_{i}", f"model.layers.{i}"
-        rows += [
-            Row((f, "attn", "q_proj", "kernel"), f"{hf}.self_attn.q_proj.weight", heads_in(n, h)),
-            Row((f, "attn", "k_proj", "kernel"), f"{hf}.self_attn.k_proj.weight", heads_in(k, h)),
-            Row((f, "attn", "v_proj", "kernel"), f"{hf}.self_attn.v_proj.weight", heads_in(k, h)),
-            Row((f, "attn", "o_proj", "kernel"), f"{hf}.self_attn.o_proj.weight", heads_out(n, h)),
-            Row((f, "mlp", "gate_proj", "kernel"), f"{hf}.mlp.gate_proj.weight", LINEAR),
-            Row((f, "mlp", "up_proj", "kernel"), f"{hf}.mlp.up_proj.weight", LINEAR),
-            Row((f, "mlp", "down_proj", "kernel"), f"{hf}.mlp.down_proj.weight", LINEAR),
-            Row((f, "input_norm", "scale"), f"{hf}.input_layernorm.weight", IDENTITY),
-            Row((f, "post_attn_norm", "scale"), f"{hf}.post_attention_layernorm.weight", IDENTITY),
-        ]
-        if cfg.attention_bias:
-            for proj, heads in (("q_proj", n), ("k_proj", k), ("v_proj", k)):
-                rows.append(
-                    Row(
-                        (f, "attn", proj, "bias"),
-                        f"{hf}.self_attn.{proj}.bias",
-                        heads_bias(heads, h),
-                    )
-                )
-        if cfg.qk_norm:
-            for norm in ("q_norm", "k_norm"):
-                rows.append(
-                    Row((f, "attn", norm, "scale"), f"{hf}.self_attn.{norm}.weight", IDENTITY)
-                )
-    rows.append(Row(("final_norm", "scale"), "model.norm.weight", IDENTITY))
+        rows += _layer_rows(cfg, i)
+    rows.append(Row(("final_norm", "scale"), "model.norm.weight", IDENTITY, (d,), norm=True))
     if not cfg.tie_word_embeddings:
-        rows.append(Row(("lm_head", "kernel"), "lm_head.weight", LINEAR))
+        rows.append(Row(("lm_head", "kernel"), "lm_head.weight", LINEAR, (d, v)))
     return rows
 
 
@@ -155,34 +231,25 @@ def table(cfg: ModelConfig) -> list[Row]:
 
 def hf_shapes(cfg: ModelConfig) -> dict[str, tuple[int, ...]]:
     """HF name -> shape, from the architecture alone (used to validate published versions)."""
-    d, f, v = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size
-    n, k, h = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-    shapes = {}
-    for row in table(cfg):
-        name = row.hf_name
-        if name.endswith("embed_tokens.weight") or name == "lm_head.weight":
-            shapes[name] = (v, d)
-        elif "q_proj" in name:
-            shapes[name] = (n * h, d) if name.endswith("weight") else (n * h,)
-        elif "k_proj" in name or "v_proj" in name:
-            shapes[name] = (k * h, d) if name.endswith("weight") else (k * h,)
-        elif "o_proj" in name:
-            shapes[name] = (d, n * h)
-        elif "gate_proj" in name or "up_proj" in name:
-            shapes[name] = (f, d)
-        elif "down_proj" in name:
-            shapes[name] = (d, f)
-        elif "q_norm" in name or "k_norm" in name:
-            shapes[name] = (h,)
-        else:
-            shapes[name] = (d,)
-    return shapes
+    return {row.hf_name: row.hf_shape for row in table(cfg)}
 
 
-def _get(tree: Mapping, path: FlaxPath):
+def is_buffer(hf_name: str) -> bool:
+    """An HF tensor that is not a parameter (see BUFFER_SUFFIXES)."""
+    return hf_name.endswith(BUFFER_SUFFIXES)
+
+
+def get_leaf(tree: Mapping, path: FlaxPath):
     for key in path:
         tree = tree[key]
     return tree
+
+
+def set_leaf(tree: dict, path: FlaxPath, value) -> None:
+    """tree[path[0]]...[path[-1]] = value, creating the inner dicts."""
+    for key in path[:-1]:
+        tree = tree.setdefault(key, {})
+    tree[path[-1]] = value
 
 
 def flax_to_hf(cfg: ModelConfig, params: Mapping) -> Iterator[tuple[str, np.ndarray]]:
@@ -190,7 +257,7 @@ def flax_to_hf(cfg: ModelConfig, params: Mapping) -> Iterator[tuple[str, np.ndar
     for row in table(cfg):
         yield (
             row.hf_name,
-            np.ascontiguousarray(row.transform.to_hf(np.asarray(_get(params, row.flax_path)))),
+            np.ascontiguousarray(row.transform.to_hf(np.asarray(get_leaf(params, row.flax_path)))),
         )
 
 
@@ -206,8 +273,5 @@ def hf_to_flax(cfg: ModelConfig, tensors: Mapping[str, np.ndarray]) -> dict:
         )
     params: dict = {}
     for row in rows:
-        node = params
-        for key in row.flax_path[:-1]:
-            node = node.setdefault(key, {})
-        node[row.flax_path[-1]] = row.transform.from_hf(np.asarray(tensors[row.hf_name]))
+        set_leaf(params, row.flax_path, row.transform.from_hf(np.asarray(tensors[row.hf_name])))
     return params

@@ -18,7 +18,7 @@ import string
 import numpy as np
 from safetensors.numpy import save_file
 
-from bridge.model import layouts
+from bridge.model import hf_files, layouts
 from bridge.model.config import ModelConfig
 
 SPECIAL_TOKENS = ["<pad>", "<bos>", "<eos>"]
@@ -60,11 +60,9 @@ def random_hf_weights(cfg: ModelConfig, seed: int = 0, std: float = 0.02) -> dic
     """HF name -> fp32 array. Norm scales are 1 + noise so parity tests exercise them."""
     rng = np.random.default_rng(seed)
     out = {}
-    for name, shape in layouts.hf_shapes(cfg).items():
-        if name.endswith("norm.weight") or "layernorm" in name:
-            out[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
-        else:
-            out[name] = (std * rng.standard_normal(shape)).astype(np.float32)
+    for row in layouts.table(cfg):
+        noise = rng.standard_normal(row.hf_shape)
+        out[row.hf_name] = (1.0 + 0.1 * noise if row.norm else std * noise).astype(np.float32)
     return out
 
 
@@ -102,7 +100,7 @@ def write_hf_config(path: str, cfg: ModelConfig, dtype: str = "float32") -> None
         eos_token_id=EOS_ID,
         pad_token_id=PAD_ID,
     )
-    with open(os.path.join(path, "config.json"), "w") as f:
+    with open(os.path.join(path, hf_files.CONFIG), "w") as f:
         json.dump(hf, f, indent=2)
     with open(os.path.join(path, "generation_config.json"), "w") as f:
         json.dump({"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}, f)
@@ -114,11 +112,8 @@ def make_tiny_model(path: str, cfg: ModelConfig | None = None, seed: int = 0) ->
     os.makedirs(path, exist_ok=True)
     write_hf_config(path, cfg)
     save_tokenizer(path, cfg.max_position_embeddings)
-    save_file(
-        random_hf_weights(cfg, seed),
-        os.path.join(path, "model.safetensors"),
-        metadata={"format": "pt"},
-    )
+    weights = random_hf_weights(cfg, seed)
+    save_file(weights, os.path.join(path, hf_files.SAFETENSORS), metadata={"format": "pt"})
     return path
 
 

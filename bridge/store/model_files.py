@@ -11,7 +11,8 @@ join secret alone. Layout under the store's path:
     model/files/<name>   the bytes of each file
     model/index.json     {name: {"sha256": hex, "bytes": n}}, written last and create-only
 
-`fetch` trusts nothing it reads: names must be plain file names from a fixed allow-list,
+`fetch` trusts nothing it reads: names must be plain file names from a fixed allow-list
+(`bridge.model.hf_files.ENGINE_FILES`, the files vLLM and transformers read),
 sizes are bounded, every file must match its sha256; the files land in
 `<cache_dir>/<index sha256>/` via a temporary directory renamed into place, so a worker
 never starts from a half-written directory.
@@ -25,21 +26,9 @@ import os
 import shutil
 import tempfile
 
+from bridge.model.hf_files import CONFIG, ENGINE_FILES, model_files
 from bridge.store.weight_store import WeightStore
 
-# What vLLM and transformers read to build an engine and a tokenizer (never weights).
-ALLOWED = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-    "chat_template.jinja",
-)
 MAX_FILE_BYTES = 64 << 20  # a large BPE tokenizer.json is ~10 MB
 INDEX_KEY = "model/index.json"
 
@@ -62,12 +51,10 @@ def publish(store: WeightStore, hf_dir: str) -> dict:
     (another model in the same store) is an error rather than a silent overwrite.
     """
     files = {}
-    for name in ALLOWED:
-        path = os.path.join(hf_dir, name)
-        if os.path.isfile(path):
-            with open(path, "rb") as f:
-                files[name] = f.read()
-    if "config.json" not in files:
+    for name in model_files(hf_dir, ENGINE_FILES):
+        with open(os.path.join(hf_dir, name), "rb") as f:
+            files[name] = f.read()
+    if CONFIG not in files:
         raise ModelFilesError(f"{hf_dir} has no config.json")
     index = _index(files)
     existing = store.kv.read(INDEX_KEY).result()
@@ -98,8 +85,8 @@ def fetch(store: WeightStore, cache_dir: str) -> str:
         entries = {str(n): (str(e["sha256"]), int(e["bytes"])) for n, e in index.items()}
     except (ValueError, TypeError, KeyError, AttributeError) as e:
         raise ModelFilesError(f"unreadable model index: {e}") from e
-    bad = sorted(n for n in entries if n not in ALLOWED)
-    if bad or "config.json" not in entries:
+    bad = sorted(n for n in entries if n not in ENGINE_FILES)
+    if bad or CONFIG not in entries:
         raise ModelFilesError(
             f"model index lists files that are not allowed or lacks config: {bad}"
         )

@@ -30,27 +30,25 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlparse
 
-import ml_dtypes
 import numpy as np
 import pydantic
 import tensorstore as ts
 
-from bridge.model import layouts
+from bridge.model import dtypes, layouts
+from bridge.model.config import ModelConfig
 from bridge.store.chunk_digest import (
     CHECKSUM_ALGORITHM,
     ChunkWriter,
     array_checksum,
     chunk_shape,
 )
-from bridge.model.config import ModelConfig
 
-STORE_DTYPES = {"bfloat16": ml_dtypes.bfloat16, "float32": np.float32, "float16": np.float16}
 INFLIGHT_BYTES = 512 << 20  # bound on written-but-uncommitted bytes held alive
 DRIVERS = ("file", "memory", "s3", "gcs")
 # One Context per process: `memory` kvstores are scoped to a Context, so every WeightStore
 # in this process on "memory://name" sees the same data.
 _CONTEXT = ts.Context()
-_FLOAT_DTYPES = [np.dtype(t) for t in (*STORE_DTYPES.values(), np.float64)]
+_FLOAT_DTYPES = [np.dtype(t) for t in (*dtypes.WEIGHT_DTYPES.values(), np.float64)]
 _ABSENT = b"\x02"  # tensorstore's "no value" generation: makes a write create-if-absent
 
 
@@ -214,8 +212,8 @@ class WeightStore:
         extra: Mapping[str, Any] | None = None,
     ) -> Manifest:
         """Write every array (concurrently), then the manifest. Returns the manifest."""
-        if dtype not in STORE_DTYPES:
-            raise ValueError(f"store dtype {dtype!r} not in {sorted(STORE_DTYPES)}")
+        if dtype not in dtypes.WEIGHT_DTYPES:
+            raise ValueError(f"store dtype {dtype!r} not in {sorted(dtypes.WEIGHT_DTYPES)}")
         if not isinstance(version, int) or version < 0:
             raise ValueError(f"version must be an int >= 0, got {version!r}")
         self._check_new(version)
@@ -234,7 +232,7 @@ class WeightStore:
                     piece = np.asarray(piece)
                     if piece.dtype not in _FLOAT_DTYPES:
                         raise ValueError(f"{name}: dtype {piece.dtype} is not a float weight")
-                    piece = piece.astype(STORE_DTYPES[dtype], copy=False)
+                    piece = piece.astype(dtypes.WEIGHT_DTYPES[dtype], copy=False)
                     for idx, data in writer.add(tuple(index), piece):
                         inflight.append((store[idx].write(data), data.nbytes))
                         inflight_bytes += data.nbytes
@@ -247,7 +245,7 @@ class WeightStore:
                     dtype=dtype,
                     chunks=chunks,
                     checksum=writer.checksum(),
-                    nbytes=math.prod(writer.shape) * np.dtype(STORE_DTYPES[dtype]).itemsize,
+                    nbytes=math.prod(writer.shape) * dtypes.itemsize(dtype),
                 )
             while inflight:
                 inflight.popleft()[0].result()
@@ -298,7 +296,7 @@ class WeightStore:
             source = ShardedSource(shape, [((slice(None),) * array.ndim, array)])
         if not shape:
             raise ValueError(f"{name}: scalars are not weights")
-        chunks = chunk_shape(shape, np.dtype(STORE_DTYPES[dtype]).itemsize, block)
+        chunks = chunk_shape(shape, dtypes.itemsize(dtype), block)
         metadata = {
             "shape": list(shape),
             "data_type": dtype,

@@ -19,10 +19,7 @@ import pytest
 import torch
 
 from bridge import export
-
-from bridge.model import layouts
-
-from bridge.model import tiny_model
+from bridge.model import hf_files, layouts, tiny_model
 from bridge.model.config import ModelConfig
 from learner_jax import checkpoint, model, optim, sharding, train, train_state
 
@@ -98,7 +95,7 @@ def test_cli_export_matches_learner_forward(learner_run, tmp_path):
     assert result["step"] == 2 and result["dtype"] == "float32"
 
     # Sharded as asked, and the index describes exactly the files and tensors written.
-    index = json.load(open(os.path.join(out, export.INDEX_NAME)))
+    index = json.load(open(os.path.join(out, hf_files.SAFETENSORS_INDEX)))
     assert set(index["weight_map"]) == set(layouts.hf_shapes(cfg))
     files = sorted(set(index["weight_map"].values()))
     assert len(files) > 1 and files == result["files"]

@@ -13,9 +13,7 @@ import torch
 from safetensors.numpy import load_file, save_file
 from safetensors.torch import save_file as save_torch
 
-from bridge.model import layouts
-
-from bridge.model import tiny_model
+from bridge.model import layouts, tiny_model
 from learner_jax import hf_import, sharding
 
 

@@ -9,9 +9,7 @@ import torch
 from safetensors.numpy import save_file
 from transformers import AutoModelForCausalLM
 
-from bridge.model import layouts
-
-from bridge.model import tiny_model
+from bridge.model import layouts, tiny_model
 from learner_jax import model
 
 # Together: Qwen3 tied and untied, Qwen2 with bias, Llama with and without bias; GQA ratios
@@ -134,6 +132,7 @@ def test_param_tree_matches_layout_table():
         hf_shapes = layouts.hf_shapes(cfg)
         for r in rows:  # the inverse transform of an HF-shaped tensor gives our shape
             assert r.transform.from_hf(np.zeros(hf_shapes[r.hf_name])).shape == flat[r.flax_path]
+            assert r.flax_shape == flat[r.flax_path]
     boxed = model.abstract_params(CONFIGS["qwen2_bias_gqa4"])
     names = {
         tuple(k.key for k in path): x.names

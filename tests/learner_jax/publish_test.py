@@ -8,9 +8,7 @@ from jax._src import array as jax_array
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from bridge.model import layouts
-
-from bridge.model import tiny_model
+from bridge.model import layouts, tiny_model
 from bridge.store.weight_store import WeightStore
 from learner_jax import hf_import, publish, sharding
 
@@ -43,7 +41,7 @@ def _assemble(arr, transform):
     full_hf = transform.to_hf(np.zeros(arr.shape, np.float32))
     out = np.full(full_hf.shape, np.nan, np.float32)
     count = np.zeros(full_hf.shape, int)
-    for index, block in publish._pieces(arr, publish.MAPPERS[transform.name]):
+    for index, block in publish._pieces(arr, transform):
         out[index] = block
         count[index] += 1
     return out, count

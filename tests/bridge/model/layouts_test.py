@@ -3,9 +3,7 @@
 import numpy as np
 import pytest
 
-from bridge.model import layouts
-
-from bridge.model import tiny_model
+from bridge.model import layouts, tiny_model
 
 CONFIGS = {
     "qwen3_tied": tiny_model.tiny_config("qwen3", num_layers=3),
@@ -31,6 +29,18 @@ def test_table_matches_transformers_state_dict(name, tmp_path):
     assert layouts.hf_shapes(cfg) == hf_params
     flax_paths = [r.flax_path for r in layouts.table(cfg)]
     assert len(flax_paths) == len(set(flax_paths)), "a Flax path appears twice"
+    norms = {
+        f"{n}.weight" for n, m in model.named_modules() if type(m).__name__.endswith("RMSNorm")
+    }
+    assert {r.hf_name for r in layouts.table(cfg) if r.norm} == norms
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_each_row_knows_both_shapes(name):
+    """A row's HF shape is what its transform makes of its Flax shape, and back."""
+    for row in layouts.table(CONFIGS[name]):
+        assert row.transform.to_hf(np.zeros(row.flax_shape)).shape == row.hf_shape, row.hf_name
+        assert row.transform.from_hf(np.zeros(row.hf_shape)).shape == row.flax_shape, row.hf_name
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -67,3 +77,36 @@ def test_missing_or_extra_tensors_are_refused():
     hf["lm_head.weight"] = np.zeros((1,))
     with pytest.raises(ValueError, match="lm_head.weight"):
         layouts.hf_to_flax(cfg, hf)
+
+
+N, H, D = 4, 8, 6  # heads, head dim, model dim of the shard-mapping cases
+
+
+@pytest.mark.parametrize(
+    "transform, shape, grid",
+    [
+        (layouts.IDENTITY, (12, D), (3, 2)),
+        (layouts.LINEAR, (D, 12), (2, 3)),
+        (layouts.heads_in(N, H), (D, N, H), (2, 2, 1)),
+        (layouts.heads_in(N, H), (D, N, H), (1, 2, 2)),  # partial H, 2 heads per block
+        (layouts.heads_in(N, H), (D, N, H), (3, 1, 4)),  # partial H, every head
+        (layouts.heads_bias(N, H), (N, H), (2, 1)),
+        (layouts.heads_bias(N, H), (N, H), (1, 4)),
+        (layouts.heads_out(N, H), (N, H, D), (2, 1, 2)),
+        (layouts.heads_out(N, H), (N, H, D), (2, 2, 3)),
+    ],
+)
+def test_shard_pieces_tile_the_hf_array(transform, shape, grid):
+    """Every block of a grid over the Flax array, cut and converted as `shard_pieces` says,
+    lands where `to_hf` of the whole array puts it, covering each element exactly once."""
+    values = np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+    want = transform.to_hf(values)
+    out, count = np.full(want.shape, np.nan, np.float32), np.zeros(want.shape, int)
+    steps = [n // g for n, g in zip(shape, grid, strict=True)]
+    for corner in np.ndindex(*grid):
+        index = tuple(slice(c * s, (c + 1) * s) for c, s in zip(corner, steps, strict=True))
+        for hf_index, local in transform.shard_pieces(index, shape):
+            out[hf_index] = transform.to_hf(values[index][local])
+            count[hf_index] += 1
+    np.testing.assert_array_equal(count, 1)
+    np.testing.assert_array_equal(out, want)
