@@ -1,7 +1,10 @@
 """The controller: leases, bounded staleness, admission, and the HTTP service around it.
 
 `protocol.py` (pydantic wire messages), `controller.py` (the logic, one lock),
-`db.py` (every SQL statement), `learner_api.py` (what the learner calls),
-`validation.py` (checks before any state change), `lease_timing.py` (freshness-aware
-leasing), `service.py` (FastAPI server, auth), `client.py` (what a worker calls).
+`db.py` (`ControllerDB`: every SQL statement), `learner_api.py` (`LearnerSide`: what the
+learner calls, composed into the controller), `prompt_stream.py` (resumable training
+prompts), `validation.py` (checks before any state change), `lease_timing.py`
+(freshness-aware leasing), `capacity.py` (the capacity model), `activation.py`
+(cost-aware activation), `service.py` (FastAPI server, auth), `client.py` (what a worker
+calls).
 """

@@ -2,7 +2,9 @@
 
 Served over HTTP by bridge/control/service.py; the learner calls `wait_batch` directly.
 
-Staleness-aware batches and the checkpoint cursor are in bridge/control/learner_api.py.
+Staleness-aware batches and the checkpoint cursor are in bridge/control/learner_api.py
+(`LearnerSide`, which the controller holds as `self.learner` and delegates to); every SQL
+statement is in bridge/control/db.py; the prompt queue draws from prompt_stream.py.
 
 Admission control. With g = groups_per_step, S the staleness bound, newest published
 version P, the learner's next step t and allowed worker lag m (`max_version_lag`): a group
@@ -22,7 +24,7 @@ to the learner.
 Leases expire `lease_ttl_s` after issue; each heartbeat renews its worker's leases. Expired
 or released work goes back to the front of the queue. Submissions are idempotent per group:
 a group already accepted is reported as a duplicate and not counted again. All state lives
-in SQLite (controller_store.py), one transaction per operation.
+in SQLite (db.py), one transaction per operation.
 
 Cost: each worker accrues price_per_hour * time alive; time between two contacts counts
 when they are at most `worker_timeout_s` apart (idle-but-alive workers are billed too).
@@ -33,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import hashlib
-import itertools
 import json
 import logging
 import math
@@ -43,11 +44,12 @@ import time
 import uuid
 from collections.abc import Callable
 
+from bridge.control.db import ControllerDB
 from bridge.control.learner_api import LearnerSide
-from bridge.control.db import ControllerStore
-from bridge.control.validation import SubmissionError, check_group
 from bridge.control.lease_timing import LeaseTiming
+from bridge.control.prompt_stream import PromptStream
 from bridge.control.protocol import (
+    ConsumedGroup,
     Heartbeat,
     HeartbeatResponse,
     Lease,
@@ -60,6 +62,7 @@ from bridge.control.protocol import (
     VersionAnnouncement,
     WorkerProfile,
 )
+from bridge.control.validation import SubmissionError, check_group
 from bridge.tasks import Task
 
 
@@ -86,7 +89,7 @@ def hash_token(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
 
 
-class Controller(LearnerSide):
+class Controller:
     def __init__(
         self,
         config: ControllerConfig,
@@ -97,17 +100,15 @@ class Controller(LearnerSide):
         if config.staleness < 0 or config.groups_per_step < 1 or config.group_size < 1:
             raise ValueError(f"bad controller config {config}")
         self.config, self.task, self.clock = config, task, clock
-        self.store = ControllerStore(db_path)
+        self.store = ControllerDB(db_path)
         self.lock = threading.RLock()
         self._new_work = threading.Condition(self.lock)
         self.timing = LeaseTiming(config.staleness, config.retest_slow_after_s)
         self._slow_warned: dict[str, float] = {}  # worker -> when it was last reported slow
-        # Draw one prompt now so a broken task (say, a missing data file) fails here, at
-        # startup, not inside a worker's request; then resume where the last run stopped.
-        prompts = task.train_prompts(config.seed)
-        self._prompts = itertools.chain([next(prompts)], prompts)
-        for _ in itertools.islice(self._prompts, self.store.get("prompts_drawn", 0)):
-            pass
+        self._prompts = PromptStream(task, config.seed, self.store)
+        self.learner = LearnerSide(
+            self.store, self.lock, config.staleness, clock, self.timing, self._prompts
+        )
 
     def close(self) -> None:
         with self.lock:
@@ -150,21 +151,27 @@ class Controller(LearnerSide):
                 secrets.token_urlsafe(32),
                 self.clock(),
             )
-            self.store.x(
-                "INSERT INTO workers(worker_id, token_hash, profile, registered_at, last_seen)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (worker_id, hash_token(token), profile.model_dump_json(), now, now),
-            )
+            self.store.add_worker(worker_id, hash_token(token), profile.model_dump_json(), now)
             self.store.incr("workers/registered")
             return worker_id, token
 
     def authenticate(self, token: str) -> str | None:
         with self.lock:
-            rows = self.store.q(
-                "SELECT worker_id FROM workers WHERE token_hash=? AND left_at IS NULL",
-                (hash_token(token),),
-            )
-            return rows[0]["worker_id"] if rows else None
+            return self.store.worker_by_token(hash_token(token))
+
+    def worker_versions(self) -> list[dict]:
+        """Every worker (also those that left): `worker_id`, `version` (the policy version
+        it last reported, -1 before its first), `price_per_hour`, `registered_at`."""
+        with self.lock:
+            return [
+                {
+                    "worker_id": w["worker_id"],
+                    "version": w["version"],
+                    "price_per_hour": json.loads(w["profile"])["price_per_hour"],
+                    "registered_at": w["registered_at"],
+                }
+                for w in self.store.workers()
+            ]
 
     def _touch(self, worker_id: str, version: int | None = None, **cols) -> None:
         now, w = self.clock(), self.store.worker(worker_id)
@@ -182,21 +189,15 @@ class Controller(LearnerSide):
     def heartbeat(self, worker_id: str, hb: Heartbeat) -> HeartbeatResponse:
         with self._op():
             now = self.clock()
-            self._expire(now)
+            self.store.expire_leases(now)
             self._touch(
                 worker_id,
                 hb.worker_version,
                 samples_per_s=hb.samples_per_s,
                 tokens_per_s=hb.tokens_per_s,
             )
-            rows = self.store.q(
-                "SELECT lease_id FROM leases WHERE worker_id=? AND state='active'", (worker_id,)
-            )
-            renewed = [r["lease_id"] for r in rows]
-            self.store.x(
-                "UPDATE leases SET expires_at=? WHERE worker_id=? AND state='active'",
-                (now + self.config.lease_ttl_s, worker_id),
-            )
+            renewed = self.store.active_leases(worker_id)
+            self.store.renew_leases(worker_id, now + self.config.lease_ttl_s)
             return HeartbeatResponse(
                 announcement=self._announcement(),
                 swap_to=self._swap_to(hb.worker_version),
@@ -206,10 +207,8 @@ class Controller(LearnerSide):
 
     def leave(self, worker_id: str) -> None:
         with self._op():
-            for r in self.store.q(
-                "SELECT lease_id FROM leases WHERE worker_id=? AND state='active'", (worker_id,)
-            ):
-                self._end_lease(r["lease_id"], "released")
+            for lease_id in self.store.active_leases(worker_id):
+                self.store.end_lease(lease_id, "released")
             self._touch(worker_id)
             self.store.update_worker(worker_id, left_at=self.clock())
             self.timing.forget(worker_id)
@@ -227,8 +226,8 @@ class Controller(LearnerSide):
     def lease(self, worker_id: str, req: LeaseRequest) -> LeaseResponse:
         with self._op():
             c, now = self.config, self.clock()
-            self._expire(now)
-            self._drop_stale(self.store.get("next_step", 0))
+            self.store.expire_leases(now)
+            self.learner.drop_stale(self.store.get("next_step", 0))
             self._touch(worker_id, req.worker_version)
             ann = self._announcement()
             reply = dict(announcement=ann, swap_to=self._swap_to(req.worker_version))
@@ -241,11 +240,7 @@ class Controller(LearnerSide):
             if ann.version - req.worker_version > c.max_version_lag:
                 return LeaseResponse(reason="behind", **reply)
             profile = WorkerProfile(**json.loads(self.store.worker(worker_id)["profile"]))
-            held = self.store.q(
-                "SELECT COUNT(*) AS n FROM groups g JOIN leases l ON g.lease_id=l.lease_id"
-                " WHERE l.worker_id=? AND g.state='leased'",
-                (worker_id,),
-            )[0]["n"]
+            held = self.store.groups_held(worker_id)
             worker_room = max(1, profile.max_concurrent_sequences // c.group_size) - held
             room = (
                 self.admission_capacity()
@@ -307,21 +302,8 @@ class Controller(LearnerSide):
     def _refill(self, k: int) -> None:
         short = k - self.store.count("queued")
         if short > 0:
-            new = [(p.prompt_id, p.text, p.answer) for p in itertools.islice(self._prompts, short)]
-            self.store.add_groups(new)
-            self.store.incr("prompts_drawn", len(new))
-
-    def _end_lease(self, lease_id: str, state: str) -> None:
-        rows = self.store.groups_of_lease(lease_id)
-        self.store.requeue([r["group_id"] for r in rows if r["state"] == "leased"])
-        self.store.set_lease_state(lease_id, state)
-        self.store.incr(f"leases/{state}")
-
-    def _expire(self, now: float) -> None:
-        for r in self.store.q(
-            "SELECT lease_id FROM leases WHERE state='active' AND expires_at<?", (now,)
-        ):
-            self._end_lease(r["lease_id"], "expired")
+            new = self._prompts.draw(short)
+            self.store.add_groups([(p.prompt_id, p.text, p.answer) for p in new])
 
     def release(self, worker_id: str, lease_id: str, reason: str = "") -> bool:
         """Give a lease back (e.g. its reward failed); its unsubmitted groups requeue now."""
@@ -331,7 +313,7 @@ class Controller(LearnerSide):
             lease = self._own_lease(worker_id, lease_id)
             if lease["state"] != "active":
                 return False
-            self._end_lease(lease_id, "released")
+            self.store.end_lease(lease_id, "released")
             return True
 
     def _own_lease(self, worker_id: str, lease_id: str):
@@ -347,7 +329,7 @@ class Controller(LearnerSide):
         """Validate everything first, then accept atomically; resubmissions are no-ops."""
         with self._op():
             c, now = self.config, self.clock()
-            self._expire(now)
+            self.store.expire_leases(now)
             self._touch(worker_id)
             lease = self._own_lease(worker_id, sub.lease_id)
             rows = {r["group_id"]: r for r in self.store.groups_of_lease(sub.lease_id)}
@@ -378,15 +360,11 @@ class Controller(LearnerSide):
                 )
                 fresh.append(g)
             for g in fresh:
-                self.store.x(
-                    "UPDATE groups SET state='buffered', payload=?, min_version=?, accepted_at=?"
-                    " WHERE group_id=?",
-                    (
-                        json.dumps([t.model_dump() for t in g.trajectories]),
-                        min(t.min_version for t in g.trajectories),
-                        now,
-                        g.group_id,
-                    ),
+                self.store.buffer_group(
+                    g.group_id,
+                    [t.model_dump() for t in g.trajectories],
+                    min(t.min_version for t in g.trajectories),
+                    now,
                 )
             if fresh:
                 self.store.incr("groups/accepted", len(fresh))
@@ -408,15 +386,46 @@ class Controller(LearnerSide):
                 swap_to=self._swap_to(self.store.worker(worker_id)["version"]),
             )
 
+    # -- the learner (bridge/control/learner_api.py) -------------------------------------
+    def take_batch(self, step: int, num_groups: int) -> tuple[list[ConsumedGroup] | None, dict]:
+        """`num_groups` fresh groups for `step`, oldest version first; None if too few yet.
+        The stats are the fleet metrics, plus the batch's staleness when there is one."""
+        with self._op():
+            batch, staleness = self.learner.take_batch(step, num_groups)
+            return batch, {**self._stats(), **staleness}
+
+    def wait_batch(
+        self, step: int, num_groups: int, timeout_s: float
+    ) -> tuple[list[ConsumedGroup] | None, dict]:
+        """Block until `take_batch` succeeds or `timeout_s` passes (wall clock)."""
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            while True:
+                batch, stats = self.take_batch(step, num_groups)
+                left = deadline - time.monotonic()
+                if batch is not None or left <= 0:
+                    return batch, stats
+                # Wake on submissions; poll anyway so lease expiry is noticed.
+                self._new_work.wait(min(left, 0.5))
+
+    def export_cursor(self) -> dict:
+        return self.learner.export_cursor()
+
+    def restore_cursor(self, cursor: dict) -> int:
+        return self.learner.restore_cursor(cursor)
+
+    def forget_consumed(self, up_to_step: int) -> int:
+        return self.learner.forget_consumed(up_to_step)
+
     # -- metrics -------------------------------------------------------------------------
     def stats(self) -> dict:
         with self._op():
-            self._expire(self.clock())
+            self.store.expire_leases(self.clock())
             return self._stats()
 
     def _stats(self) -> dict:
         now, s = self.clock(), self.store
-        workers = s.q("SELECT * FROM workers")
+        workers = s.workers()
         alive = [
             w
             for w in workers

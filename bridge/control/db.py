@@ -1,7 +1,9 @@
 """SQLite (WAL) persistence of the controller: workers, prompt groups, leases, counters.
 
-Every controller operation is one transaction (`with store.tx():`), so a crash leaves
-either all or none of it. A group's life is one row whose `state` moves
+Every SQL statement of the controller is here, as a named method; controller.py and
+learner_api.py call these and hold no SQL. Every controller operation is one transaction
+(`with db.tx():`), so a crash leaves either all or none of it. A group's life is one row
+whose `state` moves
 
     queued -> leased -> buffered (trajectories accepted) -> consumed (at a learner step)
        ^        |          |
@@ -42,8 +44,8 @@ CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 
 
-class ControllerStore:
-    """Thin typed access to the tables; the caller serializes access (one lock)."""
+class ControllerDB:
+    """Named queries and updates on the tables; the caller serializes access (one lock)."""
 
     def __init__(self, path: str):
         self.path = path
@@ -71,9 +73,11 @@ class ControllerStore:
         self.conn.execute("COMMIT")
 
     def q(self, sql: str, args: tuple | list = ()) -> list[sqlite3.Row]:
+        """Rows of one read query. The controller uses the named methods below; tests use
+        this to audit the tables (under the controller's lock when it is serving)."""
         return self.conn.execute(sql, args).fetchall()
 
-    def x(self, sql: str, args: tuple | list = ()) -> int:
+    def _x(self, sql: str, args: tuple | list = ()) -> int:
         return self.conn.execute(sql, args).rowcount
 
     # -- key/value: counters, cursor, announcement ---------------------------------------
@@ -82,13 +86,14 @@ class ControllerStore:
         return json.loads(rows[0]["value"]) if rows else default
 
     def put(self, key: str, value: Any) -> None:
-        self.x("INSERT OR REPLACE INTO kv(key, value) VALUES (?, ?)", (key, json.dumps(value)))
+        self._x("INSERT OR REPLACE INTO kv(key, value) VALUES (?, ?)", (key, json.dumps(value)))
 
     def incr(self, key: str, n: float = 1) -> None:
         self.put(key, self.get(key, 0) + n)
 
     # -- groups --------------------------------------------------------------------------
     def add_groups(self, prompts: list[tuple[str, str, str]]) -> None:
+        """Queue new prompt groups, each (prompt_id, prompt, answer)."""
         self.conn.executemany(
             "INSERT INTO groups(prompt_id, prompt, answer, state) VALUES (?, ?, ?, 'queued')",
             prompts,
@@ -98,6 +103,7 @@ class ControllerStore:
         return self.q("SELECT COUNT(*) AS n FROM groups WHERE state=?", (state,))[0]["n"]
 
     def groups_in(self, state: str, limit: int = -1) -> list[sqlite3.Row]:
+        """Groups in `state`, queue order (oldest row first); limit -1: all."""
         return self.q(
             "SELECT * FROM groups WHERE state=? ORDER BY group_id LIMIT ?", (state, limit)
         )
@@ -105,12 +111,46 @@ class ControllerStore:
     def groups_of_lease(self, lease_id: str) -> list[sqlite3.Row]:
         return self.q("SELECT * FROM groups WHERE lease_id=? ORDER BY group_id", (lease_id,))
 
+    def groups_held(self, worker_id: str) -> int:
+        """How many groups `worker_id` holds leased (not yet submitted)."""
+        return self.q(
+            "SELECT COUNT(*) AS n FROM groups g JOIN leases l ON g.lease_id=l.lease_id"
+            " WHERE l.worker_id=? AND g.state='leased'",
+            (worker_id,),
+        )[0]["n"]
+
     def set_state(self, group_ids: list[int], state: str, **cols: Any) -> None:
         sets = ", ".join(["state=?"] + [f"{k}=?" for k in cols])
         self.conn.executemany(
             f"UPDATE groups SET {sets} WHERE group_id=?",
             [(state, *cols.values(), g) for g in group_ids],
         )
+
+    def buffer_group(
+        self, group_id: int, trajectories: list[dict], min_version: int, now: float
+    ) -> None:
+        """Accept a group's trajectories (JSON in `payload`): it waits for the learner."""
+        self._x(
+            "UPDATE groups SET state='buffered', payload=?, min_version=?, accepted_at=?"
+            " WHERE group_id=?",
+            (json.dumps(trajectories), min_version, now, group_id),
+        )
+
+    def oldest_buffered(self, limit: int) -> list[sqlite3.Row]:
+        """Buffered groups in batch order: oldest version first, then earliest arrival."""
+        return self.q(
+            "SELECT * FROM groups WHERE state='buffered'"
+            " ORDER BY min_version, accepted_at, group_id LIMIT ?",
+            (limit,),
+        )
+
+    def stale_buffered(self, step: int, staleness: int) -> list[int]:
+        """Buffered groups whose stalest trajectory is too old for learner step `step`."""
+        rows = self.q(
+            "SELECT group_id FROM groups WHERE state='buffered' AND ? - min_version > ?",
+            (step, staleness),
+        )
+        return [r["group_id"] for r in rows]
 
     def requeue(self, group_ids: list[int]) -> None:
         """Back to the queue (the same row, so it goes out before newer prompts)."""
@@ -121,20 +161,22 @@ class ControllerStore:
         )
 
     def revert_consumed_after(self, step: int) -> int:
-        return self.x(
+        """Groups consumed after learner step `step` go back to the buffer; returns how many."""
+        return self._x(
             "UPDATE groups SET state='buffered', consumed_step=NULL"
             " WHERE state='consumed' AND consumed_step>? AND payload IS NOT NULL",
             (step,),
         )
 
     def forget_consumed(self, up_to_step: int) -> int:
-        return self.x(
+        """Delete groups consumed at or before `up_to_step`; returns how many."""
+        return self._x(
             "DELETE FROM groups WHERE state='consumed' AND consumed_step<=?", (up_to_step,)
         )
 
     # -- leases --------------------------------------------------------------------------
     def add_lease(self, lease_id: str, worker_id: str, now: float, expires_at: float) -> None:
-        self.x(
+        self._x(
             "INSERT INTO leases(lease_id, worker_id, created_at, expires_at, state)"
             " VALUES (?, ?, ?, ?, 'active')",
             (lease_id, worker_id, now, expires_at),
@@ -144,14 +186,59 @@ class ControllerStore:
         rows = self.q("SELECT * FROM leases WHERE lease_id=?", (lease_id,))
         return rows[0] if rows else None
 
+    def active_leases(self, worker_id: str) -> list[str]:
+        """Ids of the leases `worker_id` holds now."""
+        rows = self.q(
+            "SELECT lease_id FROM leases WHERE worker_id=? AND state='active'", (worker_id,)
+        )
+        return [r["lease_id"] for r in rows]
+
+    def renew_leases(self, worker_id: str, expires_at: float) -> None:
+        """Every active lease of `worker_id` now expires at `expires_at` (a heartbeat)."""
+        self._x(
+            "UPDATE leases SET expires_at=? WHERE worker_id=? AND state='active'",
+            (expires_at, worker_id),
+        )
+
     def set_lease_state(self, lease_id: str, state: str) -> None:
-        self.x("UPDATE leases SET state=? WHERE lease_id=?", (state, lease_id))
+        self._x("UPDATE leases SET state=? WHERE lease_id=?", (state, lease_id))
+
+    def end_lease(self, lease_id: str, state: str) -> None:
+        """End a lease as `state` (expired, released): its unsubmitted groups requeue."""
+        rows = self.groups_of_lease(lease_id)
+        self.requeue([r["group_id"] for r in rows if r["state"] == "leased"])
+        self.set_lease_state(lease_id, state)
+        self.incr(f"leases/{state}")
+
+    def expire_leases(self, now: float) -> None:
+        """End every active lease whose deadline passed before `now`."""
+        rows = self.q("SELECT lease_id FROM leases WHERE state='active' AND expires_at<?", (now,))
+        for r in rows:
+            self.end_lease(r["lease_id"], "expired")
 
     # -- workers -------------------------------------------------------------------------
+    def add_worker(self, worker_id: str, token_hash: str, profile_json: str, now: float) -> None:
+        self._x(
+            "INSERT INTO workers(worker_id, token_hash, profile, registered_at, last_seen)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (worker_id, token_hash, profile_json, now, now),
+        )
+
     def worker(self, worker_id: str) -> sqlite3.Row | None:
         rows = self.q("SELECT * FROM workers WHERE worker_id=?", (worker_id,))
         return rows[0] if rows else None
 
+    def worker_by_token(self, token_hash: str) -> str | None:
+        """The id of the worker (not left) whose token hashes to `token_hash`."""
+        rows = self.q(
+            "SELECT worker_id FROM workers WHERE token_hash=? AND left_at IS NULL", (token_hash,)
+        )
+        return rows[0]["worker_id"] if rows else None
+
+    def workers(self) -> list[sqlite3.Row]:
+        """Every worker ever registered, including those that left."""
+        return self.q("SELECT * FROM workers")
+
     def update_worker(self, worker_id: str, **cols: Any) -> None:
         sets = ", ".join(f"{k}=?" for k in cols)
-        self.x(f"UPDATE workers SET {sets} WHERE worker_id=?", (*cols.values(), worker_id))
+        self._x(f"UPDATE workers SET {sets} WHERE worker_id=?", (*cols.values(), worker_id))

@@ -1,7 +1,10 @@
 """The learner's side of the controller: staleness-aware batches and the checkpoint cursor.
 
-A mixin of `Controller` (bridge/control/controller.py), which supplies `config`, `store` (SQLite),
-`lock`, `_op()` (lock + transaction), `clock` and `_expire`.
+`LearnerSide` is a part of `Controller` (bridge/control/controller.py), built from what it
+needs: the database (bridge/control/db.py), the controller's lock, the staleness bound, the
+clock, the lease timing it reports the learner's pace to, and the prompt stream. The
+controller keeps the learner's entry points (`take_batch`, `wait_batch`, the cursor) and
+delegates here; it adds the fleet metrics to each batch's stats.
 
 Bounded staleness S: version v = parameters after v updates; learner step t may use a
 trajectory only if t - v <= S for its oldest token. Before each batch, buffered groups that
@@ -19,43 +22,60 @@ none twice.
 
 from __future__ import annotations
 
-import itertools
+import contextlib
 import json
-import time
+import threading
+from collections.abc import Callable
 
+from bridge.control.db import ControllerDB
+from bridge.control.lease_timing import LeaseTiming
+from bridge.control.prompt_stream import PromptStream
 from bridge.control.protocol import ConsumedGroup, Trajectory
 
 
 class LearnerSide:
-    """Methods the learner calls in-process (never exposed over HTTP)."""
+    """What the learner calls in-process (never exposed over HTTP); each call is atomic."""
 
-    def _drop_stale(self, step: int) -> int:
-        stale = self.store.q(
-            "SELECT group_id FROM groups WHERE state='buffered' AND ? - min_version > ?",
-            (step, self.config.staleness),
-        )
-        if stale:
-            self.store.requeue([r["group_id"] for r in stale])
-            self.store.incr("staleness/dropped", len(stale))
-        return len(stale)
+    def __init__(
+        self,
+        db: ControllerDB,
+        lock: threading.RLock,
+        staleness: int,
+        clock: Callable[[], float],
+        timing: LeaseTiming,
+        prompts: PromptStream,
+    ):
+        self.db, self.lock, self.staleness, self.clock = db, lock, staleness, clock
+        self.timing, self.prompts = timing, prompts
+
+    @contextlib.contextmanager
+    def _op(self):
+        with self.lock, self.db.tx():
+            yield
+
+    def drop_stale(self, step: int) -> int:
+        """Requeue buffered groups too stale for learner step `step`; returns how many."""
+        with self._op():
+            stale = self.db.stale_buffered(step, self.staleness)
+            if stale:
+                self.db.requeue(stale)
+                self.db.incr("staleness/dropped", len(stale))
+            return len(stale)
 
     def take_batch(self, step: int, num_groups: int) -> tuple[list[ConsumedGroup] | None, dict]:
-        """`num_groups` fresh groups for `step`, oldest version first; None if too few yet."""
+        """`num_groups` fresh groups for `step`, oldest version first, and their staleness
+        stats; (None, {}) if too few yet."""
         with self._op():
-            self._expire(self.clock())
-            self.store.put("next_step", step)
-            self._drop_stale(step)
-            rows = self.store.q(
-                "SELECT * FROM groups WHERE state='buffered'"
-                " ORDER BY min_version, accepted_at, group_id LIMIT ?",
-                (num_groups,),
-            )
+            self.db.expire_leases(self.clock())
+            self.db.put("next_step", step)
+            self.drop_stale(step)
+            rows = self.db.oldest_buffered(num_groups)
             if len(rows) < num_groups:
-                return None, self._stats()
-            self.store.set_state([r["group_id"] for r in rows], "consumed", consumed_step=step)
-            self.store.put("next_step", step + 1)
-            self.store.put("consumed_through_step", step)
-            self.store.incr("groups/consumed", len(rows))
+                return None, {}
+            self.db.set_state([r["group_id"] for r in rows], "consumed", consumed_step=step)
+            self.db.put("next_step", step + 1)
+            self.db.put("consumed_through_step", step)
+            self.db.incr("groups/consumed", len(rows))
             self.timing.batch_taken(self.clock())
             batch = [
                 ConsumedGroup(
@@ -68,50 +88,30 @@ class LearnerSide:
                 for r in rows
             ]
             lags = [step - t.min_version for g in batch for t in g.trajectories]
-            stats = self._stats()
-            stats.update({"staleness/mean": sum(lags) / len(lags), "staleness/max": max(lags)})
-            return batch, stats
-
-    def wait_batch(
-        self, step: int, num_groups: int, timeout_s: float
-    ) -> tuple[list[ConsumedGroup] | None, dict]:
-        """Block until `take_batch` succeeds or `timeout_s` passes (wall clock)."""
-        deadline = time.monotonic() + timeout_s
-        with self.lock:
-            while True:
-                batch, stats = self.take_batch(step, num_groups)
-                left = deadline - time.monotonic()
-                if batch is not None or left <= 0:
-                    return batch, stats
-                # Wake on submissions; poll anyway so lease expiry is noticed.
-                self._new_work.wait(min(left, 0.5))
+            return batch, {"staleness/mean": sum(lags) / len(lags), "staleness/max": max(lags)}
 
     def export_cursor(self) -> dict:
         """JSON-able state for the learner's checkpoint."""
         with self.lock:
             return {
-                "next_step": self.store.get("next_step", 0),
-                "consumed_through_step": self.store.get("consumed_through_step", -1),
-                "prompts_drawn": self.store.get("prompts_drawn", 0),
+                "next_step": self.db.get("next_step", 0),
+                "consumed_through_step": self.db.get("consumed_through_step", -1),
+                "prompts_drawn": self.db.get("prompts_drawn", 0),
             }
 
     def restore_cursor(self, cursor: dict) -> int:
         """Undo consumption after the checkpoint; returns how many groups went back."""
         with self._op():
-            n = self.store.revert_consumed_after(cursor["consumed_through_step"])
-            self.store.put("next_step", cursor["next_step"])
-            self.store.put("consumed_through_step", cursor["consumed_through_step"])
-            drawn = self.store.get("prompts_drawn", 0)
+            n = self.db.revert_consumed_after(cursor["consumed_through_step"])
+            self.db.put("next_step", cursor["next_step"])
+            self.db.put("consumed_through_step", cursor["consumed_through_step"])
             # A database older than the checkpoint (or a fresh one): skip the prompts the
             # checkpointed run already drew instead of training on them again.
-            if cursor["prompts_drawn"] > drawn:
-                for _ in itertools.islice(self._prompts, cursor["prompts_drawn"] - drawn):
-                    pass
-                self.store.put("prompts_drawn", cursor["prompts_drawn"])
-            self.store.incr("groups/consumed", -n)
+            self.prompts.skip_to(cursor["prompts_drawn"])
+            self.db.incr("groups/consumed", -n)
             return n
 
     def forget_consumed(self, up_to_step: int) -> int:
         """Free consumed trajectories once a checkpoint at or after `up_to_step` is durable."""
         with self._op():
-            return self.store.forget_consumed(up_to_step)
+            return self.db.forget_consumed(up_to_step)

@@ -35,7 +35,6 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
 
 from bridge.control.controller import Controller
-from bridge.control.validation import SubmissionError
 from bridge.control.protocol import (
     Ack,
     Heartbeat,
@@ -49,6 +48,7 @@ from bridge.control.protocol import (
     SubmitResponse,
     VersionAnnouncement,
 )
+from bridge.control.validation import SubmissionError
 
 PUBLIC_PATHS = frozenset({"/v1/register", "/openapi.json"})
 

@@ -7,7 +7,6 @@ import threading
 import pytest
 
 from bridge.control.controller import Controller, ControllerConfig
-from bridge.control.validation import SubmissionError
 from bridge.control.protocol import (
     GroupResult,
     Heartbeat,
@@ -17,6 +16,7 @@ from bridge.control.protocol import (
     Trajectory,
     WorkerProfile,
 )
+from bridge.control.validation import SubmissionError
 from bridge.tasks import make_task
 
 
@@ -318,6 +318,22 @@ def test_fleet_stats_and_cost(tmp_path):
     s = ctl.stats()
     assert s["cost/usd"] == pytest.approx(3.6 * 100 / 3600)
     assert s["fleet/active_workers"] == 1 and s["fleet/rollouts_per_s"] == 7.0
+
+
+def test_worker_versions_lists_every_worker_with_price_and_join_time(tmp_path):
+    clock = Clock()
+    ctl = make(tmp_path, clock)
+    a = worker(ctl, price=3.6)
+    clock.t += 5
+    b = worker(ctl, price=0.5)
+    clock.t += 5
+    ctl.heartbeat(a, Heartbeat(worker_version=2))
+    ctl.leave(b)  # one that left is still listed: its swaps happened
+    got = sorted(ctl.worker_versions(), key=lambda w: w["registered_at"])
+    assert got == [
+        {"worker_id": a, "version": 2, "price_per_hour": 3.6, "registered_at": 1000.0},
+        {"worker_id": b, "version": -1, "price_per_hour": 0.5, "registered_at": 1005.0},
+    ]
 
 
 def test_wait_batch_wakes_on_submission(tmp_path):

@@ -14,14 +14,8 @@ import time
 import httpx
 import pytest
 
-from bridge.control.controller import Controller, ControllerConfig
 from bridge.control.client import ControllerClient, ControllerError
-from bridge.control.service import (
-    ControllerServer,
-    ServerOptions,
-    load_or_create_join_secret,
-    serve_controller,
-)
+from bridge.control.controller import Controller, ControllerConfig
 from bridge.control.protocol import (
     GroupResult,
     Heartbeat,
@@ -31,8 +25,14 @@ from bridge.control.protocol import (
     Trajectory,
     WorkerProfile,
 )
-from bridge.tasks import Prompt, cached_task, make_task, score
+from bridge.control.service import (
+    ControllerServer,
+    ServerOptions,
+    load_or_create_join_secret,
+    serve_controller,
+)
 from bridge.model.tiny_model import EOS_ID, char_vocab
+from bridge.tasks import Prompt, cached_task, make_task, score
 
 PROFILE = {
     "accelerator": "cpu",
@@ -294,6 +294,33 @@ def test_tls(tmp_path):
         ctl.close()
 
 
+def two_token_results(groups, **fields):
+    """Typed results for leased `groups`, every sample a two-token completion at version 0;
+    `fields` override Trajectory fields (a callable gets the sample index)."""
+    return [
+        GroupResult(
+            group_id=g.group_id,
+            trajectories=[
+                Trajectory(
+                    **{
+                        "prompt_id": g.prompt_id,
+                        "sample_index": i,
+                        "prompt_token_ids": [5],
+                        "completion_token_ids": [6, 2],
+                        "logprobs": [-1.0, -0.5],
+                        "versions": [0, 0],
+                        "reward": 0.0,
+                        "finish_reason": "stop",
+                        **{k: v(i) if callable(v) else v for k, v in fields.items()},
+                    }
+                )
+                for i in range(g.n)
+            ],
+        )
+        for g in groups
+    ]
+
+
 def test_typed_client_round_trip_with_task_rewards(service):
     """What a worker does, through the typed client: join, swap when told, lease, score with
     the task adapter, submit; the learner then takes exactly those trajectories."""
@@ -372,25 +399,7 @@ def test_concurrent_workers_and_learner(tmp_path):
                 if r.lease is None:
                     time.sleep(r.retry_after_s)
                     continue
-                groups = [
-                    GroupResult(
-                        group_id=pg.group_id,
-                        trajectories=[
-                            Trajectory(
-                                prompt_id=pg.prompt_id,
-                                sample_index=i,
-                                prompt_token_ids=[5],
-                                completion_token_ids=[6, 2],
-                                logprobs=[-1.0, -0.5],
-                                versions=[version] * 2,
-                                reward=0.0,
-                                finish_reason="stop",
-                            )
-                            for i in range(pg.n)
-                        ],
-                    )
-                    for pg in r.lease.groups
-                ]
+                groups = two_token_results(r.lease.groups, versions=[version] * 2)
                 client.submit(Submission(lease_id=r.lease.lease_id, groups=groups))
         except Exception as e:  # noqa: BLE001 - surfaced by the assert below
             errors.append(e)
@@ -438,25 +447,13 @@ def test_restart_between_steps_keeps_tokens_and_trajectories(tmp_path):
         server.url, load_or_create_join_secret(str(tmp_path)), WorkerProfile(**PROFILE)
     )
     lease = client.lease(LeaseRequest(worker_version=0, max_groups=3)).lease
-    groups = [
-        GroupResult(
-            group_id=g.group_id,
-            trajectories=[
-                Trajectory(
-                    prompt_id=g.prompt_id,
-                    sample_index=i,
-                    prompt_token_ids=[5],
-                    completion_token_ids=[6, i + 7],
-                    logprobs=[-1.0, -2.0],
-                    versions=[0, 0],
-                    reward=float(i),
-                    finish_reason="length",
-                )
-                for i in range(2)
-            ],
-        )
-        for g in lease.groups
-    ]
+    groups = two_token_results(
+        lease.groups,
+        completion_token_ids=lambda i: [6, i + 7],
+        logprobs=[-1.0, -2.0],
+        reward=lambda i: float(i),
+        finish_reason="length",
+    )
     sub = Submission(lease_id=lease.lease_id, groups=groups)
     client.submit(sub)
     first, _ = ctl.take_batch(0, 1)
