@@ -13,20 +13,20 @@ Reads follow writes, so both sides read from the page cache; the two sides alter
 which goes first.
 
 Then the rollout side's hot swap (`--swap`, default on): a vLLM engine (bfloat16, eager,
-`rollout_gpu.engine.make_engine`) is started on an HF dir of the same model (random bf16
+`rollout_gpu.vllm_engine.VllmEngine`) is started on an HF dir of the same model (random bf16
 weights, the char tokenizer of `bridge/model/tiny_model.py`), two versions are published to a
 store, and each repeat loads the other version, split the way
 `rollout_gpu.weight_swap.load_version` runs it:
   swap_fetch_s  store.read_all: read + verify every checksum (as fetch_s above)
-  swap_s        swap_weights: validate names/shapes/finiteness + vLLM reload_weights in
-                place + tied-layer reprocessing + prefix-cache reset (the swap alone)
+  swap_s        swap_weights: validate names/shapes/finiteness + `load_weights` in place
+                (vLLM reload_weights + tied-layer reprocessing + prefix-cache reset)
   validate_s    of which: the validation alone (timed once more on its own)
   load_version_s  the whole `load_version` call (fetch + swap), timed separately
   canary_s      check_canary on 4 probes of 25 tokens (payload scored by the engine itself,
                 so only its cost is measured; the published versions carry no canary)
 The fp32 host copy is dropped before vLLM starts (whole run: ~10.5 GB peak RSS, ~4 min).
 
-    python -m bench.bridge --out=/tmp/bench_bridge.json [--repeats=3] [--num_layers=28] \
+    python -m bench.weight_bridge --out=/tmp/bench_bridge.json [--repeats=3] [--num_layers=28] \
         [--noswap]
 """
 
@@ -43,9 +43,7 @@ import ml_dtypes
 import numpy as np
 from absl import app, flags
 
-from bridge.model import layouts
-
-from bridge.model import tiny_model
+from bridge.model import layouts, tiny_model
 from bridge.model.config import ModelConfig
 from bridge.model.presets import qwen3_0p6b
 from bridge.store.weight_store import WeightStore
@@ -123,12 +121,12 @@ def measure_swap(cfg: ModelConfig, model_dir: str, store: WeightStore, repeats: 
     from bridge.contracts import canary as canary_lib
     from rollout_gpu import canary as engine_canary
     from rollout_gpu import weight_swap
-    from rollout_gpu.engine import make_engine
+    from rollout_gpu.vllm_engine import VllmEngine
 
     t = time.perf_counter()
-    llm = make_engine(model_dir, dtype="bfloat16", max_model_len=256, max_num_seqs=8)
+    engine = VllmEngine.start(model_dir, dtype="bfloat16", max_model_len=256, max_num_seqs=8)
     probes = canary_lib.probe_token_lists(len(tiny_model.char_vocab()), tiny_model.BOS_ID)
-    engine_canary.engine_prompt_logprobs(llm, probes)  # first forward compiles kernels
+    engine_canary.engine_prompt_logprobs(engine, probes)  # first forward compiles kernels
     startup_s = time.perf_counter() - t
     shapes = layouts.hf_shapes(cfg)
     current = weight_swap.EngineVersion()
@@ -137,15 +135,17 @@ def measure_swap(cfg: ModelConfig, model_dir: str, store: WeightStore, repeats: 
         version = 1 + r % 2
         fetch_s, tensors = timed(store.read_all, version)
         validate_s, _ = timed(weight_swap.validate_tensors, tensors, shapes)  # part of swap_s
-        swap_s, _ = timed(weight_swap.swap_weights, llm, tensors, shapes, current)
+        swap_s, _ = timed(weight_swap.swap_weights, engine, tensors, shapes, current)
         current.version, current.tensors = version, tensors
         del tensors
         # The whole call the worker makes (fetch + swap), on the other version.
         other = 1 + (r + 1) % 2
-        load_s, _ = timed(weight_swap.load_version, llm, store, other, current)
+        load_s, _ = timed(weight_swap.load_version, engine, store, other, current)
         assert current.version == other
-        payload = canary_lib.canary_payload(probes, engine_canary.engine_prompt_logprobs(llm, probes))
-        canary_s, res = timed(engine_canary.check_canary, llm, payload, "bfloat16")
+        payload = canary_lib.canary_payload(
+            probes, engine_canary.engine_prompt_logprobs(engine, probes)
+        )
+        canary_s, res = timed(engine_canary.check_canary, engine, payload, "bfloat16")
         assert res.ok, res
         runs.append(
             {
@@ -157,7 +157,7 @@ def measure_swap(cfg: ModelConfig, model_dir: str, store: WeightStore, repeats: 
             }
         )
         print(f"swap {r}: " + ", ".join(f"{k}={v:.2f}" for k, v in runs[-1].items()))
-    del llm
+    del engine
     med = {k: statistics.median(run[k] for run in runs) for k in runs[0]}
     return {**med, "engine_startup_s": startup_s, "swap_repeats": runs}
 

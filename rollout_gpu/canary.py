@@ -11,32 +11,25 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from bridge.contracts.canary import CanaryResult, compare
+from rollout_gpu.engine import RolloutEngine
 
 
-def engine_prompt_logprobs(llm, token_lists: Sequence[Sequence[int]]) -> list[np.ndarray]:
-    """vLLM's log-prob of every prompt token given its prefix: one [T-1] array per list.
+def engine_prompt_logprobs(
+    engine: RolloutEngine, token_lists: Sequence[Sequence[int]]
+) -> list[np.ndarray]:
+    """The engine's log-prob of every prompt token given its prefix: one [T-1] array per list.
 
     Prompt log-probs skip the sampler's processors (temperature, top-k, penalties), so
     they are the model's raw log-softmax whatever the sampling settings; only the
     `raw_logits`/`processed_logits` modes would return logits instead, which we refuse.
     """
-    from vllm import SamplingParams
-
-    mode = str(getattr(llm.llm_engine.model_config, "logprobs_mode", "raw_logprobs"))
+    mode = engine.logprobs_mode
     if not mode.endswith("logprobs"):
         raise ValueError(f"engine logprobs_mode={mode!r} returns logits, not log-probs")
-    params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
-    prompts = [{"prompt_token_ids": [int(t) for t in ids]} for ids in token_lists]
-    outs = llm.generate(prompts, params, use_tqdm=False)
-    result = []
-    for ids, out in zip(token_lists, outs, strict=True):
-        # prompt_logprobs[0] is None (no prefix); entry j holds {token_id: Logprob, ...}.
-        lps = [out.prompt_logprobs[j][int(t)].logprob for j, t in enumerate(ids) if j > 0]
-        result.append(np.asarray(lps, dtype=np.float64))
-    return result
+    return engine.prompt_logprobs(token_lists)
 
 
-def check_canary(llm, canary: Mapping, dtype: str) -> CanaryResult:
+def check_canary(engine: RolloutEngine, canary: Mapping, dtype: str) -> CanaryResult:
     """Score the payload's probes with the engine and compare with the learner's log-probs."""
     try:
         token_lists, learner = canary["token_lists"], canary["logprobs"]
@@ -44,4 +37,4 @@ def check_canary(llm, canary: Mapping, dtype: str) -> CanaryResult:
         raise ValueError(f"malformed canary payload (need token_lists, logprobs): {e!r}") from e
     if len(token_lists) != len(learner):
         raise ValueError("malformed canary payload: token_lists and logprobs differ in length")
-    return compare(engine_prompt_logprobs(llm, token_lists), learner, dtype)
+    return compare(engine_prompt_logprobs(engine, token_lists), learner, dtype)

@@ -1,16 +1,16 @@
-"""One lease's generation on a vLLM engine: prompt groups in, scored trajectories out.
+"""One lease's generation on a rollout engine: prompt groups in, scored trajectories out.
 
-    results = generate_groups(llm, lease.groups, version=3, should_abort=stop.is_set)
+    results = generate_groups(engine, lease.groups, version=3, should_abort=stop.is_set)
 
-Each `PromptGroup` becomes one vLLM request with `n` samples. Prompt tokens are the
+Each `PromptGroup` becomes one engine request with `n` samples. Prompt tokens are the
 engine tokenizer's ids of the prompt text with BOS prepended (no other special tokens);
 generation stops at EOS (kept as the last completion token, so the learner trains the
 stop decision) or at `max_tokens`.
 
-Log-probs: `SamplingParams(logprobs=0)` returns the sampled token's log-prob, and the
-engine must run with `logprobs_mode="raw_logprobs"` (vLLM's default, checked here): the
-model's log-softmax before temperature/top-k/top-p, i.e. exactly what the learner
-recomputes. With temperature 1 and no truncation that is also the sampling distribution.
+Log-probs: each completion token carries the sampled token's log-prob, and the engine
+must run in `raw_logprobs` mode (checked here): the model's log-softmax before
+temperature/top-k/top-p, i.e. exactly what the learner recomputes. With temperature 1
+and no truncation that is also the sampling distribution.
 
 Versions: the engine only swaps weights between leases, so every token of a lease was
 sampled by the one version the engine served when it started; each completion token is
@@ -28,20 +28,19 @@ from collections.abc import Callable, Sequence
 from bridge.contracts.prompt import prompt_ids
 from bridge.control.protocol import GroupResult, PromptGroup, Trajectory
 from bridge.tasks import Prompt, cached_task, score
+from rollout_gpu.engine import (
+    Completion,
+    GenerationAborted,
+    GenerationError,
+    RolloutEngine,
+    SampleRequest,
+)
+
+__all__ = ["GenerationAborted", "GenerationError", "check_raw_logprobs", "generate_groups"]
 
 
-class GenerationAborted(RuntimeError):
-    """`should_abort` turned true mid-generation; the requests were aborted, nothing scored."""
-
-
-class GenerationError(RuntimeError):
-    """The lease cannot be served as asked (a task this worker cannot build, a prompt too
-    long for the engine), or the engine returned something a trajectory cannot be made of
-    (an aborted sample, a missing log-prob, one that is not finite and <= 0)."""
-
-
-def check_raw_logprobs(llm) -> None:
-    mode = str(getattr(llm.llm_engine.model_config, "logprobs_mode", "raw_logprobs"))
+def check_raw_logprobs(engine: RolloutEngine) -> None:
+    mode = engine.logprobs_mode
     if mode != "raw_logprobs":
         raise ValueError(
             f"engine logprobs_mode={mode!r}; rollouts need 'raw_logprobs' (the model's "
@@ -53,46 +52,27 @@ def prompt_token_ids(tokenizer, text: str) -> list[int]:
     return prompt_ids(tokenizer.bos_token_id, tokenizer.encode(text, add_special_tokens=False))
 
 
-def vllm_params(group: PromptGroup):
-    from vllm import SamplingParams
-
+def sample_request(group: PromptGroup, ids: Sequence[int]) -> SampleRequest:
     s = group.sampling
-    return SamplingParams(
+    return SampleRequest(
+        prompt_token_ids=list(ids),
         n=group.n,
         temperature=s.temperature,
         top_p=s.top_p,
-        top_k=s.top_k if s.top_k > 0 else 0,  # 0 = off in vLLM
+        top_k=s.top_k,
         max_tokens=s.max_tokens,
         stop_token_ids=list(s.stop_token_ids),
-        logprobs=0,
     )
 
 
-def run_requests(llm, prompts: list[dict], params: list, should_abort: Callable[[], bool]):
-    """`llm.generate`, except that `should_abort()` is polled each engine step."""
-    ids = llm.enqueue(prompts, params, use_tqdm=False)
-    engine, done = llm.llm_engine, []
-    while engine.has_unfinished_requests():
-        if should_abort():
-            engine.abort_request(list(ids), internal=True)
-            while engine.has_unfinished_requests():
-                engine.step()
-            raise GenerationAborted(f"aborted {len(ids)} requests")
-        done.extend(o for o in engine.step() if o.finished)
-    if len(done) != len(ids):
-        raise GenerationError(f"engine finished {len(done)} of {len(ids)} requests")
-    # Request ids are increasing counters; this is the order they were enqueued in.
-    return sorted(done, key=lambda o: int(o.request_id))
-
-
-def _trajectory(group, sample, prompt_ids, version, task, tokenizer) -> Trajectory:
+def _trajectory(group, sample: Completion, prompt_ids, version, task, tokenizer) -> Trajectory:
     where = f"group {group.group_id} sample {sample.index}"
     if sample.finish_reason not in ("stop", "length"):
         raise GenerationError(f"{where}: finish_reason {sample.finish_reason!r}")
     tokens = list(sample.token_ids)
     if sample.logprobs is None or len(sample.logprobs) != len(tokens):
         raise GenerationError(f"{where}: engine returned no log-prob for some tokens")
-    logprobs = [float(step[t].logprob) for t, step in zip(tokens, sample.logprobs, strict=True)]
+    logprobs = [float(x) for x in sample.logprobs]
     bad = [x for x in logprobs if not (math.isfinite(x) and x <= 0.0)]
     if bad:
         raise GenerationError(f"{where}: engine log-prob {bad[0]} is not finite and <= 0")
@@ -121,30 +101,28 @@ def _task(group: PromptGroup):
 
 
 def generate_groups(
-    llm,
+    engine: RolloutEngine,
     groups: Sequence[PromptGroup],
     version: int,
     should_abort: Callable[[], bool] = lambda: False,
 ) -> list[GroupResult]:
     """Sample, score and package every group (all or nothing: raises on the first problem)."""
-    tokenizer = llm.get_tokenizer()
+    tokenizer = engine.tokenizer
     tasks = [_task(g) for g in groups]  # before generating: an unknown task wastes nothing
     prompt_ids = [prompt_token_ids(tokenizer, g.prompt) for g in groups]
-    max_len = llm.llm_engine.model_config.max_model_len
+    max_len = engine.max_model_len
     for g, ids in zip(groups, prompt_ids, strict=True):
         if len(ids) + g.sampling.max_tokens > max_len:
             raise GenerationError(
                 f"group {g.group_id}: prompt of {len(ids)} tokens + max_tokens "
                 f"{g.sampling.max_tokens} exceeds the engine's max_model_len {max_len}"
             )
-    outs = run_requests(
-        llm,
-        [{"prompt_token_ids": ids} for ids in prompt_ids],
-        [vllm_params(g) for g in groups],
-        should_abort,
-    )
+    requests = [sample_request(g, ids) for g, ids in zip(groups, prompt_ids, strict=True)]
+    outs = engine.generate(requests, should_abort)
+    if len(outs) != len(groups):
+        raise GenerationError(f"engine answered {len(outs)} of {len(groups)} requests")
     results = []
-    for group, out, ids, task in zip(groups, outs, prompt_ids, tasks, strict=True):
-        trajs = [_trajectory(group, s, ids, version, task, tokenizer) for s in out.outputs]
+    for group, samples, ids, task in zip(groups, outs, prompt_ids, tasks, strict=True):
+        trajs = [_trajectory(group, s, ids, version, task, tokenizer) for s in samples]
         results.append(GroupResult(group_id=group.group_id, trajectories=trajs))
     return results

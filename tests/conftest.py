@@ -36,39 +36,39 @@ def tiny_model_dir(tiny_model_dirs):
 
 @pytest.fixture(scope="session")
 def vllm_engine(tiny_model_dir):
-    """The session's one vLLM engine (fp32, eager) on the tiny Qwen3 model.
+    """The session's one vLLM engine (a `VllmEngine`, fp32, eager) on the tiny Qwen3 model.
 
     Tests that swap weights into it must restore the original weights when done
     (see `rollout_gpu` swap tests) so test order does not matter.
     """
     import sys
 
-    from rollout_gpu.engine import make_engine
+    from rollout_gpu.vllm_engine import VllmEngine
 
     # vLLM's CPU kernel registration probes every loaded module's attributes; flask's
     # context-local proxies raise on that probe. Servers built on flask (moto) must run in
     # their own process.
     assert "flask" not in sys.modules, "flask was imported into the test process"
 
-    engine = make_engine(tiny_model_dir, dtype="float32", max_model_len=256, seed=0)
+    engine = VllmEngine.start(tiny_model_dir, dtype="float32", max_model_len=256, seed=0)
     yield engine
     del engine
 
 
 @pytest.fixture(scope="session")
 def extra_vllm_engine():
-    """Start another vLLM engine that lives until the session ends.
+    """Start another vLLM engine (a `VllmEngine`) that lives until the session ends.
 
     Tearing down one in-process engine destroys vLLM's process-wide parallel groups, which
     breaks every other engine still alive (the session engine): "pipeline model parallel
     group is not initialized". So no test engine is torn down before the process exits.
     """
-    from rollout_gpu.engine import make_engine
+    from rollout_gpu.vllm_engine import VllmEngine
 
     alive = []
 
     def start(model_dir: str, **kwargs):
-        alive.append(make_engine(model_dir, **kwargs))
+        alive.append(VllmEngine.start(model_dir, **kwargs))
         return alive[-1]
 
     yield start

@@ -36,12 +36,12 @@ import time
 import pytest
 from worker_procs import spawn_worker, tail
 
-from bridge.model import tiny_model
 from bridge.control.controller import Controller, ControllerConfig
-from bridge.control.service import ServerOptions, serve_controller
 from bridge.control.protocol import SamplingParams
-from bridge.tasks import make_task
+from bridge.control.service import ServerOptions, serve_controller
+from bridge.model import tiny_model
 from bridge.store.weight_store import WeightStore
+from bridge.tasks import make_task
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

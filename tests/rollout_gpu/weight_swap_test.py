@@ -12,11 +12,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from bridge.contracts import canary
 from bridge.model import tiny_model
 from bridge.store.weight_store import CorruptVersionError, VersionNotFoundError, WeightStore
-from bridge.contracts import canary
 from rollout_gpu import canary as engine_canary
 from rollout_gpu import weight_swap
+from rollout_gpu.engine import SampleRequest
 
 pytestmark = pytest.mark.vllm
 
@@ -65,29 +66,26 @@ class Reference:
 class Harness:
     """One engine + store + the worker's EngineVersion, with helpers to publish versions."""
 
-    def __init__(self, llm, model_dir, store_dir):
-        self.llm = llm
-        self.cfg = weight_swap.engine_model_config(llm)
+    def __init__(self, engine, model_dir, store_dir):
+        self.engine = engine
+        self.cfg = engine.model_config()
         self.ref = Reference(model_dir)
         self.store_dir = str(store_dir)
         self.store = WeightStore(f"file://{store_dir}")
         self.current = weight_swap.EngineVersion()
-        n_tok = len(llm.get_tokenizer())
+        n_tok = len(engine.tokenizer)
         self.probes = canary.probe_token_lists(n_tok, tiny_model.BOS_ID)
         self.checks = canary.probe_token_lists(n_tok, tiny_model.BOS_ID, length=40, seed=CHECK_SEED)
         self.initial = self.engine_lps()
 
     def engine_lps(self):
-        return engine_canary.engine_prompt_logprobs(self.llm, self.checks)
+        return engine_canary.engine_prompt_logprobs(self.engine, self.checks)
 
     def greedy_first_token(self, ids):
         """(token, logprob) of a greedy 1-token generation: reads the prefix cache."""
-        from vllm import SamplingParams
-
-        params = SamplingParams(max_tokens=1, temperature=0.0, logprobs=0)
-        [out] = self.llm.generate([{"prompt_token_ids": ids}], params, use_tqdm=False)
-        tok = out.outputs[0].token_ids[0]
-        return tok, out.outputs[0].logprobs[0][tok].logprob
+        request = SampleRequest(prompt_token_ids=ids, max_tokens=1, temperature=0.0)
+        [[sample]] = self.engine.generate([request])
+        return sample.token_ids[0], sample.logprobs[0]
 
     def publish(self, weights, dtype="float32", canary_weights=None, perturb=0.0, version=None):
         """Publish `weights` with a canary computed on `canary_weights` (default: the same)."""
@@ -104,7 +102,7 @@ class Harness:
         return os.path.join(self.store_dir, "data", f"{version:012d}", name)
 
     def load(self, version):
-        return weight_swap.load_version(self.llm, self.store, version, self.current)
+        return weight_swap.load_version(self.engine, self.store, version, self.current)
 
 
 def assert_same(a, b):
@@ -154,7 +152,7 @@ def test_generation_after_swap_does_not_reuse_stale_kv(qwen3):
     """Prompt-logprob requests (the canary) bypass the prefix cache; generation does not."""
     h = qwen3
     # Longer than one KV block (128 on CPU): its first block is cached with v1's K/V.
-    [long] = canary.probe_token_lists(len(h.llm.get_tokenizer()), 1, 1, length=200, seed=3)
+    [long] = canary.probe_token_lists(len(h.engine.tokenizer), 1, 1, length=200, seed=3)
     tok1, lp1 = h.greedy_first_token(long)
     assert abs(lp1 - h.ref.next_token_logprobs(h.w1, long)[tok1]) <= 1e-4
     # Same weights but every v_proj negated: stale cached values would be sign-flipped.
@@ -240,11 +238,11 @@ def test_missing_or_nonfinite_tensor_is_refused(qwen3):
     w = tiny_model.random_hf_weights(h.cfg, seed=202)
     del w["model.norm.weight"]
     with pytest.raises(weight_swap.WeightSwapError, match=r"missing \['model.norm.weight'\]"):
-        weight_swap.swap_weights(h.llm, w, current=h.current)
+        weight_swap.swap_weights(h.engine, w, current=h.current)
     w = tiny_model.random_hf_weights(h.cfg, seed=202)
     w["model.layers.1.mlp.down_proj.weight"][3, 4] = np.nan
     with pytest.raises(weight_swap.WeightSwapError, match="down_proj.weight: 1 non-finite"):
-        weight_swap.swap_weights(h.llm, w, current=h.current)
+        weight_swap.swap_weights(h.engine, w, current=h.current)
     assert_same(h.engine_lps(), before)
 
 
@@ -255,11 +253,11 @@ def test_reload_failure_inside_vllm_rolls_back(qwen3):
     w = tiny_model.random_hf_weights(h.cfg, seed=203)
     # A caller whose shape table is wrong for the last tensor: our check passes, vLLM's
     # loader asserts when it reaches model.norm (every decoder layer is already new).
-    shapes = weight_swap.expected_hf_shapes(h.llm)
+    shapes = weight_swap.expected_hf_shapes(h.engine)
     shapes["model.norm.weight"] = (h.cfg.hidden_size + 1,)
     w["model.norm.weight"] = np.ones(h.cfg.hidden_size + 1, np.float32)
     with pytest.raises(weight_swap.ReloadFailed, match=f"restored version {h.v1}"):
-        weight_swap.swap_weights(h.llm, w, shapes, h.current)
+        weight_swap.swap_weights(h.engine, w, shapes, h.current)
     assert_same(h.engine_lps(), before)
 
 
@@ -306,8 +304,10 @@ def test_canary_compare_criteria():
 def llama_bf16(tiny_model_dirs, tmp_path_factory, extra_vllm_engine):
     """The second family, on a bf16 engine (the dtype GPU workers serve in)."""
     model_dir = tiny_model_dirs["llama"]
-    llm = extra_vllm_engine(model_dir, dtype="bfloat16", max_model_len=256, seed=0, max_num_seqs=8)
-    return Harness(llm, model_dir, tmp_path_factory.mktemp("swap_store_llama"))
+    engine = extra_vllm_engine(
+        model_dir, dtype="bfloat16", max_model_len=256, seed=0, max_num_seqs=8
+    )
+    return Harness(engine, model_dir, tmp_path_factory.mktemp("swap_store_llama"))
 
 
 @pytest.mark.slow

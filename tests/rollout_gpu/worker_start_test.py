@@ -2,8 +2,8 @@
 
 import json
 
-from bridge.store import model_files
 from bridge.control.protocol import VersionAnnouncement, WorkerProfile
+from bridge.store import model_files
 from bridge.store.weight_store import WeightStore
 from rollout_gpu.worker import RolloutWorker, WorkerOptions
 
@@ -19,7 +19,7 @@ def _worker(tmp_path):
         profile=WorkerProfile(accelerator="cpu", price_per_hour=0.0, max_concurrent_sequences=8),
         cache_dir=str(tmp_path / "cache"),
     )
-    return RolloutWorker(opts, make_llm=_never)
+    return RolloutWorker(opts, make_engine=_never)
 
 
 def test_waits_for_a_store_then_refuses_bad_model_files(tmp_path, tiny_model_dir, caplog):
@@ -36,4 +36,4 @@ def test_waits_for_a_store_then_refuses_bad_model_files(tmp_path, tiny_model_dir
     index = model_files.publish(store, tiny_model_dir)
     index["tokenizer.json"]["sha256"] = "0" * 64  # tampered after publishing
     store.kv.write(model_files.INDEX_KEY, json.dumps(index).encode()).result()
-    assert not w.start_engine() and w.llm is None
+    assert not w.start_engine() and w.engine is None

@@ -19,17 +19,17 @@ import numpy as np
 import pytest
 import worker_procs
 
-from bridge.model import tiny_model
 from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.protocol import PromptGroup, SamplingParams, WorkerProfile
 from bridge.control.service import (
     ControllerServer,
     ServerOptions,
     load_or_create_join_secret,
     serve_controller,
 )
-from bridge.control.protocol import PromptGroup, SamplingParams, WorkerProfile
-from bridge.tasks import Arithmetic, Prompt, RewardError, make_task, register_task, score
+from bridge.model import tiny_model
 from bridge.store.weight_store import WeightStore
+from bridge.tasks import Arithmetic, Prompt, RewardError, make_task, register_task, score
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
@@ -303,7 +303,7 @@ def local_worker(tmp_path, vllm_engine, tiny_model_dir):
         profile=WorkerProfile(accelerator="cpu", price_per_hour=0.0, max_concurrent_sequences=8),
         max_leases=1,
     )
-    worker = RolloutWorker(opts, vllm_engine)
+    worker = RolloutWorker(opts, engine=vllm_engine)
     yield ctl, server, worker
     server.stop()
     ctl.close()
@@ -347,7 +347,7 @@ def test_unservable_groups_are_clear_errors(vllm_engine):
     with pytest.raises(generate.GenerationError, match="exceeds the engine's max_model_len"):
         generate.generate_groups(vllm_engine, [group_of("arithmetic", {}, "1+" * 130)], 0)
     # The engine is left idle and usable.
-    assert not vllm_engine.llm_engine.has_unfinished_requests()
+    assert not vllm_engine.has_unfinished_requests()
     [result] = generate.generate_groups(vllm_engine, [group_of("arithmetic", {})], 0)
     assert len(result.trajectories) == 2
 

