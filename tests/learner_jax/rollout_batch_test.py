@@ -7,8 +7,8 @@ import jax
 import numpy as np
 import pytest
 
-from bridge.model import tiny_model
 from bridge.control.protocol import ConsumedGroup, Trajectory
+from bridge.model import tiny_model
 from learner_jax import advantages, hf_import, model, rollout_batch, sharding
 
 P, A, N = 6, 5, 4

@@ -20,11 +20,7 @@ SFT_KEYS |= {"time/wait_s", "learner/utilization", "token_accuracy"}
 
 
 def tiny_test_config():
-    if os.path.join(ROOT, "configs") not in sys.path:
-        sys.path.insert(0, os.path.join(ROOT, "configs"))
-    import test_tiny
-
-    return test_tiny.get_config()
+    return train.load_config(os.path.join(ROOT, "configs", "test_tiny.py"))
 
 
 def run_binary(workdir, *overrides):
@@ -47,7 +43,16 @@ def run_binary(workdir, *overrides):
 
 def test_binary_sft_then_resume(tmp_path):
     wd = str(tmp_path / "run")
-    run_binary(wd, "--config.sft.steps=2")
+    p = run_binary(wd, "--config.sft.steps=2")
+    # The console: a header, progress lines (stdout is a pipe here), no config dump and no
+    # JAX backend probing; train.log has all of it.
+    assert f"workdir  {wd}" in p.stdout and f"tensorboard --logdir {wd}/tb" in p.stdout
+    assert "SFT 100% | step     2/2 | loss " in p.stdout
+    assert "resolved config:" not in p.stdout + p.stderr
+    assert "Unable to initialize backend" not in p.stderr
+    with open(os.path.join(wd, "train.log")) as f:
+        log = f.read()
+    assert "resolved config:" in log and "sft step 2 loss" in log
     with open(os.path.join(wd, "config.json")) as f:
         resolved = json.load(f)
     assert resolved["sft"]["steps"] == 2 and resolved["mesh"] == {"data": 2, "fsdp": 2, "tensor": 2}

@@ -117,6 +117,11 @@ def test_short_demo_interrupt_resume_and_reward_rises(tmp_path):
     assert run2.returncode == 0, run2.stdout[-3000:] + run2.stderr[-3000:]
     assert "resumed from step" in run2.stderr
     assert f"step {stopped_at + 1:>5}/" in run2.stdout  # continued where it stopped
+    assert "report: " in run2.stdout and "# echo2 run summary" in run2.stdout
+    assert "resolved config:" not in run2.stdout + run2.stderr  # at DEBUG, in train.log only
+    with open(os.path.join(workdir, "train.log")) as f:
+        log = f.read()
+    assert "resolved config:" in log and log.count("resumed from step") == 1
 
     rows = _rl_rows(workdir)
     steps = [r["step"] for r in rows]

@@ -1,0 +1,12 @@
+"""The RL phase's parts, each on its own; `learner_jax/train.py` wires them in one place.
+
+    serve.py      the controller the binary hosts (SQLite state, cursor restored)
+    weights.py    the weight store and publishing versions (canary, background thread)
+    batches.py    controller groups -> learner batches, one per step
+    evals.py      held-out accuracy, recorded in eval.jsonl
+    swaps.py      when each worker first serves each version (swaps.jsonl)
+    interrupt.py  Ctrl-C finishes the step; a second one aborts
+
+No part imports another: what one needs from another (the controller, a callback) is
+handed in by the training binary.
+"""

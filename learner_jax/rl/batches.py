@@ -1,0 +1,89 @@
+"""The RL batch stream: one learner batch per step from the controller's accepted groups.
+
+    source = BatchSource(ctl, shape, adv_cfg, pad_id, step_fn=lambda: learner.step, ...)
+    for batch, fleet_metrics, cursor in source: ...
+
+Each item is `ctl.wait_batch(step, groups_per_step)` -> `rollout_batch.groups_to_batch`,
+with the fleet's metrics for it and the controller's cursor, which the learner checkpoints
+so a resumed run continues where this one stopped. The stream ends when `should_stop()`
+turns true (Ctrl-C); `check_fleet()` runs while it waits, so a dead local fleet fails
+the run instead of hanging it, and `timeout_s` without a batch is an error too.
+`checkpointed(step)` frees consumed trajectories once a checkpoint holds them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable
+
+from learner_jax import advantages, rollout_batch
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchShape:
+    groups_per_step: int
+    samples_per_group: int
+    max_prompt_len: int
+    max_answer_len: int
+
+
+class BatchSource:
+    def __init__(
+        self,
+        ctl,
+        shape: BatchShape,
+        adv_cfg: advantages.AdvantageConfig,
+        pad_id: int,
+        step_fn: Callable[[], int],
+        *,
+        timeout_s: float,
+        should_stop: Callable[[], bool] = lambda: False,
+        check_fleet: Callable[[], None] = lambda: None,
+        where: str = "the workers' logs",
+    ):
+        self.ctl, self.shape, self.adv_cfg, self.pad_id = ctl, shape, adv_cfg, pad_id
+        self.step_fn, self.timeout_s = step_fn, timeout_s
+        self.should_stop, self.check_fleet, self.where = should_stop, check_fleet, where
+        self._last_ckpt: int | None = None
+
+    def __iter__(self):
+        s = self.shape
+        while not self.should_stop():
+            step = self.step_fn()
+            t0, groups = time.monotonic(), None
+            while groups is None:
+                groups, stats = self.ctl.wait_batch(step, s.groups_per_step, timeout_s=1.0)
+                if self.should_stop():
+                    return
+                if groups is None:
+                    self.check_fleet()
+                    if time.monotonic() - t0 > self.timeout_s:
+                        raise TimeoutError(
+                            f"no batch for step {step} after {self.timeout_s:.0f}s: {stats}; "
+                            f"see {self.where}"
+                        )
+            cursor = self.ctl.export_cursor()
+            batch, rstats = rollout_batch.groups_to_batch(
+                groups,
+                s.samples_per_group,
+                s.max_prompt_len,
+                s.max_answer_len,
+                step,
+                self.adv_cfg,
+                pad_id=self.pad_id,
+            )
+            # The learner reports the version it publishes; the fleet's is per sample.
+            fleet = {k: v for k, v in stats.items() if not k.startswith("policy_version")}
+            fleet.update(rstats)
+            yield batch, fleet, cursor
+
+    def checkpointed(self, latest: int | None) -> None:
+        """Forget trajectories consumed up to the checkpoint before `latest`.
+
+        The checkpoint before the newest is surely durable (saves are asynchronous)."""
+        if latest is None or latest == self._last_ckpt:
+            return
+        if self._last_ckpt is not None:
+            self.ctl.forget_consumed(self._last_ckpt)
+        self._last_ckpt = latest

@@ -1,0 +1,72 @@
+"""Held-out accuracy during RL, one line per evaluation in `<workdir>/eval.jsonl`.
+
+    log = EvalLog(evaluator, learner, workdir, end=..., period=...)
+    log.ensure("before")     # right after SFT, once per workdir
+    acc = log.maybe()        # every `period` RL steps and at `end` (else None)
+    log.final()              # "after" (finished) or "stop" (interrupted)
+
+The learner's current params are evaluated (`learner_jax/evaluate.py`: greedy decoding
+in JAX on the task's held-out prompts).
+
+Tags: "before" = after SFT, "rl" = during RL, "after" = at the end, "stop" = the step an
+interrupted run stopped at. A resumed run reads the file, so it neither re-measures the
+"before" accuracy nor repeats a final one already recorded for this step.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+
+from learner_jax.metrics import read_jsonl
+
+EVAL_FILE = "eval.jsonl"
+
+
+class EvalLog:
+    def __init__(self, evaluator, learner, workdir: str, *, end: int, period: int):
+        self.evaluator, self.learner = evaluator, learner
+        self.path = os.path.join(workdir, EVAL_FILE)
+        self.rl_start, self.end, self.period = learner.cursor["rl_start_step"], end, period
+
+    def by_tag(self) -> dict[str, dict]:
+        """The last row of each tag."""
+        return {row["tag"]: row for row in read_jsonl(self.path)}
+
+    def run(self, tag: str) -> float:
+        t0, lrn = time.perf_counter(), self.learner
+        acc = self.evaluator.accuracy(lrn.state.params, lrn.mesh, lrn.rules)
+        row = {"tag": tag, "step": lrn.step, "accuracy": acc, "time": time.time()}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(row) + "\n")
+        logging.info(
+            "held-out accuracy %.3f at step %d (%s, %.2fs)",
+            acc,
+            row["step"],
+            tag,
+            time.perf_counter() - t0,
+        )
+        return acc
+
+    def ensure(self, tag: str) -> dict:
+        """The row recorded under `tag`, measured now if there is none yet."""
+        if tag not in self.by_tag():
+            self.run(tag)
+        return self.by_tag()[tag]
+
+    def maybe(self) -> float | None:
+        """Evaluate on the schedule: every `period` RL steps (0 = never) and at the end."""
+        step = self.learner.step
+        done = step >= self.end
+        if not done and not (self.period and (step - self.rl_start) % self.period == 0):
+            return None
+        return self.run("after" if done else "rl")
+
+    def final(self) -> None:
+        """The closing evaluation, unless this step already has it (or no RL step ran)."""
+        step = self.learner.step
+        tag = "after" if step >= self.end else "stop"
+        if step > self.rl_start and self.by_tag().get(tag, {}).get("step") != step:
+            self.run(tag)

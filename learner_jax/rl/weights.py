@@ -1,0 +1,160 @@
+"""Publishing the learner's weights: the store, versions with their canary, every kappa steps.
+
+    store = weights.open_store(config.bridge.store, workdir, learner.step)
+    pub = weights.WeightPublisher(store, ctl.publish, learner, ...)
+    pub.publish(learner.step)                     # synchronous: workers need a first version
+    metrics = pub.after_step(learner.rl_steps)    # publishes every `every` RL steps
+    pub.close()
+
+Versions are learner steps (SFT steps included): version v = params after v updates. A
+version carries the learner-side canary (log-probs of fixed probe sequences,
+`bridge.contracts.canary`) so a worker can check its swap reproduces the learner's model.
+With `background=True` (`bridge.async_publish`) `after_step` hands a copy of the params to
+`BackgroundPublisher` and returns at once; the copy is needed because the next train step
+donates the state's buffers. The store keeps `keep` versions (S + 2): a worker may still
+be reading the oldest one a trajectory is allowed to come from.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bridge.contracts import canary as canary_lib
+from bridge.store import model_files
+from bridge.store.weight_store import WeightStore
+from learner_jax import model, publish
+from learner_jax.background_publish import BackgroundPublisher, PublishError
+
+STORE_DIR = "weights"
+MOVED_ASIDE = ("weights", "controller.db")  # what a store newer than the checkpoint invalidates
+
+
+def open_store(spec: str, workdir: str, step: int) -> WeightStore:
+    """The run's weight store (`spec`, '' = <workdir>/weights) for checkpoint `step`.
+
+    Versions newer than the checkpoint come from a run that died after publishing past its
+    last checkpoint. In the workdir's own store they (and the controller database, whose
+    trajectories refer to them) are moved aside; in a configured store they are an error,
+    since a shared bucket path may hold someone else's run.
+    """
+    spec = str(spec or "")
+    own = os.path.join(workdir, STORE_DIR)
+    store = WeightStore(json.loads(spec) if spec.startswith("{") else spec or own)
+    newer = [v for v in store.versions() if v > step]
+    if not newer:
+        return store
+    if spec:
+        raise ValueError(
+            f"weight store {store.spec} has versions {newer} newer than checkpoint step "
+            f"{step} (another run, or a lost checkpoint): point bridge.store at a fresh path"
+        )
+    tag = time.strftime("%Y%m%d-%H%M%S")
+    logging.warning(
+        "weight store has versions %s newer than checkpoint step %d: moving the store and "
+        "controller database aside (*.stale-%s)",
+        newer,
+        step,
+        tag,
+    )
+    for name in MOVED_ASIDE:
+        path = os.path.join(workdir, name)
+        if os.path.exists(path):
+            os.replace(path, f"{path}.stale-{tag}")
+    return WeightStore(own)
+
+
+class WeightPublisher:
+    """Writes versions of `learner`'s params to `store` and announces them.
+
+    `announce(version, store_spec)` tells the fleet (the controller's `publish`) and returns
+    the announcement; `on_announce(announcement)` is told of each one (the swap watcher).
+    """
+
+    def __init__(
+        self,
+        store: WeightStore,
+        announce: Callable,
+        learner,
+        *,
+        every: int,
+        keep: int,
+        background: bool,
+        seed: int,
+        vocab_size: int,
+        bos_id: int,
+        on_announce: Callable | None = None,
+    ):
+        self.store, self.announce, self.learner = store, announce, learner
+        self.every, self.keep, self.on_announce = every, keep, on_announce
+        # Config + tokenizer beside the versions: a remote worker needs no local model copy.
+        model_files.publish(store, learner.hf_dir)
+        self._probes = canary_lib.probe_token_lists(vocab_size, bos_id, seed=seed)
+        cfg = learner.model_cfg
+        self._logprobs = jax.jit(
+            lambda p, t, pos, seg, tgt: model.forward_logprobs(p, cfg, t, pos, seg, tgt)
+        )
+        self._background = BackgroundPublisher(self.publish) if background else None
+        self._snapshot = jax.jit(lambda p: jax.tree.map(jnp.copy, p))
+
+    def canary(self, params) -> dict:
+        toks = np.asarray(self._probes, np.int32)  # [B, T+1], all probes equal length
+        seg = np.ones_like(toks[:, :-1])
+        pos = np.broadcast_to(np.arange(toks.shape[1] - 1, dtype=np.int32), seg.shape)
+        lps = np.asarray(self._logprobs(params, toks[:, :-1], pos, seg, toks[:, 1:]))
+        return canary_lib.canary_payload(self._probes, list(lps))
+
+    def publish(self, version: int, params=None) -> float:
+        """Write `version` (unless the store has it), announce it, gc; returns seconds.
+
+        `params` defaults to the learner's current ones; the background publisher passes
+        its own snapshot (the learner has moved on by then)."""
+        t0 = time.perf_counter()
+        if params is None:
+            params = self.learner.state.params
+        if version not in self.store.versions():
+            publish.publish_params(
+                self.store,
+                version,
+                version,
+                self.learner.model_cfg,
+                params,
+                dtype=str(self.learner.param_dtype),
+                extra={"canary": self.canary(params)},
+            )
+        ann = self.announce(version, self.store.spec)
+        if self.on_announce is not None:
+            self.on_announce(ann)
+        self.store.gc(keep=self.keep)
+        return time.perf_counter() - t0
+
+    def after_step(self, rl_steps: int) -> dict:
+        """Publish the learner's current version if this RL step is a publishing one."""
+        out = {"bridge/publish_s": 0.0}
+        if rl_steps % self.every:
+            return out
+        version = self.learner.step
+        if self._background is None:
+            out["bridge/publish_s"] = self.publish(version)
+            return out
+        t0 = time.perf_counter()
+        self._background.submit(version, self._snapshot(self.learner.state.params))
+        out["bridge/publish_blocking_s"] = time.perf_counter() - t0
+        out["bridge/publish_s"] = self._background.last_s  # the newest one finished
+        out["bridge/publish_skipped"] = self._background.skipped
+        return out
+
+    def close(self, timeout: float = 120) -> None:
+        """Let the background thread finish what is pending (a failure is logged)."""
+        if self._background is not None:
+            try:
+                self._background.close(timeout=timeout)
+            except PublishError as e:
+                logging.error("%s", e)

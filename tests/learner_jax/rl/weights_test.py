@@ -1,0 +1,44 @@
+"""The run's weight store: the workdir's own, a configured one, and versions past the checkpoint."""
+
+import json
+import os
+
+import pytest
+
+
+def _publish_small(store, version):
+    from bridge.model import tiny_model
+
+    cfg = tiny_model.tiny_config("qwen3", num_layers=1)
+    w = tiny_model.random_hf_weights(cfg)
+    store.publish(version, version, w.items(), cfg.to_hf_dict(), "float32")
+
+
+def test_open_store_default_configured_and_stale_versions(tmp_path):
+    from bridge.store.weight_store import WeightStore
+    from learner_jax.rl.weights import open_store
+
+    spec = ""  # config.bridge.store's default: the workdir's own store
+    wd = str(tmp_path / "wd")
+    own = open_store(spec, wd, step=0)
+    assert own.spec["path"].rstrip("/").endswith("wd/weights")
+    _publish_small(own, 5)
+    with open(os.path.join(wd, "controller.db"), "w") as f:
+        f.write("x")
+    # The workdir's own store: versions past the checkpoint are moved aside with the db.
+    fresh = open_store(spec, wd, step=3)
+    assert fresh.versions() == []
+    assert sorted(p.split(".stale-")[0] for p in os.listdir(wd) if ".stale-" in p) == [
+        "controller.db",
+        "weights",
+    ]
+
+    # A configured store (URL or JSON kvstore spec) is used as given, and never moved.
+    spec = f"file://{tmp_path}/shared"
+    shared = open_store(spec, wd, step=0)
+    assert shared.spec["path"].rstrip("/").endswith("shared")
+    spec = json.dumps({"driver": "file", "path": f"{tmp_path}/shared/"})
+    _publish_small(open_store(spec, wd, step=0), 7)
+    with pytest.raises(ValueError, match=r"versions \[7\] newer than checkpoint step 2"):
+        open_store(spec, wd, step=2)
+    assert WeightStore(f"file://{tmp_path}/shared").versions() == [7]  # untouched
