@@ -6,23 +6,41 @@
 
 `base.py` defines what a task is, `registry.py` builds one by name; each task is a plugin
 module that registers itself (`arithmetic.py` synthetic and the demo's default, `gsm8k.py`
-a local JSONL, no downloads). Importing the package registers the built-in plugins.
+a local JSONL, `reasoning_gym.py` reasoning-gym's procedural datasets; no downloads).
+Importing the package registers the built-in plugins; their heavy libraries (reasoning-gym,
+math-verify: the optional `tasks` extra) load on first use.
+
+Rewards: `math_reward.py` (math-verify equivalence), `user_reward.py` (any task's reward
+replaced by options: `reward_fn="PATH.py:NAME"` in verl's convention, `reward="math_verify"`),
+`reward_pool.py` (a killable process pool: each reward call under a timeout).
 """
 
-from bridge.tasks import arithmetic, gsm8k  # noqa: F401  (registers the built-in tasks)
+from bridge.tasks import arithmetic, gsm8k, reasoning_gym  # noqa: F401  (registers the plugins)
 from bridge.tasks.arithmetic import Arithmetic, leading_int
-from bridge.tasks.base import Prompt, RewardError, Task, score
-from bridge.tasks.registry import available_tasks, cached_task, make_task, register_task
+from bridge.tasks.base import Prompt, RewardError, Task, score, score_detailed
+from bridge.tasks.registry import (
+    available_tasks,
+    cached_task,
+    make_task,
+    register_task,
+    score_named,
+)
+from bridge.tasks.reward_pool import RewardPool, RewardTimeout, default_pool
 
 __all__ = [
     "Arithmetic",
     "Prompt",
     "RewardError",
+    "RewardPool",
+    "RewardTimeout",
     "Task",
     "available_tasks",
     "cached_task",
+    "default_pool",
     "leading_int",
     "make_task",
     "register_task",
     "score",
+    "score_detailed",
+    "score_named",
 ]

@@ -3,19 +3,27 @@
     make_task("gsm8k", path="/data/gsm8k/train.jsonl", eval_path="/data/gsm8k/test.jsonl")
 
 The reference answer is the number after GSM8K's final `#### ` marker (commas removed).
-A completion is scored 1.0 when its final number (after `####` if it writes one, else the
-last number in the text) equals the reference numerically, else 0.0. Without `eval_path`
+A completion is scored 1.0 when its final answer equals the reference, else 0.0. With
+`answer_check="math_verify"` (the default) math-verify finds and compares the answer
+(`\\boxed{}`, LaTeX fractions, "1,000", "x = 5", the last number...), in the reward pool
+under a timeout; when the completion writes GSM8K's `####`, only the rest of the line after
+the last one counts. `answer_check="final_number"` is the hand-written check without the extra
+dependency: the final number (after `####` if present, else the last one) compared as a
+float. The two agree on plain numeric answers (the tests check both); math-verify also
+accepts equivalent forms such as `\\frac{25}{2}` for 12.5. Without `eval_path`
 every `eval_every`-th line of `path` is held out and never trained on. Files are read on
 first use, so a rollout worker can build the task just to score rewards.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import random
 import re
 from collections.abc import Iterator
 
+from bridge.tasks import math_reward, reward_pool
 from bridge.tasks.base import Prompt, Task
 from bridge.tasks.registry import register_task
 
@@ -65,7 +73,16 @@ class GSM8K(Task):
         eval_every: int = 10,
         eval_size: int | None = None,
         template: str = "Question: {question}\nAnswer:",
+        answer_check: str = "math_verify",
     ):
+        if answer_check not in ("math_verify", "final_number"):
+            raise ValueError(f"answer_check must be math_verify or final_number: {answer_check!r}")
+        if answer_check == "math_verify" and importlib.util.find_spec("math_verify") is None:
+            raise ImportError(
+                "gsm8k checks answers with math-verify: pip install 'math-verify>=0.9', "
+                "or build the task with answer_check='final_number'"
+            )
+        self.answer_check = answer_check
         self.path, self.eval_path, self.eval_every = path, eval_path, eval_every
         self.eval_size, self.template = eval_size, template
         self._splits = None  # read on first use: a worker scoring rewards needs no data file
@@ -108,6 +125,16 @@ class GSM8K(Task):
         return [Prompt(f"gsm8k/eval/{i}", text, ref) for i, text, ref, _ in self._load()[1]]
 
     def reward(self, prompt: Prompt, completion: str) -> float:
+        if self.answer_check == "math_verify":
+            text = completion
+            if "####" in completion:  # GSM8K's marker: its answer is the rest of that line
+                text = completion.rsplit("####", 1)[1].lstrip().split("\n", 1)[0]
+            return reward_pool.guarded_call(
+                math_reward.math_verify_score,
+                prompt.answer,
+                text,
+                timeout_s=reward_pool.DEFAULT_TIMEOUT_S,
+            )
         got = final_number(completion)
         if got is None:
             return 0.0

@@ -4,6 +4,8 @@
 
 Each task module (a plugin) imports this registry, never the reverse; `bridge/tasks/__init__.py`
 imports the built-in plugins so they are registered whenever the package is imported.
+Any task's reward can be replaced by options (`reward_fn="PATH.py:NAME"`,
+`reward="math_verify"`; see `user_reward.py`).
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from bridge.tasks.base import Task
+from bridge.tasks import user_reward
+from bridge.tasks.base import Prompt, Task, score_detailed
 
 _TASKS: dict[str, Callable[..., Task]] = {}
 
@@ -35,12 +38,18 @@ def available_tasks() -> list[str]:
 
 
 def make_task(name: str, **options: Any) -> Task:
+    """The task `name` built with `options`; the reward options of `user_reward` (reward_fn,
+    reward="math_verify", ...) are taken out here and replace the task's own reward."""
     if name not in _TASKS:
         raise KeyError(f"unknown task {name!r}; registered: {sorted(_TASKS)}")
-    task = _TASKS[name](**options)
+    override, options = user_reward.from_options(options)
+    own = {k: v for k, v in options.items() if k not in user_reward.OPTION_KEYS}
+    task = _TASKS[name](**own)
     # Kept so the controller can ship (name, options) in each lease and a worker rebuilds
     # the same reward function with `cached_task`.
     task.options = dict(options)
+    if override is not None:
+        override.install(task)
     return task
 
 
@@ -52,3 +61,12 @@ def _cached(name: str, options_json: str) -> Task:
 def cached_task(name: str, options: dict[str, Any] | None = None) -> Task:
     """One task object per (name, options), for workers scoring many leases."""
     return _cached(name, json.dumps(options or {}, sort_keys=True))
+
+
+def score_named(
+    name: str, options: dict[str, Any] | None, prompt: Prompt, completion: str
+) -> tuple[float, dict[str, float]]:
+    """`score_detailed` with the task (name, options); a top-level function, so a reward pool
+    worker can run it: `pool.call(score_named, name, options, prompt, completion)` scores one
+    completion under a timeout (the trusted side's way to score everything)."""
+    return score_detailed(cached_task(name, options), prompt, completion)

@@ -7,9 +7,9 @@ import math
 import pytest
 
 from bridge import tasks
+from bridge.model.tiny_model import char_vocab
 from bridge.tasks import Prompt, RewardError, Task, make_task, register_task, score
 from bridge.tasks.gsm8k import final_number
-from bridge.model.tiny_model import char_vocab
 
 
 def _take(it, n):
@@ -157,10 +157,11 @@ def test_final_number_extraction():
     assert final_number("no digits") is None
 
 
-def test_gsm8k_reads_local_jsonl(tmp_path):
+@pytest.mark.parametrize("answer_check", ["math_verify", "final_number"])
+def test_gsm8k_reads_local_jsonl(tmp_path, answer_check):
     path = tmp_path / "train.jsonl"
     rows = _gsm8k_file(path, 30)
-    t = make_task("gsm8k", path=str(path))
+    t = make_task("gsm8k", path=str(path), answer_check=answer_check)
     ev = t.eval_prompts()
     assert [p.prompt_id for p in ev] == [f"gsm8k/eval/{i}" for i in range(0, 30, 10)]
     train = _take(t.train_prompts(0), 27)
@@ -175,6 +176,26 @@ def test_gsm8k_reads_local_jsonl(tmp_path):
         assert score(t, p, f"{int(p.answer) + 1}") == 0.0
     prompt, target = next(t.sft_examples(0))
     assert prompt.startswith("Question: ") and "####" in target
+
+
+def test_gsm8k_answer_checks_agree_on_numbers_and_math_verify_reads_more(tmp_path):
+    mv = make_task("gsm8k", path=str(tmp_path / "absent.jsonl"))
+    num = make_task("gsm8k", path=str(tmp_path / "absent.jsonl"), answer_check="final_number")
+    p = Prompt("p", "q", "12.5")
+    for text, want in [
+        ("so 12.5", 1.0),
+        ("the answer is 12.50.", 1.0),
+        ("#### 12.5\nthen 3 more words: 7", 1.0),  # only the line after #### counts
+        ("12.5 #### 13", 0.0),
+        ("12", 0.0),
+        ("nothing", 0.0),
+    ]:
+        assert score(mv, p, text) == score(num, p, text) == want, text
+    # Equivalent forms only math-verify accepts (the hand-written check reads 2 or 12.5x).
+    assert score(mv, p, "\\boxed{\\frac{25}{2}}") == 1.0
+    assert score(num, p, "\\boxed{\\frac{25}{2}}") == 0.0
+    with pytest.raises(ValueError, match="answer_check"):
+        make_task("gsm8k", path="x", answer_check="regex")
 
 
 def test_gsm8k_bad_files(tmp_path):

@@ -1,0 +1,138 @@
+"""reasoning-gym tasks end to end: seeded prompts, disjoint splits, prompt ids that rebuild
+their item, strict scoring against reasoning-gym's own scorer, SFT examples."""
+
+import itertools
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bridge.tasks import Prompt, RewardError, cached_task, make_task, score
+from bridge.tasks import reasoning_gym as rgt
+
+pytest.importorskip("reasoning_gym")
+
+OPTS = {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}
+
+
+def _take(it, n):
+    return list(itertools.islice(it, n))
+
+
+@pytest.fixture(scope="module")
+def task():
+    # Options as a JSON string, the way a config flag delivers them.
+    return make_task("reasoning_gym", dataset="chain_sum", dataset_options=json.dumps(OPTS))
+
+
+def test_prompts_are_deterministic_per_seed(task):
+    a = _take(task.train_prompts(0), 600)  # crosses a chunk boundary
+    assert a == _take(
+        make_task("reasoning_gym", dataset="chain_sum", dataset_options=OPTS).train_prompts(0), 600
+    )
+    assert a != _take(task.train_prompts(1), 600)
+    assert len({p.prompt_id for p in a}) == 600
+    assert all(p.text.startswith("State the final answer") and p.answer for p in a)
+
+
+def test_splits_are_disjoint(task):
+    ev = task.eval_prompts()
+    assert len(ev) == 200 and ev == task.eval_prompts()
+    held = {p.text for p in ev}
+    # 1-digit chain sums are a small space: the raw streams do collide, the filter removes it.
+    raw = _take(task._items("train", "train/0"), 2000)
+    assert held & {p.text for p, _ in raw}
+    for seed in (0, 1):
+        train = _take(task.train_prompts(seed), 2000)
+        assert not held & {p.text for p in train}
+    assert {p.prompt_id.split("/")[2] for p in ev} == {"eval"}
+
+
+def test_prompt_ids_rebuild_the_item(task):
+    rgt._dataset.cache_clear()  # rebuild from scratch, not from the generator's cache
+    for p in _take(task.train_prompts(3), 5) + task.eval_prompts()[:5]:
+        assert rgt.prompt_from_id(p.prompt_id) == p
+        assert task.prompt_from_id(p.prompt_id) == p
+        entry = rgt.entry_from_id(p.prompt_id)
+        assert entry["answer"] == p.answer and entry["metadata"]["source_dataset"] == "chain_sum"
+    with pytest.raises(ValueError, match="not a reasoning_gym prompt id"):
+        rgt.entry_from_id("arithmetic/train/3")
+
+
+def test_a_fresh_process_rebuilds_the_same_prompt(task):
+    p = _take(task.train_prompts(5), 1)[0]
+    code = (
+        "import sys; from bridge.tasks import reasoning_gym as r; "
+        "print(r.prompt_from_id(sys.argv[1]).answer)"
+    )
+    out = subprocess.run([sys.executable, "-c", code, p.prompt_id], capture_output=True, text=True)
+    assert out.stdout.strip() == p.answer, out.stderr
+
+
+def test_strict_scores_agree_with_reasoning_gym_except_partial_credit(task):
+    lenient = make_task(
+        "reasoning_gym", dataset="chain_sum", dataset_options=OPTS, scoring="dataset"
+    )
+    for p in _take(task.train_prompts(0), 20):
+        entry = rgt.entry_from_id(p.prompt_id)
+        ds = rgt._dataset("chain_sum", rgt.canonical_options(OPTS), 0)
+        for completion in (p.answer, f"think... <answer> {p.answer} </answer>"):
+            assert score(task, p, completion) == 1.0 == score(lenient, p, completion)
+            assert ds.score_answer(rgt.extract_answer(completion), entry) == 1.0
+        padded = "1" + p.answer  # contains the answer: partial credit from reasoning-gym
+        assert score(lenient, p, padded) == ds.score_answer(padded, entry) > 0
+        assert score(task, p, padded) == 0.0
+
+
+def test_17_against_7():
+    t = make_task("reasoning_gym", dataset="chain_sum", dataset_options=OPTS, eval_size=1)
+    p = next(q for q in t.train_prompts(0) if q.answer == "7")
+    lenient = make_task(
+        "reasoning_gym", dataset="chain_sum", dataset_options=OPTS, scoring="dataset", eval_size=1
+    )
+    assert score(lenient, p, "<answer>17</answer>") == 0.5
+    assert score(t, p, "<answer>17</answer>") == 0.0
+    assert score(t, p, "<answer>7</answer>") == 1.0
+    assert score(t, p, "7.0") == 1.0  # chain_sum's scorer accepts it: full credit counts
+    exact = make_task(
+        "reasoning_gym", dataset="chain_sum", dataset_options=OPTS, scoring="exact", eval_size=1
+    )
+    assert score(exact, p, "7.0") == 0.0 and score(exact, p, " 7\n") == 1.0
+
+
+def test_reward_uses_the_rebuilt_answer_not_the_prompts(task):
+    p = task.eval_prompts()[0]
+    forged = Prompt(p.prompt_id, p.text, "not the answer")
+    assert score(task, forged, p.answer) == 1.0
+    other = make_task("reasoning_gym", dataset="chain_sum", eval_size=1)
+    with pytest.raises(RewardError, match="not from this task"):
+        score(other, p, p.answer)
+
+
+def test_datasets_without_a_single_answer_score_through_their_scorer():
+    t = make_task("reasoning_gym", dataset="countdown", eval_size=2)
+    p = t.eval_prompts()[0]
+    entry = rgt.entry_from_id(p.prompt_id)
+    # Any expression reaching the target counts; the reference is only one of them.
+    assert score(t, p, f"<answer>{entry['answer']}</answer>") == 1.0
+    assert score(t, p, "<answer>1 + 1</answer>") == 0.0
+
+
+def test_sft_examples_and_options(task):
+    prompts = _take(task.train_prompts(0), 3)
+    assert _take(task.sft_examples(0), 3) == [
+        (p.text, f"<answer>{p.answer}</answer>") for p in prompts
+    ]
+    with pytest.raises(ValueError, match="unknown reasoning-gym dataset"):
+        make_task("reasoning_gym", dataset="nope")
+    with pytest.raises(ValueError, match="rejects"):
+        make_task("reasoning_gym", dataset="chain_sum", dataset_options={"min_terms": 0})
+    with pytest.raises(ValueError, match="not JSON"):
+        make_task("reasoning_gym", dataset="chain_sum", dataset_options="{min_terms")
+    with pytest.raises(ValueError, match="may not set 'seed'"):
+        make_task("reasoning_gym", dataset="chain_sum", dataset_options={"seed": 1})
+    with pytest.raises(ValueError, match="scoring"):
+        make_task("reasoning_gym", dataset="chain_sum", scoring="lenient")
+    same = cached_task("reasoning_gym", task.options)
+    assert same.eval_prompts() == task.eval_prompts()
