@@ -16,7 +16,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e ".[learner,worker-cpu,test]"
+	$(VENV)/bin/pip install --quiet -e ".[learner,worker-cpu,test,tasks]"
 	-$(VENV)/bin/pip uninstall --quiet -y $(BROKEN_EXTRAS)
 	$(VENV)/bin/python -c "import jax, flax, optax, orbax.checkpoint, tensorstore, transformers, vllm"
 	@touch $(STAMP)

@@ -84,6 +84,9 @@ def get_config() -> ConfigDict:
     c.task.format_reward = 0.0  # reward for a wrong answer that at least starts with a number
     c.task.eval_every = 10  # held-out split: 1 problem in eval_every is never trained on
     c.task.eval_size = 200
+    # Bring your own reward (verl's compute_score convention, bridge/tasks/user_reward.py):
+    # "PATH.py:NAME" replaces the task's reward wherever rewards are computed; "" = the task's.
+    c.task.reward_fn = ""
 
     c.checkpoint = ConfigDict()
     c.checkpoint.interval = 20  # steps between saves (SFT and RL steps count alike)
@@ -136,6 +139,14 @@ def get_config() -> ConfigDict:
     # dropped as stale); it is measured again every retest_slow_after_s.
     c.controller.refuse_too_slow = True
     c.controller.retest_slow_after_s = 60.0
+    c.controller.reward_timeout_s = 5.0  # per completion, scored on the trusted side
+    # Cost-aware activation (bridge/control/fleet_plan.py): only the cheapest set of workers
+    # whose measured throughput covers (1 + margin) * R / T gets leases; the rest stand by,
+    # billed at standby_price_fraction of their price (0 = released).
+    c.controller.activation = False
+    c.controller.activation_margin = 0.1
+    c.controller.activation_period_s = 30.0
+    c.controller.standby_price_fraction = 0.0
 
     c.log_every = 1
     return c

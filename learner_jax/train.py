@@ -178,9 +178,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         codec, vocab = TextCodec(learner.hf_dir), learner.model_cfg.vocab_size
         end = learner.cursor["rl_start_step"] + config.total_steps
         store = weights.open_store(config.bridge.store, workdir, learner.step)
-        ctl = serve.open_controller(
-            config, workdir, task, vocab, codec.eos_id, learner.cursor.get("rl")
-        )
+        ctl = serve.open_controller(config, workdir, task, codec, vocab, learner.cursor.get("rl"))
         parts.callback(ctl.close)
         c = config.controller
         server = serve_controller(
@@ -266,6 +264,9 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         def on_step(learner: Learner, metrics: dict) -> dict:
             out = {"time/wall": time.time(), **publisher.after_step(learner.rl_steps)}
             out["policy_version"] = ctl.announcement().version
+            # T and the publish time for the controller's capacity model (not the step period,
+            # which includes waiting for data).
+            ctl.report_learner(metrics["time/step_s"], out.get("bridge/publish_s"))
             if (acc := eval_log.maybe()) is not None:
                 out["eval/accuracy"] = acc
             source.checkpointed(learner.ckpt.latest_step())

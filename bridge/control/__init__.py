@@ -3,7 +3,9 @@
 `protocol.py` (pydantic wire messages), `controller.py` (the logic, one lock),
 `db.py` (`ControllerDB`: every SQL statement), `learner_api.py` (`LearnerSide`: what the
 learner calls, composed into the controller), `prompt_stream.py` (resumable training
-prompts), `validation.py` (checks before any state change), `lease_timing.py`
+prompts), `validation.py` (checks before any state change), `intake.py` (a submission:
+check, score outside the lock, accept), `rewards.py` (trusted-side rewards), `audit.py`
+(behaviour log-prob audit, quarantine), `lease_timing.py`
 (freshness-aware leasing), `capacity.py` (the capacity model), `activation.py`
 (cost-aware activation), `service.py` (FastAPI server, auth), `client.py` (what a worker
 calls).

@@ -26,8 +26,26 @@ or released work goes back to the front of the queue. Submissions are idempotent
 a group already accepted is reported as a duplicate and not counted again. All state lives
 in SQLite (db.py), one transaction per operation.
 
+Run end: `end_run()` (the learner, before it stops the server) makes every heartbeat answer
+`run_over=true` and every lease `reason="run_over"`; the server keeps answering until
+`wait_run_over_seen` says every live worker was told (or its timeout passes), so polling
+workers leave and exit 0 instead of retrying a vanished controller. `status()` is the
+fleet table of `python -m bridge.status` (bridge/control/fleet_status.py).
+
 Cost: each worker accrues price_per_hour * time alive; time between two contacts counts
-when they are at most `worker_timeout_s` apart (idle-but-alive workers are billed too).
+when they are at most `worker_timeout_s` apart (idle-but-alive workers are billed too),
+standby time at `standby_price_fraction` of the price.
+
+Capacity and activation (bridge/control/fleet_plan.py, `self.fleet`): the capacity model on
+measured inputs goes into every batch's stats; with `activation` on, the cheapest set of
+workers that covers the learner's need is active, the others are told `active=false` and
+get no leases (reason "inactive").
+
+Trust: the controller builds each leased prompt's token ids itself (`codec`, the run's
+tokenizer) and refuses a group generated from other ids; it scores every completion itself
+(bridge/control/rewards.py, outside the lock, a timeout per call) and never sends reference
+answers out; `audit` quarantines a worker whose behaviour log-probs stray from the
+learner's (bridge/control/audit.py).
 """
 
 from __future__ import annotations
@@ -37,14 +55,16 @@ import dataclasses
 import hashlib
 import json
 import logging
-import math
 import secrets
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
+from bridge.control import audit as audit_lib
+from bridge.control import fleet_status, intake
 from bridge.control.db import ControllerDB
+from bridge.control.fleet_plan import FleetPlan
 from bridge.control.learner_api import LearnerSide
 from bridge.control.lease_timing import LeaseTiming
 from bridge.control.prompt_stream import PromptStream
@@ -62,7 +82,8 @@ from bridge.control.protocol import (
     VersionAnnouncement,
     WorkerProfile,
 )
-from bridge.control.validation import SubmissionError, check_group
+from bridge.control.rewards import CallPool, Codec, RewardScorer
+from bridge.control.validation import SubmissionError
 from bridge.tasks import Task
 
 
@@ -83,6 +104,23 @@ class ControllerConfig:
     retest_slow_after_s: float = 60.0  # a too-slow worker's latency is re-measured this often
     retry_after_s: float = 0.5
     seed: int = 0
+    reward_timeout_s: float = 5.0  # per completion, in the reward pool (rewards.py)
+    # Quarantine past these (audit.py; the defaults are measured in BUILD_NOTES.md).
+    audit_kl_threshold: float = 0.01  # mean k3 per token
+    audit_logratio_threshold: float = 0.1  # |mean behaviour - learner log-prob| per token
+    audit_min_tokens: int = 256  # audited tokens before a verdict
+    audit_window_tokens: int = 4096  # the per-worker score's decay horizon
+    # Cost-aware activation (fleet_plan.py): the cheapest set covering (1 + margin) * R / T.
+    activation: bool = False
+    activation_margin: float = 0.1
+    activation_period_s: float = 30.0  # re-solve at most this often on heartbeats
+    standby_price_fraction: float = 0.0  # standby workers' billing (0: released, not billed)
+
+
+# Cumulative counters (db.incr) reported in every stats line.
+_COUNTERS = """staleness/dropped groups/accepted groups/consumed groups/duplicate
+trajectories/accepted leases/issued leases/expired leases/released reward/errors
+reward/timeouts fleet/quarantined audit/dropped_groups""".split()
 
 
 def hash_token(token: str) -> str:
@@ -96,18 +134,39 @@ class Controller:
         db_path: str,
         task: Task,
         clock: Callable[[], float] = time.time,
+        *,
+        codec: Codec | None = None,
+        reward_pool: CallPool | None = None,
     ):
+        """`codec` (bridge.contracts.prompt.TextCodec of the run's HF dir) builds prompt ids
+        and decodes completions for scoring; without one the controller cannot lease (tests
+        of other parts only). `reward_pool`: default `bridge.tasks.reward_pool.default_pool`."""
         if config.staleness < 0 or config.groups_per_step < 1 or config.group_size < 1:
             raise ValueError(f"bad controller config {config}")
         self.config, self.task, self.clock = config, task, clock
         self.store = ControllerDB(db_path)
         self.lock = threading.RLock()
         self._new_work = threading.Condition(self.lock)
-        self.timing = LeaseTiming(config.staleness, config.retest_slow_after_s)
-        self._slow_warned: dict[str, float] = {}  # worker -> when it was last reported slow
+        self.timing = LeaseTiming(
+            config.staleness, config.retest_slow_after_s, config.refuse_too_slow
+        )
         self._prompts = PromptStream(task, config.seed, self.store)
+        self.fleet = FleetPlan(config, self.store, self.timing, clock)
         self.learner = LearnerSide(
             self.store, self.lock, config.staleness, clock, self.timing, self._prompts
+        )
+        self.codec = codec
+        self.scorer = None if codec is None else RewardScorer(
+            task, codec, config.reward_timeout_s, reward_pool
+        )  # fmt: skip
+        self._told_run_over: set[str] = set()  # workers answered run_over since end_run
+        self.auditor = audit_lib.WorkerAudit(
+            audit_lib.AuditConfig(
+                config.audit_kl_threshold,
+                config.audit_logratio_threshold,
+                config.audit_min_tokens,
+                config.audit_window_tokens,
+            )
         )
 
     def close(self) -> None:
@@ -129,6 +188,7 @@ class Controller:
                 raise ValueError(f"version {version} is older than published {cur.version}")
             ann = VersionAnnouncement(version=version, store=store, published_at=self.clock())
             self.store.put("announcement", ann.model_dump())
+            self.fleet.published(version, ann.published_at)
             return ann
 
     def announcement(self) -> VersionAnnouncement:
@@ -153,6 +213,7 @@ class Controller:
             )
             self.store.add_worker(worker_id, hash_token(token), profile.model_dump_json(), now)
             self.store.incr("workers/registered")
+            self.fleet.replan(now, force=True)
             return worker_id, token
 
     def authenticate(self, token: str) -> str | None:
@@ -176,9 +237,14 @@ class Controller:
     def _touch(self, worker_id: str, version: int | None = None, **cols) -> None:
         now, w = self.clock(), self.store.worker(worker_id)
         gap = now - w["last_seen"]
-        active_s = w["active_s"] + (gap if 0 < gap <= self.config.worker_timeout_s else 0.0)
+        billed = 0 < gap <= self.config.worker_timeout_s
+        if billed:
+            self.fleet.accrue(worker_id, w["last_seen"], now)
         if version is not None:
             cols["version"] = version
+            if version > w["version"]:
+                self.fleet.swapped(worker_id, version, now)
+        active_s = w["active_s"] + (gap if billed else 0.0)
         self.store.update_worker(worker_id, last_seen=now, active_s=active_s, **cols)
 
     def set_worker_enabled(self, worker_id: str, enabled: bool) -> None:
@@ -198,10 +264,12 @@ class Controller:
             )
             renewed = self.store.active_leases(worker_id)
             self.store.renew_leases(worker_id, now + self.config.lease_ttl_s)
+            self.fleet.replan(now)
             return HeartbeatResponse(
                 announcement=self._announcement(),
                 swap_to=self._swap_to(hb.worker_version),
-                active=bool(self.store.worker(worker_id)["enabled"]),
+                active=self._active(worker_id),
+                run_over=self._tell_run_over(worker_id),
                 renewed_leases=renewed,
             )
 
@@ -212,6 +280,12 @@ class Controller:
             self._touch(worker_id)
             self.store.update_worker(worker_id, left_at=self.clock())
             self.timing.forget(worker_id)
+            self.fleet.forget(worker_id)
+            self.fleet.replan(self.clock(), force=True)
+
+    def _active(self, worker_id: str) -> bool:
+        """Enabled (not switched off by hand) and not on standby (fleet_plan.py)."""
+        return bool(self.store.worker(worker_id)["enabled"]) and self.fleet.is_active(worker_id)
 
     # -- leases --------------------------------------------------------------------------
     def admission_capacity(self) -> int:
@@ -231,9 +305,11 @@ class Controller:
             self._touch(worker_id, req.worker_version)
             ann = self._announcement()
             reply = dict(announcement=ann, swap_to=self._swap_to(req.worker_version))
+            if self._tell_run_over(worker_id):
+                return LeaseResponse(reason="run_over", retry_after_s=c.retry_after_s, **reply)
             if ann.version < 0:
                 return LeaseResponse(reason="no_version", retry_after_s=c.retry_after_s, **reply)
-            if not self.store.worker(worker_id)["enabled"]:
+            if not self._active(worker_id):
                 return LeaseResponse(
                     reason="inactive", retry_after_s=c.heartbeat_interval_s, **reply
                 )
@@ -250,7 +326,8 @@ class Controller:
             k = min(req.max_groups, c.max_groups_per_lease, room, worker_room)
             if k <= 0:
                 return LeaseResponse(reason="full", retry_after_s=c.retry_after_s, **reply)
-            if not self._fresh_enough(worker_id, min(req.worker_version, ann.version), now):
+            version, step = min(req.worker_version, ann.version), self.store.get("next_step", 0)
+            if not self.timing.admit(worker_id, version, step, now):
                 return LeaseResponse(reason="too_slow", retry_after_s=c.retry_after_s, **reply)
             self._refill(k)
             rows = self.store.groups_in("queued", k)
@@ -264,9 +341,8 @@ class Controller:
                     group_id=r["group_id"],
                     prompt_id=r["prompt_id"],
                     task=self.task.name,
-                    task_options=self.task.options,
                     prompt=r["prompt"],
-                    answer=r["answer"],
+                    prompt_token_ids=self._prompt_ids(r["prompt"]),
                     n=c.group_size,
                     sampling=c.sampling,
                 )
@@ -275,29 +351,6 @@ class Controller:
             return LeaseResponse(
                 lease=Lease(lease_id=lease_id, expires_at=expires, groups=groups), **reply
             )
-
-    def _fresh_enough(self, worker_id: str, version: int, now: float) -> bool:
-        """False if this worker's leases come back too late to be fresh (lease_timing.py)."""
-        c = self.config
-        ok, latency, window = self.timing.fresh_enough(
-            worker_id, version, self.store.get("next_step", 0), now
-        )
-        # A borderline worker flips between fits and does not fit within a step: say it once
-        # per re-measuring period, not at every flip.
-        if not ok and now - self._slow_warned.get(worker_id, -math.inf) > c.retest_slow_after_s:
-            self._slow_warned[worker_id] = now
-            logging.warning(
-                "worker %s %s: its leases take %.2fs but must be back within %.2fs "
-                "(staleness %d at the learner's current pace). It is still billed; raise "
-                "staleness or stop it (re-measured every %.0fs).",
-                worker_id,
-                "gets no work for now" if c.refuse_too_slow else "returns work too late",
-                latency,
-                window,
-                c.staleness,
-                c.retest_slow_after_s,
-            )
-        return ok or not c.refuse_too_slow
 
     def _refill(self, k: int) -> None:
         short = k - self.store.count("queued")
@@ -325,66 +378,46 @@ class Controller:
         return lease
 
     # -- submissions ---------------------------------------------------------------------
-    def submit(self, worker_id: str, sub: Submission) -> SubmitResponse:
-        """Validate everything first, then accept atomically; resubmissions are no-ops."""
-        with self._op():
-            c, now = self.config, self.clock()
-            self.store.expire_leases(now)
-            self._touch(worker_id)
-            lease = self._own_lease(worker_id, sub.lease_id)
-            rows = {r["group_id"]: r for r in self.store.groups_of_lease(sub.lease_id)}
-            ids = [g.group_id for g in sub.groups]
-            if len(set(ids)) != len(ids):
-                raise SubmissionError("a group id appears twice in the submission")
-            newest = self._announcement().version
-            fresh, dups = [], []
-            for g in sub.groups:
-                row = rows.get(g.group_id)
-                if row is None:
-                    raise SubmissionError(
-                        f"group {g.group_id} is not (or no longer) part of lease "
-                        f"{sub.lease_id!r} (state {lease['state']}); it was requeued",
-                        409,
-                    )
-                if row["state"] in ("buffered", "consumed"):
-                    dups.append(g.group_id)
-                    continue
-                check_group(
-                    g,
-                    prompt_id=row["prompt_id"],
-                    n=c.group_size,
-                    sampling=c.sampling,
-                    vocab_size=c.vocab_size,
-                    max_prompt_tokens=c.max_prompt_tokens,
-                    newest_version=newest,
-                )
-                fresh.append(g)
-            for g in fresh:
-                self.store.buffer_group(
-                    g.group_id,
-                    [t.model_dump() for t in g.trajectories],
-                    min(t.min_version for t in g.trajectories),
-                    now,
-                )
-            if fresh:
-                self.store.incr("groups/accepted", len(fresh))
-                self.store.incr("trajectories/accepted", c.group_size * len(fresh))
-            self.store.incr("groups/duplicate", len(dups))
-            if lease["state"] == "active" and not any(
-                r["state"] == "leased" for r in self.store.groups_of_lease(sub.lease_id)
-            ):
-                self.store.set_lease_state(sub.lease_id, "done")
-                step = self.store.get("next_step", 0)
-                late = any(step - min(t.min_version for t in g.trajectories) > c.staleness
-                           for g in fresh)  # fmt: skip
-                self.timing.lease_done(worker_id, lease["created_at"], now, late)
-            self._new_work.notify_all()
-            return SubmitResponse(
-                accepted=[g.group_id for g in fresh],
-                duplicates=dups,
-                announcement=self._announcement(),
-                swap_to=self._swap_to(self.store.worker(worker_id)["version"]),
+    def _prompt_ids(self, text: str) -> list[int]:
+        if self.codec is None:
+            raise SubmissionError(
+                "this controller has no tokenizer (Controller(..., codec=TextCodec(hf_dir))), "
+                "so it can neither build prompt ids nor score completions",
+                503,
             )
+        return self.codec.encode_prompt(text)
+
+    def submit(self, worker_id: str, sub: Submission) -> SubmitResponse:
+        """Check everything, score the completions outside the lock (rewards.py), then
+        accept atomically; resubmissions are no-ops."""
+        with self._op():
+            fresh, prompts = intake.check_submission(self, worker_id, sub)
+        scored = [
+            (g.group_id, *self.scorer.score_group(g.group_id, prompts[g.group_id], g.trajectories))
+            for g in fresh
+        ]
+        with self._op():
+            return intake.accept(self, worker_id, sub, scored)
+
+    # -- behaviour log-prob audit (bridge/control/audit.py) ------------------------------
+    def audit(self, stats: Sequence[audit_lib.AuditStat]) -> list[str]:
+        """Fold in the learner's per-worker comparison of behaviour and learner log-probs
+        (`audit.rows_to_worker_stats`, after each step); returns the workers quarantined now:
+        token revoked, leases ended, buffered groups requeued."""
+        with self._op():
+            out = []
+            for st in stats:
+                why = self.auditor.add(st)
+                w = self.store.worker(st.worker_id)
+                if why and w is not None and not w["token_hash"].startswith("quarantined:"):
+                    audit_lib.quarantine(self.store, st.worker_id, why, self.clock())
+                    self.timing.forget(st.worker_id)
+                    self.fleet.forget(st.worker_id)
+                    out.append(st.worker_id)
+            self.store.incr("audit/tokens", sum(st.tokens for st in stats))
+            if out:
+                self.fleet.replan(self.clock(), force=True)
+            return out
 
     # -- the learner (bridge/control/learner_api.py) -------------------------------------
     def take_batch(self, step: int, num_groups: int) -> tuple[list[ConsumedGroup] | None, dict]:
@@ -408,6 +441,13 @@ class Controller:
                 # Wake on submissions; poll anyway so lease expiry is noticed.
                 self._new_work.wait(min(left, 0.5))
 
+    def report_learner(self, step_s: float | None = None, publish_s: float | None = None):
+        """The learner's train time of its last update (T for the capacity model; until it
+        reports, the measured step period, waits included) and, on publishing steps, the
+        time to publish (0 or None: none this step). Call after each RL step."""
+        with self.lock:
+            self.fleet.learner_reported(step_s, publish_s)
+
     def export_cursor(self) -> dict:
         return self.learner.export_cursor()
 
@@ -417,6 +457,50 @@ class Controller:
     def forget_consumed(self, up_to_step: int) -> int:
         return self.learner.forget_consumed(up_to_step)
 
+    # -- run end -------------------------------------------------------------------------
+    def end_run(self, reason: str = "finished") -> None:
+        """Training is over: from now on every worker that polls is told to leave."""
+        with self._op():
+            if self.store.get("run_over") is None:
+                self.store.put("run_over", {"at": self.clock(), "reason": reason})
+                logging.info("run over (%s): telling the workers to leave", reason)
+
+    def _tell_run_over(self, worker_id: str) -> bool:
+        if self.store.get("run_over") is None:
+            return False
+        self._told_run_over.add(worker_id)
+        return True
+
+    def workers_told_run_over(self) -> bool:
+        """True once every live worker (not left, not quarantined, heard from within three
+        heartbeat intervals) was answered run_over since `end_run`."""
+        with self._op():
+            # A worker silent for three heartbeats is dead or cut off: waiting for it to
+            # poll would only hold the learner's exit up.
+            c = self.config
+            now, timeout_s = self.clock(), min(c.worker_timeout_s, 3 * c.heartbeat_interval_s + 1)
+            return all(
+                w["worker_id"] in self._told_run_over
+                for w in self.store.workers()
+                if fleet_status.worker_state(w, now, timeout_s) not in ("gone", "quarantined")
+            )
+
+    def wait_run_over_seen(self, timeout_s: float) -> bool:
+        """Poll `workers_told_run_over` until true or `timeout_s` passes (wall clock): the
+        drain between `end_run()` and stopping the server."""
+        deadline = time.monotonic() + timeout_s
+        while not self.workers_told_run_over():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.1)
+        return True
+
+    def status(self) -> dict:
+        """The fleet table and the run's step, staleness and spend (fleet_status.py)."""
+        with self._op():
+            self.store.expire_leases(self.clock())
+            return fleet_status.fleet_status(self, self._stats())
+
     # -- metrics -------------------------------------------------------------------------
     def stats(self) -> dict:
         with self._op():
@@ -425,34 +509,13 @@ class Controller:
 
     def _stats(self) -> dict:
         now, s = self.clock(), self.store
-        workers = s.workers()
-        alive = [
-            w
-            for w in workers
-            if w["left_at"] is None and now - w["last_seen"] <= self.config.worker_timeout_s
-        ]
-        cost = sum(json.loads(w["profile"])["price_per_hour"] * w["active_s"] for w in workers)
         out = {
-            "fleet/active_workers": sum(1 for w in alive if w["enabled"]),
-            "fleet/rollouts_per_s": sum(w["samples_per_s"] for w in alive if w["enabled"]),
-            "fleet/too_slow_workers": sum(
-                1 for w in alive if w["worker_id"] in self.timing.too_slow
-            ),
-            "cost/usd": cost / 3600.0,
+            **self.fleet.stats(now, s.get("trajectories/accepted", 0)),
             "policy_version/published": self._announcement().version,
             "admission/capacity": self.admission_capacity(),
         }
         for state in ("queued", "leased", "buffered"):
             out[f"groups/{state}"] = s.count(state)
-        for key in (
-            "staleness/dropped",
-            "groups/accepted",
-            "groups/consumed",
-            "groups/duplicate",
-            "trajectories/accepted",
-            "leases/issued",
-            "leases/expired",
-            "leases/released",
-        ):
+        for key in _COUNTERS:
             out[key] = s.get(key, 0)
         return out

@@ -1,4 +1,4 @@
-"""SQLite (WAL) persistence of the controller: workers, prompt groups, leases, counters.
+"""SQLite (WAL) persistence of the controller: workers, prompt groups, leases, counters, fleet plan.
 
 Every SQL statement of the controller is here, as a named method; controller.py and
 learner_api.py call these and hold no SQL. Every controller operation is one transaction
@@ -41,6 +41,9 @@ CREATE TABLE IF NOT EXISTS leases (
   expires_at REAL NOT NULL, state TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS leases_state ON leases(state, expires_at);
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS fleet (
+  worker_id TEXT PRIMARY KEY, standby INTEGER NOT NULL DEFAULT 0,
+  changed_at REAL NOT NULL DEFAULT 0, standby_s REAL NOT NULL DEFAULT 0, rollouts_per_s REAL);
 """
 
 
@@ -152,6 +155,15 @@ class ControllerDB:
         )
         return [r["group_id"] for r in rows]
 
+    def buffered_of_worker(self, worker_id: str) -> list[int]:
+        """Buffered (accepted, not yet consumed) groups that `worker_id` generated."""
+        rows = self.q(
+            "SELECT g.group_id FROM groups g JOIN leases l ON g.lease_id=l.lease_id"
+            " WHERE l.worker_id=? AND g.state='buffered'",
+            (worker_id,),
+        )
+        return [r["group_id"] for r in rows]
+
     def requeue(self, group_ids: list[int]) -> None:
         """Back to the queue (the same row, so it goes out before newer prompts)."""
         self.conn.executemany(
@@ -242,3 +254,34 @@ class ControllerDB:
     def update_worker(self, worker_id: str, **cols: Any) -> None:
         sets = ", ".join(f"{k}=?" for k in cols)
         self._x(f"UPDATE workers SET {sets} WHERE worker_id=?", (*cols.values(), worker_id))
+
+    # -- fleet plan (bridge/control/fleet_plan.py) ---------------------------------------
+    # Its own table, not columns of `workers`: CREATE IF NOT EXISTS upgrades an older
+    # database without a migration.
+    def fleet_rows(self) -> dict[str, sqlite3.Row]:
+        """worker_id -> (standby, changed_at, standby_s, rollouts_per_s) of measured or
+        planned workers."""
+        return {r["worker_id"]: r for r in self.q("SELECT * FROM fleet")}
+
+    def fleet_row(self, worker_id: str) -> sqlite3.Row | None:
+        rows = self.q("SELECT * FROM fleet WHERE worker_id=?", (worker_id,))
+        return rows[0] if rows else None
+
+    def set_standby(self, worker_id: str, standby: bool, now: float) -> None:
+        self._x(
+            "INSERT INTO fleet(worker_id, standby, changed_at) VALUES (?, ?, ?)"
+            " ON CONFLICT(worker_id) DO UPDATE SET standby=excluded.standby,"
+            " changed_at=excluded.changed_at",
+            (worker_id, int(standby), now),
+        )
+
+    def add_standby_s(self, worker_id: str, seconds: float) -> None:
+        self._x("UPDATE fleet SET standby_s=standby_s+? WHERE worker_id=?", (seconds, worker_id))
+
+    def set_rollout_rate(self, worker_id: str, rollouts_per_s: float) -> None:
+        """The controller's measurement of `worker_id`'s throughput."""
+        self._x(
+            "INSERT INTO fleet(worker_id, rollouts_per_s) VALUES (?, ?)"
+            " ON CONFLICT(worker_id) DO UPDATE SET rollouts_per_s=excluded.rollouts_per_s",
+            (worker_id, rollouts_per_s),
+        )

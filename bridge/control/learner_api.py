@@ -84,11 +84,16 @@ class LearnerSide:
                     prompt=r["prompt"],
                     answer=r["answer"],
                     trajectories=[Trajectory(**t) for t in json.loads(r["payload"])],
+                    worker_id=self._worker_of(r["lease_id"]),
                 )
                 for r in rows
             ]
             lags = [step - t.min_version for g in batch for t in g.trajectories]
             return batch, {"staleness/mean": sum(lags) / len(lags), "staleness/max": max(lags)}
+
+    def _worker_of(self, lease_id: str | None) -> str:
+        lease = self.db.lease(lease_id) if lease_id else None
+        return lease["worker_id"] if lease is not None else ""
 
     def export_cursor(self) -> dict:
         """JSON-able state for the learner's checkpoint."""

@@ -27,6 +27,8 @@ In memory only: after a controller restart everything is measured again.
 from __future__ import annotations
 
 import dataclasses
+import logging
+import math
 
 _EMA = 0.3  # weight of the newest sample in the moving averages
 
@@ -43,8 +45,9 @@ class _Latency:
 
 
 class LeaseTiming:
-    def __init__(self, staleness: int, retest_after_s: float):
-        self.staleness, self.retest_after_s = staleness, retest_after_s
+    def __init__(self, staleness: int, retest_after_s: float, refuse: bool = True):
+        self.staleness, self.retest_after_s, self.refuse = staleness, retest_after_s, refuse
+        self._warned: dict[str, float] = {}  # worker -> when it was last reported slow
         self.step_period_s: float | None = None
         self.last_batch_at: float | None = None
         self.latency: dict[str, _Latency] = {}
@@ -77,6 +80,26 @@ class LeaseTiming:
         ok = lat is None or window is None or not lat.late or lat.seconds <= window
         (self.too_slow.discard if ok else self.too_slow.add)(worker_id)
         return ok, (lat.seconds if lat else None), window
+
+    def admit(self, worker_id: str, worker_version: int, next_step: int, now: float) -> bool:
+        """`fresh_enough`, warning about a too-slow worker; always True if not `refuse`."""
+        ok, latency, window = self.fresh_enough(worker_id, worker_version, next_step, now)
+        # A borderline worker flips between fits and does not fit within a step: say it once
+        # per re-measuring period, not at every flip.
+        if not ok and now - self._warned.get(worker_id, -math.inf) > self.retest_after_s:
+            self._warned[worker_id] = now
+            logging.warning(
+                "worker %s %s: its leases take %.2fs but must be back within %.2fs "
+                "(staleness %d at the learner's current pace). It is still billed; raise "
+                "staleness or stop it (re-measured every %.0fs).",
+                worker_id,
+                "gets no work for now" if self.refuse else "returns work too late",
+                latency,
+                window,
+                self.staleness,
+                self.retest_after_s,
+            )
+        return ok or not self.refuse
 
     def forget(self, worker_id: str) -> None:
         self.latency.pop(worker_id, None)

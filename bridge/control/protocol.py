@@ -12,9 +12,19 @@ version news costs no extra request.
     POST /v1/release   Release          ->   Ack (give a lease back, requeued at once)
     POST /v1/leave                      ->   Ack (token revoked, leases requeued)
     GET  /v1/version                    ->   VersionAnnouncement
-    GET  /v1/status                     ->   controller stats (dict)
+    GET  /v1/status                     ->   controller stats + fleet table (dict; also
+                                             with the join secret as bearer: bridge/status.py)
 
 Every call but /v1/register sends `Authorization: Bearer <worker token>`.
+
+Run end: once the learner calls `Controller.end_run()`, every heartbeat answers
+`run_over=true` and every lease `reason="run_over"`; a worker then leaves and exits 0.
+`active=false` puts a worker on standby (no leases until a heartbeat says active again).
+
+Trust: a lease carries each prompt's token ids as the controller built them and no
+reference answer; a worker submits `WorkerTrajectory`s (no reward: the controller scores
+the completion ids itself, bridge/control/rewards.py). `Trajectory` adds the controller's
+reward and exists on the trusted side only.
 
 Versions: a policy version is the learner step whose parameters generated a token
 (version v = weights after v updates). A trajectory tags every completion token with
@@ -45,6 +55,9 @@ class WorkerProfile(_Model):
     price_per_hour: float = Field(ge=0.0, le=1e6, description="USD per hour while active")
     max_concurrent_sequences: int = Field(ge=1, le=1 << 20)
     region: str = Field(default="", max_length=128)
+    name: str = Field(
+        default="", max_length=128, description="the provisioner's name for it (bridge/fleet)"
+    )
 
 
 class RegisterRequest(_Model):
@@ -82,6 +95,7 @@ class HeartbeatResponse(_Model):
     announcement: VersionAnnouncement
     swap_to: int | None = Field(default=None, description="swap to this version first")
     active: bool = Field(default=True, description="false: the fleet does not need you now")
+    run_over: bool = Field(default=False, description="true: training ended; leave and exit")
     renewed_leases: list[str] = Field(default_factory=list)
 
 
@@ -94,16 +108,18 @@ class SamplingParams(_Model):
 
 
 class PromptGroup(_Model):
-    """One prompt to sample `n` completions of (a GRPO group)."""
+    """One prompt to sample `n` completions of (a GRPO group).
+
+    No reference answer and no reward recipe: the controller scores completions itself.
+    The worker generates from `prompt_token_ids` exactly (the controller's own encoding,
+    bridge/contracts/prompt.py) and echoes them in each trajectory; `prompt` is the same
+    prompt as text, for logs."""
 
     group_id: int
     prompt_id: str
-    task: str
-    task_options: dict[str, Any] = Field(
-        default_factory=dict, description="rebuild the reward with tasks.cached_task(task, options)"
-    )
+    task: str = Field(description="the task's name (informational)")
     prompt: str
-    answer: str = Field(description="reference the task's reward function compares against")
+    prompt_token_ids: list[int] = Field(min_length=1, max_length=_MAX_TOKENS)
     n: int = Field(ge=1, le=_MAX_SAMPLES)
     sampling: SamplingParams
 
@@ -121,7 +137,9 @@ class Lease(_Model):
 
 class LeaseResponse(_Model):
     lease: Lease | None = None
-    reason: Literal["ok", "behind", "full", "no_version", "inactive", "empty", "too_slow"] = "ok"
+    reason: Literal[
+        "ok", "behind", "full", "no_version", "inactive", "empty", "too_slow", "run_over"
+    ] = "ok"
     retry_after_s: float = 0.0
     announcement: VersionAnnouncement
     swap_to: int | None = None
@@ -130,7 +148,11 @@ class LeaseResponse(_Model):
 FinishReason = Literal["stop", "length"]
 
 
-class Trajectory(_Model):
+class WorkerTrajectory(_Model):
+    """One sampled completion as a worker submits it: data to check, never a fact. It has
+    no reward (the controller scores the completion text itself) and its prompt ids must
+    equal the leased `PromptGroup.prompt_token_ids`."""
+
     prompt_id: str = Field(max_length=512)
     sample_index: int = Field(ge=0, lt=_MAX_SAMPLES)
     prompt_token_ids: list[int] = Field(max_length=_MAX_TOKENS)
@@ -141,7 +163,6 @@ class Trajectory(_Model):
     versions: list[int] = Field(
         max_length=_MAX_TOKENS, description="policy version that sampled each completion token"
     )
-    reward: float
     finish_reason: FinishReason
 
     @property
@@ -149,9 +170,17 @@ class Trajectory(_Model):
         return min(self.versions)
 
 
+class Trajectory(WorkerTrajectory):
+    """A checked trajectory with the controller's own reward (trusted side only, never on
+    the wire from a worker): what buffered groups hold and the learner consumes."""
+
+    reward: float
+    reward_error: str = Field(default="", description="why scoring failed (reward is then 0)")
+
+
 class GroupResult(_Model):
     group_id: int
-    trajectories: list[Trajectory] = Field(max_length=_MAX_SAMPLES)
+    trajectories: list[WorkerTrajectory] = Field(max_length=_MAX_SAMPLES)
 
 
 class Submission(_Model):
@@ -177,10 +206,11 @@ class Ack(_Model):
 
 
 class ConsumedGroup(_Model):
-    """A complete, fresh group handed to the learner."""
+    """A complete, fresh group handed to the learner (in-process, never on the wire)."""
 
     group_id: int
     prompt_id: str
     prompt: str
     answer: str
     trajectories: list[Trajectory]
+    worker_id: str = Field(default="", description="who generated it (for the audit)")

@@ -11,7 +11,8 @@ The training binary starts it next to the learner:
 Security: POST /v1/register takes the join secret (constant-time compare) and hands out a
 per-worker bearer token; the controller stores only its SHA-256. A middleware answers
 401 on every other path without a valid token before any body is parsed, and 413 for a
-body over `max_body_bytes` (411 when a body has no Content-Length). For WAN use pass
+body over `max_body_bytes` (411 when a body has no Content-Length). GET /v1/status
+(read-only) also takes the join secret as bearer, for `python -m bridge.status`. For WAN use pass
 `certfile`/`keyfile` and the server speaks HTTPS. The schema is public at /openapi.json;
 the interactive docs pages are off (they would be unauthenticated endpoints).
 """
@@ -51,6 +52,9 @@ from bridge.control.protocol import (
 from bridge.control.validation import SubmissionError
 
 PUBLIC_PATHS = frozenset({"/v1/register", "/openapi.json"})
+# Read-only paths an operator may also read with the join secret as bearer
+# (python -m bridge.status): whoever holds the secret may join the fleet anyway.
+OPERATOR_PATHS = frozenset({"/v1/status"})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,6 +93,10 @@ def _bearer(request: Request) -> str | None:
 
 
 def make_app(controller: Controller, join_secret: str, max_body_bytes: int = 16 << 20) -> FastAPI:
+    def _is_secret(request: Request) -> bool:
+        token = _bearer(request)
+        return token is not None and hmac.compare_digest(token.encode(), join_secret.encode())
+
     app = FastAPI(
         title="echo2 controller",
         version="1",
@@ -112,7 +120,10 @@ def make_app(controller: Controller, join_secret: str, max_body_bytes: int = 16 
                     {"detail": f"body of {length} bytes exceeds {max_body_bytes}"},
                     status_code=413,
                 )
-        if request.url.path not in PUBLIC_PATHS:
+        path = request.url.path
+        if path in OPERATOR_PATHS and request.method == "GET" and _is_secret(request):
+            request.state.worker_id = None
+        elif path not in PUBLIC_PATHS:
             token = _bearer(request)
             worker = await run_in_threadpool(controller.authenticate, token) if token else None
             if worker is None:
@@ -176,7 +187,7 @@ def make_app(controller: Controller, join_secret: str, max_body_bytes: int = 16 
 
     @app.get("/v1/status", dependencies=auth)
     def status() -> dict:
-        return controller.stats()
+        return controller.status()
 
     return app
 

@@ -2,7 +2,9 @@
 
 Pydantic already refused wrong types, NaN/inf and absurd sizes on the wire; these are
 the checks that need the controller's context: the lease's group, the vocabulary, the
-configured length limits and the newest published version. Each failure is a
+configured length limits, the newest published version and the prompt token ids the
+controller itself built for the leased prompt (a group generated from any other prompt is
+refused, so the learner trains only on prompts the controller leased). Each failure is a
 `SubmissionError` carrying an HTTP status and a message naming the offending field.
 """
 
@@ -33,6 +35,7 @@ def check_group(
     vocab_size: int,
     max_prompt_tokens: int,
     newest_version: int,
+    prompt_token_ids: list[int],
 ) -> None:
     """Raise SubmissionError (422) unless `result` is a complete, well-formed group."""
     g = f"group {result.group_id}"
@@ -42,7 +45,6 @@ def check_group(
     indices = sorted(t.sample_index for t in trajs)
     if indices != list(range(n)):
         raise SubmissionError(f"{g}: sample_index values must be 0..{n - 1} once each")
-    prompt_ids = trajs[0].prompt_token_ids
     for t in trajs:
         where = f"{g} sample {t.sample_index}"
         if t.prompt_id != prompt_id:
@@ -52,8 +54,12 @@ def check_group(
                 f"{where}: prompt has {len(t.prompt_token_ids)} tokens, "
                 f"allowed 1..{max_prompt_tokens}"
             )
-        if t.prompt_token_ids != prompt_ids:
-            raise SubmissionError(f"{where}: prompt_token_ids differ within the group")
+        if t.prompt_token_ids != prompt_token_ids:
+            raise SubmissionError(
+                f"{where}: prompt_token_ids differ from the leased prompt's "
+                f"({len(t.prompt_token_ids)} vs {len(prompt_token_ids)} tokens); "
+                "generate from PromptGroup.prompt_token_ids exactly"
+            )
         length = len(t.completion_token_ids)
         if length > sampling.max_tokens:
             raise SubmissionError(
@@ -73,8 +79,6 @@ def check_group(
         bad_lp = [x for x in t.logprobs if not (math.isfinite(x) and x <= 0.0)]
         if bad_lp:
             raise SubmissionError(f"{where}: log-prob {bad_lp[0]} is not finite and <= 0")
-        if not math.isfinite(t.reward):
-            raise SubmissionError(f"{where}: reward {t.reward} is not finite")
         if min(t.versions) < 0:
             raise SubmissionError(f"{where}: negative policy version {min(t.versions)}")
         if max(t.versions) > newest_version:

@@ -35,13 +35,25 @@ def controller_config(config, vocab_size: int, eos_id: int) -> ControllerConfig:
         seed=config.seed,
         refuse_too_slow=config.controller.refuse_too_slow,
         retest_slow_after_s=config.controller.retest_slow_after_s,
+        reward_timeout_s=config.controller.reward_timeout_s,
+        activation=config.controller.activation,
+        activation_margin=config.controller.activation_margin,
+        activation_period_s=config.controller.activation_period_s,
+        standby_price_fraction=config.controller.standby_price_fraction,
     )
 
 
-def open_controller(config, workdir: str, task, vocab_size: int, eos_id: int, cursor: dict):
-    """The run's controller, with a checkpoint's RL cursor (if any) restored."""
+def open_controller(config, workdir: str, task, codec, vocab_size: int, cursor: dict):
+    """The run's controller, with a checkpoint's RL cursor (if any) restored.
+
+    `codec` (the run's tokenizer) lets the controller build every prompt's token ids and
+    decode completions to score them itself: the trusted side never takes either from a
+    worker."""
     ctl = Controller(
-        controller_config(config, vocab_size, eos_id), os.path.join(workdir, DB_FILE), task
+        controller_config(config, vocab_size, codec.eos_id),
+        os.path.join(workdir, DB_FILE),
+        task,
+        codec=codec,
     )
     if cursor:
         back = ctl.restore_cursor(cursor)

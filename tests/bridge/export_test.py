@@ -235,7 +235,7 @@ def test_vllm_loads_the_export(learner_run, tmp_path, extra_vllm_engine):
     ids, valid = _batch()
     prompts = [ids[i, : valid[i].sum()].tolist() for i in range(len(ids)) if valid[i].sum() > 2]
     hf = _hf_model(out["output_dir"])
-    llm = extra_vllm_engine(out["output_dir"], dtype="float32", max_model_len=128)
+    llm = extra_vllm_engine(out["output_dir"], dtype="float32", max_model_len=128).llm
     sp = SamplingParams(max_tokens=4, temperature=0.0, prompt_logprobs=0)
     results = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
     for prompt, res in zip(prompts, results, strict=True):

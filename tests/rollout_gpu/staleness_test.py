@@ -36,6 +36,7 @@ import time
 import pytest
 from worker_procs import spawn_worker, tail
 
+from bridge.contracts.prompt import TextCodec
 from bridge.control.controller import Controller, ControllerConfig
 from bridge.control.protocol import SamplingParams
 from bridge.control.service import ServerOptions, serve_controller
@@ -114,7 +115,10 @@ def fleet(tmp_path, tiny_model_dir):
         retest_slow_after_s=600.0,  # no re-measuring lease within the test
     )
     ctl = RecordingController(
-        config, os.path.join(workdir, "controller.db"), make_task("arithmetic")
+        config,
+        os.path.join(workdir, "controller.db"),
+        make_task("arithmetic"),
+        codec=TextCodec(tiny_model_dir),
     )
     server = serve_controller(ctl, workdir, ServerOptions(host="127.0.0.1", port=0))
     procs, logs = {}, {}

@@ -6,6 +6,7 @@ import threading
 
 import pytest
 
+from bridge.contracts.prompt import TextCodec
 from bridge.control.controller import Controller, ControllerConfig
 from bridge.control.protocol import (
     GroupResult,
@@ -13,10 +14,11 @@ from bridge.control.protocol import (
     LeaseRequest,
     SamplingParams,
     Submission,
-    Trajectory,
     WorkerProfile,
+    WorkerTrajectory,
 )
 from bridge.control.validation import SubmissionError
+from bridge.model import tiny_model
 from bridge.tasks import make_task
 
 
@@ -26,6 +28,14 @@ class Clock:
 
     def __call__(self):
         return self.t
+
+
+def codec(tmp_path) -> TextCodec:
+    """The run's tokenizer (the tiny character-level one)."""
+    path = tmp_path / "tokenizer"
+    path.mkdir(exist_ok=True)
+    tiny_model.save_tokenizer(str(path))
+    return TextCodec(str(path))
 
 
 def make(tmp_path, clock=None, **cfg):
@@ -43,6 +53,7 @@ def make(tmp_path, clock=None, **cfg):
         str(tmp_path / "ctl.db"),
         make_task("arithmetic"),
         clock or Clock(),
+        codec=codec(tmp_path),
     )
 
 
@@ -53,22 +64,21 @@ def worker(ctl, price=2.0, max_seqs=64):
     return wid
 
 
-def result(group, versions=(0, 0, 0), n=2, reward=1.0, **override):
+def result(group, versions=(0, 0, 0), n=2, **override):
     trajs = []
     for i in range(n):
         fields = dict(
             prompt_id=group.prompt_id,
             sample_index=i,
-            prompt_token_ids=[1, 5, 6],
+            prompt_token_ids=list(group.prompt_token_ids),
             completion_token_ids=[10 + i] * len(versions),
             logprobs=[-0.5] * len(versions),
             versions=list(versions),
-            reward=reward,
             finish_reason="stop",
         )
         fields.update(override)
         # model_construct skips pydantic, so the controller's own checks are what is tested.
-        trajs.append(Trajectory.model_construct(**fields))
+        trajs.append(WorkerTrajectory.model_construct(**fields))
     return GroupResult.model_construct(group_id=group.group_id, trajectories=trajs)
 
 
@@ -144,11 +154,10 @@ def test_submission_is_idempotent_and_batch_is_in_arrival_order_within_a_version
     "override, match",
     [
         (dict(completion_token_ids=[10, 100, 2]), "outside the vocabulary"),
-        (dict(prompt_token_ids=[-1, 5, 6]), "outside the vocabulary"),
+        (dict(prompt_token_ids=[-1, 5, 6]), "differ from the leased prompt"),
         (dict(logprobs=[-0.5, math.nan, -1.0]), "not finite"),
         (dict(logprobs=[-0.5, 0.1, -1.0]), "<= 0"),
         (dict(logprobs=[-0.5, -math.inf, -1.0]), "not finite"),
-        (dict(reward=math.nan), "reward"),
         (dict(versions=[0, 1, 1]), "from the future"),
         (dict(logprobs=[-0.5, -0.5]), "one logprob and one version"),
         (dict(versions=[1, 0, 0]), "from the future"),

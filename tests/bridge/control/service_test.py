@@ -22,8 +22,8 @@ from bridge.control.protocol import (
     LeaseRequest,
     SamplingParams,
     Submission,
-    Trajectory,
     WorkerProfile,
+    WorkerTrajectory,
 )
 from bridge.control.service import (
     ControllerServer,
@@ -31,8 +31,9 @@ from bridge.control.service import (
     load_or_create_join_secret,
     serve_controller,
 )
+from bridge.model import tiny_model
 from bridge.model.tiny_model import EOS_ID, char_vocab
-from bridge.tasks import Prompt, cached_task, make_task, score
+from bridge.tasks import make_task
 
 PROFILE = {
     "accelerator": "cpu",
@@ -43,7 +44,7 @@ PROFILE = {
 
 
 @pytest.fixture
-def service(tmp_path):
+def service(tmp_path, text_codec):
     workdir = str(tmp_path)
     ctl = Controller(
         ControllerConfig(
@@ -55,6 +56,7 @@ def service(tmp_path):
         ),
         os.path.join(workdir, "controller.db"),
         make_task("arithmetic", format_reward=0.1),
+        codec=text_codec,
     )
     server = serve_controller(ctl, workdir, ServerOptions(max_body_bytes=64 * 1024))
     secret = load_or_create_join_secret(workdir)
@@ -94,7 +96,11 @@ def test_controller_json_join_token_and_schema(service):
         "/v1/version",
         "/v1/status",
     } <= set(schema["paths"])
-    assert "Trajectory" in schema["components"]["schemas"]
+    schemas = schema["components"]["schemas"]
+    # What a worker receives has no reference answer; what it sends has no reward.
+    assert "answer" not in schemas["PromptGroup"]["properties"]
+    assert "prompt_token_ids" in schemas["PromptGroup"]["required"]
+    assert "reward" not in schemas["WorkerTrajectory"]["properties"]
     assert "HTTPBearer" in schema["components"]["securitySchemes"]
     assert client.get("/docs").status_code == 401  # no unauthenticated docs pages
 
@@ -155,11 +161,10 @@ def _submission(lease, **override):
         t = dict(
             prompt_id=group["prompt_id"],
             sample_index=i,
-            prompt_token_ids=[1, 7, 8],
+            prompt_token_ids=group["prompt_token_ids"],
             completion_token_ids=[12, 13, 2],
             logprobs=[-0.1, -2.0, -0.3],
             versions=[0, 0, 0],
-            reward=1.0,
             finish_reason="stop",
         )
         t.update(override)
@@ -198,7 +203,7 @@ def test_worker_round_trip(service):
     "override, status, needle",
     [
         (dict(completion_token_ids="abc"), 422, "completion_token_ids"),
-        (dict(reward="high"), 422, "reward"),
+        (dict(reward=1.0), 422, "reward"),  # a worker's reward is not even accepted
         (dict(completion_token_ids=[12, 13, 1000]), 422, "vocabulary"),
         (dict(logprobs=[-0.1, math.nan, -0.3]), 422, "logprobs"),
         (dict(logprobs=[-0.1, 0.5, -0.3]), 422, "<= 0"),
@@ -296,20 +301,19 @@ def test_tls(tmp_path):
 
 def two_token_results(groups, **fields):
     """Typed results for leased `groups`, every sample a two-token completion at version 0;
-    `fields` override Trajectory fields (a callable gets the sample index)."""
+    `fields` override WorkerTrajectory fields (a callable gets the sample index)."""
     return [
         GroupResult(
             group_id=g.group_id,
             trajectories=[
-                Trajectory(
+                WorkerTrajectory(
                     **{
                         "prompt_id": g.prompt_id,
                         "sample_index": i,
-                        "prompt_token_ids": [5],
+                        "prompt_token_ids": g.prompt_token_ids,
                         "completion_token_ids": [6, 2],
                         "logprobs": [-1.0, -0.5],
                         "versions": [0, 0],
-                        "reward": 0.0,
                         "finish_reason": "stop",
                         **{k: v(i) if callable(v) else v for k, v in fields.items()},
                     }
@@ -321,9 +325,10 @@ def two_token_results(groups, **fields):
     ]
 
 
-def test_typed_client_round_trip_with_task_rewards(service):
-    """What a worker does, through the typed client: join, swap when told, lease, score with
-    the task adapter, submit; the learner then takes exactly those trajectories."""
+def test_typed_client_round_trip_with_controller_rewards(service):
+    """What a worker does, through the typed client: join, swap when told, lease, generate
+    from the leased prompt ids, submit; the learner then takes those trajectories with the
+    controller's own rewards (the worker never sees an answer)."""
     ctl, server, _, secret, _ = service
     with pytest.raises(ControllerError) as e:
         ControllerClient.join(server.url, "wrong", WorkerProfile(**PROFILE))
@@ -335,23 +340,23 @@ def test_typed_client_round_trip_with_task_rewards(service):
     assert r.lease is None and r.reason == "behind" and r.swap_to == 0
     assert client.heartbeat(Heartbeat(worker_version=0, samples_per_s=2.5)).swap_to is None
     lease = client.lease(LeaseRequest(worker_version=0, max_groups=2)).lease
-    # The task's options travel in the lease, so the worker's reward matches the learner's.
-    task, vocab = cached_task(lease.groups[0].task, lease.groups[0].task_options), char_vocab()
+    vocab = char_vocab()
     results, expected = [], {}
     for g in lease.groups:
-        prompt = Prompt(g.prompt_id, g.prompt, g.answer)
+        assert g.prompt_token_ids == [tiny_model.BOS_ID] + [vocab[ch] for ch in g.prompt]
+        # The reference answer lives only in the controller's database.
+        [row] = ctl.store.q("SELECT answer FROM groups WHERE group_id=?", (g.group_id,))
         trajs = []
-        for i, text in enumerate([g.answer, "-1"][: g.n]):  # right; wrong (answers are >= 0)
+        for i, text in enumerate([row["answer"], "-1"][: g.n]):  # right; wrong (answers >= 0)
             ids = [vocab[ch] for ch in text] + [EOS_ID]
             trajs.append(
-                Trajectory(
+                WorkerTrajectory(
                     prompt_id=g.prompt_id,
                     sample_index=i,
-                    prompt_token_ids=[vocab[ch] for ch in g.prompt],
+                    prompt_token_ids=g.prompt_token_ids,
                     completion_token_ids=ids,
                     logprobs=[-0.25] * len(ids),
                     versions=[0] * len(ids),
-                    reward=score(task, prompt, text),
                     finish_reason="stop",
                 )
             )
@@ -364,11 +369,12 @@ def test_typed_client_round_trip_with_task_rewards(service):
     batch, stats = ctl.take_batch(0, 2)
     assert {g.group_id: [t.reward for t in g.trajectories] for g in batch} == expected
     assert batch[0].trajectories[0].completion_token_ids[-1] == EOS_ID
+    assert {g.worker_id for g in batch} == {reg.worker_id}
     client.leave()
     client.close()
 
 
-def test_concurrent_workers_and_learner(tmp_path):
+def test_concurrent_workers_and_learner(tmp_path, text_codec):
     """Three workers over HTTP race a learner that publishes every step: no deadlock, every
     batch fresh, no group consumed twice."""
     S, g, steps = 1, 2, 8
@@ -382,6 +388,7 @@ def test_concurrent_workers_and_learner(tmp_path):
         ),
         str(tmp_path / "c.db"),
         make_task("arithmetic"),
+        codec=text_codec,
     )
     server = serve_controller(ctl, str(tmp_path), ServerOptions())
     secret = load_or_create_join_secret(str(tmp_path))
@@ -427,7 +434,7 @@ def test_concurrent_workers_and_learner(tmp_path):
     assert len(consumed) == steps * g and len(set(consumed)) == len(consumed)
 
 
-def test_restart_between_steps_keeps_tokens_and_trajectories(tmp_path):
+def test_restart_between_steps_keeps_tokens_and_trajectories(tmp_path, text_codec):
     """Stop the service mid-run and start a new one on the same workdir: the worker's token
     still works, accepted trajectories are all there, consumed ones never come back."""
 
@@ -438,6 +445,7 @@ def test_restart_between_steps_keeps_tokens_and_trajectories(tmp_path):
             ),
             str(tmp_path / "controller.db"),
             make_task("arithmetic"),
+            codec=text_codec,
         )
         return ctl, serve_controller(ctl, str(tmp_path), ServerOptions())
 
@@ -451,7 +459,6 @@ def test_restart_between_steps_keeps_tokens_and_trajectories(tmp_path):
         lease.groups,
         completion_token_ids=lambda i: [6, i + 7],
         logprobs=[-1.0, -2.0],
-        reward=lambda i: float(i),
         finish_reason="length",
     )
     sub = Submission(lease_id=lease.lease_id, groups=groups)
@@ -474,7 +481,10 @@ def test_restart_between_steps_keeps_tokens_and_trajectories(tmp_path):
         assert ctl.take_batch(3, 1)[0] is None
         got = [b[0] for b in [first, *rest]]
         assert [g.group_id for g in got] == [g.group_id for g in groups]
-        assert [g.trajectories for g in got] == [g.trajectories for g in groups]
+        unscored = {"reward", "reward_error"}
+        assert [[t.model_dump(exclude=unscored) for t in g.trajectories] for g in got] == [
+            [t.model_dump() for t in g.trajectories] for g in groups
+        ]
         client.close()
     finally:
         server.stop()

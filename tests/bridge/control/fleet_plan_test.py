@@ -1,0 +1,226 @@
+"""The live capacity model and cost-aware activation (bridge/control/fleet_plan.py), driven
+through a real Controller on a temp SQLite file with an injected clock."""
+
+import logging
+import math
+
+import pytest
+
+from bridge.control import activation, capacity
+from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.fleet_plan import busy_rate
+from bridge.control.protocol import (
+    GroupResult,
+    Heartbeat,
+    LeaseRequest,
+    SamplingParams,
+    Submission,
+    WorkerProfile,
+    WorkerTrajectory,
+)
+from bridge.tasks import make_task
+
+R = 4  # rollouts per step: groups_per_step 2 * group_size 2
+
+
+class Clock:
+    def __init__(self):
+        self.t = 1000.0
+
+    def __call__(self):
+        return self.t
+
+
+def make(tmp_path, text_codec, clock, **cfg):
+    base = dict(
+        staleness=20,  # room to lease every group these tests measure with
+        groups_per_step=2,
+        group_size=2,
+        lease_ttl_s=30.0,
+        sampling=SamplingParams(max_tokens=4),
+        vocab_size=100,
+    )
+    return Controller(
+        ControllerConfig(**{**base, **cfg}),
+        str(tmp_path / "ctl.db"),
+        make_task("arithmetic"),
+        clock,
+        codec=text_codec,
+    )
+
+
+def worker(ctl, price):
+    profile = WorkerProfile(accelerator="cpu", price_per_hour=price, max_concurrent_sequences=64)
+    return ctl.register(profile)[0]
+
+
+def run_lease(ctl, clock, wid, groups, seconds, version=0):
+    """`wid` leases `groups` groups and submits them `seconds` later: 2 * groups rollouts."""
+    lease = ctl.lease(wid, LeaseRequest(worker_version=version, max_groups=groups)).lease
+    assert len(lease.groups) == groups
+    clock.t += seconds
+    results = [
+        GroupResult.model_construct(
+            group_id=g.group_id,
+            trajectories=[
+                WorkerTrajectory.model_construct(
+                    prompt_id=g.prompt_id,
+                    sample_index=i,
+                    prompt_token_ids=list(g.prompt_token_ids),
+                    completion_token_ids=[10 + i] * 3,
+                    logprobs=[-0.5] * 3,
+                    versions=[version] * 3,
+                    finish_reason="stop",
+                )
+                for i in range(2)
+            ],
+        )
+        for g in lease.groups
+    ]
+    assert ctl.submit(wid, Submission(lease_id=lease.lease_id, groups=results)).accepted
+
+
+def hb(ctl, wid, version=0):
+    return ctl.heartbeat(wid, Heartbeat(worker_version=version))
+
+
+def test_busy_rate_counts_overlapping_leases_once_and_idle_time_not_at_all():
+    # Two concurrent leases over [0, 4] and one after an idle gap over [10, 12].
+    rate, mean = busy_rate([(0.0, 4.0, 8), (1.0, 3.0, 4), (10.0, 12.0, 6)])
+    assert rate == pytest.approx(18 / 6) and mean == pytest.approx(8 / 3)
+
+
+def test_capacity_metrics_follow_the_model_on_measured_inputs(tmp_path, text_codec, caplog):
+    clock = Clock()
+    ctl = make(tmp_path, text_codec, clock, staleness=2)
+    ctl.publish(0)
+    w = worker(ctl, 1.0)
+    clock.t += 3
+    hb(ctl, w)  # first reports version 0: 3 s after it was published
+    run_lease(ctl, clock, w, groups=2, seconds=4.0)  # 4 rollouts in 4 s: 1/s, T_gen 4 s
+    ctl.report_learner(step_s=2.0, publish_s=0.5)
+    ctl.report_learner(step_s=2.0, publish_s=0.0)  # a step that did not publish
+    ctl.publish(2)  # versions 0 -> 2: kappa = 2
+    with caplog.at_level(logging.WARNING):
+        batch, stats = ctl.take_batch(0, 2)
+    assert batch is not None
+    want = capacity.report(1.0, R, 2.0, 2, 2, 0.5 + 3.0 + 4.0)
+    assert stats["capacity/required_rollouts_per_s"] == pytest.approx(want.required_rollouts_per_s)
+    assert stats["capacity/active_rollouts_per_s"] == pytest.approx(1.0)
+    assert stats["capacity/predicted_utilization"] == pytest.approx(want.predicted_utilization)
+    assert stats["capacity/min_staleness"] == want.min_staleness == 2 + math.ceil(7.5 / 2)
+    assert stats["capacity/latency_s"] == pytest.approx(7.5)
+    assert stats["capacity/warning"] == 1
+    warned = [r.getMessage() for r in caplog.records if "capacity" in r.getMessage()]
+    assert len(warned) == 1 and "raise `staleness` to 6" in warned[0] and "add workers" in warned[0]
+    # At most once a minute per cause.
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+        clock.t += 30
+        ctl.stats()
+        assert not [r for r in caplog.records if "capacity" in r.getMessage()]
+        clock.t += 31
+        hb(ctl, w, 2)
+        ctl.stats()
+        assert len([r for r in caplog.records if "capacity" in r.getMessage()]) == 1
+    assert ctl.stats()["cost/usd_per_1k_rollouts"] == pytest.approx(
+        1000 * ctl.stats()["cost/usd"] / 4
+    )
+
+
+def test_without_a_learner_report_the_step_period_stands_in(tmp_path, text_codec):
+    clock = Clock()
+    ctl = make(tmp_path, text_codec, clock)
+    ctl.publish(0)
+    w = worker(ctl, 1.0)
+    run_lease(ctl, clock, w, groups=4, seconds=1.0)
+    _, first = ctl.take_batch(0, 2)
+    assert "capacity/required_rollouts_per_s" not in first  # T unknown yet
+    clock.t += 5
+    _, stats = ctl.take_batch(1, 2)
+    assert stats["capacity/required_rollouts_per_s"] == pytest.approx(R / 5)
+    assert stats["capacity/warning"] == 0  # 8 rollouts/s measured, 0.8 needed
+
+
+def four_workers(tmp_path, text_codec, clock, **cfg):
+    """A cheap-and-fast pair (a, b), a pricey fast one (c), a cheap slow one (d), measured;
+    the learner needs R / T = 4 rollouts/s (4.4 with the margin)."""
+    ctl = make(tmp_path, text_codec, clock, activation_period_s=30.0, **cfg)
+    ctl.publish(0)
+    a, b, c, d = (worker(ctl, p) for p in (1.0, 1.0, 3.0, 0.5))
+    run_lease(ctl, clock, a, groups=3, seconds=2.0)  # 3 rollouts/s
+    run_lease(ctl, clock, b, groups=2, seconds=2.0)  # 2
+    run_lease(ctl, clock, c, groups=5, seconds=2.0)  # 5
+    run_lease(ctl, clock, d, groups=1, seconds=4.0)  # 0.5
+    ctl.report_learner(step_s=1.0)
+    return ctl, (a, b, c, d)
+
+
+def test_activation_picks_the_cheapest_cover_and_bills_standby_at_its_price(tmp_path, text_codec):
+    clock = Clock()
+    cfg = dict(activation=True, standby_price_fraction=0.25)
+    ctl, (a, b, c, d) = four_workers(tmp_path, text_codec, clock, **cfg)
+    active = {w: hb(ctl, w).active for w in (a, b, c, d)}  # the first heartbeat re-solves
+    assert active == {a: True, b: True, c: False, d: False}
+    refused = ctl.lease(c, LeaseRequest(worker_version=0, max_groups=1))
+    assert refused.lease is None and refused.reason == "inactive"
+    assert ctl.lease(a, LeaseRequest(worker_version=0, max_groups=1)).lease is not None
+    s = ctl.stats()
+    assert s["fleet/active_workers"] == 2 and s["fleet/standby_workers"] == 2
+    assert s["capacity/active_rollouts_per_s"] == pytest.approx(5.0)
+    before = s["cost/usd"]
+    clock.t += 10
+    for w in (a, b, c, d):
+        hb(ctl, w)
+    s = ctl.stats()
+    assert s["cost/usd"] - before == pytest.approx((2 * 1.0 + 0.25 * (3.0 + 0.5)) * 10 / 3600)
+    accepted = s["trajectories/accepted"]
+    assert s["cost/usd_per_1k_rollouts"] == pytest.approx(1000 * s["cost/usd"] / accepted)
+
+    # A newcomer is unmeasured: it stays active so it can be measured.
+    e = worker(ctl, 9.0)
+    assert hb(ctl, e).active and ctl.stats()["fleet/active_workers"] == 3
+
+    # The set survives a controller restart.
+    ctl.close()
+    ctl = make(tmp_path, text_codec, clock, **cfg)
+    assert not hb(ctl, c).active and hb(ctl, a).active
+
+
+def test_an_active_worker_leaving_activates_a_standby_one(tmp_path, text_codec):
+    clock = Clock()
+    ctl, (a, b, c, d) = four_workers(tmp_path, text_codec, clock, activation=True)
+    assert not hb(ctl, c).active
+    ctl.leave(a)  # b alone (2/s) no longer covers 4.4: c (5/s) is the cheapest cover
+    assert {w: hb(ctl, w).active for w in (b, c, d)} == {b: False, c: True, d: False}
+    assert ctl.lease(c, LeaseRequest(worker_version=0, max_groups=1)).lease is not None
+
+
+def test_speed_jitter_does_not_flip_the_set(tmp_path, text_codec):
+    clock = Clock()
+    ctl, (a, b, c, d) = four_workers(tmp_path, text_codec, clock, activation=True)
+    assert [hb(ctl, w).active for w in (a, b, c, d)] == [True, True, False, False]
+    run_lease(ctl, clock, a, groups=2, seconds=2.4)  # a: 10 rollouts in 4.4 s = 2.27/s
+    clock.t += 30  # past activation_period_s: the next heartbeat re-solves
+    assert [hb(ctl, w).active for w in (a, b, c, d)] == [True, True, False, False]
+    # Without hysteresis the optimum would have moved (a + b = 4.27 < 4.4: add d).
+    offers = [
+        activation.Offer(w, p, mu)
+        for w, p, mu in ((a, 1.0, 10 / 4.4), (b, 1.0, 2.0), (c, 3.0, 5.0), (d, 0.5, 0.5))
+    ]
+    assert activation.decide(offers, 4.0, 0.1).active == {a, b, d}
+    assert ctl.fleet.replan(clock(), force=True).kept_previous
+
+
+def test_activation_off_keeps_everyone_active_and_billed_in_full(tmp_path, text_codec):
+    clock = Clock()
+    ctl, workers = four_workers(tmp_path, text_codec, clock, standby_price_fraction=0.25)
+    assert all(hb(ctl, w).active for w in workers)
+    assert all(ctl.lease(w, LeaseRequest(worker_version=0)).lease for w in workers)
+    s = ctl.stats()
+    assert s["fleet/active_workers"] == 4 and s["fleet/standby_workers"] == 0
+    before = s["cost/usd"]
+    clock.t += 10
+    for w in workers:
+        hb(ctl, w)
+    assert ctl.stats()["cost/usd"] - before == pytest.approx(5.5 * 10 / 3600)
