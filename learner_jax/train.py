@@ -274,7 +274,11 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
 
         # 5. The RL loop.
         run_rl(learner, source, on_step)
-        # 6. Workers, publisher, watcher, server, controller stop; then the closing numbers.
+        # 6. Tell the workers the run is over (finished or Ctrl-C; not on a crash, whose
+        # rerun they can rejoin) and give polling ones a moment to hear it and exit 0; then
+        # workers, publisher, watcher, server and controller stop; then the closing numbers.
+        ctl.end_run("interrupted" if ctrl_c.requested() else "finished")
+        ctl.wait_run_over_seen(timeout_s=max(10.0, 3 * ctl.config.heartbeat_interval_s))
         parts.close()
         eval_log.final()
         path = report.write_report(workdir)

@@ -160,6 +160,9 @@ class Controller:
             task, codec, config.reward_timeout_s, reward_pool
         )  # fmt: skip
         self._told_run_over: set[str] = set()  # workers answered run_over since end_run
+        with self._op():  # a controller that starts serves a live run: a resumed run's
+            if self.store.get("run_over") is not None:  # old end must not send workers home
+                self.store.put("run_over", None)
         self.auditor = audit_lib.WorkerAudit(
             audit_lib.AuditConfig(
                 config.audit_kl_threshold,

@@ -476,3 +476,16 @@ def test_a_slow_lease_whose_work_was_used_is_no_reason_to_refuse(tmp_path):
     assert ctl.timing.window_s(0, 0, clock.t) < ctl.timing.latency[w].seconds
     assert ctl.lease(w, LeaseRequest(worker_version=0)).lease is not None
     assert ctl.stats()["fleet/too_slow_workers"] == 0
+
+
+def test_a_resumed_run_does_not_inherit_the_old_runs_end(tmp_path):
+    ctl = make(tmp_path)
+    ctl.publish(0)
+    wid = worker(ctl)
+    ctl.end_run("interrupted")
+    assert ctl.heartbeat(wid, Heartbeat(worker_version=0)).run_over
+    ctl.close()
+    # The rerun opens the same database: its workers must not be sent home.
+    ctl = make(tmp_path)
+    assert not ctl.heartbeat(wid, Heartbeat(worker_version=0)).run_over
+    assert ctl.lease(wid, LeaseRequest(worker_version=0, max_groups=1)).reason != "run_over"
