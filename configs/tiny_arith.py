@@ -34,6 +34,10 @@ def get_config() -> ConfigDict:
     c.model.tiny_intermediate_size = 256
     c.model.dtype = "float32"  # compute dtype ('bfloat16' on accelerators)
     c.model.param_dtype = "float32"  # master weights; fp32 keeps small updates exact
+    # auto = cuDNN flash on GPU where it applies, else blockwise online-softmax (memory linear
+    # in T; equal to the reference within 1e-5 fp32). xla = the full [B, N, T, T] reference.
+    c.model.attention = "auto"  # auto | xla | dot_product | blockwise (learner_jax/attention.py)
+    c.model.remat = "none"  # none | full | a jax.checkpoint_policies name, per decoder layer
 
     c.mesh = ConfigDict()
     c.mesh.data = 1

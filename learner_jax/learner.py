@@ -36,6 +36,7 @@ from learner_jax import (
     console,
     hf_import,
     losses,
+    model,
     optim,
     sharding,
     train_state,
@@ -75,16 +76,25 @@ def optimizer_config(config, phase: str) -> optim.OptimizerConfig:
 
 
 def step_config(config, phase: str) -> train_step.StepConfig:
+    options = model_options(config)
     if phase == "sft":
         micro = config.sft.batch_size // config.sft.micro_batch_size
-        return train_step.StepConfig(kind="sft", micro_batches=micro, dtype=config.model.dtype)
+        return train_step.StepConfig(
+            kind="sft", micro_batches=micro, dtype=config.model.dtype, model_options=options
+        )
     rows = config.batch.groups_per_step * config.batch.samples_per_group
     return train_step.StepConfig(
         kind="rl",
         loss=losses.LossConfig(**config.loss.to_dict()),
         micro_batches=rows // config.batch.micro_batch_size,
         dtype=config.model.dtype,
+        model_options=options,
     )
+
+
+def model_options(config) -> model.ModelOptions:
+    """Attention implementation and rematerialization (learner_jax/attention.py, model.py)."""
+    return model.ModelOptions(attention=config.model.attention, remat=config.model.remat)
 
 
 def check_batch_sizes(config, mesh) -> None:

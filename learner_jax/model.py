@@ -13,10 +13,16 @@ G query heads per kv head, H head dim, F mlp, V vocab.
 Sequences are packed or padded with `segment_ids` (0 = padding): a token attends to
 earlier-or-equal indices of the same nonzero segment. Padding rows attend to nothing; a
 finite mask value keeps them NaN-free (their outputs are meaningless, mask them out).
+
+`ModelOptions` chooses how, not what, the model computes: the attention implementation
+(`attention.py`; all agree within fp32 rounding) and per-layer rematerialization
+(`nn.remat` on each decoder layer: the parameter tree is unchanged, activations inside a
+layer are recomputed in the backward pass instead of stored).
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import flax.linen as nn
@@ -24,9 +30,44 @@ import jax
 import jax.numpy as jnp
 
 from bridge.model.config import ModelConfig
+from learner_jax import attention
+from learner_jax.attention import attention_mask  # noqa: F401  (public, re-exported)
 
 Dtype = Any
 _INIT = nn.initializers.normal(stddev=0.02)
+REMAT = ("none", "full")  # or the name of any `jax.checkpoint_policies` policy
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelOptions:
+    """How the model computes (never which parameters it has).
+
+    attention: 'auto' | 'xla' | 'dot_product' | 'blockwise' (see attention.py).
+    remat: 'none' | 'full' (save only each layer's input) | a `jax.checkpoint_policies`
+      name such as 'dots_saveable' or 'nothing_saveable'.
+    attention_block: query/key block size of 'blockwise'.
+    """
+
+    attention: str = "auto"
+    remat: str = "none"
+    attention_block: int = 512
+
+    def __post_init__(self):
+        if self.attention not in attention.IMPLEMENTATIONS:
+            raise ValueError(
+                f"attention must be one of {attention.IMPLEMENTATIONS}, got {self.attention!r}"
+            )
+        if self.remat not in REMAT and not hasattr(jax.checkpoint_policies, self.remat):
+            raise ValueError(f"remat must be {REMAT} or a jax.checkpoint_policies name")
+        if self.attention_block < 1:
+            raise ValueError(f"attention_block must be >= 1, got {self.attention_block}")
+
+    def block_class(self):
+        """The decoder layer class, wrapped in `nn.remat` as `remat` asks."""
+        if self.remat == "none":
+            return Block
+        policy = None if self.remat == "full" else getattr(jax.checkpoint_policies, self.remat)
+        return nn.remat(Block, policy=policy)
 
 
 def _param(module: nn.Module, name: str, init, shape, names, dtype):
@@ -123,24 +164,16 @@ def apply_rope(x, positions, theta: float):
     return jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).astype(x.dtype)
 
 
-def attention_mask(segment_ids):
-    """[B, T, S] bool: key index <= query index, same nonzero segment."""
-    t = segment_ids.shape[1]
-    causal = jnp.tril(jnp.ones((t, t), dtype=bool))  # [T, S]
-    same = segment_ids[:, :, None] == segment_ids[:, None, :]  # [B, T, S]
-    return causal[None] & same & (segment_ids[:, :, None] != 0)
-
-
 class Attention(nn.Module):
     cfg: ModelConfig
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    options: ModelOptions = ModelOptions()
 
     @nn.compact
-    def __call__(self, x, positions, mask):
+    def __call__(self, x, positions, segment_ids):
         cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
         d, n, k, h = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
-        b, t = x.shape[:2]
 
         def proj(name, heads, axis):
             return Linear(
@@ -163,13 +196,8 @@ class Attention(nn.Module):
         key = apply_rope(key, positions, cfg.rope_theta)
         q = nn.with_logical_constraint(q, ("batch", "length", "act_heads", None))
 
-        q = q.reshape(b, t, k, n // k, h)  # [B, T, K, G, H]: query heads grouped by kv head
-        scores = jnp.einsum("btkgh,bskh->bkgts", q, key, preferred_element_type=jnp.float32)
-        scores = scores * h**-0.5
-        # Finite fill: a fully masked (padding) row softmaxes to uniform instead of NaN.
-        scores = jnp.where(mask[:, None, None], scores, jnp.finfo(jnp.float32).min)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dt)  # [B, K, G, T, S]
-        out = jnp.einsum("bkgts,bskh->btkgh", probs, v).reshape(b, t, n, h)  # [B, T, N, H]
+        opts = self.options
+        out = attention.attend(q, key, v, segment_ids, opts.attention, opts.attention_block)
         out = nn.with_logical_constraint(out, ("batch", "length", "act_heads", None))
         return Linear(
             "btnh,nhd->btd", (n, h, d), ("heads", "kv", "embed"), False, dt, pdt, name="o_proj"
@@ -199,12 +227,14 @@ class Block(nn.Module):
     cfg: ModelConfig
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    options: ModelOptions = ModelOptions()
 
     @nn.compact
-    def __call__(self, x, positions, mask):
+    def __call__(self, x, positions, segment_ids):
         cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
         h = RMSNorm("embed", cfg.rms_norm_eps, dt, pdt, name="input_norm")(x)
-        x = x + Attention(cfg, dt, pdt, name="attn")(h, positions, mask)
+        attn = Attention(cfg, dt, pdt, self.options, name="attn")
+        x = x + attn(h, positions, segment_ids)
         x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
         h = RMSNorm("embed", cfg.rms_norm_eps, dt, pdt, name="post_attn_norm")(x)
         x = x + MLP(cfg, dt, pdt, name="mlp")(h)
@@ -217,15 +247,16 @@ class Transformer(nn.Module):
     cfg: ModelConfig
     dtype: Dtype = jnp.float32  # compute dtype
     param_dtype: Dtype = jnp.float32
+    options: ModelOptions = ModelOptions()
 
     @nn.compact
     def __call__(self, tokens, positions, segment_ids):
         cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
         embed = Embed(cfg.vocab_size, cfg.hidden_size, dt, pdt, name="embed")
         x = nn.with_logical_constraint(embed(tokens), ("batch", "length", "act_embed"))
-        mask = attention_mask(segment_ids)  # [B, T, S]
+        block = self.options.block_class()
         for i in range(cfg.num_layers):
-            x = Block(cfg, dt, pdt, name=f"layers_{i}")(x, positions, mask)
+            x = block(cfg, dt, pdt, self.options, name=f"layers_{i}")(x, positions, segment_ids)
         x = RMSNorm("embed", cfg.rms_norm_eps, dt, pdt, name="final_norm")(x)
         if cfg.tie_word_embeddings:
             logits = embed.attend(x)
@@ -253,10 +284,18 @@ def token_logprobs(logits, targets):
 
 
 def forward_logprobs(
-    params, cfg: ModelConfig, tokens, positions, segment_ids, targets, dtype=jnp.float32
+    params,
+    cfg: ModelConfig,
+    tokens,
+    positions,
+    segment_ids,
+    targets,
+    dtype=jnp.float32,
+    options: ModelOptions = ModelOptions(),
 ):
     """log p(targets[b, t] | tokens[b, :t+1]) [B, T]; `params` boxed or unboxed."""
-    logits = Transformer(cfg, dtype=dtype).apply({"params": params}, tokens, positions, segment_ids)
+    net = Transformer(cfg, dtype=dtype, options=options)
+    logits = net.apply({"params": params}, tokens, positions, segment_ids)
     return token_logprobs(logits, targets)
 
 

@@ -115,6 +115,7 @@ class StepConfig:
     loss: losses.LossConfig = losses.LossConfig()
     micro_batches: int = 1
     dtype: str = "float32"  # compute dtype; params stay in their param_dtype
+    model_options: model.ModelOptions = model.ModelOptions()  # attention impl, remat
 
     def __post_init__(self):
         if self.kind not in ("rl", "sft"):
@@ -139,7 +140,7 @@ def _row_counts(mb: Batch) -> tuple[jax.Array, jax.Array]:
 
 def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
     """(params, micro-batch) -> (loss, (weighted metrics, summed metrics))."""
-    net = model.Transformer(cfg, dtype=jnp.dtype(step_cfg.dtype))
+    net = model.Transformer(cfg, dtype=jnp.dtype(step_cfg.dtype), options=step_cfg.model_options)
 
     def fn(params, mb: Batch):
         logits = net.apply({"params": params}, mb.tokens, mb.positions, mb.segment_ids)

@@ -1,4 +1,5 @@
-"""The Flax model against transformers (torch fp32) on tiny Qwen3 / Qwen2 / Llama models."""
+"""The Flax model against transformers (torch fp32) on tiny Qwen3 / Qwen2 / Llama models,
+every attention implementation against the reference one, and remat against none."""
 
 import flax.linen as nn
 import jax
@@ -25,6 +26,16 @@ CONFIGS = {
         "llama", num_layers=3, num_heads=8, num_kv_heads=2, attention_bias=True
     ),
 }
+# Every attention implementation; small blocks so 'blockwise' really tiles (T = 12 pads
+# to 15 with block 5; block 4 divides it) and its causal block skipping runs.
+IMPLS = {
+    "xla": model.ModelOptions(attention="xla"),
+    "dot_product": model.ModelOptions(attention="dot_product"),
+    "blockwise_4": model.ModelOptions(attention="blockwise", attention_block=4),
+    "blockwise_5": model.ModelOptions(attention="blockwise", attention_block=5),
+    "auto": model.ModelOptions(),
+}
+PARITY = dict(atol=1e-5, rtol=1e-6)  # fp32: implementations differ only in summation order
 
 
 def make_model(path, cfg, seed=0):
@@ -65,21 +76,103 @@ def test_logits_match_transformers(tmp_path, name):
     hf_dir, params = make_model(tmp_path, cfg)
     tokens, seg = padded_batch(cfg.vocab_size)
     positions = model.positions_from_segments(jnp.asarray(seg))
-    ours = np.asarray(model.Transformer(cfg).apply({"params": params}, tokens, positions, seg))
     ref = hf_logits(hf_dir, tokens, seg, positions)
     real = seg > 0
-    assert ours.dtype == np.float32 and ours.shape == (4, 12, cfg.vocab_size)
     assert ref[real].std() > 0.5  # logits large enough for the tolerance to mean something
-    np.testing.assert_allclose(ours[real], ref[real], atol=1e-4, rtol=0)
-    assert np.isfinite(ours).all()  # padding rows too
-
-    # log-probs of the next token, against torch's log_softmax of HF's logits
     targets = np.roll(tokens, -1, axis=1)
-    logp = model.forward_logprobs(params, cfg, tokens, positions, seg, targets)
     ref_logp = torch.log_softmax(torch.tensor(ref), -1).gather(
         -1, torch.tensor(targets[..., None]).long()
     )
-    np.testing.assert_allclose(np.asarray(logp)[real], ref_logp[..., 0].numpy()[real], atol=1e-4)
+    xla = None
+    for impl, opts in IMPLS.items():
+        net = model.Transformer(cfg, options=opts)
+        ours = np.asarray(net.apply({"params": params}, tokens, positions, seg))
+        assert ours.dtype == np.float32 and ours.shape == (4, 12, cfg.vocab_size)
+        np.testing.assert_allclose(ours[real], ref[real], atol=1e-4, rtol=0, err_msg=impl)
+        assert np.isfinite(ours).all(), impl  # padding rows too
+        xla = ours if xla is None else xla
+        np.testing.assert_allclose(ours[real], xla[real], **PARITY, err_msg=impl)
+
+        # log-probs of the next token, against torch's log_softmax of HF's logits
+        logp = model.forward_logprobs(params, cfg, tokens, positions, seg, targets, options=opts)
+        np.testing.assert_allclose(
+            np.asarray(logp)[real], ref_logp[..., 0].numpy()[real], atol=1e-4, err_msg=impl
+        )
+
+
+def _loss_grads(name, opts, tmp_path):
+    """(loss, param gradients) of a masked next-token NLL (the kind of loss the train step
+    takes) on a padded + packed batch; the reference ones are cached across tests."""
+    if opts == IMPLS["xla"] and name in _REF_GRADS:
+        return _REF_GRADS[name]
+    cfg = CONFIGS[name]
+    _, params = make_model(tmp_path, cfg)
+    tokens, seg = padded_batch(cfg.vocab_size)
+    seg[2, 6:] = 2  # a packed row too
+    pos = model.positions_from_segments(seg)
+    targets = np.roll(tokens, -1, axis=1)
+    weight = (seg > 0) & (np.roll(seg, -1, axis=1) > 0)
+
+    def loss(p):
+        logp = model.forward_logprobs(p, cfg, tokens, pos, seg, targets, options=opts)
+        return -(logp * weight).sum() / weight.sum()
+
+    out = jax.device_get(jax.jit(jax.value_and_grad(loss))(params))
+    if opts == IMPLS["xla"]:
+        _REF_GRADS[name] = out
+    return out
+
+
+_REF_GRADS = {}
+
+
+def _max_rel_err(a, b):
+    """max over leaves of |a - b|_inf / |b|_inf (leaves with tiny gradients stay fair)."""
+    errs = jax.tree.map(lambda x, y: float(jnp.abs(x - y).max() / jnp.abs(y).max()), a, b)
+    return max(jax.tree.leaves(errs))
+
+
+@pytest.mark.parametrize(
+    "name,impls",
+    [("qwen3_tied_gqa2", ["dot_product", "blockwise_4"]), ("qwen2_bias_gqa4", ["blockwise_5"])],
+)
+def test_param_gradients_agree_between_attention_impls(tmp_path, name, impls):
+    loss_ref, ref = _loss_grads(name, IMPLS["xla"], tmp_path)
+    for impl in impls:
+        loss, grads = _loss_grads(name, IMPLS[impl], tmp_path)
+        assert abs(float(loss) - float(loss_ref)) <= 1e-6 * abs(float(loss_ref)), impl
+        assert all(np.isfinite(g).all() for g in jax.tree.leaves(grads)), impl
+        assert _max_rel_err(grads, ref) <= 1e-5, impl
+
+
+@pytest.mark.parametrize("remat", ["full", "dots_saveable"])
+def test_remat_keeps_param_tree_and_gradients(tmp_path, remat):
+    cfg = CONFIGS["qwen2_bias_gqa4"]
+    opts = model.ModelOptions(attention="xla", remat=remat)
+
+    def tree(o):
+        net = model.Transformer(cfg, options=o)
+        one = jnp.ones((1, 4), jnp.int32)
+        return jax.eval_shape(lambda: net.init(jax.random.key(0), one, one, one)["params"])
+
+    plain, remat_tree = tree(IMPLS["xla"]), tree(opts)
+    assert jax.tree.structure(plain) == jax.tree.structure(remat_tree)  # names and boxing
+    assert jax.tree.map(lambda x: (x.shape, x.dtype), nn.unbox(plain)) == jax.tree.map(
+        lambda x: (x.shape, x.dtype), nn.unbox(remat_tree)
+    )
+    loss_ref, ref = _loss_grads("qwen2_bias_gqa4", IMPLS["xla"], tmp_path)
+    loss, grads = _loss_grads("qwen2_bias_gqa4", opts, tmp_path)
+    assert abs(float(loss) - float(loss_ref)) <= 1e-6
+    assert _max_rel_err(grads, ref) <= 1e-6
+
+
+def test_model_options_are_validated():
+    with pytest.raises(ValueError, match="attention must be"):
+        model.ModelOptions(attention="flash")
+    with pytest.raises(ValueError, match="remat must be"):
+        model.ModelOptions(remat="sometimes")
+    with pytest.raises(ValueError, match="attention_block"):
+        model.ModelOptions(attention_block=0)
 
 
 def test_positions_from_segments():
