@@ -303,6 +303,12 @@ class Learner:
         dt = time.perf_counter() - t0
         self._busy += dt
         now = time.perf_counter()
+        # Per-row audit sums (RL steps) stay arrays, for the controller's worker audit.
+        self.last_rows = {
+            k[len(train_step.ROWS) :]: out.pop(k)
+            for k in list(out)
+            if k.startswith(train_step.ROWS)
+        }
         metrics = {k: float(v) for k, v in out.items()}
         metrics.update(
             {

@@ -147,6 +147,7 @@ def run_rl(
 def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file: str = ""):
     """Everything main() does. `items` replaces the fleet's batches (tests)."""
     from bridge.contracts.prompt import TextCodec
+    from bridge.control import audit
     from bridge.control.service import ServerOptions, serve_controller
     from learner_jax import advantages, evaluate, local_fleet
     from learner_jax.rl import batches, evals, interrupt, serve, swaps, weights
@@ -267,6 +268,19 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             # T and the publish time for the controller's capacity model (not the step period,
             # which includes waiting for data).
             ctl.report_learner(metrics["time/step_s"], out.get("bridge/publish_s"))
+            # Audit each worker's behaviour log-probs against the learner's own on the rows
+            # the learner's pre-update version sampled (the step recomputed them anyway).
+            r = learner.last_rows
+            ctl.audit(  # a worker past the thresholds is quarantined (and logged) there
+                audit.row_sums_to_worker_stats(
+                    source.last_row_workers,
+                    r["tokens"] > 0,
+                    r["k3"],
+                    r["logratio"],
+                    r["tokens"],
+                    version=learner.step - 1,
+                )
+            )
             if (acc := eval_log.maybe()) is not None:
                 out["eval/accuracy"] = acc
             source.checkpointed(learner.ckpt.latest_step())

@@ -126,6 +126,9 @@ class StepConfig:
             raise ValueError(f"no micro-batch weighting known for loss {self.loss.name!r}")
 
 
+ROWS = "audit_rows/"  # per-row outputs of an RL step ([B] arrays, not scalar metrics)
+
+
 def batch_sharding(mesh: Mesh, rules: Sequence = sharding.DEFAULT_RULES) -> NamedSharding:
     """Rows over the mesh axes the rules give the logical 'batch' axis."""
     spec = nn.logical_to_mesh(PartitionSpec("batch"), sharding.normalize_rules(rules))
@@ -171,8 +174,14 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
         # version sampled; anything above float noise is an engine/learner numerics gap.
         mm = m * mb.on_policy[:, None]
         d = jnp.where(mm > 0, prox - mb.behavior_logp, 0.0)
-        sums["mismatch/kl"] = (k3(d, xp=jnp) * mm).sum()
+        row_k3 = (k3(d, xp=jnp) * mm).sum(axis=1)  # [B]
+        sums["mismatch/kl"] = row_k3.sum()
         sums["mismatch/tokens"] = mm.sum()
+        # Per-row sums for the controller's per-worker audit of behaviour log-probs
+        # (bridge/control/audit.py); the step returns them in batch row order.
+        sums[ROWS + "k3"] = row_k3
+        sums[ROWS + "logratio"] = (-d * mm).sum(axis=1)
+        sums[ROWS + "tokens"] = mm.sum(axis=1)
         metrics.pop("tokens", None)
         return loss, (metrics, sums)
 
@@ -186,6 +195,11 @@ def _split(batch: Batch, k: int) -> Batch:
         return jnp.swapaxes(x.reshape(x.shape[0] // k, k, *x.shape[1:]), 0, 1)
 
     return jax.tree.map(split, batch)
+
+
+def _unsplit(x: jax.Array) -> jax.Array:
+    """[k, B/k] per-micro-batch rows -> [B] in batch order (the inverse of `_split`)."""
+    return jnp.swapaxes(x, 0, 1).reshape(-1)
 
 
 def _combine(name: str, values: jax.Array, loss_w: jax.Array, token_w: jax.Array):
@@ -228,6 +242,7 @@ def make_step_fn(cfg: ModelConfig, optimizer: optax.GradientTransformation, step
         zeros = jax.tree.map(jnp.zeros_like, state.params)
         grads, (metrics, sums) = jax.lax.scan(body, zeros, (micro, loss_w))
         out = {name: _combine(name, v, loss_w, token_w) for name, v in metrics.items()}
+        rows = {n: _unsplit(sums.pop(n)) for n in list(sums) if n.startswith(ROWS)}
         sums = {name: v.sum() for name, v in sums.items()}
         tokens = jnp.maximum(sums["tokens"], 1.0)
         out["entropy"] = sums["entropy"] / tokens
@@ -242,6 +257,7 @@ def make_step_fn(cfg: ModelConfig, optimizer: optax.GradientTransformation, step
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         out["update_norm"] = optax.tree.norm(updates)
+        out.update(rows)
         new_state = state.replace(step=state.step + 1, params=params, opt_state=opt_state)
         return new_state, out
 

@@ -8,7 +8,8 @@ with the fleet's metrics for it and the controller's cursor, which the learner c
 so a resumed run continues where this one stopped. The stream ends when `should_stop()`
 turns true (Ctrl-C); `check_fleet()` runs while it waits, so a dead local fleet fails
 the run instead of hanging it, and `timeout_s` without a batch is an error too.
-`checkpointed(step)` frees consumed trajectories once a checkpoint holds them.
+`checkpointed(step)` frees consumed trajectories once a checkpoint holds them;
+`last_row_workers` names the worker of each row of the newest batch (for the audit).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
+from bridge.control import audit
 from learner_jax import advantages, rollout_batch
 
 
@@ -46,6 +48,7 @@ class BatchSource:
         self.step_fn, self.timeout_s = step_fn, timeout_s
         self.should_stop, self.check_fleet, self.where = should_stop, check_fleet, where
         self._last_ckpt: int | None = None
+        self.last_row_workers: list[str] = []
 
     def __iter__(self):
         s = self.shape
@@ -73,6 +76,8 @@ class BatchSource:
                 self.adv_cfg,
                 pad_id=self.pad_id,
             )
+            # Which worker made each row: the controller audits workers' log-probs with it.
+            self.last_row_workers = audit.row_workers(groups, s.samples_per_group)
             # The learner reports the version it publishes; the fleet's is per sample.
             fleet = {k: v for k, v in stats.items() if not k.startswith("policy_version")}
             fleet.update(rstats)

@@ -126,6 +126,19 @@ def test_micro_batches_equal_full_batch(step_cfg):
     for key in ("loss", "grad_norm", "entropy", "tokens"):
         np.testing.assert_allclose(ma[key], mf[key], atol=1e-5, rtol=1e-5, err_msg=key)
     assert_trees_close(acc.params, full.params, atol=1e-5)
+    if step_cfg.kind == "rl":
+        # The audit's per-row sums come back in batch row order whatever the micro-batching,
+        # and they add up to the step's mismatch metric.
+        rows = {k: v for k, v in ma.items() if k.startswith(train_step.ROWS)}
+        assert set(rows) == {train_step.ROWS + n for n in ("k3", "logratio", "tokens")}
+        for key, value in rows.items():
+            assert value.shape == (batch.size,)
+            np.testing.assert_allclose(value, mf[key], atol=1e-5, rtol=1e-5, err_msg=key)
+        on = np.asarray(batch.on_policy) > 0
+        mask = np.asarray(batch.loss_mask * batch.seq_mask[:, None])
+        np.testing.assert_allclose(rows[train_step.ROWS + "tokens"], mask.sum(1) * on)
+        kl = rows[train_step.ROWS + "k3"].sum() / max(rows[train_step.ROWS + "tokens"].sum(), 1)
+        np.testing.assert_allclose(kl, ma["mismatch/kl"], rtol=1e-5, atol=1e-9)
 
     # The exactness is not luck: the per-micro-batch normalizers really differ.
     toks = np.asarray(batch.loss_mask * batch.seq_mask[:, None]).sum(1)
