@@ -2,7 +2,7 @@
 
 `ControllerSession` registers (`join`), makes every call through `call` -- retried with
 capped exponential backoff and jitter while the controller is unreachable (connection
-error, 5xx), re-registering on a 401 (token revoked, controller restarted with a fresh
+error, 5xx), re-registering on a 401 (token revoked or expired, controller restarted with a fresh
 database) -- heartbeats from a daemon thread at the controller's interval with tokens/s
 and samples/s measured over a sliding window (heartbeats also renew the leases), and
 holds the stop state a SIGTERM sets (`request_stop`, `past_grace`).
@@ -27,6 +27,7 @@ from typing import Any
 from absl import logging
 
 from bridge.control.client import ControllerClient, ControllerError
+from bridge.control.join_secret import read_secret
 from bridge.control.protocol import Heartbeat, VersionAnnouncement, WorkerProfile
 from rollout_gpu.lifecycle import Contact, Standing, backoff_delay
 
@@ -49,7 +50,14 @@ class WorkerOptions:
     on_standby: str = "idle"  # "idle": heartbeats only until active again; "exit": exit 0
     rate_window_s: float = 60.0
     tls_verify: Any = True  # True, False or a CA bundle path
+    token_file: str = ""  # re-read at each (re-)registration: follows a secret rotation
     cache_dir: str = os.path.expanduser("~/.cache/echo2/models")  # the store's model files
+    # Weight relay for peers (rollout_gpu/peer_swap.py); relay_url: the address peers reach
+    # it at (default http://relay_host:port, right only for workers on one machine).
+    relay: bool = False
+    relay_host: str = "127.0.0.1"
+    relay_port: int = 0
+    relay_url: str = ""
 
 
 class Throughput:
@@ -92,6 +100,11 @@ class ControllerSession:
         self._hb_thread: threading.Thread | None = None
         self.contact = Contact(options.controller, options.max_no_contact_s)
         self.standing = Standing(on_run_over=self.stop.set)
+        self.peers = None
+        if options.relay:
+            from rollout_gpu.peer_swap import PeerSwap
+
+            self.peers = PeerSwap(options.relay_host, options.relay_port, options.relay_url)
 
     @property
     def version(self) -> int:
@@ -140,7 +153,7 @@ class ControllerSession:
             try:
                 client, reg = ControllerClient.join(
                     self.opts.controller,
-                    self.opts.join_secret,
+                    self._join_secret(),
                     self.opts.profile,
                     verify=self.opts.tls_verify,
                 )
@@ -168,6 +181,16 @@ class ControllerSession:
             reg.lease_ttl_s,
             reg.announcement.version,
         )
+
+    def _join_secret(self) -> str:
+        # The controller may have rotated the secret (bridge/control/join_secret.py) since
+        # this worker started; an unreadable file falls back to the one given at start.
+        if self.opts.token_file:
+            try:
+                return read_secret(self.opts.token_file)
+            except (OSError, ValueError):
+                pass
+        return self.opts.join_secret
 
     def call(self, method: str, *args, patient: bool = True, until_stop: bool = False):
         """`client.<method>(*args)`, retried through outages and re-registering on a 401;
@@ -211,9 +234,12 @@ class ControllerSession:
             samples_per_s=samples_per_s,
             tokens_per_s=tokens_per_s,
             active_sequences=self.active_sequences,
+            **(self.peers.heartbeat_fields() if self.peers else {}),
         )
         r = self.call("heartbeat", hb, patient=False)
         self.note(r.announcement)
+        if self.peers:
+            self.peers.note_route(r)
         self.standing.update(active=r.active, run_over=r.run_over)
 
     def _heartbeat_loop(self) -> None:

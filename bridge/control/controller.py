@@ -46,6 +46,13 @@ tokenizer) and refuses a group generated from other ids; it scores every complet
 (bridge/control/rewards.py, outside the lock, a timeout per call) and never sends reference
 answers out; `audit` quarantines a worker whose behaviour log-probs stray from the
 learner's (bridge/control/audit.py).
+
+Weight broadcast (bridge/broadcast/state.py, `self.broadcast`, config `broadcast`): relay
+routes in every heartbeat/lease answer, bad-parent reports, `broadcast/*` metrics.
+
+Abuse limits (bridge/control/limits.py): per-worker request rates (`self.limits`, enforced
+by the service), at most `max_leases_per_worker` active leases per worker (reason
+"lease_limit"), and tokens that die `token_ttl_s` after their worker's last contact.
 """
 
 from __future__ import annotations
@@ -61,8 +68,9 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
+from bridge.broadcast.state import BroadcastState
 from bridge.control import audit as audit_lib
-from bridge.control import fleet_status, intake
+from bridge.control import fleet_status, intake, limits
 from bridge.control.db import ControllerDB
 from bridge.control.fleet_plan import FleetPlan
 from bridge.control.learner_api import LearnerSide
@@ -115,6 +123,19 @@ class ControllerConfig:
     activation_margin: float = 0.1
     activation_period_s: float = 30.0  # re-solve at most this often on heartbeats
     standby_price_fraction: float = 0.0  # standby workers' billing (0: released, not billed)
+    # Abuse limits (limits.py; 0 = off): 10x an honest worker's pace at the defaults.
+    rate_limit_per_s: float = 20.0  # per worker and endpoint, sustained
+    rate_limit_burst: float = 60.0
+    register_rate_per_s: float = 1.0  # registrations per client IP
+    register_burst: float = 64.0
+    max_leases_per_worker: int = 4  # active leases one worker may hold
+    token_ttl_s: float = 900.0  # a token dies this long after its worker's last contact
+    join_secret_grace_s: float = 600.0  # a rotated-out join secret still works (join_secret.py)
+    # Weight broadcast (bridge/broadcast): "store" (every worker reads the store), "chain"
+    # or "tree" (workers relay chunks to each other; the store's uplink carries one copy).
+    broadcast: str = "store"
+    broadcast_fanout: int = 2  # tree fan-out f
+    broadcast_bad_limit: int = 2  # corrupt-chunk reports that take a relay out of the tree
 
 
 # Cumulative counters (db.incr) reported in every stats line.
@@ -160,9 +181,16 @@ class Controller:
             task, codec, config.reward_timeout_s, reward_pool
         )  # fmt: skip
         self._told_run_over: set[str] = set()  # workers answered run_over since end_run
+        self.limits = limits.Limits(config)  # request rates, enforced by service.py
         with self._op():  # a controller that starts serves a live run: a resumed run's
             if self.store.get("run_over") is not None:  # old end must not send workers home
                 self.store.put("run_over", None)
+        self.broadcast = BroadcastState(
+            config.broadcast,
+            config.broadcast_fanout,
+            config.broadcast_bad_limit,
+            config.worker_timeout_s,
+        )
         self.auditor = audit_lib.WorkerAudit(
             audit_lib.AuditConfig(
                 config.audit_kl_threshold,
@@ -192,6 +220,7 @@ class Controller:
             ann = VersionAnnouncement(version=version, store=store, published_at=self.clock())
             self.store.put("announcement", ann.model_dump())
             self.fleet.published(version, ann.published_at)
+            self.broadcast.publish(version, ann.published_at)
             return ann
 
     def announcement(self) -> VersionAnnouncement:
@@ -221,7 +250,9 @@ class Controller:
 
     def authenticate(self, token: str) -> str | None:
         with self.lock:
-            return self.store.worker_by_token(hash_token(token))
+            row = self.store.worker_by_token(hash_token(token), with_last_seen=True)
+            alive = row and limits.token_alive(row[1], self.clock(), self.config.token_ttl_s)
+            return row[0] if alive else None
 
     def worker_versions(self) -> list[dict]:
         """Every worker (also those that left): `worker_id`, `version` (the policy version
@@ -265,6 +296,7 @@ class Controller:
                 samples_per_s=hb.samples_per_s,
                 tokens_per_s=hb.tokens_per_s,
             )
+            self.broadcast.heartbeat(worker_id, hb, now)
             renewed = self.store.active_leases(worker_id)
             self.store.renew_leases(worker_id, now + self.config.lease_ttl_s)
             self.fleet.replan(now)
@@ -274,6 +306,7 @@ class Controller:
                 active=self._active(worker_id),
                 run_over=self._tell_run_over(worker_id),
                 renewed_leases=renewed,
+                **self.broadcast.route(worker_id, self._announcement().version),
             )
 
     def leave(self, worker_id: str) -> None:
@@ -284,6 +317,7 @@ class Controller:
             self.store.update_worker(worker_id, left_at=self.clock())
             self.timing.forget(worker_id)
             self.fleet.forget(worker_id)
+            self.broadcast.leave(worker_id)
             self.fleet.replan(self.clock(), force=True)
 
     def _active(self, worker_id: str) -> bool:
@@ -307,7 +341,11 @@ class Controller:
             self.learner.drop_stale(self.store.get("next_step", 0))
             self._touch(worker_id, req.worker_version)
             ann = self._announcement()
-            reply = dict(announcement=ann, swap_to=self._swap_to(req.worker_version))
+            reply = dict(
+                announcement=ann,
+                swap_to=self._swap_to(req.worker_version),
+                **self.broadcast.route(worker_id, ann.version),
+            )
             if self._tell_run_over(worker_id):
                 return LeaseResponse(reason="run_over", retry_after_s=c.retry_after_s, **reply)
             if ann.version < 0:
@@ -318,6 +356,8 @@ class Controller:
                 )
             if ann.version - req.worker_version > c.max_version_lag:
                 return LeaseResponse(reason="behind", **reply)
+            if len(self.store.active_leases(worker_id)) >= c.max_leases_per_worker > 0:
+                return LeaseResponse(reason="lease_limit", retry_after_s=c.retry_after_s, **reply)
             profile = WorkerProfile(**json.loads(self.store.worker(worker_id)["profile"]))
             held = self.store.groups_held(worker_id)
             worker_room = max(1, profile.max_concurrent_sequences // c.group_size) - held
@@ -516,6 +556,8 @@ class Controller:
             **self.fleet.stats(now, s.get("trajectories/accepted", 0)),
             "policy_version/published": self._announcement().version,
             "admission/capacity": self.admission_capacity(),
+            **self.limits.stats(),
+            **self.broadcast.stats(now),
         }
         for state in ("queued", "leased", "buffered"):
             out[f"groups/{state}"] = s.count(state)

@@ -240,12 +240,16 @@ class ControllerDB:
         rows = self.q("SELECT * FROM workers WHERE worker_id=?", (worker_id,))
         return rows[0] if rows else None
 
-    def worker_by_token(self, token_hash: str) -> str | None:
-        """The id of the worker (not left) whose token hashes to `token_hash`."""
+    def worker_by_token(self, token_hash: str, with_last_seen: bool = False):
+        """The id of the worker (not left) whose token hashes to `token_hash`;
+        `with_last_seen`: (id, last_seen), for the token's lifetime (limits.py)."""
         rows = self.q(
-            "SELECT worker_id FROM workers WHERE token_hash=? AND left_at IS NULL", (token_hash,)
+            "SELECT worker_id, last_seen FROM workers WHERE token_hash=? AND left_at IS NULL",
+            (token_hash,),
         )
-        return rows[0]["worker_id"] if rows else None
+        if not rows:
+            return None
+        return (rows[0]["worker_id"], rows[0]["last_seen"]) if with_last_seen else rows[0][0]
 
     def workers(self) -> list[sqlite3.Row]:
         """Every worker ever registered, including those that left."""

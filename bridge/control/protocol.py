@@ -15,7 +15,13 @@ version news costs no extra request.
     GET  /v1/status                     ->   controller stats + fleet table (dict; also
                                              with the join secret as bearer: bridge/status.py)
 
-Every call but /v1/register sends `Authorization: Bearer <worker token>`.
+Every call but /v1/register sends `Authorization: Bearer <worker token>`. Any call may
+be answered 429 with `Retry-After` (rate limits, bridge/control/limits.py); a token
+unused for `token_ttl_s` expires (401: register again).
+
+Weight broadcast (bridge/broadcast): heartbeats may carry the worker's relay URL, its
+measured up/down rates and a `BroadcastReport` of its last fetch; heartbeat and lease
+responses carry its route (`broadcast_mode`, `relay_parent`, `relay_fallbacks`).
 
 Run end: once the learner calls `Controller.end_run()`, every heartbeat answers
 `run_over=true` and every lease `reason="run_over"`; a worker then leaves and exits 0.
@@ -84,14 +90,45 @@ class RegisterResponse(_Model):
     announcement: VersionAnnouncement
 
 
+class SourceReport(_Model):
+    """A weight source that failed a worker during a fetch (bridge/broadcast/state.py)."""
+
+    source: str = Field(max_length=512, description="relay URL, or 'store'")
+    kind: Literal["corrupt", "dead"]
+
+
+class BroadcastReport(_Model):
+    """How the worker's last version fetch went (peer-assisted broadcast, bridge/broadcast)."""
+
+    version: int = Field(ge=0)
+    fetched_ago_s: float = Field(ge=0.0, le=1e8, description="completed this long ago")
+    fetch_s: float = Field(default=0.0, ge=0.0, le=1e8)
+    bytes_from_store: int = Field(default=0, ge=0, le=1 << 60)
+    bytes_from_peers: int = Field(default=0, ge=0, le=1 << 60)
+    bad_sources: list[SourceReport] = Field(default_factory=list, max_length=64)
+
+
 class Heartbeat(_Model):
     worker_version: int = Field(ge=-1, description="the policy version the worker now serves")
     samples_per_s: float = Field(default=0.0, ge=0.0, le=1e9, description="measured")
     tokens_per_s: float = Field(default=0.0, ge=0.0, le=1e12, description="measured")
     active_sequences: int = Field(default=0, ge=0, le=1 << 24)
+    relay_url: str = Field(default="", max_length=512, description="this worker's weight relay")
+    up_bytes_per_s: float = Field(default=0.0, ge=0.0, le=1e13, description="relay, measured")
+    down_bytes_per_s: float = Field(default=0.0, ge=0.0, le=1e13, description="fetch, measured")
+    broadcast: BroadcastReport | None = None
 
 
-class HeartbeatResponse(_Model):
+class _Route(_Model):
+    """Where to fetch the next version from (bridge/broadcast/topology.py); the store is
+    always the last fallback. Absent/None: read the store directly (bridge.broadcast=store)."""
+
+    broadcast_mode: Literal["store", "chain", "tree"] = "store"
+    relay_parent: str | None = Field(default=None, description="parent relay URL")
+    relay_fallbacks: list[str] = Field(default_factory=list, description="then these relays")
+
+
+class HeartbeatResponse(_Route):
     announcement: VersionAnnouncement
     swap_to: int | None = Field(default=None, description="swap to this version first")
     active: bool = Field(default=True, description="false: the fleet does not need you now")
@@ -135,10 +172,18 @@ class Lease(_Model):
     groups: list[PromptGroup]
 
 
-class LeaseResponse(_Model):
+class LeaseResponse(_Route):
     lease: Lease | None = None
     reason: Literal[
-        "ok", "behind", "full", "no_version", "inactive", "empty", "too_slow", "run_over"
+        "ok",
+        "behind",
+        "full",
+        "no_version",
+        "inactive",
+        "empty",
+        "too_slow",
+        "run_over",
+        "lease_limit",  # the worker holds max_leases_per_worker active leases already
     ] = "ok"
     retry_after_s: float = 0.0
     announcement: VersionAnnouncement

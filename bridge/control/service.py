@@ -13,14 +13,16 @@ per-worker bearer token; the controller stores only its SHA-256. A middleware an
 401 on every other path without a valid token before any body is parsed, and 413 for a
 body over `max_body_bytes` (411 when a body has no Content-Length). GET /v1/status
 (read-only) also takes the join secret as bearer, for `python -m bridge.status`. For WAN use pass
-`certfile`/`keyfile` and the server speaks HTTPS. The schema is public at /openapi.json;
+`certfile`/`keyfile` and the server speaks HTTPS. Abuse limits (bridge/control/limits.py):
+429 + Retry-After past a per-worker (per client IP for /v1/register) request rate, checked
+before any body is parsed. The join secret is re-read when its file changes, the old one
+accepted for a grace period (bridge/control/join_secret.py). The schema is public at /openapi.json;
 the interactive docs pages are off (they would be unauthenticated endpoints).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hmac
 import json
 import os
 import secrets
@@ -35,7 +37,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
 
+from bridge.control import limits
 from bridge.control.controller import Controller
+from bridge.control.join_secret import JoinSecret
 from bridge.control.protocol import (
     Ack,
     Heartbeat,
@@ -92,10 +96,22 @@ def _bearer(request: Request) -> str | None:
     return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
 
-def make_app(controller: Controller, join_secret: str, max_body_bytes: int = 16 << 20) -> FastAPI:
+def _too_many(wait_s: float) -> JSONResponse:
+    return JSONResponse(
+        {"detail": "rate limited", "retry_after_s": round(wait_s, 3)},
+        status_code=429,
+        headers={"Retry-After": limits.retry_after_header(wait_s)},
+    )
+
+
+def make_app(
+    controller: Controller, join_secret: str | JoinSecret, max_body_bytes: int = 16 << 20
+) -> FastAPI:
+    secret = join_secret if isinstance(join_secret, JoinSecret) else JoinSecret(join_secret)
+
     def _is_secret(request: Request) -> bool:
         token = _bearer(request)
-        return token is not None and hmac.compare_digest(token.encode(), join_secret.encode())
+        return token is not None and secret.matches(token)
 
     app = FastAPI(
         title="echo2 controller",
@@ -120,9 +136,14 @@ def make_app(controller: Controller, join_secret: str, max_body_bytes: int = 16 
                     {"detail": f"body of {length} bytes exceeds {max_body_bytes}"},
                     status_code=413,
                 )
-        path = request.url.path
+        path, ip = request.url.path, request.client.host if request.client else ""
+        if path == "/v1/register":  # no token yet: limited per client IP
+            if (wait := controller.limits.check(ip, path, registration=True)) > 0:
+                return _too_many(wait)
         if path in OPERATOR_PATHS and request.method == "GET" and _is_secret(request):
             request.state.worker_id = None
+            if (wait := controller.limits.check(f"operator@{ip}", path)) > 0:
+                return _too_many(wait)
         elif path not in PUBLIC_PATHS:
             token = _bearer(request)
             worker = await run_in_threadpool(controller.authenticate, token) if token else None
@@ -133,6 +154,8 @@ def make_app(controller: Controller, join_secret: str, max_body_bytes: int = 16 
                     headers={"WWW-Authenticate": "Bearer"},
                 )
             request.state.worker_id = worker
+            if (wait := controller.limits.check(worker, path)) > 0:
+                return _too_many(wait)
         return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
@@ -147,7 +170,7 @@ def make_app(controller: Controller, join_secret: str, max_body_bytes: int = 16 
 
     @app.post("/v1/register", response_model=RegisterResponse)
     def register(req: RegisterRequest) -> RegisterResponse:
-        if not hmac.compare_digest(req.join_secret.encode(), join_secret.encode()):
+        if not secret.matches(req.join_secret):
             raise HTTPException(403, "wrong join secret")
         worker_id, token = controller.register(req.profile)
         c = controller.config
@@ -195,7 +218,9 @@ def make_app(controller: Controller, join_secret: str, max_body_bytes: int = 16 
 class ControllerServer:
     """uvicorn serving `make_app(...)` on a daemon thread; `url` is known once started."""
 
-    def __init__(self, controller: Controller, join_secret: str, options: ServerOptions):
+    def __init__(
+        self, controller: Controller, join_secret: str | JoinSecret, options: ServerOptions
+    ):
         self.options = options
         self.app = make_app(controller, join_secret, options.max_body_bytes)
         self._server: uvicorn.Server | None = None
@@ -253,8 +278,14 @@ class ControllerServer:
 def serve_controller(
     controller: Controller, workdir: str, options: ServerOptions, token_file: str | None = None
 ) -> ControllerServer:
-    """Join secret (read or generated), server started, <workdir>/controller.json written."""
-    server = ControllerServer(controller, load_or_create_join_secret(workdir, token_file), options)
+    """Join secret (read or generated; re-read when its file changes, join_secret.py),
+    server started, <workdir>/controller.json written."""
+    load_or_create_join_secret(workdir, token_file)
+    secret = JoinSecret.from_file(
+        token_file or os.path.join(workdir, "join_token"),
+        grace_s=controller.config.join_secret_grace_s,
+    )
+    server = ControllerServer(controller, secret, options)
     server.start()
     server.write_controller_json(workdir)
     return server

@@ -75,9 +75,11 @@ def test_two_thousand_workers_solve_well_under_a_second():
     total = sum(o.rollouts_per_s for o in offers)
     times = []
     for frac in (0.1, 0.3, 0.6):
-        t0 = time.perf_counter()
+        # CPU seconds of this process (HiGHS runs in it): wall time on a shared 2-core box
+        # measures the neighbours (1.0-1.4 s wall at load 17 for ~0.3 s of CPU).
+        t0 = time.process_time()
         d = decide(offers, frac * total / 1.1, margin=0.1)
-        times.append(time.perf_counter() - t0)
+        times.append(time.process_time() - t0)
         assert d.active_rollouts_per_s >= frac * total - 1e-6
-    print(f"2000-worker activation solve times: {[round(t, 3) for t in times]} s")
+    print(f"2000-worker activation solve CPU times: {[round(t, 3) for t in times]} s")
     assert max(times) < 1.0, times
