@@ -151,6 +151,18 @@ def get_config() -> ConfigDict:
     c.controller.activation_margin = 0.1
     c.controller.activation_period_s = 30.0
     c.controller.standby_price_fraction = 0.0
+    # Abuse limits (bridge/control/limits.py; 0 turns one off): per worker and endpoint,
+    # registrations per client IP, leases per worker, token lifetime after the last contact,
+    # and how long a rotated-out join secret still works (rewrite controller.token_file).
+    c.controller.rate_limit_per_s = 20.0
+    c.controller.rate_limit_burst = 60.0
+    c.controller.register_rate_per_s = 1.0
+    c.controller.register_burst = 64.0
+    c.controller.max_leases_per_worker = 4
+    c.controller.token_ttl_s = 900.0
+    c.controller.join_secret_grace_s = 600.0
+    c.controller.certfile = ""  # TLS: serve https with this certificate and key ('' = http)
+    c.controller.keyfile = ""
 
     c.log_every = 1
     return c

@@ -183,7 +183,12 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         parts.callback(ctl.close)
         c = config.controller
         server = serve_controller(
-            ctl, workdir, ServerOptions(host=c.host, port=c.port), c.token_file or None
+            ctl,
+            workdir,
+            ServerOptions(
+                host=c.host, port=c.port, certfile=c.certfile or None, keyfile=c.keyfile or None
+            ),
+            c.token_file or None,
         )
         parts.callback(server.stop)
         watcher = swaps.SwapWatcher(ctl, os.path.join(workdir, swaps.SWAPS_FILE))

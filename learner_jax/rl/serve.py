@@ -40,6 +40,13 @@ def controller_config(config, vocab_size: int, eos_id: int) -> ControllerConfig:
         activation_margin=config.controller.activation_margin,
         activation_period_s=config.controller.activation_period_s,
         standby_price_fraction=config.controller.standby_price_fraction,
+        rate_limit_per_s=config.controller.rate_limit_per_s,
+        rate_limit_burst=config.controller.rate_limit_burst,
+        register_rate_per_s=config.controller.register_rate_per_s,
+        register_burst=config.controller.register_burst,
+        max_leases_per_worker=config.controller.max_leases_per_worker,
+        token_ttl_s=config.controller.token_ttl_s,
+        join_secret_grace_s=config.controller.join_secret_grace_s,
     )
 
 
