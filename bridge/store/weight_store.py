@@ -16,7 +16,9 @@ A sharded jax.Array arrives as a `ShardedSource` of its addressable shards in HF
 each shard as it passes, never gathering a tensor, and on a multi-host learner no chunk
 would be written by two hosts. Checksums (`bridge/store/chunk_digest.py`): per-chunk CRC-32s of
 the stored bytes combined by SHA-256 in chunk order; readers recompute them from what
-they read and raise `CorruptVersionError` naming the array on any mismatch.
+they read and raise `CorruptVersionError` naming the array on any mismatch. The manifest
+also lists each array's CRCs (`chunk_crcs`), so a peer relay can verify every chunk on its
+own as it arrives (bridge/broadcast/chunks.py).
 """
 
 from __future__ import annotations
@@ -72,6 +74,9 @@ class ArrayInfo(pydantic.BaseModel):
     chunks: tuple[int, ...]
     checksum: str
     nbytes: int
+    # Per-chunk CRC-32s in chunk order (what `checksum` is the SHA-256 of): they let a peer
+    # relay verify each chunk on arrival (bridge/broadcast/chunks.py). None in old manifests.
+    chunk_crcs: tuple[int, ...] | None = None
 
 
 class Manifest(pydantic.BaseModel):
@@ -245,6 +250,7 @@ class WeightStore:
                     dtype=dtype,
                     chunks=chunks,
                     checksum=writer.checksum(),
+                    chunk_crcs=tuple(writer.digests[p] for p in sorted(writer.digests)),
                     nbytes=math.prod(writer.shape) * dtypes.itemsize(dtype),
                 )
             while inflight:

@@ -1,0 +1,143 @@
+"""Controller-side broadcast bookkeeping: relay topology from heartbeats, routing answers,
+bad-parent reports, and the `broadcast/*` metrics.
+
+Workers send, in each heartbeat, their relay URL, measured up/down rates and a report of
+their last fetch (protocol.BroadcastReport: which version, how long ago it completed,
+bytes from the store vs peers, sources that served corrupt bytes or died). The controller
+answers every heartbeat and lease with the worker's parent relay and fallbacks (topology.py).
+
+Trust: a report is a worker's claim. A corrupt-bytes report counts once per (reporter,
+version, source); a relay named by `bad_limit` such reports is excluded (it keeps
+receiving versions but never relays again), so one lying child can at worst move its
+parent to a leaf. Dead-parent reports only mark the parent suspect until its next
+heartbeat: a relay that is really gone stops heartbeating and is dropped after
+`worker_timeout_s`.
+
+Metrics (for the newest version every live reporting worker has fetched, measured on
+the controller's clock: completion = heartbeat arrival - fetched_ago_s; workers that
+never send a report, e.g. without a relay, are not waited for):
+  broadcast/latency_s    publish -> the last live worker has verified the version
+  broadcast/store_bytes  bytes read from the store for that version, summed over workers
+State is in memory: after a controller restart the topology is rebuilt from heartbeats.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+
+from bridge.broadcast import topology as topo
+
+_MAX_VERSIONS = 64  # versions whose reports are kept for the metrics
+
+
+class BroadcastState:
+    def __init__(self, mode: str = "store", fanout: int = 2, bad_limit: int = 2,
+                 worker_timeout_s: float = 30.0):  # fmt: skip
+        self.topology = topo.Topology(mode, fanout)
+        self.bad_limit, self.worker_timeout_s = bad_limit, worker_timeout_s
+        self.lock = threading.Lock()
+        self.last_seen: dict[str, float] = {}
+        self.suspect: set[str] = set()
+        self.by_url: dict[str, str] = {}  # relay URL -> worker id
+        self.corrupt: dict[str, set] = collections.defaultdict(set)  # worker -> {(rep, v)}
+        self.published: dict[int, float] = {}
+        self.done: dict[int, dict[str, float]] = collections.defaultdict(dict)  # v -> w -> t
+        self.store_bytes: dict[int, dict[str, int]] = collections.defaultdict(dict)
+        self.reporters: set[str] = set()  # workers that fetch through PeerSwap (report)
+        self.corrupt_reports = 0
+        self._rebuild_for: int = -1
+
+    @property
+    def mode(self) -> str:
+        return self.topology.mode
+
+    def publish(self, version: int, published_at: float) -> None:
+        with self.lock:
+            self.published[version] = published_at
+            for old in sorted(self.published)[:-_MAX_VERSIONS]:
+                for d in (self.published, self.done, self.store_bytes):
+                    d.pop(old, None)
+
+    def heartbeat(self, worker_id: str, hb, now: float) -> None:
+        """Record a heartbeat's broadcast fields (protocol.Heartbeat)."""
+        with self.lock:
+            self._prune(now)
+            self.last_seen[worker_id] = now
+            self.suspect.discard(worker_id)
+            url = getattr(hb, "relay_url", "") or ""
+            node = self.topology.nodes.get(worker_id) or topo.Node(worker_id)
+            node.relay_url = url
+            node.up_bytes_per_s = getattr(hb, "up_bytes_per_s", 0.0) or node.up_bytes_per_s
+            node.down_bytes_per_s = getattr(hb, "down_bytes_per_s", 0.0) or node.down_bytes_per_s
+            if url:
+                self.by_url[url] = worker_id
+                self.topology.join(node)  # new: attaches at a leaf
+            rep = getattr(hb, "broadcast", None)
+            if rep is None:
+                return
+            self.reporters.add(worker_id)
+            if rep.version in self.published:
+                self.done[rep.version].setdefault(worker_id, now - rep.fetched_ago_s)
+                self.store_bytes[rep.version][worker_id] = rep.bytes_from_store
+            for bad in rep.bad_sources:
+                bad_id = self.by_url.get(bad.source)
+                if bad_id is None or bad_id == worker_id:
+                    continue
+                if bad.kind == "corrupt":
+                    if (worker_id, rep.version) not in self.corrupt[bad_id]:
+                        self.corrupt[bad_id].add((worker_id, rep.version))
+                        self.corrupt_reports += 1
+                    if len(self.corrupt[bad_id]) >= self.bad_limit:
+                        self.topology.exclude(bad_id)
+                else:
+                    self.suspect.add(bad_id)
+
+    def leave(self, worker_id: str) -> None:
+        with self.lock:
+            self._forget(worker_id)
+
+    def _forget(self, worker_id: str) -> None:
+        self.topology.remove(worker_id)
+        self.reporters.discard(worker_id)
+        self.last_seen.pop(worker_id, None)
+        self.suspect.discard(worker_id)
+
+    def _prune(self, now: float) -> None:
+        for w, t in list(self.last_seen.items()):
+            if now - t > self.worker_timeout_s:
+                self._forget(w)
+
+    def route(self, worker_id: str, newest_version: int) -> dict:
+        """The optional response fields telling `worker_id` where to fetch from."""
+        with self.lock:
+            if self.mode == "store" or worker_id not in self.topology.nodes:
+                return {"broadcast_mode": self.mode} if self.mode != "store" else {}
+            # Re-sort by measured uplink between versions only: a reshuffle mid-transfer
+            # would change parents under running fetches.
+            if newest_version != self._rebuild_for:
+                self._rebuild_for = newest_version
+                self.topology.rebuild()
+            p = self.topology.placement(worker_id)
+            urls = [u for u in (p.parent_url, *p.fallback_urls) if u]
+            ok = [u for u in urls if self.by_url.get(u) not in self.suspect]
+            return {
+                "broadcast_mode": self.mode,
+                "relay_parent": ok[0] if ok else None,
+                "relay_fallbacks": ok[1:],
+            }
+
+    def stats(self, now: float) -> dict:
+        with self.lock:
+            self._prune(now)
+            live = set(self.last_seen) & self.reporters
+            out = {"broadcast/corrupt_reports": self.corrupt_reports,
+                   "broadcast/excluded": len(self.topology.excluded)}  # fmt: skip
+            for v in sorted(self.published, reverse=True):
+                done = self.done.get(v, {})
+                if live and live <= set(done):
+                    out["broadcast/latency_s"] = max(done[w] for w in live) - self.published[v]
+                    out["broadcast/store_bytes"] = sum(self.store_bytes[v].values())
+                    out["broadcast/version"] = v
+                    break
+            return out

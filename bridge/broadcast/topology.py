@@ -1,0 +1,117 @@
+"""Relay topology: who fetches a version from whom (pure data, no I/O).
+
+Modes (config key `bridge.broadcast`):
+  store  every worker reads the store (one-to-many; the store's uplink carries N copies)
+  chain  store -> w0 -> w1 -> ...: each node uploads one copy; with chunk c and per-link
+         bandwidth B a version of M bytes reaches N nodes in about (M + (N-1)c)/B
+  tree   store -> w0, then each node feeds f more (heap order); depth ~log_f N, but each
+         node's uplink is split f ways: about f(M + depth*c)/B
+
+Placement is an order of nodes laid out in heap order under the store (the virtual root).
+`rebuild` sorts by measured uplink, fastest first, so fast uplinks sit near the root where
+they feed the most; `join` appends (a new node lands at a leaf and moves no one); `remove`
+drops a node from the order, so in a chain its child now hangs from its grandparent.
+Every placement lists fallbacks (grandparent, great-grandparent ... ) and the store is
+always the last resort. Nodes excluded for serving bad bytes never relay to anyone: they
+hang as extra leaves under the last healthy node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+MODES = ("store", "chain", "tree")
+MAX_FALLBACKS = 2  # relays before the store; each one more is one more stalled timeout
+
+
+@dataclasses.dataclass
+class Node:
+    node_id: str
+    relay_url: str = ""
+    up_bytes_per_s: float = 0.0  # measured; 0 = unknown
+    down_bytes_per_s: float = 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    parent: str | None  # node id; None = the store
+    parent_url: str | None
+    fallback_urls: tuple[str, ...]  # relays to try after the parent, before the store
+    depth: int  # 1 = fed by the store
+
+
+class Topology:
+    def __init__(self, mode: str = "store", fanout: int = 2):
+        if mode not in MODES:
+            raise ValueError(f"bridge.broadcast must be one of {MODES}, got {mode!r}")
+        if fanout < 1:
+            raise ValueError(f"fanout must be >= 1, got {fanout}")
+        self.mode = mode
+        self.fanout = 1 if mode == "chain" else fanout
+        self.nodes: dict[str, Node] = {}
+        self.order: list[str] = []  # healthy relays in heap order
+        self.excluded: set[str] = set()
+
+    # -- membership ---------------------------------------------------------------------
+    def join(self, node: Node) -> None:
+        """Add or update a node; a new one attaches at a leaf (the end of the order)."""
+        known = node.node_id in self.nodes
+        self.nodes[node.node_id] = node
+        if not known and node.node_id not in self.excluded:
+            self.order.append(node.node_id)
+
+    def remove(self, node_id: str) -> None:
+        """A node left or died: its subtree re-hangs from its ancestors."""
+        self.nodes.pop(node_id, None)
+        self.excluded.discard(node_id)
+        if node_id in self.order:
+            self.order.remove(node_id)
+
+    def exclude(self, node_id: str) -> None:
+        """Never let `node_id` relay again (it served bad bytes); it still gets versions."""
+        if node_id in self.order:
+            self.order.remove(node_id)
+        if node_id in self.nodes:
+            self.excluded.add(node_id)
+
+    def rebuild(self) -> None:
+        """Re-sort by measured uplink, fastest first (stable: ties keep join order)."""
+        self.order.sort(key=lambda n: -self.nodes[n].up_bytes_per_s)
+
+    # -- placement ----------------------------------------------------------------------
+    def _parent_index(self, i: int) -> int | None:
+        """Heap parent of order position i (None = the store)."""
+        if self.mode == "store":
+            return None
+        if i == 0:  # the store feeds one node, whatever f: its uplink carries one copy
+            return None
+        return (i - 1) // self.fanout
+
+    def placement(self, node_id: str) -> Placement:
+        if node_id in self.excluded or node_id not in self.order:
+            if node_id not in self.nodes:
+                raise KeyError(f"unknown node {node_id!r}")
+            # Excluded: a leaf under the last healthy node (or the store).
+            if self.mode == "store" or not self.order:
+                return Placement(None, None, (), 1)
+            last = self.order[-1]
+            up = self.placement(last)
+            chain = (self.nodes[last].relay_url, up.parent_url or "", *up.fallback_urls)
+            urls = tuple(u for u in chain if u)
+            return Placement(last, urls[0], urls[1 : 1 + MAX_FALLBACKS], up.depth + 1)
+        ancestors = []
+        i = self.order.index(node_id)
+        while (i := self._parent_index(i)) is not None:
+            ancestors.append(self.order[i])
+        urls = [self.nodes[a].relay_url for a in ancestors]
+        if not ancestors:
+            return Placement(None, None, (), 1)
+        return Placement(
+            ancestors[0],
+            urls[0],
+            tuple(u for u in urls[1 : 1 + MAX_FALLBACKS] if u),
+            len(ancestors) + 1,
+        )
+
+    def placements(self) -> dict[str, Placement]:
+        return {n: self.placement(n) for n in self.nodes}

@@ -1,0 +1,156 @@
+"""A rollout worker's side of the peer-assisted broadcast: its relay, its route, its reports.
+
+The worker owns one `PeerSwap` (`--relay`, on by default in the binary). Every heartbeat
+and lease response says where to fetch the next version from (protocol `_Route`:
+broadcast_mode, relay_parent, relay_fallbacks); `store_for(announcement)` then returns the
+store object `weight_swap.load_version` reads:
+  * mode "store" (the default): the announced WeightStore itself, today's path unchanged;
+  * "chain"/"tree": the relay's verified local copy, after `Relay.fetch` pulled the version
+    chunk by chunk from the parent, the fallbacks, then the store (rollout_gpu/peer_fetch.py),
+    serving each verified chunk onward meanwhile. If that fetch fails outright, the worker
+    reads the store directly, as before.
+Either way load_version verifies every array checksum again and runs the canary: only
+where the bytes come from changes. Heartbeats carry the relay URL, the measured rates and
+a BroadcastReport of the last fetch (bad sources, bytes from store vs peers).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from absl import logging
+
+from bridge.control.protocol import BroadcastReport, SourceReport, VersionAnnouncement
+from bridge.store.weight_store import WeightStore
+from rollout_gpu import peer_fetch
+from rollout_gpu.relay import Relay
+
+
+class PeerSwap:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        advertise_url: str = "",
+        keep_versions: int = 3,
+        stall_s: float = 30.0,
+    ):
+        self.relay = Relay(
+            host=host, port=port, advertise_url=advertise_url or None,
+            keep_versions=keep_versions, stall_s=stall_s,
+        )  # fmt: skip
+        self.url = self.relay.start()
+        self.mode, self.parent, self.fallbacks = "store", None, []
+        self.down_bytes_per_s = 0.0
+        self._report: tuple[float, dict] | None = None  # (monotonic done time, fields)
+        self._prefetched = -1
+        self._lock = threading.Lock()
+
+    def note_route(self, response) -> None:
+        """Take the route from any heartbeat or lease response, and start fetching a newly
+        announced version at once: children wait on this relay, and the worker itself only
+        swaps between leases (`store_for` then joins the fetch in flight)."""
+        with self._lock:
+            self.mode = getattr(response, "broadcast_mode", "store") or "store"
+            self.parent = getattr(response, "relay_parent", None)
+            self.fallbacks = list(getattr(response, "relay_fallbacks", None) or [])
+            ann = getattr(response, "announcement", None)
+            if self.mode == "store" or ann is None or ann.store is None:
+                return
+            if ann.version <= self._prefetched:
+                return
+            self._prefetched = ann.version
+            sources = peer_fetch.sources_for(self.parent, self.fallbacks, ann.store)
+        fut = self.relay.fetch_async(ann.version, sources)
+
+        def done(f) -> None:  # the relay has it: that is "has the version" for the metric
+            if f.exception() is not None:
+                logging.warning("prefetch of version %d failed: %s", ann.version, f.exception())
+            else:
+                self._record(f.result())
+
+        fut.add_done_callback(done)
+
+    def store_for(self, ann: VersionAnnouncement):
+        """The store to load `ann.version` from (fetched through the relay when routed)."""
+        direct = WeightStore(ann.store)
+        with self._lock:
+            mode, parent, fallbacks = self.mode, self.parent, list(self.fallbacks)
+        t0 = time.monotonic()
+        if mode == "store":
+
+            def read(counts: dict) -> None:
+                now = time.monotonic()
+                self._done(ann.version, now, now - t0, counts, [])
+
+            return _ReportingStore(direct, read)
+        sources = peer_fetch.sources_for(parent, fallbacks, direct.spec)
+        try:  # joins the prefetch that note_route started, if any
+            result = self.relay.fetch(ann.version, sources)
+        except Exception as e:  # noqa: BLE001 - the direct read below is today's path
+            logging.warning(
+                "peer fetch of version %d failed (%s); reading the store", ann.version, e
+            )
+            return direct
+        self._record(result)
+        return self.relay.store
+
+    def _record(self, result: peer_fetch.FetchResult) -> None:
+        if result.finished_at <= 0:  # a cached result of a version held before: nothing new
+            return
+        if result.seconds > 0:
+            self.down_bytes_per_s = result.down_bytes_per_s
+        bad = list(dict.fromkeys((r["source"], r["kind"]) for r in result.reports))
+        if bad:
+            logging.warning("version %d: bad sources %s", result.version, bad)
+        counts = {
+            "bytes_from_store": result.bytes_from_store,
+            "bytes_from_peers": result.bytes_total - result.bytes_from_store,
+        }
+        self._done(result.version, result.finished_at, result.seconds, counts, bad)
+
+    def _done(self, version: int, at: float, fetch_s: float, counts: dict, bad: list) -> None:
+        fields = dict(
+            version=version,
+            fetch_s=fetch_s,
+            bad_sources=[SourceReport(source=s, kind=k) for s, k in bad[:64]],
+            **counts,
+        )
+        with self._lock:
+            if self._report is None or self._report[1]["version"] <= version:
+                self._report = (at, fields)
+
+    def heartbeat_fields(self) -> dict:
+        """Optional Heartbeat fields: relay URL, measured rates, the last fetch's report."""
+        with self._lock:
+            report = self._report
+        out = {
+            "relay_url": self.url,
+            "up_bytes_per_s": self.relay.up_bytes_per_s,
+            "down_bytes_per_s": self.down_bytes_per_s,
+        }
+        if report is not None:
+            done, fields = report
+            ago = max(0.0, time.monotonic() - done)
+            out["broadcast"] = BroadcastReport(fetched_ago_s=ago, **fields)
+        return out
+
+    def close(self) -> None:
+        self.relay.stop()
+
+
+class _ReportingStore:
+    """The announced store as load_version reads it, reporting the fetch once `read_all`
+    (which verifies every checksum) has returned: store mode's "has the version" time."""
+
+    def __init__(self, store: WeightStore, on_read):
+        self.store, self.on_read = store, on_read
+
+    def manifest(self, version: int):
+        return self.store.manifest(version)
+
+    def read_all(self, version: int, names=None):
+        out = self.store.read_all(version, names)
+        self.on_read({"bytes_from_store": sum(a.nbytes for a in out.values())})
+        return out

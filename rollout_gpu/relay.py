@@ -1,0 +1,405 @@
+"""Weight relay: serves the versions this worker holds to its peers, chunk by chunk, while
+it is still fetching them (pipelined broadcast, PAPER.md idea 4).
+
+    python -m rollout_gpu.relay --port=0 --url_file=/tmp/relay.url [--up_mbps=50]
+
+Every rollout worker runs one in a background thread (`Relay`); the command above runs
+one standalone (benchmarks, tests: no vLLM), with the control endpoints on.
+
+HTTP (read-only for peers; the key layout is the weight store's own, so a relay is a
+read-through mirror of the store for the versions it holds):
+    GET  /kv/{key}?wait=S   the key's bytes once verified here; 404 if the key is absent
+                            (an all-zero chunk, or not a key of the version); after S
+                            seconds without it: 503 with `X-Relay-Have: <chunks held>`
+    GET  /status            versions held, bytes served, measured rates
+    POST /fetch, /forget    standalone only (`control=True`): {"version", "sources"}
+
+A chunk enters the relay's cache only after it matched the manifest's per-chunk CRC
+(rollout_gpu/peer_fetch.py), and is checked again when served, so bytes corrupted in
+this relay's memory are dropped and refetched rather than passed on. zarr.json metadata
+is rebuilt locally from the manifest, never copied from a peer. The cache is a
+WeightStore (a `memory` kvstore by default) whose manifest is written last, so the
+worker swaps from it through the unchanged verified path (`weight_swap.load_version`).
+Uploads go through a token bucket (`up_bytes_per_s`), used by the bench to model links.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+
+import aiohttp
+import tensorstore as ts
+from absl import app, flags, logging
+from aiohttp import web
+
+from bridge.broadcast import chunks as chunks_lib
+from bridge.store import weight_store as ws
+from rollout_gpu import peer_fetch
+
+PIECE = 256 << 10  # bytes per token-bucket take and write: smaller costs CPU per byte
+MAX_WAIT_S = 30.0
+
+
+class TokenBucket:
+    """Upload rate limit shared by every response of one relay (one event loop)."""
+
+    def __init__(self, rate: float, burst: float = 4 * PIECE):
+        self.rate, self.burst = rate, burst
+        self.tokens, self.t = burst, time.monotonic()
+
+    async def take(self, n: int) -> None:
+        while True:
+            now = time.monotonic()
+            self.tokens = min(self.burst, self.tokens + (now - self.t) * self.rate)
+            self.t = now
+            if self.tokens >= n:
+                self.tokens -= n
+                return
+            await asyncio.sleep((n - self.tokens) / self.rate)
+
+
+@dataclasses.dataclass
+class _Version:
+    manifest_bytes: bytes
+    plan: dict[str, chunks_lib.ChunkSpec]
+    have: set = dataclasses.field(default_factory=set)
+    absent: set = dataclasses.field(default_factory=set)
+    complete: bool = False
+    failed: str = ""
+    started_at: float = dataclasses.field(default_factory=time.time)
+    completed_at: float = 0.0
+
+
+class Relay:
+    """A relay + fetcher with its own event loop thread; `fetch` blocks its caller."""
+
+    def __init__(
+        self,
+        mirror: str | None = None,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        up_bytes_per_s: float = 0.0,
+        keep_versions: int = 4,
+        stall_s: float = 30.0,
+        concurrency: int = 4,
+        control: bool = False,
+        advertise_url: str | None = None,
+        tamper: Callable[[str, bytes], bytes] | None = None,
+    ):
+        self.mirror = ws.WeightStore(mirror or f"memory://relay-{uuid.uuid4().hex}")
+        self.host, self.port, self.control = host, port, control
+        self.keep_versions, self.stall_s, self.concurrency = keep_versions, stall_s, concurrency
+        self.advertise_url, self.tamper = advertise_url, tamper
+        self.bucket = TokenBucket(up_bytes_per_s) if up_bytes_per_s > 0 else None
+        self.versions: dict[int, _Version] = {}
+        self.results: dict[int, peer_fetch.FetchResult] = {}
+        self.bytes_up, self.busy_s = 0, 0.0
+        self.url = ""
+        self._tasks: dict[int, asyncio.Task] = {}
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._changed: asyncio.Event | None = None
+
+    @property
+    def store(self) -> ws.WeightStore:
+        """The verified local copy: complete versions only (manifest written last)."""
+        return self.mirror
+
+    @property
+    def up_bytes_per_s(self) -> float:
+        """Measured: bytes served per second while serving (0 until it has served)."""
+        return self.bytes_up / self.busy_s if self.busy_s > 0.05 else 0.0
+
+    # -- lifecycle ----------------------------------------------------------------------
+    def start(self) -> str:
+        ready = concurrent.futures.Future()
+        threading.Thread(target=self._thread, args=(ready,), daemon=True, name="relay").start()
+        self.url = ready.result(timeout=30)
+        return self.url
+
+    def _thread(self, ready) -> None:
+        self._loop = asyncio.new_event_loop()
+        try:
+            self._loop.run_until_complete(self._serve(ready))
+        except BaseException as e:  # noqa: BLE001 - hand a startup failure to start()
+            if not ready.done():
+                ready.set_exception(e)
+            return
+        self._loop.run_forever()
+
+    async def _serve(self, ready) -> None:
+        self._changed = asyncio.Event()
+        self._uplink = asyncio.Lock()
+        self.session = aiohttp.ClientSession()
+        routes = [web.get("/kv/{key:.+}", self._get), web.get("/status", self._status)]
+        if self.control:
+            routes += [web.post("/fetch", self._post_fetch), web.post("/forget", self._forget)]
+        webapp = web.Application()
+        webapp.add_routes(routes)
+        self._runner = web.AppRunner(webapp, access_log=None)
+        await self._runner.setup()
+        site = web.TCPSite(self._runner, self.host, self.port)
+        await site.start()
+        port = site._server.sockets[0].getsockname()[1]
+        ready.set_result(self.advertise_url or f"http://{self.host}:{port}")
+
+    def stop(self) -> None:
+        """Stop serving and fetching (idempotent); a fetch in flight raises in its caller."""
+        loop, self._loop = self._loop, None
+        if loop is None:
+            return
+
+        async def close():
+            for task in self._tasks.values():
+                task.cancel()
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            await self._runner.cleanup()
+            await self.session.close()
+
+        asyncio.run_coroutine_threadsafe(close(), loop).result(timeout=10)
+        loop.call_soon_threadsafe(loop.stop)
+
+    # -- fetching -----------------------------------------------------------------------
+    def fetch(
+        self, version: int, sources: Sequence, manifest_sha256: str | None = None, timeout=None
+    ) -> peer_fetch.FetchResult:
+        """Fetch `version` (parent first, the store last) into the cache; blocks."""
+        return self.fetch_async(version, sources, manifest_sha256).result(timeout)
+
+    def fetch_async(self, version: int, sources: Sequence, manifest_sha256=None):
+        """Start (or join) the fetch of `version`; a concurrent.futures.Future."""
+        coro = self._fetch(version, list(sources), manifest_sha256)
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    async def _fetch(self, version, sources, manifest_sha256=None) -> peer_fetch.FetchResult:
+        st = self.versions.get(version)
+        if st is not None and st.complete and not st.failed:
+            return self.results.get(version) or peer_fetch.FetchResult(version)
+        task = self._tasks.get(version)
+        if task is None or task.done():
+            task = asyncio.ensure_future(
+                peer_fetch.fetch_version(
+                    self,
+                    version,
+                    sources,
+                    self.session,
+                    manifest_sha256,
+                    self.stall_s,
+                    self.concurrency,
+                )
+            )
+            self._tasks[version] = task
+        try:
+            result = await asyncio.shield(task)
+        except Exception as e:
+            st = self.versions.get(version)
+            if st is not None:
+                st.failed = f"{type(e).__name__}: {e}"
+                self._notify()
+            raise
+        self.results[version] = result
+        return result
+
+    # The VersionCache interface peer_fetch.fetch_version fills.
+    async def begin(self, version, manifest_bytes, manifest, plan) -> None:
+        await asyncio.gather(
+            *(
+                ts.open(
+                    {
+                        **self.mirror._array_spec(version, name),
+                        "metadata": chunks_lib.zarr_metadata(manifest, name),
+                        "create": True,
+                        "delete_existing": True,
+                    },
+                    context=ws._CONTEXT,
+                )
+                for name in manifest.arrays
+            )
+        )
+        self.versions[version] = _Version(manifest_bytes, {s.key: s for s in plan})
+        self._notify()
+
+    async def put(self, version: int, key: str, raw: bytes | None) -> None:
+        st = self.versions[version]
+        if raw is None:
+            st.absent.add(key)
+        else:
+            await self.mirror.kv.write(key, raw)
+            st.have.add(key)
+        self._notify()
+
+    async def finish(self, version: int) -> None:
+        st = self.versions[version]
+        await self.mirror.kv.write(chunks_lib.manifest_key(version), st.manifest_bytes)
+        st.complete, st.completed_at = True, time.time()
+        self._notify()
+        complete = sorted(v for v, s in self.versions.items() if s.complete)
+        for v in complete[: -self.keep_versions]:  # keep the newest S+1 (or more)
+            await self._drop(v)
+
+    async def _drop(self, version: int) -> None:
+        self.versions.pop(version, None)
+        self.results.pop(version, None)
+        kv, key = self.mirror.kv, chunks_lib.version_key(version)
+        await kv.delete_range(ts.KvStore.KeyRange(f"data/{key}/", f"data/{key}0"))
+        await kv.write(chunks_lib.manifest_key(version), None)
+
+    def _notify(self) -> None:
+        self._changed.set()  # wakes every waiter holding this event
+        self._changed = asyncio.Event()
+
+    # -- serving ------------------------------------------------------------------------
+    async def _lookup(self, key: str) -> tuple[int, bytes | None]:
+        """(HTTP status, body) for a key now; status 0 = not here yet."""
+        version = chunks_lib.key_version(key)
+        st = self.versions.get(version) if version is not None else None
+        if version is None:
+            return 404, None
+        if st is None:
+            return 0, None
+        if st.failed:
+            return 502, None
+        if key == chunks_lib.manifest_key(version):
+            return 200, st.manifest_bytes
+        if key.endswith("/zarr.json"):
+            r = await self.mirror.kv.read(key)
+            return (200, r.value) if r.state == "value" else (404, None)
+        if key in st.absent or (key not in st.plan):
+            return 404, None
+        if key not in st.have:
+            return 0, None
+        raw = (await self.mirror.kv.read(key)).value
+        if not chunks_lib.chunk_ok(st.plan[key], raw):  # rotted here: never pass it on
+            # Children fall back; the next fetch of the version starts it over.
+            logging.error("relay: cached chunk %s fails its CRC; dropping the version", key)
+            st.failed, st.complete = f"cached chunk {key} corrupt", False
+            if version in self._tasks:
+                self._tasks[version].cancel()
+            await self.mirror.kv.write(chunks_lib.manifest_key(version), None)
+            return 502, None
+        return 200, raw
+
+    async def _get(self, request: web.Request) -> web.StreamResponse:
+        key = request.match_info["key"]
+        try:
+            wait = min(float(request.query.get("wait", 0)), MAX_WAIT_S)
+        except ValueError:
+            return web.Response(status=400, text="wait must be a number")
+        deadline = time.monotonic() + wait
+        while True:
+            status, body = await self._lookup(key)
+            remaining = deadline - time.monotonic()
+            if status or remaining <= 0:
+                break
+            try:
+                await asyncio.wait_for(self._changed.wait(), remaining)
+            except TimeoutError:
+                pass
+        if status == 0:
+            st = self.versions.get(chunks_lib.key_version(key))
+            have = len(st.have) + len(st.absent) if st else 0
+            return web.Response(status=503, headers={"X-Relay-Have": str(have)})
+        if status != 200:
+            return web.Response(status=status)
+        if self.tamper is not None:
+            body = self.tamper(key, body)
+        return await self._send(request, body)
+
+    async def _send(self, request: web.Request, body: bytes) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Length": str(len(body))})
+        await resp.prepare(request)
+        # One response at a time has the whole uplink (FIFO): sharing it among a child's
+        # k outstanding requests would make each chunk arrive k times later, and the chain's
+        # per-hop delay is that arrival time. A reader that stalls loses its turn.
+        async with self._uplink:
+            t0 = time.monotonic()
+            view = memoryview(body)
+            try:
+                for i in range(0, len(body), PIECE):
+                    piece = view[i : i + PIECE]
+                    if self.bucket is not None:
+                        await self.bucket.take(len(piece))
+                    async with asyncio.timeout(self.stall_s):
+                        await resp.write(piece)
+                    self.bytes_up += len(piece)
+            finally:
+                self.busy_s += time.monotonic() - t0
+        await resp.write_eof()
+        return resp
+
+    def status(self) -> dict:
+        versions = {
+            str(v): {
+                "have": len(s.have) + len(s.absent),
+                "total": len(s.plan),
+                "complete": s.complete,
+                "failed": s.failed,
+                "started_at": s.started_at,
+                "completed_at": s.completed_at,
+            }
+            for v, s in list(self.versions.items())
+        }
+        results = {str(v): dataclasses.asdict(r) for v, r in list(self.results.items())}
+        return {
+            "url": self.url,
+            "versions": versions,
+            "results": results,
+            "bytes_up": self.bytes_up,
+            "up_bytes_per_s": self.up_bytes_per_s,
+        }
+
+    async def _status(self, request: web.Request) -> web.Response:
+        return web.json_response(self.status())
+
+    async def _post_fetch(self, request: web.Request) -> web.Response:
+        body = await request.json()
+        version = int(body["version"])
+
+        async def run():
+            try:
+                await self._fetch(version, body["sources"], body.get("manifest_sha256"))
+            except Exception as e:  # noqa: BLE001 - recorded in status; logged here
+                logging.error("relay: fetch of version %d failed: %s", version, e)
+
+        asyncio.ensure_future(run())
+        return web.json_response({"ok": True}, status=202)
+
+    async def _forget(self, request: web.Request) -> web.Response:
+        await self._drop(int((await request.json())["version"]))
+        return web.json_response({"ok": True})
+
+
+_PORT = flags.DEFINE_integer("port", 0, "port to serve on (0 = any free port)")
+_HOST = flags.DEFINE_string("host", "127.0.0.1", "address to bind")
+_UP = flags.DEFINE_float("up_mbps", 0.0, "upload limit in MB/s (1e6 bytes); 0 = none")
+_URL_FILE = flags.DEFINE_string("url_file", "", "write the relay's URL here once serving")
+_STALL = flags.DEFINE_float("stall_s", 30.0, "a source without progress this long is dead")
+
+
+def main(argv):
+    del argv
+    relay = Relay(
+        host=_HOST.value,
+        port=_PORT.value,
+        up_bytes_per_s=_UP.value * 1e6,
+        stall_s=_STALL.value,
+        control=True,
+    )
+    url = relay.start()
+    if _URL_FILE.value:
+        with open(_URL_FILE.value + ".tmp", "w") as f:
+            f.write(url)
+        import os
+
+        os.replace(_URL_FILE.value + ".tmp", _URL_FILE.value)
+    print(url, flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    app.run(main)

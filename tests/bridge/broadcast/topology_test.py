@@ -1,0 +1,73 @@
+"""Relay topology: heap placement, ordering by uplink, join at a leaf, removal, exclusion."""
+
+import pytest
+
+from bridge.broadcast.topology import Node, Topology
+
+
+def make(mode, n, fanout=2, rates=None):
+    t = Topology(mode, fanout)
+    for i in range(n):
+        t.join(Node(f"w{i}", f"http://r{i}", up_bytes_per_s=(rates or [0] * n)[i]))
+    return t
+
+
+def parents(t):
+    return {n: p.parent for n, p in t.placements().items()}
+
+
+def test_store_mode_reads_the_store():
+    t = make("store", 3)
+    assert all(p.parent is None and not p.fallback_urls for p in t.placements().values())
+
+
+def test_chain_with_grandparent_fallback():
+    t = make("chain", 4)
+    assert parents(t) == {"w0": None, "w1": "w0", "w2": "w1", "w3": "w2"}
+    p = t.placement("w3")
+    assert p.parent_url == "http://r2" and p.fallback_urls == ("http://r1", "http://r0")
+    assert p.depth == 4
+
+
+def test_tree_store_feeds_one_root_then_fanout():
+    t = make("tree", 7, fanout=3)
+    assert parents(t) == {
+        "w0": None, "w1": "w0", "w2": "w0", "w3": "w0", "w4": "w1", "w5": "w1", "w6": "w1",
+    }  # fmt: skip
+
+
+def test_rebuild_puts_fastest_uplinks_near_the_root():
+    t = make("chain", 3, rates=[1e6, 9e6, 5e6])
+    t.rebuild()
+    assert t.order == ["w1", "w2", "w0"]
+    assert parents(t) == {"w1": None, "w2": "w1", "w0": "w2"}
+
+
+def test_join_attaches_at_a_leaf_and_moves_no_one():
+    t = make("tree", 5, fanout=2)
+    before = parents(t)
+    t.join(Node("new", "http://new", up_bytes_per_s=1e12))  # even the fastest: no reshuffle
+    after = parents(t)
+    assert {k: after[k] for k in before} == before
+    assert "new" not in after.values()  # a leaf: nobody's parent
+
+
+def test_removed_parent_is_routed_around():
+    t = make("chain", 4)
+    t.remove("w1")
+    assert parents(t) == {"w0": None, "w2": "w0", "w3": "w2"}
+
+
+def test_excluded_relay_serves_no_one_but_still_receives():
+    t = make("chain", 4)
+    t.exclude("w1")
+    p = parents(t)
+    assert "w1" not in {v for k, v in p.items() if k != "w1"}
+    assert p["w2"] == "w0" and p["w1"] == "w3"  # hangs under the last healthy node
+    t.join(Node("w1", "http://r1"))  # a heartbeat does not bring it back
+    assert "w1" not in t.order
+
+
+def test_bad_config():
+    with pytest.raises(ValueError, match="bridge.broadcast"):
+        Topology("ring")

@@ -1,0 +1,205 @@
+"""Weight relays on loopback (real HTTP, no vLLM): chain transfer, corrupt chunks, a parent
+killed mid-transfer, one copy from the origin, and tensorstore's `http` kvstore on a relay."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import tensorstore as ts
+
+from bridge.store import chunk_digest
+from bridge.store.weight_store import WeightStore
+from rollout_gpu.peer_fetch import sources_for
+from rollout_gpu.relay import Relay
+
+VERSION = 5
+
+
+@pytest.fixture
+def store(tmp_path, monkeypatch):
+    """A file store holding VERSION: ~1.2 MB of bf16 in 64 KiB chunks (20 of them), plus an
+    all-zero array (its chunk is never stored) and a 1-D array with a clipped edge chunk."""
+    monkeypatch.setattr(chunk_digest, "CHUNK_BYTES", 64 << 10)
+    s = WeightStore(str(tmp_path / "store"))
+    rng = np.random.default_rng(0)
+    arrays = [
+        ("a", rng.standard_normal((2000, 300)).astype(np.float32)),
+        ("zeros", np.zeros((16, 8), np.float32)),
+        ("b", rng.standard_normal((40001,)).astype(np.float32)),
+    ]
+    s.publish(VERSION, 1, arrays, {}, dtype="bfloat16")
+    return s
+
+
+@pytest.fixture
+def relays():
+    started = []
+
+    def make(**kw):
+        r = Relay(**kw)
+        r.start()
+        started.append(r)
+        return r
+
+    yield make
+    for r in started:
+        try:
+            r.stop()
+        except Exception:  # noqa: BLE001 - a test may have stopped it already
+            pass
+
+
+def chain_fetch(chain, origin_sources, version=VERSION, may_fail=()):
+    """Fetch concurrently down a chain: relay i reads relay i-1, then i-2, then the store."""
+    results, errors = {}, {}
+
+    def go(i):
+        up = [r.url for r in chain[:i]][::-1]
+        srcs = sources_for(up[0] if up else None, up[1:2], origin_sources)
+        try:
+            results[i] = chain[i].fetch(version, srcs, timeout=120)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors[i] = e
+
+    threads = [threading.Thread(target=go, args=(i,)) for i in range(len(chain))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert set(errors) <= set(may_fail), errors
+    return results
+
+
+def assert_same(store, relay):
+    want, got = store.read_all(VERSION), relay.store.read_all(VERSION)  # verified reads
+    assert want.keys() == got.keys()
+    for k in want:
+        assert np.array_equal(want[k].view(np.uint16), got[k].view(np.uint16)), k
+
+
+def test_three_relay_chain_transfers_identical_verified_bytes(store, relays):
+    chain = [relays(up_bytes_per_s=4e6) for _ in range(3)]
+    results = chain_fetch(chain, store.spec)
+    m = store.manifest(VERSION).total_bytes
+    for i, r in enumerate(chain):
+        assert_same(store, r)
+        assert not results[i].reports
+    # Only the root read chunks from the store; the others read just the manifest there.
+    assert results[0].bytes_from_store > m * 0.99
+    for i in (1, 2):
+        assert results[i].bytes_from_store < 4096
+        assert results[i].bytes_by_source[chain[i - 1].url] > m * 0.99
+
+
+def test_chunk_corrupted_at_the_middle_relay_is_refetched_and_reported(store, relays):
+    bad = set()
+
+    def tamper(key, body):  # the middle relay flips a byte in every third chunk it serves
+        if "/c/" in key and hash(key) % 3 == 0:
+            bad.add(key)
+            return bytes([body[0] ^ 0xFF]) + body[1:]
+        return body
+
+    chain = [relays(), relays(tamper=tamper), relays()]
+    results = chain_fetch(chain, store.spec)
+    assert bad
+    assert_same(store, chain[2])
+    reports = results[2].reports
+    corrupt = [r for r in reports if r["kind"] == "corrupt"]
+    assert corrupt and all(r["source"] == chain[1].url for r in corrupt), reports
+    # After BAD_LIMIT bad chunks the parent is dropped: the rest came from the grandparent.
+    assert results[2].bytes_by_source[chain[0].url] > 0
+
+
+def test_parent_killed_mid_transfer_is_routed_around(store, relays):
+    m = store.manifest(VERSION).total_bytes
+    chain = [relays(up_bytes_per_s=m / 2), relays(up_bytes_per_s=m / 2), relays(stall_s=5)]
+
+    def kill_parent():
+        while chain[2].status()["versions"].get(str(VERSION), {}).get("have", 0) < 3:
+            time.sleep(0.01)
+        chain[1].stop()
+
+    killer = threading.Thread(target=kill_parent)
+    killer.start()
+    results = chain_fetch(chain, store.spec, may_fail={1})  # the killed one's own fetch
+    killer.join()
+    assert_same(store, chain[2])
+    kinds = {(r["source"], r["kind"]) for r in results[2].reports}
+    assert (chain[1].url, "dead") in kinds
+    assert results[2].bytes_by_source.get(chain[0].url, 0) > 0  # the grandparent took over
+
+
+def test_origin_serves_one_copy_for_a_chain(store, relays):
+    """The store's uplink modelled as an origin relay: a chain of 5 costs it one copy."""
+    origin = relays(up_bytes_per_s=20e6)
+    origin.fetch(VERSION, [store.spec])
+    chain = [relays(up_bytes_per_s=20e6) for _ in range(5)]
+    chain_fetch(chain, origin.url)
+    keys = [k.decode() for k in store.kv.list().result()]
+    stored = sum(len(store.kv.read(k).result().value) for k in keys if "/c/" in k)  # padded
+    manifest = len(store.kv.read(f"manifests/{VERSION:012d}.json").result().value)
+    # Every chunk exactly once, plus the manifest once per relay (from the root of trust).
+    assert origin.bytes_up == stored + 5 * manifest
+    for r in chain:
+        assert_same(store, r)
+
+
+def test_relay_is_a_read_only_http_kvstore(store, relays):
+    relay = relays()
+    relay.fetch(VERSION, [store.spec])
+    spec = {"driver": "http", "base_url": relay.url + "/kv/", "path": f"data/{VERSION:012d}/a/"}
+    arr = ts.open({"driver": "zarr3", "kvstore": spec}, open=True).result()
+    assert np.array_equal(arr.read().result(), store.read_all(VERSION)["a"])
+
+
+def test_relay_keeps_the_newest_versions(store, relays):
+    relay = relays(keep_versions=1)
+    relay.fetch(VERSION, [store.spec])
+    store.publish(VERSION + 1, 2, [("a", np.ones((4, 4), np.float32))], {}, dtype="bfloat16")
+    relay.fetch(VERSION + 1, [store.spec])
+    assert relay.store.versions() == [VERSION + 1]
+
+
+def test_a_chunk_rotted_in_a_relays_cache_is_never_served(store, relays):
+    parent, child = relays(), relays()
+    parent.fetch(VERSION, [store.spec])
+    key = next(k for k in parent.versions[VERSION].plan if "/a/" in k)
+    raw = parent.mirror.kv.read(key).result().value
+    parent.mirror.kv.write(key, b"\0" + raw[1:]).result()  # bit rot after verification
+    result = child.fetch(VERSION, sources_for(parent.url, [], store.spec), timeout=60)
+    assert_same(store, child)
+    assert ("http://" in result.reports[0]["source"]) and result.reports[0]["kind"] == "dead"
+    assert VERSION not in parent.store.versions()  # dropped: the next fetch starts over
+    parent.fetch(VERSION, [store.spec])
+    assert_same(store, parent)
+
+
+def test_peer_swap_follows_the_route_and_reports(store, relays):
+    from bridge.control.protocol import Heartbeat, HeartbeatResponse, VersionAnnouncement
+    from rollout_gpu.peer_swap import PeerSwap
+
+    parent = relays()
+    parent.fetch(VERSION, [store.spec])
+    ann = VersionAnnouncement(version=VERSION, store=store.spec)
+    swap = PeerSwap()
+    try:
+        got = swap.store_for(ann)  # store mode: today's path, reported once read
+        assert got.read_all(VERSION).keys() == store.read_all(VERSION).keys()
+        rep = Heartbeat(worker_version=-1, **swap.heartbeat_fields()).broadcast
+        assert rep.version == VERSION and rep.bytes_from_store > 0 and not rep.bytes_from_peers
+
+        swap.note_route(HeartbeatResponse(announcement=ann, broadcast_mode="chain",
+                                          relay_parent=parent.url))  # fmt: skip
+        deadline = time.monotonic() + 30  # the route's announcement starts a prefetch
+        while VERSION not in swap.relay.store.versions():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert swap.store_for(ann) is swap.relay.store
+        assert_same(store, swap.relay)
+        hb = Heartbeat(worker_version=-1, **swap.heartbeat_fields())
+        assert hb.relay_url == swap.url and hb.down_bytes_per_s > 0
+        assert hb.broadcast.bytes_from_peers > 0 and hb.broadcast.bytes_from_store < 4096
+    finally:
+        swap.close()
