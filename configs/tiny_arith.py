@@ -133,6 +133,11 @@ def get_config() -> ConfigDict:
     # Publish from a background thread (learner_jax/background_publish.py): the learner runs
     # the next step while the previous version is written and announced.
     c.bridge.async_publish = True
+    # Weight broadcast (bridge/broadcast/): "store" = every worker reads the store; "chain" /
+    # "tree" = workers relay verified chunks to each other, so the store's uplink carries one
+    # copy per version whatever the fleet size (remote workers need --relay_url).
+    c.bridge.broadcast = "store"
+    c.bridge.broadcast_fanout = 2  # tree fan-out
 
     c.controller = ConfigDict()
     c.controller.host = "127.0.0.1"

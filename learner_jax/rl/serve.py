@@ -47,6 +47,8 @@ def controller_config(config, vocab_size: int, eos_id: int) -> ControllerConfig:
         max_leases_per_worker=config.controller.max_leases_per_worker,
         token_ttl_s=config.controller.token_ttl_s,
         join_secret_grace_s=config.controller.join_secret_grace_s,
+        broadcast=config.bridge.broadcast,
+        broadcast_fanout=config.bridge.broadcast_fanout,
     )
 
 
