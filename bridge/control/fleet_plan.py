@@ -233,14 +233,15 @@ class FleetPlan:
         mus = [_col(rows, w, "rollouts_per_s") for w in active]
         unmeasured = any(mu is None for mu in mus)
         delays = [
-            self._swap_s.get(w, 0.0) + busy_rate(self._leases[w])[1]
-            for w in active
+            (self._swap_s.get(w, 0.0) + busy_rate(self._leases[w])[1], mu or 0.0)
+            for w, mu in zip(active, mus, strict=True)
             if w in self._leases and w not in self.timing.too_slow
         ]
-        latency = (self.publish_s or 0.0) + max(delays, default=0.0)
+        rollouts_per_step = c.groups_per_step * c.group_size
+        latency = (self.publish_s or 0.0) + _covering_delay(delays, rollouts_per_step / step_s)
         rep = capacity.report(
             sum(mu or 0.0 for mu in mus),
-            c.groups_per_step * c.group_size,
+            rollouts_per_step,
             step_s,
             c.staleness,
             self.publish_every,
@@ -271,3 +272,16 @@ class FleetPlan:
             100 * rep.predicted_utilization,
             rep.advice(self.config.staleness),
         )
+
+
+def _covering_delay(delays: list[tuple[float, float]], required: float) -> float:
+    """The fleet's swap + generation delay that matters for freshness: the smallest delay D
+    such that the workers no slower than D cover the requirement. A slow worker's late
+    rollouts only cost its own throughput (the rate check sees that); judging freshness by
+    the slowest worker warned about a demo fleet that kept the learner 99% busy."""
+    covered = 0.0
+    for delay, mu in sorted(delays):
+        covered += mu
+        if covered >= required:
+            return delay
+    return max((d for d, _ in delays), default=0.0)

@@ -224,3 +224,13 @@ def test_activation_off_keeps_everyone_active_and_billed_in_full(tmp_path, text_
     for w in workers:
         hb(ctl, w)
     assert ctl.stats()["cost/usd"] - before == pytest.approx(5.5 * 10 / 3600)
+
+
+def test_freshness_is_judged_by_the_workers_that_cover_the_requirement():
+    from bridge.control.fleet_plan import _covering_delay
+
+    fast, slow = (0.2, 30.0), (3.0, 10.0)  # (swap + generation delay s, rollouts/s)
+    assert _covering_delay([slow, fast], required=25.0) == 0.2  # the fast one alone covers
+    assert _covering_delay([slow, fast], required=35.0) == 3.0  # both needed: the slow counts
+    assert _covering_delay([slow, fast], required=99.0) == 3.0  # short fleet: the slowest
+    assert _covering_delay([], required=1.0) == 0.0
