@@ -6,7 +6,8 @@
    so a flaky spot fleet is provisioned for what it delivers; `activation.decide` picks the
    cheapest set covering (1 + margin) * R / T.
 2. Analytic: `capacity.py` with latency = publish_s + max over active workers of
-   (broadcast delay + one lease), both from this plan's broadcast model.
+   (broadcast delay + one lease), both from this plan's broadcast model, and the
+   broadcast's period (links.period: versions it cannot carry are skipped).
 3. Simulation: simulate.py on the active set.
 4. Cost: learner, active workers and standby workers (standby_price_fraction * price) are
    billed for the whole wall time (a preempted spot worker's replacement is billed too).
@@ -110,6 +111,19 @@ def latency_s(fleet: Fleet, specs: list[simulate.WorkerSpec]) -> tuple[float, fl
     return fleet.learner.publish_s + worst, max(ds, default=0.0)
 
 
+def broadcast_period_s(fleet: Fleet, specs: list[simulate.WorkerSpec]) -> float:
+    """How soon the next version can enter the broadcast (links.period): capacity.py's
+    kappa_eff = max(kappa, ceil(period / T)) when versions must be skipped."""
+    bw = [s.bandwidth_mb_s for s in specs]
+    ds = links.delays(
+        fleet.broadcast, fleet.model_bytes, bw, fleet.learner.uplink_mb_s, fleet.chunk_mb,
+        fleet.fanout,
+    )  # fmt: skip
+    return links.period(
+        fleet.broadcast, fleet.model_bytes, bw, fleet.learner.uplink_mb_s, fleet.fanout, ds
+    )
+
+
 def baseline(fleet: Fleet) -> dict:
     L = fleet.learner
     if L.rollouts_per_s is None:
@@ -131,6 +145,7 @@ def plan(fleet: Fleet) -> dict:
     active, decision = activate(fleet)
     specs = worker_specs(fleet, active)
     lat, bcast = latency_s(fleet, specs)
+    period = broadcast_period_s(fleet, specs)
     rep = capacity.report(
         decision.active_rollouts_per_s,
         L.rollouts_per_step,
@@ -138,6 +153,7 @@ def plan(fleet: Fleet) -> dict:
         fleet.staleness,
         fleet.publish_every,
         lat,
+        period,
     )
     sim = simulate.simulate(sim_config(fleet), specs)
     wall = sim["wall_s"]
@@ -170,6 +186,7 @@ def plan(fleet: Fleet) -> dict:
         "shortfall_rollouts_per_s": decision.shortfall_rollouts_per_s,
         "latency_s": lat,
         "broadcast_s": bcast,
+        "broadcast_period_s": period,
         "advice": rep.advice(fleet.staleness),
         "staleness_histogram": sim["staleness_histogram"],
         "dropped_rollouts": sim["dropped_rollouts"],

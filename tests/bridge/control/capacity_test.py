@@ -20,13 +20,49 @@ def test_min_staleness(kappa, step_s, latency_s, want):
     assert capacity.min_staleness(kappa, step_s, latency_s) == want
 
 
+def test_min_staleness_with_the_broadcast_period():
+    # kappa_eff = max(kappa, ceil(period / T)): a 2.5 s period at T = 1 s skips versions, so
+    # S >= 3 + ceil(0.5) = 4; a period shorter than kappa * T changes nothing.
+    assert capacity.min_staleness(1, 1.0, 0.5, broadcast_period_s=2.5) == 4
+    assert capacity.min_staleness(2, 1.0, 0.5, broadcast_period_s=1.5) == 3
+    assert capacity.min_staleness(1, 1.0, 0.5, broadcast_period_s=0.0) == 2
+
+
 def test_utilization_rate_bound_and_freshness_stall():
-    # Half the needed throughput: the learner trains half the time.
+    # Half the needed throughput: the learner trains half the time (rho = 5 * 1 / 10).
     assert capacity.predicted_utilization(5.0, 10.0, 1.0, 4, 1, 0.0) == pytest.approx(0.5)
-    # Enough throughput, S one short: each update waits kappa*T + latency - S*T = 0.5 s.
-    assert capacity.predicted_utilization(20.0, 10.0, 1.0, 1, 1, 0.5) == pytest.approx(1 / 1.5)
+    # S one short of min S = 2, but rho = 2: the first R rollouts of a version are back
+    # L + T / rho = 1 s after it is published, within (S + 1 - kappa) * T = 1 s: no stall.
+    # (The old form, a stall of kappa T + L - S T = 0.5 s per update, said 1 / 1.5; the
+    # simulation sides with the new one: an overprovisioned fleet needs only its first R.)
+    assert capacity.predicted_utilization(20.0, 10.0, 1.0, 1, 1, 0.5) == pytest.approx(1.0)
+    # Exactly provisioned (rho = 1), kappa = 1, S = 2, L = 2 T: (S + 1 - kappa) T +
+    # (S + 1) X = L + T / rho -> 2 + 3 X = 3, X = 1/3; utilization 1 / (1 + 1/3) = 0.75
+    # (simulated 0.773, bench/plan_sweep.py's freshness fleet; the old form said 0.50).
+    assert capacity.predicted_utilization(10.0, 10.0, 1.0, 2, 1, 2.0) == pytest.approx(0.75)
+    # kappa = 2, S = 3, L = 2 T, rho = 1: 2 + floor(4 / 2) X = 3, X = 0.5; 2 / 2.5 = 0.8
+    # (simulated 0.818). With 25% spare (rho = 1.25): 2 + 2 X = 2.8, X = 0.4; 2 / 2.4.
+    assert capacity.predicted_utilization(10.0, 10.0, 1.0, 3, 2, 2.0) == pytest.approx(0.8)
+    assert capacity.predicted_utilization(12.5, 10.0, 1.0, 3, 2, 2.0) == pytest.approx(2 / 2.4)
+    # Rate and freshness both short (rho = 0.5, S = 2, L = 2 T): 2 + 3 X = 2 + 2, X = 2/3,
+    # freshness 0.6; the lower bound, rho = 0.5, wins.
+    assert capacity.predicted_utilization(5.0, 10.0, 1.0, 2, 1, 2.0) == pytest.approx(0.5)
+    # A broadcast period of 2 T at kappa = 1 acts as kappa_eff = 2: S = 3, L = 2 T -> 0.8.
+    assert capacity.predicted_utilization(
+        10.0, 10.0, 1.0, 3, 1, 2.0, broadcast_period_s=2.0
+    ) == pytest.approx(0.8)
     r = capacity.report(5.0, 10.0, 1.0, staleness=1, publish_every=1, latency_s=0.5)
     assert not r.rate_ok and not r.fresh_ok and r.min_staleness == 2
     advice = r.advice(staleness=1)
     assert "add workers" in advice and "raise `staleness` to 2" in advice
     assert capacity.report(20.0, 10.0, 1.0, 2, 1, 0.5).advice(2) is None
+
+
+def test_spare_throughput_counts_as_fresh_although_s_is_below_min_s():
+    # S = 2, kappa = 1, T = 2 s, latency 2.5 s: min S = 1 + ceil(1.25) = 3. With rho = 4 the
+    # first R rollouts of a version are back 2.5 + 0.5 = 3 s after it, within (S + 1 - kappa)
+    # T = 4 s: no stall, no warning. Exactly provisioned (rho = 1): 2.5 + 2 > 4, a stall.
+    spare = capacity.report(512.0, 256, 2.0, 2, 1, 2.5)
+    assert spare.min_staleness == 3 and spare.fresh_ok and spare.advice(2) is None
+    exact = capacity.report(128.0, 256, 2.0, 2, 1, 2.5)
+    assert not exact.fresh_ok and exact.predicted_utilization < 1.0
