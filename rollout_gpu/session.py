@@ -223,7 +223,12 @@ class ControllerSession:
             attempt += 1
 
     def note(self, announcement: VersionAnnouncement) -> None:
-        if announcement.version >= self.announcement.version:
+        # Newest by publication time, not by number: a learner rerun after a crash republishes
+        # from its checkpoint, so a LOWER number announced later replaces a rolled-back one.
+        if (announcement.published_at, announcement.version) >= (
+            self.announcement.published_at,
+            self.announcement.version,
+        ):
             self.announcement = announcement
 
     # -- heartbeats ------------------------------------------------------------------------

@@ -231,8 +231,11 @@ class Controller:
         return VersionAnnouncement(**self.store.get("announcement", {"version": -1}))
 
     def _swap_to(self, worker_version: int) -> int | None:
+        """The version a worker must load first: the newest, when it serves another one.
+        A worker AHEAD of the newest holds a version a crashed learner rolled back (the rerun
+        republishes that number with other weights), so it is sent back too."""
         newest = self._announcement().version
-        return newest if worker_version < newest else None
+        return newest if newest >= 0 and worker_version != newest else None
 
     # -- workers -------------------------------------------------------------------------
     def register(self, profile: WorkerProfile) -> tuple[str, str]:

@@ -489,3 +489,15 @@ def test_a_resumed_run_does_not_inherit_the_old_runs_end(tmp_path):
     ctl = make(tmp_path)
     assert not ctl.heartbeat(wid, Heartbeat(worker_version=0)).run_over
     assert ctl.lease(wid, LeaseRequest(worker_version=0, max_groups=1)).reason != "run_over"
+
+
+def test_a_worker_ahead_of_the_newest_version_is_sent_back(tmp_path):
+    # After a learner crash the rerun republishes from its checkpoint: a worker still holding
+    # a rolled-back version must load the republished lineage, not keep its old weights.
+    ctl = make(tmp_path)
+    wid = worker(ctl)
+    assert ctl.heartbeat(wid, Heartbeat(worker_version=7)).swap_to is None  # nothing published
+    ctl.publish(5)
+    assert ctl.heartbeat(wid, Heartbeat(worker_version=7)).swap_to == 5
+    assert ctl.heartbeat(wid, Heartbeat(worker_version=4)).swap_to == 5
+    assert ctl.heartbeat(wid, Heartbeat(worker_version=5)).swap_to is None
