@@ -1,0 +1,271 @@
+"""Chaos soak: the demo job under a seeded fault schedule, then an independent audit.
+
+    python -m bench.chaos --out=/tmp/chaos.json [--minutes=10] [--seed=0] [--workers=3] \
+        [--config=configs/tiny_arith.py] [--workdir=/tmp/echo2_chaos] [--set KEY=VALUE ...] \
+        [--faults=worker_kill,binary_kill,binary_restart,sigstop,corrupt,garbage] [--no-baseline]
+
+One SFT warm start runs first (bench/arms.py); the soak and the fault-free baseline each
+start from a copy. The training binary runs with `local_workers=0` on a fixed controller
+port; the bench runs `--workers` `python -m rollout_gpu.worker` processes itself (joined
+with `<workdir>/join_token`, relay off so every worker reads the store), restarting any
+that exits (bench/chaos_soak.py). Faults, at seeded times within `--minutes`: kill -9 of a
+worker (restarted), kill -9 of the binary twice (rerun with the same workdir: it resumes
+from its checkpoint), a graceful restart (SIGINT, rerun: the controller restarts between
+steps), a worker stopped with SIGSTOP while it holds a lease, past the lease TTL, then
+continued, flipped bytes in a chunk of `--corrupt_versions` freshly published versions
+(bench/chaos_faults.py; more than S consecutive corrupt versions leave no worker able to
+make fresh work, so keep it <= S), and a hostile client posting forged submissions.
+
+At the end the binary gets SIGINT; the audit (bench/chaos_audit.py) reads the bench's own
+observations of controller.db (dumped to `<workdir>/soak/chaos_observations.json`), the
+event log (`<workdir>/soak/chaos_events.jsonl`), the worker logs and metrics.jsonl. The
+baseline runs the same number of RL steps without faults; held-out accuracies must agree
+within 5 points. Prints the fault table and the audit; writes everything as JSON to --out.
+Exit status 1 if the audit fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import sys
+import threading
+import time
+
+from bench import arms, chaos_audit
+from bench.chaos_soak import Soak
+
+LEASE_TTL_S = 60.0  # bridge/control/controller.py ControllerConfig.lease_ttl_s
+ALL_FAULTS = ("worker_kill", "binary_kill", "binary_restart", "sigstop", "corrupt", "garbage")
+
+
+def schedule(faults: list[str], seconds: float, rng: random.Random) -> list[tuple[float, str]]:
+    """Seeded fault times: the binary faults spread out, the rest jittered between them."""
+    plan = []
+    j = lambda lo, hi: seconds * rng.uniform(lo, hi)  # noqa: E731
+    if "sigstop" in faults:
+        plan.append((j(0.02, 0.06), "sigstop"))
+    if "binary_kill" in faults:
+        plan += [(j(0.22, 0.28), "binary_kill"), (j(0.72, 0.78), "binary_kill")]
+    if "corrupt" in faults:
+        plan.append((j(0.32, 0.38), "corrupt"))
+    if "binary_restart" in faults:
+        plan.append((j(0.47, 0.53), "binary_restart"))
+    if "garbage" in faults:
+        plan.append((j(0.58, 0.66), "garbage"))
+    if "worker_kill" in faults:
+        plan += [(j(lo, lo + 0.08), "worker_kill") for lo in (0.12, 0.40, 0.82)]
+    return sorted(plan)
+
+
+def vocab_size(workdir: str) -> int:
+    with open(os.path.join(workdir, "model", "config.json")) as f:
+        return json.load(f)["vocab_size"]
+
+
+def soak(config, base, workdir, overrides, n_workers, seconds, faults, seed, corrupt_count) -> dict:
+    wd = os.path.join(workdir, "soak")
+    shutil.copytree(base, wd)
+    s = Soak(config, wd, overrides, n_workers)
+    try:
+        return _soak(s, wd, n_workers, seconds, faults, seed, corrupt_count)
+    finally:
+        s.kill_everything()
+
+
+def _soak(s: Soak, wd: str, n_workers, seconds, faults, seed, corrupt_count) -> dict:
+    rng = random.Random(seed)
+    plan = schedule(faults, seconds, rng)
+    print("fault schedule: " + ", ".join(f"{t:.0f}s {f}" for t, f in plan), flush=True)
+    s.start_binary()
+    threading.Thread(target=s.supervisor, daemon=True).start()
+    s.obs.start()
+    if not s.wait_serving(900):
+        s.stop_all()
+        raise RuntimeError(f"the soak never trained; see {wd}/binary-0.log")
+    s.t0 = time.time()
+    s.event("start", "learner", f"training; {n_workers} workers")
+    corrupt, hostile = [], []
+    for at, fault in plan:
+        time.sleep(max(0.0, at - (time.time() - s.t0)))
+        if s.binary.poll() is not None:
+            s.event(fault, "learner", f"binary exited {s.binary.returncode}: stop")
+            break
+        if fault == "worker_kill":
+            s.kill_worker(rng)
+        elif fault == "binary_kill":
+            s.kill_binary()
+        elif fault == "binary_restart":
+            s.restart_binary()
+        elif fault == "sigstop":
+            threading.Thread(target=s.sigstop, args=(rng, LEASE_TTL_S + 15), daemon=True).start()
+        elif fault == "corrupt":
+            corrupt += s.corrupt(corrupt_count)
+        elif fault == "garbage":
+            hostile.append(s.garbage(vocab_size(wd)))
+    time.sleep(max(0.0, seconds - (time.time() - s.t0)))
+    s.supervise = False
+    s.binary.send_signal(signal.SIGINT)
+    rc = s.binary.wait(timeout=600)
+    s.event("end", "learner", f"SIGINT -> exit {rc}")
+    s.stop_all()
+    s.obs.stop()
+    cfg = json.load(open(os.path.join(wd, "config.json")))
+    resumes = {r: s.resumed_from(r) for r in range(1, s.runs)}
+    result = chaos_audit.audit(
+        s.obs,
+        wd,
+        s.wlogs,
+        cfg["staleness"],
+        cfg["batch"]["groups_per_step"],
+        {r: v for r, v in resumes.items() if v is not None},
+        corrupt,
+        {h["worker_id"] for h in hostile if h.get("worker_id")},
+        s.run_starts,
+    )
+    for rec in corrupt:
+        rec.pop("manifest", None)
+    s.obs.dump(os.path.join(wd, "chaos_observations.json"))
+    return {
+        "workdir": wd,
+        "events": s.events,
+        "audit": result,
+        "corrupt": corrupt,
+        "hostile": hostile,
+        "binary_runs": s.runs,
+        "final_exit": rc,
+        "rl_steps": s.rl_rows(),
+        "accuracy": final_accuracy(wd),
+    }
+
+
+def final_accuracy(workdir: str) -> float | None:
+    path = os.path.join(workdir, "eval.jsonl")
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        rows = [json.loads(x) for x in f]
+    rows = [r for r in rows if r.get("tag") != "before"]
+    return max(rows, key=lambda r: r["step"])["accuracy"] if rows else None
+
+
+def baseline(config, base, workdir, overrides, n_workers, rl_steps) -> dict:
+    """The same binary and workers without faults, stopped after `rl_steps` RL steps."""
+    wd = os.path.join(workdir, "baseline")
+    shutil.copytree(base, wd)
+    s = Soak(config, wd, overrides, n_workers)
+    try:
+        return _baseline(s, wd, rl_steps)
+    finally:
+        s.kill_everything()
+
+
+def _baseline(s: Soak, wd: str, rl_steps: int) -> dict:
+    s.start_binary()
+    threading.Thread(target=s.supervisor, daemon=True).start()
+    while s.binary.poll() is None and s.rl_rows() < rl_steps:
+        time.sleep(1.0)
+    s.supervise = False
+    if s.binary.poll() is None:
+        s.binary.send_signal(signal.SIGINT)
+    rc = s.binary.wait(timeout=600)
+    s.stop_all()
+    return {"workdir": wd, "exit": rc, "rl_steps": s.rl_rows(), "accuracy": final_accuracy(wd)}
+
+
+def print_report(r: dict) -> None:
+    print(f"\n{'time':>8}  {'fault':<15} {'target':<12} outcome")
+    for e in r["soak"]["events"]:
+        print(f"{e['t']:>7.1f}s  {e['fault']:<15} {e['target']:<12} {e['outcome']}")
+    print("\naudit:")
+    for name, c in r["soak"]["audit"]["checks"].items():
+        detail = {k: v for k, v in c.items() if k != "ok" and v not in ([], {}, None)}
+        print(f"  {'PASS' if c['ok'] else 'FAIL'} {name}: {json.dumps(detail)[:600]}")
+    print(f"  {'PASS' if r['accuracy_ok'] else 'FAIL'} accuracy: {json.dumps(r['accuracy'])}")
+    print(f"overall: {'PASS' if r['ok'] else 'FAIL'}")
+
+
+def run(
+    out,
+    minutes=10.0,
+    seed=0,
+    workers=3,
+    config="configs/tiny_arith.py",
+    workdir="/tmp/echo2_chaos",
+    overrides=(),
+    faults=ALL_FAULTS,
+    with_baseline=True,
+    corrupt_count=2,
+) -> dict:
+    overrides = ["total_steps=100000", "checkpoint.interval=5", *overrides]
+    sft = [o for o in overrides if not o.startswith("total_steps=")]
+    base = arms.warm_start(config, workdir, sft)
+    soaked = soak(
+        config, base, workdir, overrides, workers, minutes * 60, list(faults), seed, corrupt_count
+    )
+    acc = {"soak": soaked["accuracy"], "reference": "none"}
+    ok_acc = True
+    if with_baseline:
+        b = baseline(config, base, workdir, overrides, workers, soaked["rl_steps"])
+        acc.update(baseline=b["accuracy"], baseline_rl_steps=b["rl_steps"], reference="baseline")
+        ok_acc = (
+            soaked["accuracy"] is not None
+            and b["accuracy"] is not None
+            and abs(soaked["accuracy"] - b["accuracy"]) <= 0.05
+        )
+    acc["soak_rl_steps"] = soaked["rl_steps"]
+    r = {
+        "soak": soaked,
+        "accuracy": acc,
+        "accuracy_ok": ok_acc,
+        "ok": soaked["audit"]["ok"] and ok_acc,
+        "config": {
+            "config": config,
+            "overrides": list(overrides),
+            "minutes": minutes,
+            "seed": seed,
+            "workers": workers,
+            "faults": list(faults),
+        },
+    }
+    print_report(r)
+    with open(out, "w") as f:
+        json.dump(r, f, indent=2, default=str)
+    print(f"wrote {out}")
+    return r
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--minutes", type=float, default=10.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--config", default="configs/tiny_arith.py")
+    p.add_argument("--workdir", default="/tmp/echo2_chaos")
+    p.add_argument("--set", nargs="*", default=[], help="extra KEY=VALUE config overrides")
+    p.add_argument("--faults", default=",".join(ALL_FAULTS))
+    p.add_argument("--corrupt_versions", type=int, default=2, help="consecutive versions")
+    p.add_argument("--no-baseline", dest="baseline", action="store_false")
+    a = p.parse_args()
+    r = run(
+        a.out,
+        a.minutes,
+        a.seed,
+        a.workers,
+        a.config,
+        a.workdir,
+        a.set,
+        a.faults.split(","),
+        a.baseline,
+        a.corrupt_versions,
+    )
+    sys.exit(0 if r["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()

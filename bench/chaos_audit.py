@@ -1,0 +1,250 @@
+"""Independent audit of a chaos soak (bench/chaos.py), from the bench's own observations of
+`controller.db`, its event log, the workers' logs and metrics.jsonl; never from the
+controller's counters.
+
+Definitions:
+- Final lineage: for each learner step, the batch consumed by the last binary run that
+  consumed that step (a rerun after kill -9 resumes from its checkpoint and consumes the
+  steps after it again; those earlier consumptions are not in the lineage).
+- Exactly once: every lineage step holds `groups_per_step` distinct groups, no group is in
+  two lineage steps, and a group consumed by an earlier run and again by a later one was
+  consumed, the first time, after the checkpoint the later run resumed from.
+- No loss: every group observed accepted (buffered) is, at the end, in the lineage, still
+  buffered, or went back to the queue when the learner's next step was more than S past its
+  version (dropped as stale) or its worker was quarantined; a group observed consumed that
+  vanished from the database must be in the lineage.
+- No corrupt version served: no worker's log says "now serving version V" for the
+  corrupted V after the corruption, the controller never recorded a worker at V, and a
+  worker log shows the refusal ("could not load version V").
+- Staleness: metrics `staleness/max` <= S on every line, and step - version <= S for every
+  observed consumption.
+"""
+
+from __future__ import annotations
+
+import datetime
+import glob
+import json
+import os
+import re
+
+
+def batches(obs, run_starts: list[float]) -> list[dict]:
+    """Every observed consumption, from the groups' histories: the controller marks a
+    batch's groups consumed in one transaction, so one batch = the groups first seen
+    consumed at `step` in the same poll. `run` = the binary run live at that poll."""
+    out: dict[tuple, dict] = {}
+    for gid, h in obs.history.items():
+        prev = None
+        for t, state, mv, step, _ in h:
+            if state == "consumed" and (prev is None or prev[:2] != (state, step)):
+                run = max((i for i, t0 in enumerate(run_starts) if t0 <= t), default=0)
+                b = out.setdefault((gid[0], step, t), {"t": t, "step": step, "run": run})
+                b.setdefault("groups", set()).add(gid)
+                b.setdefault("versions", []).append(mv)
+            prev = (state, step)
+    return sorted(out.values(), key=lambda b: b["t"])
+
+
+def lineage(bs: list[dict]) -> dict[int, set]:
+    """Step -> the groups of the last batch consumed for that step."""
+    final = {}
+    for b in bs:  # in time order: a later consumption of a step replaces an earlier one
+        final[b["step"]] = b["groups"]
+    return dict(sorted(final.items()))
+
+
+def _absl_time(line: str, day: datetime.date) -> float | None:
+    m = re.match(r"[IWEF](\d\d)(\d\d) (\d\d):(\d\d):(\d\d\.\d+)", line)
+    if not m:
+        return None
+    mo, d, hh, mi, ss = m.groups()
+    dt = datetime.datetime(day.year, int(mo), int(d), int(hh), int(mi), tzinfo=datetime.UTC)
+    return dt.timestamp() + float(ss)
+
+
+def audit(
+    obs,
+    workdir: str,
+    worker_logs: str,
+    staleness: int,
+    groups_per_step: int,
+    resumes: dict[int, int],
+    corrupt: list[dict] | None,
+    hostile_workers: set[str],
+    run_starts: list[float],
+) -> dict:
+    """`resumes`: run index -> the step its checkpoint resumed from (runs after the first)."""
+    checks: dict[str, dict] = {}
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
+    # A metrics line's step counts the update it logs: it consumed the batch of step - 1.
+    # Steps an earlier run consumed beyond where the final run stopped are not in the lineage.
+    end = rows[-1]["step"] if rows else 0
+    bs = batches(obs, run_starts)
+    lin = {s: g for s, g in lineage(bs).items() if s < end}
+
+    # 1. Exactly once.
+    bad_size = {s: len(g) for s, g in lin.items() if len(g) != groups_per_step}
+    where: dict[int, int] = {}
+    dupes = []
+    for s, gids in lin.items():
+        for g in gids:
+            if g in where:
+                dupes.append((g, where[g], s))
+            where[g] = s
+    early = []  # re-consumed although the first consumption was checkpointed
+    first: dict = {}
+    for b in bs:
+        for g in b["groups"]:
+            if g in first and first[g][0] < b["run"]:
+                r0, s0 = first[g]
+                back = min((resumes[r] for r in resumes if r0 < r <= b["run"]), default=None)
+                if back is None or s0 < back:
+                    early.append({"group": g, "first": [r0, s0], "again": [b["run"], b["step"]]})
+            first.setdefault(g, (b["run"], b["step"]))
+    steps = sorted(lin)
+    gaps = [s for s in range(steps[0], steps[-1] + 1) if s not in lin] if steps else []
+    checks["exactly_once"] = {
+        "ok": not (bad_size or dupes or early or gaps),
+        "lineage_steps": len(lin),
+        "first_step": steps[0] if steps else None,
+        "last_step": steps[-1] if steps else None,
+        "unobserved_steps": gaps,
+        "wrong_batch_size": bad_size,
+        "in_two_steps": dupes[:10],
+        "reconsumed_before_checkpoint": early[:10],
+        "reconsumptions_after_restarts": sum(len(b["groups"]) for b in bs)
+        - sum(len(g) for g in lin.values()),
+    }
+
+    # 2. No accepted trajectory lost.
+    in_lineage = set(where)
+    lost, dropped_stale, requeued_other = [], 0, []
+    crash_dead_lineage = 0  # discarded with a moved-aside database, versions past the resume
+    for gid, h in obs.history.items():
+        ever_buffered = [e for e in h if e[1] == "buffered"]
+        ever_consumed = any(e[1] == "consumed" for e in h)
+        if not ever_buffered and not ever_consumed:
+            continue
+        epoch = gid[0]
+        if epoch != obs.epoch:  # its database was moved aside by a rerun
+            final_state = "discarded"
+        else:
+            final_state = h[-1][1] if gid in obs.present else "deleted"
+        if gid in in_lineage or final_state in ("buffered", "consumed"):
+            continue
+        mv = h[-1][2]
+        if final_state == "discarded" and h[-1][1] in ("buffered", "consumed"):
+            back = resumes.get(obs.epoch_run.get(epoch + 1, -1))
+            if back is not None and mv is not None and mv > back:
+                crash_dead_lineage += 1  # made by a version the rerun rolled back: invalid
+            else:
+                lost.append(
+                    {
+                        "group": gid,
+                        "why": f"discarded on rerun (resumed {back})",
+                        "history": [e[1:4] for e in h],
+                    }
+                )
+            continue
+        if final_state in ("deleted", "discarded"):
+            lost.append({"group": gid, "why": final_state, "history": [e[1:4] for e in h]})
+            continue
+        # Back in the queue (or leased again): legitimate only as a stale drop.
+        mv = ever_buffered[-1][2] if ever_buffered else None
+        if mv is not None and obs.next_step_max - mv > staleness:
+            dropped_stale += 1
+        else:
+            requeued_other.append({"group": gid, "history": [e[1:4] for e in h]})
+    checks["no_loss"] = {
+        "ok": not lost,
+        "groups_accepted_observed": sum(
+            1 for h in obs.history.values() if any(e[1] in ("buffered", "consumed") for e in h)
+        ),
+        "in_lineage": len(in_lineage),
+        "still_buffered": sum(1 for g in obs.present if obs.history[g][-1][1] == "buffered"),
+        "dropped_stale": dropped_stale,
+        "discarded_from_rolled_back_versions": crash_dead_lineage,
+        "lost_count": len(lost),
+        "requeued_not_stale": requeued_other[:10],
+        "lost": lost[:5],
+    }
+
+    # 3. No corrupt version served.
+    c = {"ok": True, "corrupted_versions": []}
+    corrupt = [r for r in corrupt or [] if r.get("version") is not None]
+    if corrupt:
+        served, refused, recorded, rewritten = [], [], [], []
+        for rec in corrupt:
+            v, at = rec["version"], rec["at"]
+            day = datetime.datetime.fromtimestamp(at, datetime.UTC).date()
+            manifest = os.path.join(workdir, "weights", "manifests", f"{v:012d}.json")
+            original = rec.get("manifest")
+            if original and os.path.exists(manifest) and open(manifest, "rb").read() != original:
+                rewritten.append(v)
+            # A rerun that found the store newer than its checkpoint moved it aside
+            # (weights.stale-TAG) and may publish a clean version with the same number.
+            moved = [
+                datetime.datetime.strptime(p.rsplit("stale-", 1)[1], "%Y%m%d-%H%M%S")
+                .replace(tzinfo=datetime.UTC)
+                .timestamp()
+                for p in glob.glob(os.path.join(workdir, "weights.stale-*"))
+            ]
+            until = min((m for m in moved if m >= at - 1), default=float("inf"))
+            for path in sorted(glob.glob(os.path.join(worker_logs, "*.log"))):
+                with open(path, errors="replace") as f:
+                    for line in f:
+                        t = _absl_time(line, day)
+                        if f"now serving version {v} " in line and t and at <= t < until:
+                            served.append(f"{os.path.basename(path)}: {line.strip()[:200]}")
+                        if f"could not load version {v}:" in line:
+                            refused.append(f"{os.path.basename(path)}: {line.strip()[:300]}")
+            recorded += [
+                w
+                for (e, w), vs in obs.worker_versions.items()
+                if v in vs and e == rec.get("epoch", 0)
+            ]
+        c = {
+            # A refusal must show, unless no worker ever tried (the next version came first).
+            "ok": not served and not recorded and not rewritten,
+            "corrupted_versions": [r["version"] for r in corrupt],
+            "chunks": [r["chunk"] for r in corrupt],
+            "served_after_corruption": served[:5],
+            "workers_recorded_at_version": sorted(set(recorded)),
+            "refusals": len(refused),
+            "refusal_example": refused[0] if refused else None,
+            "manifest_rewritten_by_rerun": rewritten,
+        }
+    checks["no_corrupt_version_served"] = c
+
+    # 4. Staleness <= S.
+    rows = [r for r in rows if "staleness/max" in r]
+    metric_max = max((r["staleness/max"] for r in rows), default=None)
+    db_max = max((b["step"] - v for b in bs for v in b["versions"] if v is not None), default=None)
+    checks["staleness"] = {
+        "ok": (metric_max is None or metric_max <= staleness)
+        and (db_max is None or db_max <= staleness),
+        "S": staleness,
+        "metrics_max": metric_max,
+        "db_max_step_minus_version": db_max,
+    }
+
+    # 5. Garbage never accepted.
+    hostile = {lid for lid, w in obs.lease_worker.items() if w in hostile_workers}
+    accepted_hostile = [
+        gid
+        for gid, h in obs.history.items()
+        if any(e[1] in ("buffered", "consumed") and e[4] in hostile for e in h)
+    ]
+    checks["garbage_rejected"] = {
+        "ok": not accepted_hostile,
+        "hostile_leases": len(hostile),
+        "groups_accepted_from_hostile": accepted_hostile,
+    }
+    return {
+        "ok": all(v["ok"] for v in checks.values()),
+        "checks": checks,
+        "observer_polls": obs.polls,
+        "observer_errors": obs.errors,
+    }

@@ -1,0 +1,63 @@
+"""The chaos soak (bench/chaos.py), shortened for CI: a tiny model, 3 real vLLM workers run
+by the bench and the real training binary for ~1.5 minutes of RL under kill -9 of workers
+(restarted), kill -9 of the binary (rerun with the same workdir, resumed), corrupted chunks
+in freshly published versions and a hostile client posting forged submissions; then the
+bench's independent audit (bench/chaos_audit.py) must pass.
+
+    pytest -m slow tests/chaos_test.py
+"""
+
+import pytest
+
+from bench import chaos
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.vllm,
+    # Fails today, on a real bug the soak found: after a kill -9 the rerun moves the whole
+    # controller database aside (learner_jax/rl/weights.py open_store), losing accepted
+    # groups made at versions <= the checkpoint ("no loss" audit; BUILD_NOTES "Known bugs").
+    # Remove this mark with the fix.
+    pytest.mark.skip(reason="known bug: a crash rerun discards accepted groups (BUILD_NOTES)"),
+]
+
+TINY = [
+    "model.tiny_num_layers=2",
+    "model.tiny_hidden_size=64",
+    "model.tiny_intermediate_size=128",
+    "batch.groups_per_step=4",
+    "batch.samples_per_group=4",
+    "batch.micro_batch_size=16",
+    "task.eval_size=20",
+    "rollout.eval_period=0",
+    "fleet.max_num_seqs=16",
+    "sft.steps=10",
+]
+
+
+def test_chaos_soak_audit(tmp_path):
+    r = chaos.run(
+        str(tmp_path / "chaos.json"),
+        minutes=1.5,
+        seed=1,
+        workers=3,
+        workdir=str(tmp_path / "chaos"),
+        overrides=TINY,
+        faults=("worker_kill", "binary_kill", "corrupt", "garbage"),
+        with_baseline=False,
+        corrupt_count=2,  # steps take ~1 s: workers may skip a version; S=2 bounds the count
+    )
+    soak = r["soak"]
+    events = {e["fault"] for e in soak["events"]}
+    assert {"worker_kill", "binary_kill", "corrupt_chunk", "garbage_client"} <= events, events
+    assert soak["binary_runs"] >= 2
+    assert all(
+        "training again" in e["outcome"] for e in soak["events"] if e["fault"] == "binary_kill"
+    )
+    for a in soak["hostile"][0]["attempts"]:
+        assert 400 <= a["status"] < 500, a
+    checks = soak["audit"]["checks"]
+    assert checks["exactly_once"]["lineage_steps"] >= 5
+    assert checks["no_corrupt_version_served"]["refusals"] >= 1, checks["no_corrupt_version_served"]
+    failed = {k: v for k, v in checks.items() if not v["ok"]}
+    assert not failed, failed
