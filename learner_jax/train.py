@@ -9,7 +9,8 @@
   2. build the learner (`learner.py`); it resumes from the newest checkpoint in the workdir
   3. SFT: `config.sft.steps` updates on the task's (prompt, answer) pairs
   4. wire the RL parts (`learner_jax/rl/`): controller + HTTP service, swap watcher,
-     weight store + publisher, held-out evaluation, local fleet, batch source, Ctrl-C
+     weight store + publisher, held-out evaluation, fleet (provisioners + follower), batch
+     source, Ctrl-C
   5. the RL loop: one update per batch until `config.total_steps` RL updates are done
   6. shut the parts down in reverse order, evaluate once more, write the report
 
@@ -150,7 +151,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
     from bridge.control import audit
     from bridge.control.service import ServerOptions, serve_controller
     from learner_jax import advantages, evaluate, local_fleet
-    from learner_jax.rl import batches, evals, interrupt, serve, swaps, weights
+    from learner_jax.rl import batches, evals, fleet, interrupt, serve, swaps, weights
 
     # 1. Config: every check that needs no workdir first, then the files.
     validate(config)
@@ -224,26 +225,41 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             before["step"],
             extra=console.SHOW,
         )
-        f = config.fleet
-        fleet_cfg = local_fleet.FleetConfig(
-            prices=tuple(f.prices),
-            throttle_s=tuple(f.throttle_s),
-            max_num_seqs=f.max_num_seqs,
-            threads=f.threads,
-            kvcache_gib=f.kvcache_gib,
-        )
-        fleet = local_fleet.LocalFleet(
-            local_fleet.worker_specs(config.local_workers, fleet_cfg, config.seed),
+        # The fleet: provisioners start `local_workers` workers (local processes or the
+        # fleet's command templates); the follower replaces dead ones and, with activation
+        # on, releases standby workers and adds one when the active fleet is short.
+        fleet_cfg = local_fleet.FleetConfig.from_config(config.fleet)
+        provs = local_fleet.make_provisioners(
+            fleet_cfg,
+            workdir,
             server.url,
             c.token_file or os.path.join(workdir, "join_token"),
-            os.path.join(workdir, "workers"),
-            fleet_cfg,
+            config.seed,
+            config.local_workers,
         )
-        parts.callback(fleet.stop)
+        lim = local_fleet.limits(fleet_cfg, config.local_workers)
+        follower = fleet.FleetFollower(
+            ctl.status,
+            provs,
+            fleet.FollowConfig(
+                activation=c.activation,
+                period_s=fleet_cfg.follow_period_s,
+                max_deaths=fleet_cfg.max_deaths,
+                death_window_s=fleet_cfg.death_window_s,
+                max_workers=lim.max_workers,
+                max_usd_per_hour=lim.max_usd_per_hour,
+                wait_s=fleet_cfg.grace_s + 5.0,
+            ),
+            os.path.join(workdir, "workers"),
+        )
+        # Closed after the run-over drain below (parts close in reverse): stop and wait.
+        parts.callback(follower.close)
+        local_fleet.start_initial(provs, fleet_cfg, config.local_workers)
         logging.info(
-            "controller at %s; %d local workers starting (logs in %s)",
+            "controller at %s; %d %s workers starting (logs in %s)",
             server.url,
             config.local_workers,
+            fleet_cfg.provisioner,
             os.path.join(workdir, "workers"),
             extra=console.SHOW,
         )
@@ -263,7 +279,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             lambda: learner.step,
             timeout_s=config.rollout.wait_timeout_s,
             should_stop=ctrl_c.requested,
-            check_fleet=fleet.check,
+            check_fleet=follower.check,
             where=os.path.join(workdir, "workers"),
         )
 
@@ -288,6 +304,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             )
             if (acc := eval_log.maybe()) is not None:
                 out["eval/accuracy"] = acc
+            follower.check()  # replace dead workers, follow activation (every period_s)
             source.checkpointed(learner.ckpt.latest_step())
             return out
 

@@ -1,0 +1,148 @@
+"""Keep the provisioned fleet alive and following the controller's activation decision.
+
+    follower = FleetFollower(ctl.status, provs, FollowConfig(activation=True), log_dir)
+    follower.check()        # while waiting for a batch and after each step (cheap)
+    follower.close()        # after the run is over: stop every worker and wait
+
+Every `period_s` one pass over the controller's status table (bridge/fleet/reconcile.py),
+per provisioner:
+- dead workers (exited, or reported gone/quarantined) are replaced ("...: replace dead");
+- with activation on, workers the controller put on standby are released
+  ("activation: standby": nobody pays for a machine that gets no leases), and when the
+  capacity model says the active fleet is short (required > active rollouts/s; not on a
+  freshness-only `capacity/warning`, which more workers do not fix) one worker is started
+  ("activation: short") if the limits allow, the cheapest kind first, never in a pass that
+  released standby workers, then no other until every started worker has joined and
+  `short_cooldown_s` passed (the new worker must be measured before judging again).
+Every start and stop goes through a provisioner, so `<workdir>/provisioner.jsonl` has it
+with its reason and cost.
+
+A kind of worker that keeps dying (`max_deaths` within `death_window_s`, e.g. a broken
+install crashing at import) fails the run with its log's path instead of being restarted
+forever; one death is only replaced.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+
+from bridge.fleet.provisioner import Provisioner
+from bridge.fleet.reconcile import reconcile
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass(frozen=True)
+class FollowConfig:
+    activation: bool = False  # follow the controller's activation decision
+    period_s: float = 5.0
+    max_deaths: int = 3
+    death_window_s: float = 120.0
+    short_cooldown_s: float = 60.0
+    max_workers: int = 8  # over all provisioners
+    max_usd_per_hour: float = math.inf  # over all provisioners
+    wait_s: float = 20.0  # close(): how long to wait for local processes to exit
+
+
+class FleetFollower:
+    def __init__(
+        self,
+        status: Callable[[], dict],
+        provs: list[Provisioner],
+        cfg: FollowConfig,
+        log_dir: str,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.status, self.provs, self.cfg, self.log_dir = status, provs, cfg, log_dir
+        self.clock = clock
+        self._last = -math.inf
+        self._last_short = -math.inf
+        self._deaths = [collections.deque() for _ in provs]
+        self.replaced = self.released = self.added = 0
+
+    def _log_path(self, name: str) -> str:
+        return os.path.join(self.log_dir, f"{name}.log")
+
+    def check(self, force: bool = False) -> None:
+        """One reconciliation pass, at most every `period_s` unless `force`."""
+        now = self.clock()
+        if not force and now - self._last < self.cfg.period_s:
+            return
+        self._last = now
+        if not any(p.handles for p in self.provs):
+            return  # nothing provisioned here (remote-only run)
+        status = self.status()
+        rows = status["workers"]
+        state = {w["name"]: w["state"] for w in sorted(rows, key=lambda w: -w["last_contact_s"])}
+        released = 0
+        for k, prov in enumerate(self.provs):
+            if self.cfg.activation:
+                keep = {h.name for h in prov.alive() if state.get(h.name) != "standby"}
+                r = reconcile(prov, keep, rows, reason="activation")
+                released += len(r.stopped)
+                self.released += len(r.stopped)
+            else:
+                r = reconcile(prov, len(prov.alive()), rows, reason="fleet")
+            for h in r.dead:
+                log.warning(
+                    "worker %s died (exit code %s); %s (log %s)",
+                    h.name,
+                    h.exit_code,
+                    "replaced" if r.started else "not replaced",
+                    self._log_path(h.name),
+                )
+            self.replaced += len(r.started)
+            self._crash_loop(k, r.dead, now)
+        # Not in a pass that released standby workers: the decision just found a surplus.
+        if self.cfg.activation and not released:
+            self._follow_short(status, state, now)
+
+    def _crash_loop(self, k: int, dead, now: float) -> None:
+        deaths = self._deaths[k]
+        deaths.extend((now, h) for h in dead if h.exit_code is not None)
+        while deaths and now - deaths[0][0] > self.cfg.death_window_s:
+            deaths.popleft()
+        if len(deaths) >= self.cfg.max_deaths:
+            h = deaths[-1][1]
+            raise RuntimeError(
+                f"rollout workers keep dying ({len(deaths)} within "
+                f"{self.cfg.death_window_s:.0f}s, last {h.name} with exit code {h.exit_code}): "
+                f"see {self._log_path(h.name)}"
+            )
+
+    def _follow_short(self, status: dict, state: dict, now: float) -> None:
+        # The rate only: `capacity/warning` also fires on freshness (latency vs staleness),
+        # which more workers do not fix; starting on it undid standby releases in the demo.
+        required = status.get("capacity/required_rollouts_per_s")
+        active = status.get("capacity/active_rollouts_per_s")
+        short = required is not None and active is not None and required > active
+        if not short or now - self._last_short < self.cfg.short_cooldown_s:
+            return
+        alive = [h for p in self.provs for h in p.alive()]
+        if any(state.get(h.name) is None for h in alive):
+            return  # a started worker has not joined yet: it may be what is missing
+        spend = sum(h.price_per_hour for h in alive)
+        for prov in sorted(self.provs, key=lambda p: p.price_per_hour):
+            fits = spend + prov.price_per_hour <= self.cfg.max_usd_per_hour + 1e-9
+            if len(alive) < self.cfg.max_workers and fits and prov.room() > 0:
+                why = (
+                    f"activation: short (required {required or 0:.2f} rollouts/s, "
+                    f"active {active or 0:.2f})"
+                )
+                self.added += len(prov.start(1, why))
+                self._last_short = now
+                return
+
+    def close(self, reason: str = "learner shutting down") -> None:
+        """Stop every provisioned worker and wait for local processes to exit."""
+        for prov in self.provs:
+            prov.stop_all(reason)
+        for prov in self.provs:
+            if hasattr(prov, "wait"):
+                prov.wait(self.cfg.wait_s)
