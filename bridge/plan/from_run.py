@@ -21,6 +21,11 @@ Everything comes from the run's own files (no jax: bridge imports neither framew
   simulation runs as many groups at once as the worker did;
 - swaps.jsonl: per worker the median publish -> first seen serving it, turned into a
   bandwidth (model bytes / delay), so the store broadcast reproduces the measured swap delay;
+  planned with `admission="held"`: that delay is mostly the worker finishing the leases it
+  holds on the old version (and its next poll), time in which it is busy, not idle. The
+  "controller" admission would idle the worker for the whole delay, which is right for a
+  download it waits on (a large model over a WAN) but here underpredicted utilization by
+  17-30% on a quiet box (held: +1%; BUILD_NOTES "Planner vs a real run");
 - the newest weight manifest: model bytes.
 
 The learner is priced 0 here: `cost/usd` bills the fleet only, and it is the fleet's bill we
@@ -185,7 +190,7 @@ def fleet_from_run(workdir: str) -> dict:
         "broadcast": "store",
         "group_size": batch["samples_per_group"],
         "standby_price_fraction": ctl.get("standby_price_fraction", 0.0),
-        "admission": "controller",
+        "admission": "held",  # see the module docstring
         "workers": workers,
     }
 

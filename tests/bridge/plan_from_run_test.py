@@ -8,7 +8,9 @@ run's learner utilization and fleet cost per step. The target is 10%; the assert
 else is running (the measured step time already carries the workers' share of the cores,
 but that share changes while the run goes on); bench/activation.py reports the errors.
 One run (load average ~15): utilization 0.471 predicted vs 0.456 measured (+3%), cost per
-step -8%; the whole test 108-144 s, most of it the workers' start-up.
+step -8%. On a quiet box the old "controller" admission underpredicted by 21-30% (it idles a
+worker for its whole publish -> serving delay); planned "held" (from_run.py): 0.626 vs
+0.645 (-3%), cost +0.3%. The whole test 80-144 s, most of it the workers' start-up.
 """
 
 import json
