@@ -180,7 +180,8 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         codec, vocab = TextCodec(learner.hf_dir), learner.model_cfg.vocab_size
         end = learner.cursor["rl_start_step"] + config.total_steps
         store = weights.open_store(config.bridge.store, workdir, learner.step)
-        ctl = serve.open_controller(config, workdir, task, codec, vocab, learner.cursor.get("rl"))
+        rl_cursor = learner.cursor.get("rl")
+        ctl = serve.open_controller(config, workdir, task, codec, vocab, rl_cursor, learner.step)
         parts.callback(ctl.close)
         c = config.controller
         server = serve_controller(

@@ -70,7 +70,7 @@ from collections.abc import Callable, Sequence
 
 from bridge.broadcast.state import BroadcastState
 from bridge.control import audit as audit_lib
-from bridge.control import fleet_status, intake, limits
+from bridge.control import fleet_status, intake, limits, rollback
 from bridge.control.db import ControllerDB
 from bridge.control.fleet_plan import FleetPlan
 from bridge.control.learner_api import LearnerSide
@@ -497,8 +497,14 @@ class Controller:
     def export_cursor(self) -> dict:
         return self.learner.export_cursor()
 
-    def restore_cursor(self, cursor: dict) -> int:
-        return self.learner.restore_cursor(cursor)
+    def restore_cursor(self, cursor: dict, version: int | None = None) -> int:
+        """Put the groups consumed after a checkpoint back in the buffer; with `version`
+        (the checkpoint's), also undo what a crashed run did past it (control/rollback.py)."""
+        back = self.learner.restore_cursor(cursor)
+        if version is not None:
+            with self._op():
+                rollback.roll_back(self.store, version)
+        return back
 
     def forget_consumed(self, up_to_step: int) -> int:
         return self.learner.forget_consumed(up_to_step)

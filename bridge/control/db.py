@@ -164,6 +164,15 @@ class ControllerDB:
         )
         return [r["group_id"] for r in rows]
 
+    def buffered_newer_than(self, version: int) -> list[int]:
+        """Buffered groups with a trajectory token sampled by a version newer than `version`."""
+        rows = self.q("SELECT group_id, payload FROM groups WHERE state='buffered'")
+        return [
+            r["group_id"]
+            for r in rows
+            if any(max(t["versions"]) > version for t in json.loads(r["payload"]))
+        ]
+
     def requeue(self, group_ids: list[int]) -> None:
         """Back to the queue (the same row, so it goes out before newer prompts)."""
         self.conn.executemany(

@@ -52,6 +52,7 @@ DRIVERS = ("file", "memory", "s3", "gcs")
 _CONTEXT = ts.Context()
 _FLOAT_DTYPES = [np.dtype(t) for t in (*dtypes.WEIGHT_DTYPES.values(), np.float64)]
 _ABSENT = b"\x02"  # tensorstore's "no value" generation: makes a write create-if-absent
+_MAX_VERSION = 10**12 - 1  # the largest version _key writes in 12 digits
 
 
 class CorruptVersionError(ValueError):
@@ -376,6 +377,16 @@ class WeightStore:
         if doomed:
             # Also removes debris of crashed publishes older than the oldest kept version.
             self._delete_data(0, existing[-keep])
+        return doomed
+
+    def drop_newer(self, version: int) -> list[int]:
+        """Delete every version newer than `version` (a crashed run's versions past its last
+        checkpoint, which the rerun republishes with other weights); returns them."""
+        doomed = [v for v in self.versions() if v > version]
+        for v in doomed:  # manifest first: a half-deleted version is never visible
+            self.kv.write(f"manifests/{_key(v)}.json", None).result()
+        if doomed:
+            self._delete_data(version + 1, _MAX_VERSION)
         return doomed
 
     def _delete_data(self, lo: int, hi: int) -> None:

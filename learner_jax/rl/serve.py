@@ -1,6 +1,6 @@
 """The controller the training binary hosts: trajectories, staleness, leases, the fleet.
 
-    ctl = serve.open_controller(config, workdir, task, codec, vocab_size, cursor)
+    ctl = serve.open_controller(config, workdir, task, codec, vocab_size, cursor, step)
 
 Its state lives in `<workdir>/controller.db` (SQLite). A resumed run hands in the
 checkpoint's cursor, which puts the groups consumed after that checkpoint back in the
@@ -52,9 +52,14 @@ def controller_config(config, vocab_size: int, eos_id: int) -> ControllerConfig:
     )
 
 
-def open_controller(config, workdir: str, task, codec, vocab_size: int, cursor: dict):
-    """The run's controller, with a checkpoint's RL cursor (if any) restored.
+def open_controller(
+    config, workdir: str, task, codec, vocab_size: int, cursor: dict | None, version: int
+):
+    """The run's controller, with a checkpoint's RL cursor restored and what a crashed run
+    did past that checkpoint (`version`, the learner's step) rolled back.
 
+    Without a cursor (no RL checkpoint yet) every consumption in an existing database is
+    undone: a run that died before its first RL checkpoint trains on those groups again.
     `codec` (the run's tokenizer) lets the controller build every prompt's token ids and
     decode completions to score them itself: the trusted side never takes either from a
     worker."""
@@ -64,7 +69,9 @@ def open_controller(config, workdir: str, task, codec, vocab_size: int, cursor: 
         task,
         codec=codec,
     )
-    if cursor:
-        back = ctl.restore_cursor(cursor)
+    if not cursor:
+        cursor = {"next_step": version, "consumed_through_step": version - 1, "prompts_drawn": 0}
+    back = ctl.restore_cursor(cursor, version)
+    if back:
         logging.info("resumed the controller cursor (%d groups back in the buffer)", back)
     return ctl

@@ -34,20 +34,19 @@ from learner_jax import model, publish
 from learner_jax.background_publish import BackgroundPublisher, PublishError
 
 STORE_DIR = "weights"
-MOVED_ASIDE = ("weights", "controller.db")  # what a store newer than the checkpoint invalidates
 
 
 def open_store(spec: str, workdir: str, step: int) -> WeightStore:
     """The run's weight store (`spec`, '' = <workdir>/weights) for checkpoint `step`.
 
     Versions newer than the checkpoint come from a run that died after publishing past its
-    last checkpoint. In the workdir's own store they (and the controller database, whose
-    trajectories refer to them) are moved aside; in a configured store they are an error,
-    since a shared bucket path may hold someone else's run.
+    last checkpoint; the rerun republishes those numbers with other weights. In the
+    workdir's own store they are deleted (the controller rolls back what was sampled from
+    them: bridge/control/rollback.py); in a configured store they are an error, since a
+    shared bucket path may hold someone else's run.
     """
     spec = str(spec or "")
-    own = os.path.join(workdir, STORE_DIR)
-    store = WeightStore(json.loads(spec) if spec.startswith("{") else spec or own)
+    store = WeightStore(json.loads(spec) if spec.startswith("{") else spec or own_store(workdir))
     newer = [v for v in store.versions() if v > step]
     if not newer:
         return store
@@ -56,19 +55,18 @@ def open_store(spec: str, workdir: str, step: int) -> WeightStore:
             f"weight store {store.spec} has versions {newer} newer than checkpoint step "
             f"{step} (another run, or a lost checkpoint): point bridge.store at a fresh path"
         )
-    tag = time.strftime("%Y%m%d-%H%M%S")
     logging.warning(
-        "weight store has versions %s newer than checkpoint step %d: moving the store and "
-        "controller database aside (*.stale-%s)",
+        "weight store has versions %s newer than checkpoint step %d (a crashed run's): "
+        "deleting them; the rerun publishes those numbers again",
         newer,
         step,
-        tag,
     )
-    for name in MOVED_ASIDE:
-        path = os.path.join(workdir, name)
-        if os.path.exists(path):
-            os.replace(path, f"{path}.stale-{tag}")
-    return WeightStore(own)
+    store.drop_newer(step)
+    return store
+
+
+def own_store(workdir: str) -> str:
+    return os.path.join(workdir, STORE_DIR)
 
 
 class WeightPublisher:

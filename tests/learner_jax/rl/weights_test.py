@@ -1,4 +1,5 @@
-"""The run's weight store: the workdir's own, a configured one, and versions past the checkpoint."""
+"""The run's weight store: the workdir's own, a configured one, and versions past the
+checkpoint."""
 
 import json
 import os
@@ -22,16 +23,21 @@ def test_open_store_default_configured_and_stale_versions(tmp_path):
     wd = str(tmp_path / "wd")
     own = open_store(spec, wd, step=0)
     assert own.spec["path"].rstrip("/").endswith("wd/weights")
-    _publish_small(own, 5)
+    for v in (2, 3, 4, 5):
+        _publish_small(own, v)
     with open(os.path.join(wd, "controller.db"), "w") as f:
         f.write("x")
-    # The workdir's own store: versions past the checkpoint are moved aside with the db.
-    fresh = open_store(spec, wd, step=3)
-    assert fresh.versions() == []
-    assert sorted(p.split(".stale-")[0] for p in os.listdir(wd) if ".stale-" in p) == [
-        "controller.db",
-        "weights",
-    ]
+    # The workdir's own store: only the versions past the checkpoint are deleted (with
+    # their data: publishing 4 again must not meet the crashed run's chunks); the database
+    # stays (the controller rolls back what those versions sampled).
+    resumed = open_store(spec, wd, step=3)
+    assert resumed.versions() == [2, 3]
+    assert not [p for p in os.listdir(wd) if ".stale-" in p]
+    assert open(os.path.join(wd, "controller.db")).read() == "x"
+    data = os.listdir(os.path.join(wd, "weights", "data"))
+    assert sorted(data) == ["000000000002", "000000000003"], data
+    _publish_small(resumed, 4)
+    assert resumed.versions() == [2, 3, 4] and len(resumed.read_all(4)) > 0
 
     # A configured store (URL or JSON kvstore spec) is used as given, and never moved.
     spec = f"file://{tmp_path}/shared"
