@@ -37,6 +37,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPBearer
 
+from bridge.broadcast.relay_address import reachable_relay_url
 from bridge.control import limits
 from bridge.control.controller import Controller
 from bridge.control.join_secret import JoinSecret
@@ -184,6 +185,10 @@ def make_app(
 
     @app.post("/v1/heartbeat", response_model=HeartbeatResponse, dependencies=auth)
     def heartbeat(hb: Heartbeat, request: Request) -> HeartbeatResponse:
+        caller = request.client.host if request.client else None
+        url = reachable_relay_url(hb.relay_url, caller)
+        if url != hb.relay_url:
+            hb = hb.model_copy(update={"relay_url": url})
         return controller.heartbeat(request.state.worker_id, hb)
 
     @app.post("/v1/lease", response_model=LeaseResponse, dependencies=auth)
