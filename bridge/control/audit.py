@@ -6,9 +6,11 @@ learner's for the same tokens and version, and quarantine past configured thresh
                                        loss_mask, current_version)
     quarantined = ctl.audit(stats)          # Controller.audit -> WorkerAudit + quarantine
 
-Only rows sampled by the learner's current version are comparable (the learner's
-log-probs are of its current parameters); other rows are skipped. A sampled re-score of
-older versions from the weight store is not done (future work).
+The train step compares the rows sampled by the learner's current version (its log-probs
+are of its current parameters); rows tagged with an older version are re-scored, sampled,
+under that version read back from the weight store (learner_jax/rl/rescore.py, every
+`controller.audit_rescore_every` RL steps), so tagging tokens with an old version does not
+dodge the audit.
 
 Score. Per token, d = learner - behaviour log-prob; k3(d) = exp(d) - 1 - d estimates
 KL(behaviour || learner) (bridge/contracts/k3.py, the learner's `mismatch/kl`). Per worker

@@ -4,7 +4,8 @@
     weights.py    the weight store and publishing versions (canary, background thread)
     batches.py    controller groups -> learner batches, one per step
     evals.py      held-out accuracy, recorded in eval.jsonl
-    swaps.py      when each worker first serves each version (swaps.jsonl)
+    swaps.py      when each worker first serves each version (swaps.jsonl, broadcast.jsonl)
+    rescore.py    the audit's sampled re-score of rows tagged with older versions
     interrupt.py  Ctrl-C finishes the step; a second one aborts
 
 No part imports another: what one needs from another (the controller, a callback) is

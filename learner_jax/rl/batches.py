@@ -9,7 +9,8 @@ so a resumed run continues where this one stopped. The stream ends when `should_
 turns true (Ctrl-C); `check_fleet()` runs while it waits, so a dead local fleet fails
 the run instead of hanging it, and `timeout_s` without a batch is an error too.
 `checkpointed(step)` frees consumed trajectories once a checkpoint holds them;
-`last_row_workers` names the worker of each row of the newest batch (for the audit).
+`last_row_workers` names the worker of each row of the newest batch and `last_groups` holds
+its groups (for the audit).
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ class BatchSource:
         self.should_stop, self.check_fleet, self.where = should_stop, check_fleet, where
         self._last_ckpt: int | None = None
         self.last_row_workers: list[str] = []
+        self.last_groups: list = []
 
     def __iter__(self):
         s = self.shape
@@ -78,6 +80,7 @@ class BatchSource:
             )
             # Which worker made each row: the controller audits workers' log-probs with it.
             self.last_row_workers = audit.row_workers(groups, s.samples_per_group)
+            self.last_groups = groups
             # The learner reports the version it publishes; the fleet's is per sample.
             fleet = {k: v for k, v in stats.items() if not k.startswith("policy_version")}
             fleet.update(rstats)

@@ -1,0 +1,81 @@
+"""The audit's sampled re-score of older versions (learner_jax/rl/rescore.py): rows tagged
+with an older version are scored under that version read back from the weight store, and
+the numbers agree with an independent implementation (transformers on the same weights)."""
+
+import numpy as np
+import torch
+from safetensors.numpy import save_file
+from transformers import AutoModelForCausalLM
+
+from bridge.control.protocol import ConsumedGroup, Trajectory
+from bridge.model import tiny_model
+from bridge.store.weight_store import WeightStore
+from learner_jax.rl.rescore import VersionRescorer
+
+
+def _hf_dir(path, cfg, weights):
+    tiny_model.make_tiny_model(str(path), cfg)
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
+
+
+def _sample(hf, prompt, n_new, rng):
+    """Sample `n_new` tokens from `hf` at temperature 1; (completion, its log-probs)."""
+    ids, lps = list(prompt), []
+    with torch.no_grad():
+        for _ in range(n_new):
+            logits = hf(input_ids=torch.tensor([ids])).logits[0, -1].double()
+            logp = torch.log_softmax(logits, -1).numpy()
+            tok = int(rng.choice(len(logp), p=np.exp(logp) / np.exp(logp).sum()))
+            ids.append(tok)
+            lps.append(float(logp[tok]))
+    return ids[len(prompt) :], lps
+
+
+def _traj(prompt, completion, logprobs, version, i):
+    return Trajectory(prompt_id="p", sample_index=i, prompt_token_ids=prompt,
+                      completion_token_ids=completion, logprobs=logprobs,
+                      versions=[version] * len(completion), finish_reason="length",
+                      reward=0.0)  # fmt: skip
+
+
+def test_rows_of_an_older_version_are_audited_against_that_version(tmp_path):
+    cfg = tiny_model.tiny_config("qwen3", num_layers=2)
+    old = tiny_model.random_hf_weights(cfg, seed=1, std=0.2)
+    new = tiny_model.random_hf_weights(cfg, seed=2, std=0.2)
+    store = WeightStore(str(tmp_path / "store"))
+    store.publish(3, 3, old.items(), cfg.to_hf_dict(), "float32")
+    store.publish(5, 5, new.items(), cfg.to_hf_dict(), "float32")
+    hf_old = _hf_dir(tmp_path / "old", cfg, old)
+    hf_new = _hf_dir(tmp_path / "new", cfg, new)
+    rng = np.random.default_rng(0)
+    prompts = [[1, 5 + i, 9, 12 + i] for i in range(4)]
+    honest, liar = [], []
+    for i, p in enumerate(prompts):
+        c, lp = _sample(hf_old, p, 6, rng)
+        honest.append(_traj(p, c, lp, 3, i))
+        c, lp = _sample(hf_new, p, 6, rng)  # sampled by version 5, tagged as version 3
+        liar.append(_traj(p, c, lp, 3, i))
+    fresh = [_traj(prompts[0], [4, 4], [-1.0, -1.0], 5, 0)]  # the current version: skipped
+    groups = [
+        ConsumedGroup(group_id=1, prompt_id="p", prompt="", answer="", trajectories=honest,
+                      worker_id="honest"),
+        ConsumedGroup(group_id=2, prompt_id="p", prompt="", answer="", trajectories=liar,
+                      worker_id="liar"),
+        ConsumedGroup(group_id=3, prompt_id="p", prompt="", answer="", trajectories=fresh,
+                      worker_id="current"),
+    ]  # fmt: skip
+    rescorer = VersionRescorer(store, cfg, every=2, max_rows=16)
+    assert rescorer.maybe(1, groups, current_version=5) == []  # not a re-score step
+    stats = {s.worker_id: s for s in rescorer.maybe(2, groups, current_version=5)}
+    assert set(stats) == {"honest", "liar"} and stats["honest"].version == 3
+    assert stats["honest"].tokens == stats["liar"].tokens == 24
+    # fp32 JAX vs fp32 torch on the same stored bytes: numerics only.
+    assert stats["honest"].sum_k3 / 24 < 1e-9, stats["honest"]
+    assert abs(stats["honest"].sum_logratio) / 24 < 1e-4
+    assert stats["liar"].sum_k3 / 24 > 0.01, stats["liar"]  # the audit's default threshold
+    assert rescorer.last["audit/rescored_rows"] == 8
+    assert rescorer.last["audit/rescored_version_lag"] == 2
+    # A version the store no longer keeps cannot be re-scored: nothing is claimed.
+    store.gc(keep=1)
+    assert rescorer.maybe(4, groups, current_version=5) == []
