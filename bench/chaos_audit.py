@@ -14,8 +14,10 @@ Definitions:
   version (dropped as stale) or its worker was quarantined; a group observed consumed that
   vanished from the database must be in the lineage.
 - No corrupt version served: no worker's log says "now serving version V" for the
-  corrupted V after the corruption, the controller never recorded a worker at V, and a
-  worker log shows the refusal ("could not load version V").
+  corrupted V after the corruption, the controller never recorded a worker at V in that
+  time, and a worker log shows the refusal ("could not load version V"). The time ends when
+  a rerun that resumed from a checkpoint before V starts: it deletes V and publishes a
+  clean version with the same number.
 - Staleness: metrics `staleness/max` <= S on every line, and step - version <= S for every
   observed consumption.
 """
@@ -183,15 +185,21 @@ def audit(
             original = rec.get("manifest")
             if original and os.path.exists(manifest) and open(manifest, "rb").read() != original:
                 rewritten.append(v)
-            # A rerun that found the store newer than its checkpoint moved it aside
-            # (weights.stale-TAG) and may publish a clean version with the same number.
+            # A rerun resumed from a checkpoint before v deleted v and publishes a clean
+            # version with the same number (older runs moved the store aside instead,
+            # weights.stale-TAG): serving v after that is serving the new one.
+            reruns = [
+                run_starts[r]
+                for r, step in resumes.items()
+                if step < v and r < len(run_starts) and run_starts[r] >= at
+            ]
             moved = [
                 datetime.datetime.strptime(p.rsplit("stale-", 1)[1], "%Y%m%d-%H%M%S")
                 .replace(tzinfo=datetime.UTC)
                 .timestamp()
                 for p in glob.glob(os.path.join(workdir, "weights.stale-*"))
             ]
-            until = min((m for m in moved if m >= at - 1), default=float("inf"))
+            until = min([m for m in moved if m >= at - 1] + reruns, default=float("inf"))
             for path in sorted(glob.glob(os.path.join(worker_logs, "*.log"))):
                 with open(path, errors="replace") as f:
                     for line in f:
@@ -203,7 +211,10 @@ def audit(
             recorded += [
                 w
                 for (e, w), vs in obs.worker_versions.items()
-                if v in vs and e == rec.get("epoch", 0)
+                if v in vs
+                and e == rec.get("epoch", 0)
+                and at <= vs[v] < until
+                and w not in hostile_workers  # a forger's claimed version serves nothing
             ]
         c = {
             # A refusal must show, unless no worker ever tried (the next version came first).

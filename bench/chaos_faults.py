@@ -36,7 +36,8 @@ class Observer(threading.Thread):
         self.epoch = 0
         self.next_step_max = 0
         self.present: set[int] = set()  # group ids in the latest poll
-        self.worker_versions: dict[tuple, set[int]] = {}  # (epoch, worker_id) -> versions
+        # (epoch, worker_id) -> {version: when first seen at it}
+        self.worker_versions: dict[tuple, dict[int, float]] = {}
         self.lease_worker: dict[str, str] = {}  # lease_id -> worker_id
         self.polls = 0
         self.errors = 0
@@ -85,7 +86,7 @@ class Observer(threading.Thread):
                 if not h or h[-1][1:] != (state, mv, step, lease):
                     h.append((now, state, mv, step, lease))
             for wid, v in workers:
-                self.worker_versions.setdefault((epoch, wid), set()).add(int(v))
+                self.worker_versions.setdefault((epoch, wid), {}).setdefault(int(v), now)
             self.lease_worker.update(dict(leases))
 
     def dump(self, path: str) -> None:

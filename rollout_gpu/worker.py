@@ -73,6 +73,7 @@ class RolloutWorker(ControllerSession):
         if engine is not None:
             gen.check_raw_logprobs(engine)
         self.current = EngineVersion()
+        self._unloadable: dict[int, tuple[float, float]] = {}  # version -> (backoff, retry at)
         self._last_said: str | None = None  # the last waiting condition logged
         self.leases_done = 0
 
@@ -113,7 +114,9 @@ class RolloutWorker(ControllerSession):
             logging.warning("%s", message)
 
     def ensure_version(self) -> bool:
-        """Swap to the newest announced version if the engine is behind; True if current."""
+        """Swap to the newest announced version if the engine is behind; True if the worker
+        can take work: it serves the newest, or the newest failed to load (then it works on
+        its own version and says so in its lease requests, retrying the load with backoff)."""
         from bridge.store.weight_store import WeightStore
 
         ann = self.announcement
@@ -122,14 +125,30 @@ class RolloutWorker(ControllerSession):
         if ann.store is None:
             logging.error("version %d is announced without a weight store", ann.version)
             return False
+        failed = self._unloadable.get(ann.version)
+        if failed is not None and time.monotonic() < failed[1]:
+            return self.current.version is not None
         t0 = time.monotonic()
         try:
             # Through the peer relay when the controller routes one (rollout_gpu/peer_swap.py).
             store = self.peers.store_for(ann) if self.peers else WeightStore(ann.store)
             canary = load_version(self.engine, store, ann.version, self.current)
         except Exception as e:  # noqa: BLE001 - the engine keeps serving the previous version
-            logging.error("could not load version %d: %s: %s", ann.version, type(e).__name__, e)
-            return False
+            # A verified-corrupt or unreadable version: retry after 5 s, doubling to 60 s,
+            # instead of re-reading it at every poll.
+            wait = min(60.0, 2 * failed[0]) if failed else 5.0
+            self._unloadable = {ann.version: (wait, time.monotonic() + wait)}
+            logging.error(
+                "could not load version %d: %s: %s (retry in %.0f s; generating on version %s "
+                "meanwhile)",
+                ann.version,
+                type(e).__name__,
+                e,
+                wait,
+                self.current.version,
+            )
+            return self.current.version is not None
+        self._unloadable = {}
         logging.info(
             "now serving version %d (swap %.2fs%s)",
             ann.version,
@@ -140,7 +159,11 @@ class RolloutWorker(ControllerSession):
 
     # -- leases ----------------------------------------------------------------------------
     def take_lease(self) -> Lease | None:
-        req = LeaseRequest(worker_version=self.version, max_groups=self._max_groups())
+        req = LeaseRequest(
+            worker_version=self.version,
+            max_groups=self._max_groups(),
+            unloadable_version=max(self._unloadable, default=-1),
+        )
         try:
             r = self.call("lease", req, until_stop=True)
         except lifecycle.ControllerGone:

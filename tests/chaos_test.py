@@ -14,11 +14,6 @@ from bench import chaos
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.vllm,
-    # Fails today, on a real bug the soak found: after a kill -9 the rerun moves the whole
-    # controller database aside (learner_jax/rl/weights.py open_store), losing accepted
-    # groups made at versions <= the checkpoint ("no loss" audit; BUILD_NOTES "Known bugs").
-    # Remove this mark with the fix.
-    pytest.mark.skip(reason="known bug: a crash rerun discards accepted groups (BUILD_NOTES)"),
 ]
 
 TINY = [

@@ -181,6 +181,7 @@ class Controller:
             task, codec, config.reward_timeout_s, reward_pool
         )  # fmt: skip
         self._told_run_over: set[str] = set()  # workers answered run_over since end_run
+        self._unloadable_logged: set[int] = set()  # versions a worker reported it cannot load
         self.limits = limits.Limits(config)  # request rates, enforced by service.py
         with self._op():  # a controller that starts serves a live run: a resumed run's
             if self.store.get("run_over") is not None:  # old end must not send workers home
@@ -271,6 +272,29 @@ class Controller:
                 for w in self.store.workers()
             ]
 
+    def _behind(self, worker_id: str, req: LeaseRequest, newest: int) -> bool:
+        """More than `max_version_lag` versions behind the newest. A newest version the
+        worker could not load (corrupt in the store: a worker verifies every chunk) does not
+        count: the worker keeps generating on its own version, which the staleness bound
+        still limits, until the learner publishes the next one. Without this one corrupt
+        version stalled the learner: every worker was refused work for being behind."""
+        lag = newest - req.worker_version
+        if req.unloadable_version == newest >= 0:
+            lag -= 1
+            if newest not in self._unloadable_logged:
+                self._unloadable_logged.add(newest)
+                logging.warning(
+                    "worker %s cannot load version %d (corrupt in the store?); workers keep "
+                    "generating on older versions within the staleness bound",
+                    worker_id,
+                    newest,
+                )
+        return lag > self.config.max_version_lag
+
+    def broadcast_fetches(self) -> list[dict]:
+        """Each worker's reported fetch of each recent version (bridge/broadcast/state.py)."""
+        return self.broadcast.fetches()
+
     def _touch(self, worker_id: str, version: int | None = None, **cols) -> None:
         now, w = self.clock(), self.store.worker(worker_id)
         gap = now - w["last_seen"]
@@ -357,7 +381,7 @@ class Controller:
                 return LeaseResponse(
                     reason="inactive", retry_after_s=c.heartbeat_interval_s, **reply
                 )
-            if ann.version - req.worker_version > c.max_version_lag:
+            if self._behind(worker_id, req, ann.version):
                 return LeaseResponse(reason="behind", **reply)
             if len(self.store.active_leases(worker_id)) >= c.max_leases_per_worker > 0:
                 return LeaseResponse(reason="lease_limit", retry_after_s=c.retry_after_s, **reply)

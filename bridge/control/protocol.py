@@ -164,6 +164,9 @@ class PromptGroup(_Model):
 class LeaseRequest(_Model):
     worker_version: int = Field(ge=-1)
     max_groups: int = Field(default=1, ge=1, le=_MAX_GROUPS)
+    unloadable_version: int = Field(
+        default=-1, ge=-1, description="the newest version this worker failed to load, -1: none"
+    )
 
 
 class Lease(_Model):
