@@ -1,21 +1,28 @@
 """Broadcast benchmark: one weight version from the store to N relays, store vs chain vs tree.
 
-    python -m bench.broadcast --out=/tmp/bench_broadcast.json [--model_mb=32] [--up_mbps=16]
-        [--chunk_kb=1024] [--n=1,2,4,8,16] [--modes=store,chain,tree] [--fanout=2] [--repeats=3]
+    python -m bench.broadcast --out=/tmp/bench_broadcast.json [--model_mb=40] [--up_mbps=8]
+        [--chunk_kb=1024] [--n=1,2,4,8,16] [--modes=store,chain,tree] [--fanout=2]
+        [--repeats=3] [--sweep_chunk_kb=256,1024,4096] [--sweep_n=8]
 
 N standalone relays (`python -m rollout_gpu.relay`, separate processes, real HTTP on
 loopback, no vLLM) each with an upload token bucket of B = --up_mbps; the store's uplink
 is modelled the same way: an origin relay throttled at B that holds the version (it read
 it from a local file store before timing starts). A model of M = --model_mb random bf16
-weights in chunks of c = --chunk_kb is published with WeightStore. The default M is small
-(32 MB, not Qwen3-0.6B's 1.2 GB) and B low, so the 16-relay runs fit a 2-core machine in a
-few minutes: what Python moves per second across all relays (N * B in a chain) is the
-limit here, not the modelled links. Per (N, mode): the median over --repeats of
-  time_s        from the fetch orders to the last relay having verified every chunk
-  origin_MB     bytes the origin (the store's uplink) served, and copies = that / M
-against the ideals: one-to-many N*M/B, chain (M + (N-1)c)/B, tree (fM + depth*c)/B
-(PAPER.md, our derivation) and the Kumar & Ross lower bound max(M/u_s, N*M/(u_s + sum u_i))
-(downlinks unthrottled). ratio = time_s / Kumar-Ross.
+weights in chunks of c = --chunk_kb is published with WeightStore. M/B is 5 s by default
+(40 MB at 8 MB/s, not Qwen3-0.6B's 1.2 GB): what Python moves per second across all relays
+(N * B in a chain) must stay below what two cores can move, or the CPU and not the
+modelled links is the bottleneck; `link_MBps` (each receiver's bytes / its own fetch time,
+median and min over receivers) shows whether the links ran at B. Per (arm, N), medians
+over --repeats:
+  seconds       from the fetch orders to the last relay having verified every chunk
+  ideal_s       M / B (one copy over one link)
+  ratio         seconds / ideal_s
+  store_bytes   bytes the origin (the store's uplink) served; copies = store_bytes / M
+and the models: one-to-many N*M/B, chain (M + (N-1)c)/B, tree (fM + depth*c)/B (PAPER.md,
+our derivation), the Kumar & Ross lower bound max(M/u_s, N*M/(u_s + sum u_i)).
+`--sweep_chunk_kb` then times the chain at N = --sweep_n for each chunk size: the chain
+pays (N-1) c / B of pipeline fill plus a per-chunk cost (one HTTP request, a CRC) M / c
+times, so the best c balances the two (BUILD_NOTES, broadcast).
 """
 
 from __future__ import annotations
@@ -40,13 +47,15 @@ from rollout_gpu.peer_fetch import sources_for
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "JSON file for the results.", required=True)
-flags.DEFINE_integer("model_mb", 32, "Model size M in MB (bf16 random weights).")
+flags.DEFINE_integer("model_mb", 40, "Model size M in MB (bf16 random weights).")
 flags.DEFINE_integer("chunk_kb", 1024, "Chunk size c in KiB (the store's default is 4096).")
-flags.DEFINE_float("up_mbps", 16.0, "Upload limit B of every relay and of the origin, MB/s.")
+flags.DEFINE_float("up_mbps", 8.0, "Upload limit B of every relay and of the origin, MB/s.")
 flags.DEFINE_list("n", ["1", "2", "4", "8", "16"], "Relay counts N.")
 flags.DEFINE_list("modes", ["store", "chain", "tree"], "Topologies.")
 flags.DEFINE_integer("fanout", 2, "Tree fan-out f.")
 flags.DEFINE_integer("repeats", 3, "Repeats per (N, mode); medians are reported.")
+flags.DEFINE_list("sweep_chunk_kb", [], "Chunk sizes (KiB) to time the chain with at sweep_n.")
+flags.DEFINE_integer("sweep_n", 8, "Receivers for the chunk-size sweep.")
 VERSION = 1
 
 
@@ -73,7 +82,7 @@ def _start_relays(n: int, up_mbps: float, tmp: str) -> tuple[list, list[str]]:
     return procs, [open(f).read().strip() for f in files]
 
 
-def _publish(store: WeightStore, model_bytes: int, chunk_bytes: int) -> int:
+def _publish(store: WeightStore, model_bytes: int, chunk_bytes: int, version: int) -> int:
     chunk_digest.CHUNK_BYTES = chunk_bytes  # the chunk grid is chosen at publish time
     rng = np.random.default_rng(0)
     cols, left, arrays, i = 1024, model_bytes, [], 0
@@ -81,15 +90,15 @@ def _publish(store: WeightStore, model_bytes: int, chunk_bytes: int) -> int:
         rows = max(1, min(4096, left // (2 * cols)))
         arrays.append((f"w{i}", rng.standard_normal((rows, cols), dtype=np.float32)))
         left, i = left - rows * cols * 2, i + 1
-    return store.publish(VERSION, 0, arrays, {}, dtype="bfloat16").total_bytes
+    return store.publish(version, 0, arrays, {}, dtype="bfloat16").total_bytes
 
 
-def _run(origin: str, relays: list[str], mode: str, fanout: int) -> dict:
+def _run(origin: str, relays: list[str], mode: str, fanout: int, version: int = VERSION) -> dict:
     t = topo.Topology(mode, fanout)
     for i, url in enumerate(relays):
         t.join(topo.Node(f"r{i}", url))
     for url in relays:
-        _call(url, "/forget", {"version": VERSION})
+        _call(url, "/forget", {"version": version})
     before = _call(origin, "/status")["bytes_up"]
     t0 = time.time()
     depth = 1
@@ -97,20 +106,27 @@ def _run(origin: str, relays: list[str], mode: str, fanout: int) -> dict:
         p = t.placement(f"r{i}")
         depth = max(depth, p.depth)
         srcs = sources_for(p.parent_url, p.fallback_urls, origin)
-        _call(url, "/fetch", {"version": VERSION, "sources": srcs})
-    done: dict[str, float] = {}
+        _call(url, "/fetch", {"version": version, "sources": srcs})
+    done: dict[str, dict] = {}
     while len(done) < len(relays):
         time.sleep(0.05)
         for url in relays:
-            v = _call(url, "/status")["versions"].get(str(VERSION))
+            v = _call(url, "/status")["versions"].get(str(version))
             if v and v["failed"]:
                 raise RuntimeError(f"{url}: {v['failed']}")
             if v and v["complete"]:
-                done[url] = v["completed_at"]
+                done[url] = v
         if time.time() - t0 > 900:
             raise RuntimeError("broadcast did not finish in 15 min")
     origin_bytes = _call(origin, "/status")["bytes_up"] - before
-    return {"time_s": max(done.values()) - t0, "origin_bytes": origin_bytes, "depth": depth}
+    # Each receiver's own fetch time: a link running at B takes M / B of it.
+    own_s = [max(1e-9, v["completed_at"] - v["started_at"]) for v in done.values()]
+    return {
+        "seconds": max(v["completed_at"] for v in done.values()) - t0,
+        "store_bytes": origin_bytes,
+        "depth": depth,
+        "fetch_s": own_s,
+    }
 
 
 def ideals(mode: str, n: int, m: float, c: float, b: float, f: int, depth: int) -> dict:
@@ -124,39 +140,80 @@ def ideals(mode: str, n: int, m: float, c: float, b: float, f: int, depth: int) 
     return {"model_s": model, "kumar_ross_s": kumar_ross, "one_to_many_s": one_to_many}
 
 
+def _row(arm: str, n: int, runs: list[dict], m: float, c: float, b: float) -> dict:
+    t = statistics.median(r["seconds"] for r in runs)
+    ob = statistics.median(r["store_bytes"] for r in runs)
+    ide = ideals(arm, n, m, c, b, FLAGS.fanout, runs[0]["depth"])
+    link = [m / s / 1e6 for r in runs for s in r["fetch_s"]]
+    return {
+        "arm": arm,
+        "n": n,
+        "chunk_bytes": c,
+        "seconds": t,
+        "ideal_s": m / b,
+        "ratio": t / (m / b),
+        "store_bytes": ob,
+        "copies": ob / m,
+        "link_MBps_median": statistics.median(link),
+        "link_MBps_min": min(link),
+        **ide,
+        "ratio_kr": t / ide["kumar_ross_s"],
+        "runs": runs,
+    }
+
+
+def _print_row(r: dict) -> None:
+    print(
+        f"{r['n']:>3} {r['arm']:>6} {r['chunk_bytes'] / 2**10:>6.0f} {r['seconds']:>8.2f} "
+        f"{r['ideal_s']:>7.2f} {r['ratio']:>6.2f} {r['model_s']:>8.2f} "
+        f"{r['one_to_many_s']:>8.2f} {r['store_bytes'] / 1e6:>9.1f} {r['copies']:>6.2f} "
+        f"{r['link_MBps_median']:>6.2f} {r['link_MBps_min']:>6.2f}",
+        flush=True,
+    )
+
+
 def main(argv):
     del argv
     tmp = tempfile.mkdtemp(prefix="bench_broadcast_")
     procs = []
     try:
         store = WeightStore(os.path.join(tmp, "store"))
-        m = _publish(store, FLAGS.model_mb * 10**6, FLAGS.chunk_kb << 10)
+        m = _publish(store, FLAGS.model_mb * 10**6, FLAGS.chunk_kb << 10, VERSION)
         c, b = float(FLAGS.chunk_kb << 10), FLAGS.up_mbps * 1e6
         ns = sorted(int(x) for x in FLAGS.n)
-        procs, urls = _start_relays(ns[-1] + 1, FLAGS.up_mbps, tmp)
+        sweep = [int(k) for k in FLAGS.sweep_chunk_kb]
+        procs, urls = _start_relays(max(ns + [FLAGS.sweep_n]) + 1, FLAGS.up_mbps, tmp)
         origin, relays = urls[0], urls[1:]
-        _call(origin, "/fetch", {"version": VERSION, "sources": [store.spec]})
-        while not _call(origin, "/status")["versions"].get(str(VERSION), {}).get("complete"):
-            time.sleep(0.1)
+
+        def load_origin(version: int) -> None:
+            _call(origin, "/fetch", {"version": version, "sources": [store.spec]})
+            while not _call(origin, "/status")["versions"].get(str(version), {}).get("complete"):
+                time.sleep(0.1)
+
+        load_origin(VERSION)
         rows = []
-        print(f"M={m / 1e6:.1f} MB  c={c / 2**10:.0f} KiB  B={b / 1e6:.1f} MB/s  f={FLAGS.fanout}")
-        hdr = f"{'N':>3} {'mode':>6} {'time_s':>8} {'model_s':>8} {'KR_s':>7} {'ratio':>6} "
-        print(hdr + f"{'1toN_s':>8} {'origin_MB':>10} {'copies':>7}")
+        print(f"M={m / 1e6:.1f} MB  c={c / 2**10:.0f} KiB  B={b / 1e6:.1f} MB/s  "
+              f"M/B={m / b:.1f} s  f={FLAGS.fanout}")  # fmt: skip
+        hdr = f"{'N':>3} {'arm':>6} {'c_KiB':>6} {'seconds':>8} {'ideal_s':>7} {'ratio':>6} "
+        print(hdr + f"{'model_s':>8} {'1toN_s':>8} {'store_MB':>9} {'copies':>6} "
+              f"{'linkMB':>6} {'minMB':>6}")  # fmt: skip
         for n in ns:
-            for mode in FLAGS.modes:
-                runs = [_run(origin, relays[:n], mode, FLAGS.fanout) for _ in range(FLAGS.repeats)]
-                t = statistics.median(r["time_s"] for r in runs)
-                ob = statistics.median(r["origin_bytes"] for r in runs)
-                ide = ideals(mode, n, m, c, b, FLAGS.fanout, runs[0]["depth"])
-                row = {"n": n, "mode": mode, "time_s": t, "origin_bytes": ob, "copies": ob / m}
-                row |= ide | {"ratio_kr": t / ide["kumar_ross_s"], "runs": runs}
-                rows.append(row)
-                print(
-                    f"{n:>3} {mode:>6} {t:>8.2f} {ide['model_s']:>8.2f} "
-                    f"{ide['kumar_ross_s']:>7.2f} {row['ratio_kr']:>6.2f} "
-                    f"{ide['one_to_many_s']:>8.2f} {ob / 1e6:>10.1f} {ob / m:>7.2f}",
-                    flush=True,
-                )
+            for arm in FLAGS.modes:
+                runs = [_run(origin, relays[:n], arm, FLAGS.fanout) for _ in range(FLAGS.repeats)]
+                rows.append(_row(arm, n, runs, m, c, b))
+                _print_row(rows[-1])
+        sweep_rows = []
+        for i, kb in enumerate(sweep):
+            version = VERSION + 1 + i
+            mk = _publish(store, FLAGS.model_mb * 10**6, kb << 10, version)
+            load_origin(version)
+            n = FLAGS.sweep_n
+            runs = [
+                _run(origin, relays[:n], "chain", FLAGS.fanout, version)
+                for _ in range(FLAGS.repeats)
+            ]
+            sweep_rows.append(_row("chain", n, runs, mk, float(kb << 10), b))
+            _print_row(sweep_rows[-1])
         out = {
             "model_bytes": m,
             "chunk_bytes": c,
@@ -164,7 +221,9 @@ def main(argv):
             "fanout": FLAGS.fanout,
             "repeats": FLAGS.repeats,
             "cpu_count": os.cpu_count(),
+            "load_average": os.getloadavg(),
             "rows": rows,
+            "chunk_sweep": sweep_rows,
         }
         with open(FLAGS.out, "w") as f:
             json.dump(out, f, indent=1)

@@ -151,10 +151,11 @@ def get_config() -> ConfigDict:
     # Publish from a background thread (learner_jax/background_publish.py): the learner runs
     # the next step while the previous version is written and announced.
     c.bridge.async_publish = True
-    # Weight broadcast (bridge/broadcast/): "store" = every worker reads the store; "chain" /
-    # "tree" = workers relay verified chunks to each other, so the store's uplink carries one
-    # copy per version whatever the fleet size (remote workers need --relay_url).
-    c.bridge.broadcast = "store"
+    # Weight broadcast (bridge/broadcast/): "chain" / "tree" = workers relay verified chunks to
+    # each other, so the store's uplink carries one copy per version whatever the fleet size
+    # (a remote worker's default loopback relay URL is replaced by the address it calls from;
+    # behind NAT give it --relay_url); "store" = every worker reads the store.
+    c.bridge.broadcast = "chain"
     c.bridge.broadcast_fanout = 2  # tree fan-out
 
     c.controller = ConfigDict()
@@ -184,6 +185,13 @@ def get_config() -> ConfigDict:
     c.controller.max_leases_per_worker = 4
     c.controller.token_ttl_s = 900.0
     c.controller.join_secret_grace_s = 600.0
+    # Behaviour log-prob audit (bridge/control/audit.py): besides the rows the learner's own
+    # version sampled (every step), every audit_rescore_every RL steps up to
+    # audit_rescore_rows rows of one older version are re-scored under that version read
+    # back from the store (learner_jax/rl/rescore.py; 0 = off: it costs a version read and
+    # transiently a second copy of the params).
+    c.controller.audit_rescore_every = 10
+    c.controller.audit_rescore_rows = 16
     c.controller.certfile = ""  # TLS: serve https with this certificate and key ('' = http)
     c.controller.keyfile = ""
 

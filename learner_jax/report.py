@@ -9,7 +9,9 @@ held-out accuracy when evaluated, staleness, learner utilization, active workers
 accuracy: "before" = right after SFT, "rl" = during RL, "after" = at the end, "stop" =
 when interrupted) and
 `swaps.jsonl` (when the controller first saw each worker serve each version, next to the
-version's publish time) and writes, into the workdir, matplotlib (Agg) PNGs:
+version's publish time) and `broadcast.jsonl` (each worker's reported fetch of each
+version: publish -> verified, bytes from the store and from peers) and writes, into the
+workdir, matplotlib (Agg) PNGs:
 
     reward.png        reward/mean per step and held-out accuracy
     utilization.png   learner/utilization per step
@@ -17,7 +19,8 @@ version's publish time) and writes, into the workdir, matplotlib (Agg) PNGs:
     swap_latency.png  seconds from publish to each worker's swap, per version
     cost.png          cumulative fleet cost (USD) over steps
 
-plus `summary.md` (before/after held-out accuracy, wall time, means) and returns its path.
+plus `summary.md` (before/after held-out accuracy, wall time, means, per-worker swap and
+broadcast latency, store bytes per version) and returns its path.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from absl import app, flags
 
 from learner_jax.metrics import METRICS_FILE, read_jsonl
 from learner_jax.rl.evals import EVAL_FILE
-from learner_jax.rl.swaps import SWAPS_FILE
+from learner_jax.rl.swaps import BROADCAST_FILE, SWAPS_FILE
 
 
 def live_line(m: dict, end_step: int) -> str:
@@ -149,11 +152,11 @@ def write_report(workdir: str) -> str:
         _plot(os.path.join(workdir, name), draw)
     path = os.path.join(workdir, "summary.md")
     with open(path, "w") as f:
-        f.write(summary(rows, evals, swaps))
+        f.write(summary(rows, evals, swaps, read_jsonl(os.path.join(workdir, BROADCAST_FILE))))
     return path
 
 
-def summary(rows: list[dict], evals: list[dict], swaps: dict) -> str:
+def summary(rows: list[dict], evals: list[dict], swaps: dict, fetches=()) -> str:
     by_tag = {}
     for e in evals:
         by_tag[e["tag"]] = e
@@ -211,6 +214,7 @@ def summary(rows: list[dict], evals: list[dict], swaps: dict) -> str:
         secs = [p[1] for p in pts]
         med = statistics.median(secs)
         lines.append(f"- publish -> swap, {label}: median {med:.2f} s over {len(secs)} versions")
+    lines += broadcast_lines(list(fetches))
     lines += [
         "",
         "Plots: reward.png, utilization.png, staleness.png, swap_latency.png, cost.png; "
@@ -218,6 +222,34 @@ def summary(rows: list[dict], evals: list[dict], swaps: dict) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def broadcast_lines(fetches: list[dict]) -> list[str]:
+    """Per worker: median publish -> verified and MB from the store / from peers per
+    version; per version: all workers' store bytes in model copies (1 = peer broadcast
+    working, N = every worker read the store)."""
+    if not fetches:
+        return []
+    out, by_worker, by_version = [], defaultdict(list), defaultdict(list)
+    for r in fetches:
+        by_worker[r["worker_id"]].append(r)
+        by_version[r["version"]].append(r)
+    for wid, rs in sorted(by_worker.items()):
+        med = {k: statistics.median(r[k] for r in rs)
+               for k in ("latency_s", "bytes_from_store", "bytes_from_peers")}  # fmt: skip
+        out.append(
+            f"- broadcast, {wid}: publish -> verified median {med['latency_s']:.2f} s, "
+            f"{med['bytes_from_store'] / 1e6:.3f} MB from the store and "
+            f"{med['bytes_from_peers'] / 1e6:.3f} MB from peers per version ({len(rs)} versions)"
+        )
+    model = statistics.median(r["bytes_from_store"] + r["bytes_from_peers"] for r in fetches)
+    store = [sum(r["bytes_from_store"] for r in rs) for rs in by_version.values()]
+    out.append(
+        f"- store bytes per version, all workers: median {statistics.median(store) / 1e6:.3f} "
+        f"MB = {statistics.median(store) / max(model, 1):.2f} model copies "
+        f"({len(by_version)} versions)"
+    )
+    return out
 
 
 def main(argv):

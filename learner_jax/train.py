@@ -151,7 +151,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
     from bridge.control import audit
     from bridge.control.service import ServerOptions, serve_controller
     from learner_jax import advantages, evaluate, local_fleet
-    from learner_jax.rl import batches, evals, fleet, interrupt, serve, swaps, weights
+    from learner_jax.rl import batches, evals, fleet, interrupt, rescore, serve, swaps, weights
 
     # 1. Config: every check that needs no workdir first, then the files.
     validate(config)
@@ -284,6 +284,16 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             where=os.path.join(workdir, "workers"),
         )
 
+        rescorer = rescore.VersionRescorer(
+            store,
+            learner.model_cfg,
+            learner.mesh,
+            learner.rules,
+            every=c.audit_rescore_every,
+            max_rows=c.audit_rescore_rows,
+            seed=config.seed,
+        )
+
         def on_step(learner: Learner, metrics: dict) -> dict:
             out = {"time/wall": time.time(), **publisher.after_step(learner.rl_steps)}
             out["policy_version"] = ctl.announcement().version
@@ -303,6 +313,10 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
                     version=learner.step - 1,
                 )
             )
+            # Rows tagged with older versions: a sampled re-score under that version.
+            if older := rescorer.maybe(learner.rl_steps, source.last_groups, learner.step - 1):
+                ctl.audit(older)
+                out.update(rescorer.last)
             if (acc := eval_log.maybe()) is not None:
                 out["eval/accuracy"] = acc
             follower.check()  # replace dead workers, follow activation (every period_s)

@@ -44,6 +44,7 @@ class BroadcastState:
         self.published: dict[int, float] = {}
         self.done: dict[int, dict[str, float]] = collections.defaultdict(dict)  # v -> w -> t
         self.store_bytes: dict[int, dict[str, int]] = collections.defaultdict(dict)
+        self.peer_bytes: dict[int, dict[str, int]] = collections.defaultdict(dict)
         self.reporters: set[str] = set()  # workers that fetch through PeerSwap (report)
         self.corrupt_reports = 0
         self._rebuild_for: int = -1
@@ -56,7 +57,7 @@ class BroadcastState:
         with self.lock:
             self.published[version] = published_at
             for old in sorted(self.published)[:-_MAX_VERSIONS]:
-                for d in (self.published, self.done, self.store_bytes):
+                for d in (self.published, self.done, self.store_bytes, self.peer_bytes):
                     d.pop(old, None)
 
     def heartbeat(self, worker_id: str, hb, now: float) -> None:
@@ -80,6 +81,7 @@ class BroadcastState:
             if rep.version in self.published:
                 self.done[rep.version].setdefault(worker_id, now - rep.fetched_ago_s)
                 self.store_bytes[rep.version][worker_id] = rep.bytes_from_store
+                self.peer_bytes[rep.version][worker_id] = rep.bytes_from_peers
             for bad in rep.bad_sources:
                 bad_id = self.by_url.get(bad.source)
                 if bad_id is None or bad_id == worker_id:
@@ -126,6 +128,24 @@ class BroadcastState:
                 "relay_parent": ok[0] if ok else None,
                 "relay_fallbacks": ok[1:],
             }
+
+    def fetches(self) -> list[dict]:
+        """Every reported fetch of a version still kept: worker_id, version, published_at,
+        done_at (controller clock), bytes_from_store, bytes_from_peers."""
+        with self.lock:
+            return [
+                {
+                    "worker_id": w,
+                    "version": v,
+                    "published_at": self.published[v],
+                    "done_at": t,
+                    "bytes_from_store": self.store_bytes[v].get(w, 0),
+                    "bytes_from_peers": self.peer_bytes[v].get(w, 0),
+                }
+                for v, done in sorted(self.done.items())
+                if v in self.published
+                for w, t in done.items()
+            ]
 
     def stats(self, now: float) -> dict:
         with self.lock:

@@ -67,8 +67,21 @@ def test_report_from_run_files(tmp_path):
             }
         ],  # fmt: skip
     )
+    # A chain of two: w-a reads the model (1 MB) from the store, w-b only manifests from it.
+    fetch = dict(published_at=0.0, done_at=0.0)
+    _write(
+        os.path.join(wd, "broadcast.jsonl"),
+        [dict(fetch, worker_id="w-a", version=v, latency_s=0.3, bytes_from_store=10**6 + 2000,
+              bytes_from_peers=0) for v in (10, 11, 12)]
+        + [dict(fetch, worker_id="w-b", version=v, latency_s=0.5 + v % 2, bytes_from_store=2000,
+                bytes_from_peers=10**6) for v in (10, 11)],
+    )  # fmt: skip
     path = report.write_report(wd)
     text = open(path).read()
+    assert "broadcast, w-a: publish -> verified median 0.30 s, 1.002 MB from the store" in text
+    assert "broadcast, w-b: publish -> verified median 1.00 s, 0.002 MB from the store and " \
+        "1.000 MB from peers per version (2 versions)" in text  # fmt: skip
+    assert "store bytes per version, all workers: median 1.004 MB = 1.00 model copies" in text
     assert "after SFT (step 9): 0.200" in text
     assert "after RL (step 29): 0.550" in text
     assert "+35.0 points" in text

@@ -151,3 +151,16 @@ def test_short_demo_interrupt_resume_and_reward_rises(tmp_path):
     assert os.listdir(os.path.join(workdir, "tb"))
     with open(os.path.join(workdir, "controller.json")) as f:
         assert json.load(f)["url"].startswith("http://")
+
+    # The demo config broadcasts along a chain: one worker reads each version from the
+    # store, the other from its relay; the summary says so per worker and per version.
+    with open(os.path.join(workdir, "summary.md")) as f:
+        summary = f.read()
+    assert summary.count("- broadcast, w-") >= 2, summary  # 2 workers per run, 2 runs
+    assert "from peers per version" in summary and "model copies" in summary
+    fetches = [json.loads(line) for line in open(os.path.join(workdir, "broadcast.jsonl"))]
+    model = max(r["bytes_from_store"] + r["bytes_from_peers"] for r in fetches)
+    from_peers = [r for r in fetches if r["bytes_from_peers"] >= 0.9 * model]
+    assert len(from_peers) >= len(fetches) // 4, fetches[-6:]  # not all fell back to the store
+    copies = [r["broadcast/store_bytes"] / model for r in rows if "broadcast/store_bytes" in r]
+    assert copies and min(copies) <= 1.05, copies  # one copy per version (2 in store mode)

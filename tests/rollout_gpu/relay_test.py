@@ -131,6 +131,36 @@ def test_parent_killed_mid_transfer_is_routed_around(store, relays):
     assert results[2].bytes_by_source.get(chain[0].url, 0) > 0  # the grandparent took over
 
 
+def test_a_receiver_joining_mid_broadcast_attaches_at_the_leaf(store, relays):
+    """A worker that joins while a version is moving down the chain fetches from the last
+    relay (a leaf, as topology.join places it), taking the chunks that relay already
+    verified and then each one as it arrives: it finishes, and the store sends it nothing
+    but the manifest."""
+    m = store.manifest(VERSION).total_bytes
+    chain = [relays(up_bytes_per_s=m / 2), relays(up_bytes_per_s=m / 2)]  # ~2 s per hop
+    joined = {}
+
+    def join_late():
+        while chain[1].status()["versions"].get(str(VERSION), {}).get("have", 0) < 5:
+            time.sleep(0.01)
+        leaf = relays()
+        joined["leaf_had"] = chain[1].status()["versions"][str(VERSION)]
+        srcs = sources_for(chain[1].url, [chain[0].url], store.spec)
+        joined["result"] = leaf.fetch(VERSION, srcs, timeout=120)
+        joined["relay"] = leaf
+
+    late = threading.Thread(target=join_late)
+    late.start()
+    chain_fetch(chain, store.spec)
+    late.join()
+    assert not joined["leaf_had"].get("complete"), joined["leaf_had"]  # really mid-broadcast
+    assert_same(store, joined["relay"])
+    result = joined["result"]
+    assert not result.reports
+    assert result.bytes_from_store < 4096
+    assert result.bytes_by_source[chain[1].url] > m * 0.99
+
+
 def test_origin_serves_one_copy_for_a_chain(store, relays):
     """The store's uplink modelled as an origin relay: a chain of 5 costs it one copy."""
     origin = relays(up_bytes_per_s=20e6)
