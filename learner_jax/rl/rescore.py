@@ -98,8 +98,11 @@ class VersionRescorer:
         if not rows:
             return []
         params = self.params(version)
+        # Fixed shapes (max_rows x a power of two) so the jitted forward compiles once or
+        # twice per run, not once per distinct row length.
         width = max(len(t.prompt_token_ids) + len(t.completion_token_ids) for _, t in rows)
-        n = len(rows)
+        width = max(16, 1 << (width - 1).bit_length())
+        n = max(self.max_rows, len(rows))
         tokens = np.zeros((n, width), np.int32)
         seg = np.zeros((n, width), np.int32)
         behaviour = np.zeros((n, width - 1), np.float32)
@@ -117,13 +120,14 @@ class VersionRescorer:
         )
         d = np.where(mask > 0, learner - behaviour, 0.0)
         row_k3 = (k3(d.astype(np.float64)) * mask).sum(axis=1)
+        k = len(rows)  # the padding rows after them have an all-zero mask
         stats = audit.row_sums_to_worker_stats(
             [w for w, _ in rows],
-            np.ones(n, bool),
-            row_k3,
-            (-d * mask).sum(axis=1),
-            mask.sum(axis=1),
+            np.ones(k, bool),
+            row_k3[:k],
+            (-d * mask).sum(axis=1)[:k],
+            mask.sum(axis=1)[:k],
             version=version,
         )
-        logging.debug("re-scored %d rows of version %d: %s", n, version, stats)
+        logging.debug("re-scored %d rows of version %d: %s", k, version, stats)
         return stats
