@@ -34,6 +34,7 @@ from bridge.model.config import ModelConfig
 from learner_jax import (
     checkpoint,
     console,
+    distributed,
     hf_import,
     losses,
     model,
@@ -194,8 +195,10 @@ def prepare_model_dir(config, workdir: str) -> str:
         return config.model.hf_dir
     check_tiny_model_dir(config, workdir)
     path = os.path.join(workdir, "model")
-    if not os.path.exists(os.path.join(path, "config.json")):
+    # Several processes share the workdir: one writes the model, all read it after.
+    if distributed.is_leader() and not os.path.exists(os.path.join(path, "config.json")):
         tiny_model.make_tiny_model(path, _tiny_config(config), seed=config.seed)
+    distributed.barrier(f"tiny_model:{os.path.abspath(path)}")
     return path
 
 
@@ -254,7 +257,8 @@ class Learner:
             )
             if first == "rl":
                 self.cursor["rl_start_step"] = 0
-        self.metrics = MetricsWriter(workdir)
+        # Only process 0 writes metrics lines (every process computes the same numbers).
+        self.metrics = MetricsWriter(workdir) if distributed.is_leader() else None
         self._last_line = time.perf_counter()
         self._busy = 0.0
 
@@ -334,7 +338,10 @@ class Learner:
         """
         if "learner/utilization" in metrics:
             metrics = {**metrics, "learner/utilization": self.utilization()}
-        row = self.metrics.write(self.step, metrics)
+        if self.metrics is not None:
+            row = self.metrics.write(self.step, metrics)
+        else:
+            row = {"step": self.step, **{k: v for k, v in metrics.items() if k != "step"}}
         self._last_line, self._busy = time.perf_counter(), 0.0
         return row
 
@@ -343,4 +350,5 @@ class Learner:
 
     def close(self) -> None:
         self.ckpt.close()
-        self.metrics.close()
+        if self.metrics is not None:
+            self.metrics.close()

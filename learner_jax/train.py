@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterable, Iterator
 from absl import app, flags
 from ml_collections import config_flags
 
-from learner_jax import console, report, train_step
+from learner_jax import console, distributed, report, train_step
 from learner_jax.learner import Learner, check_tiny_model_dir, validate
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -153,12 +153,15 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
     from learner_jax import advantages, evaluate, local_fleet
     from learner_jax.rl import batches, evals, fleet, interrupt, serve, swaps, weights
 
-    # 1. Config: every check that needs no workdir first, then the files.
+    # 1. Config: every check that needs no workdir first, then the files. With several
+    # processes (config.distributed) they connect first: the mesh spans all their devices.
+    distributed.initialize(distributed.DistributedConfig.from_config(config))
     validate(config)
     check_tiny_model_dir(config, workdir)  # resuming another model's workdir fails here too
-    write_config(config, workdir)
-    console.log_to_file(workdir)
-    console.header(config, workdir, config_file)
+    if distributed.is_leader():  # one writer per shared workdir file
+        write_config(config, workdir)
+        console.log_to_file(workdir)
+        console.header(config, workdir, config_file)
     # 2. The learner, restored from the workdir's newest checkpoint when there is one.
     learner = Learner(config, workdir)
     with contextlib.ExitStack() as stack:

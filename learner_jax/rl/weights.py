@@ -26,6 +26,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from bridge.contracts import canary as canary_lib
 from bridge.store import model_files
@@ -98,8 +99,11 @@ class WeightPublisher:
         model_files.publish(store, learner.hf_dir)
         self._probes = canary_lib.probe_token_lists(vocab_size, bos_id, seed=seed)
         cfg = learner.model_cfg
+        # A forward on the sharded params; only the small [probes, T] output is replicated
+        # to every process (no process ever holds the whole model, multi-host included).
         self._logprobs = jax.jit(
-            lambda p, t, pos, seg, tgt: model.forward_logprobs(p, cfg, t, pos, seg, tgt)
+            lambda p, t, pos, seg, tgt: model.forward_logprobs(p, cfg, t, pos, seg, tgt),
+            out_shardings=NamedSharding(learner.mesh, PartitionSpec()),
         )
         self._background = BackgroundPublisher(self.publish) if background else None
         self._snapshot = jax.jit(lambda p: jax.tree.map(jnp.copy, p))

@@ -1,0 +1,104 @@
+"""One learner process of the multi-host test (tests/learner_jax/multihost_test.py).
+
+    XLA_FLAGS=--xla_force_host_platform_device_count=4 python tests/learner_jax/multihost_run.py \
+        --workdir=W --batches=B.npz --out=O --num_processes=2 --process_id=0 --port=P
+
+Runs the training binary's own `train.run` on RL batches built from real trajectories
+(saved by the test as B.npz), then publishes the final params to `<workdir>/weights` as
+version = step (each process writes its own shards) and writes what the test compares into
+O (process 0: losses, the full params gathered for the comparison only; every process:
+which chunks it wrote). `--num_processes=1` is the single-process reference run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, ROOT)
+
+
+def _items(path: str, steps: int):
+    from learner_jax import train_step
+
+    data = np.load(path)
+    for i in range(steps):
+        fields = {k[len(f"{i}/") :]: data[k] for k in data.files if k.startswith(f"{i}/")}
+        yield train_step.Batch(**fields), {"policy_version": i}, {"next": i + 1}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--batches", required=True)
+    p.add_argument("--out", required=True)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--num_processes", type=int, default=1)
+    p.add_argument("--process_id", type=int, default=0)
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--die_after_init", action="store_true", help="exit 3 once connected")
+    p.add_argument("--block_after_init", action="store_true", help="wait in a barrier")
+    args = p.parse_args()
+
+    import jax
+    from jax.experimental import multihost_utils
+
+    from learner_jax import distributed, publish, train
+    from learner_jax.rl import weights
+
+    config = train.load_config(os.path.join(ROOT, "configs", "test_tiny.py"))
+    config.sft.steps = 0
+    config.total_steps = args.steps
+    config.checkpoint.interval = 1
+    config.checkpoint.async_save = False
+    config.mesh.data, config.mesh.fsdp, config.mesh.tensor = 2, 2, 2
+    config.optimizer.warmup_steps = 0
+    config.optimizer.learning_rate = 1e-2
+    if args.num_processes > 1:
+        config.distributed.coordinator_address = f"127.0.0.1:{args.port}"
+        config.distributed.num_processes = args.num_processes
+        config.distributed.process_id = args.process_id
+        config.distributed.heartbeat_timeout_s = 5
+    if args.die_after_init or args.block_after_init:
+        distributed.initialize(distributed.DistributedConfig.from_config(config))
+        print(f"process {jax.process_index()} connected", flush=True)
+        if args.die_after_init:
+            os._exit(3)
+        distributed.barrier("never_reached", timeout_s=600)
+        return
+
+    learner = train.run(config, args.workdir, items=_items(args.batches, 8))
+    params = learner.state.params
+    store = weights.WeightStore(os.path.join(args.workdir, "weights"))
+    if jax.process_count() > 1:
+        _, written = publish.publish_multiprocess(
+            store, learner.step, learner.step, learner.model_cfg, params, dtype="float32"
+        )
+    else:
+        publish.publish_params(
+            store, learner.step, learner.step, learner.model_cfg, params, dtype="float32"
+        )
+        written = None
+    full = multihost_utils.process_allgather(params, tiled=True)  # for the comparison only
+    out = {"process": jax.process_index(), "step": learner.step, "written": written}
+    with open(f"{args.out}.{jax.process_index()}.json", "w") as f:
+        json.dump(out, f)
+    if distributed.is_leader():
+        flat = {"/".join(k.key for k in path): np.asarray(v) for path, v in _leaves(full)}
+        np.savez(f"{args.out}.params.npz", **flat)
+    learner.close()
+
+
+def _leaves(tree):
+    import jax
+
+    return jax.tree_util.tree_flatten_with_path(tree)[0]
+
+
+if __name__ == "__main__":
+    main()
