@@ -261,6 +261,9 @@ class Learner:
         self.metrics = MetricsWriter(workdir) if distributed.is_leader() else None
         self._last_line = time.perf_counter()
         self._busy = 0.0
+        # Process 0 of a multi-process RL run: announces each step and save to the other
+        # processes before running it (learner_jax/rl/mirror.py).
+        self.mirror = None
 
     @property
     def step(self) -> int:
@@ -298,6 +301,8 @@ class Learner:
 
     def train_step(self, batch: train_step.Batch, wait_s: float = 0.0) -> dict:
         """One optimizer update of the current phase; returns its metrics (host floats)."""
+        if self.mirror is not None:
+            self.mirror.step(batch)
         fn = self._step_fn(self.phase)
         start = 0 if self.phase == "sft" else self.cursor["rl_start_step"]
         lr = float(self.schedules[self.phase](self.step - start))  # this update's rate
@@ -346,6 +351,8 @@ class Learner:
         return row
 
     def save(self, force: bool = False) -> bool:
+        if self.mirror is not None:
+            self.mirror.save(force)
         return self.ckpt.save(self.step, self.state, self.cursor, force=force)
 
     def close(self) -> None:
