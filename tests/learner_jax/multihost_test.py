@@ -243,3 +243,73 @@ def test_two_processes_equal_one_and_survive_a_kill(
         assert result.ok and current.version == STEPS
     finally:
         weight_swap.restore(vllm_engine, weight_swap.EngineVersion())
+
+
+BINARY_ARGS = [
+    "--config=configs/tiny_arith.py",
+    "--config.total_steps=3",
+    "--config.sft.steps=2",
+    "--config.sft.batch_size=8",
+    "--config.sft.micro_batch_size=8",
+    "--config.sft.warmup_steps=0",
+    "--config.batch.groups_per_step=4",
+    "--config.batch.samples_per_group=4",
+    "--config.batch.micro_batch_size=8",
+    "--config.model.tiny_num_layers=2",
+    "--config.model.tiny_hidden_size=64",
+    "--config.model.tiny_intermediate_size=128",
+    "--config.local_workers=1",
+    "--config.rollout.eval_period=2",
+    "--config.checkpoint.interval=2",
+    "--config.mesh.data=2",
+    "--config.mesh.fsdp=2",
+    "--config.mesh.tensor=2",
+    "--config.distributed.num_processes=2",
+]
+
+
+def test_binary_runs_as_two_processes_with_a_vllm_worker(tmp_path):
+    """`python -m learner_jax.train` x 2: SFT, then RL fed by a real vLLM worker that joins
+    process 0's controller and swaps in every version the two processes publish."""
+    workdir, port, procs, logs = tmp_path / "run", _free_port(), [], []
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env.update(
+        XLA_FLAGS="--xla_force_host_platform_device_count=4",
+        JAX_PLATFORMS="cpu",
+        PYTHONPATH=ROOT,
+        PYTHONUNBUFFERED="1",
+    )
+    for pid in (0, 1):
+        logs.append(tmp_path / f"p{pid}.log")
+        cmd = [sys.executable, "-m", "learner_jax.train", f"--workdir={workdir}", *BINARY_ARGS]
+        cmd += [
+            f"--config.distributed.coordinator_address=127.0.0.1:{port}",
+            f"--config.distributed.process_id={pid}",
+        ]
+        out = open(logs[-1], "w")  # noqa: SIM115 - closed with the process
+        procs.append(subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT))
+    try:
+        for proc, log in zip(procs, logs, strict=True):
+            assert proc.wait(timeout=900) == 0, log.read_text()[-4000:]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+    lines, _ = _losses(workdir)
+    assert [(r["step"], r["phase"]) for r in lines] == [
+        (s, "sft" if s <= 2 else "rl") for s in range(1, 6)
+    ]
+    assert all(r["policy_version"] >= 2 and "mismatch/kl" in r for r in lines[2:])
+    assert [json.loads(x)["tag"] for x in open(workdir / "eval.jsonl")] == ["before", "rl", "after"]
+    store = WeightStore(str(workdir / "weights"))
+    assert store.latest() == 5
+    for version in store.versions():  # every version: both processes wrote chunks
+        for pid in (0, 1):
+            key = f"data/{version:012d}/.parts/{pid:05d}.json"
+            part = json.loads(store.kv.read(key).result().value)["arrays"]
+            assert sum(len(a["crcs"]) for a in part.values()) > 0, (version, pid)
+    worker_log = "".join(p.read_text() for p in (workdir / "workers").glob("*.log"))
+    served = {int(v) for v in re.findall(r"now serving version (\d+) \(swap", worker_log)}
+    # Every version was written by both processes; the worker's swaps passed their canary.
+    assert served and served <= set(range(2, 6)), worker_log[-3000:]
+    assert "float32 canary" in worker_log
