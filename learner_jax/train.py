@@ -162,6 +162,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         write_config(config, workdir)
         console.log_to_file(workdir)
         console.header(config, workdir, config_file)
+    distributed.barrier(f"checked:{os.path.abspath(workdir)}")  # before anyone writes more
     # 2. The learner, restored from the workdir's newest checkpoint when there is one.
     learner = Learner(config, workdir)
     with contextlib.ExitStack() as stack:

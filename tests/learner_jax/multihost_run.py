@@ -4,10 +4,13 @@
         --workdir=W --batches=B.npz --out=O --num_processes=2 --process_id=0 --port=P
 
 Runs the training binary's own `train.run` on RL batches built from real trajectories
-(saved by the test as B.npz), then publishes the final params to `<workdir>/weights` as
-version = step (each process writes its own shards) and writes what the test compares into
-O (process 0: losses, the full params gathered for the comparison only; every process:
-which chunks it wrote). `--num_processes=1` is the single-process reference run.
+(saved by the test as B.npz; a restarted run continues after its newest checkpoint), then
+publishes the final params with the binary's `WeightPublisher` (canary included; each
+process writes its own shards) and writes what the test compares: O.params.npz (process 0:
+the params, gathered for the comparison only) and O.<process>.json (the chunks of each
+array that lie inside this process's own devices' blocks). `--num_processes=1` is the
+single-process reference run; `--pause_before=K` stalls this process before batch K (the
+test then kills it).
 """
 
 from __future__ import annotations

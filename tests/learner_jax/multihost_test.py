@@ -210,6 +210,12 @@ def test_two_processes_equal_one_and_survive_a_kill(
     assert sorted(a.files) == sorted(b.files)
     for k in a.files:
         np.testing.assert_allclose(a[k], b[k], atol=1e-5, err_msg=k)
+    loss_diff = max(abs(loss[s] - ref_loss[s]) for s in loss)
+    param_diff = max(float(np.abs(a[k] - b[k]).max()) for k in a.files)
+    print(
+        f"2x4 (killed + resumed) vs 1x8: max|loss diff|={loss_diff:.3g}, "
+        f"max|param diff|={param_diff:.3g}"
+    )
 
     # 3. The published version: same bytes as the reference's, each chunk written once, by
     # a process that holds it.
