@@ -36,7 +36,7 @@ from bridge.control.protocol import ConsumedGroup, Trajectory
 from bridge.store.chunk_digest import chunk_boxes
 from bridge.store.weight_store import WeightStore
 
-pytestmark = [pytest.mark.slow, pytest.mark.vllm]
+pytestmark = pytest.mark.slow
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RUN = os.path.join(ROOT, "tests", "learner_jax", "multihost_run.py")
@@ -161,6 +161,7 @@ def _losses(workdir):
     return lines, {r["step"]: r["loss"] for r in lines}
 
 
+@pytest.mark.vllm
 def test_two_processes_equal_one_and_survive_a_kill(
     batches_file, tiny_model_dir, vllm_engine, tmp_path
 ):
@@ -274,6 +275,7 @@ BINARY_ARGS = [
 ]
 
 
+@pytest.mark.vllm
 def test_binary_runs_as_two_processes_with_a_vllm_worker(tmp_path):
     """`python -m learner_jax.train` x 2: SFT, then RL fed by a real vLLM worker that joins
     process 0's controller and swaps in every version the two processes publish."""
@@ -319,3 +321,33 @@ def test_binary_runs_as_two_processes_with_a_vllm_worker(tmp_path):
     # Every version was written by both processes; the worker's swaps passed their canary.
     assert served and served <= set(range(2, 6)), worker_log[-3000:]
     assert "float32 canary" in worker_log
+
+
+def test_losing_process_0_stops_the_other(tmp_path):
+    """The coordinator's host dies: the other process, blocked waiting on it, exits non-zero
+    with JAX's message instead of hanging (the opposite case of the kill above)."""
+    port, procs, logs = _free_port(), [], []
+    for pid, flag in ((0, "--die_after_init"), (1, "--block_after_init")):
+        logs.append(tmp_path / f"p{pid}.log")
+        procs.append(
+            _launch(
+                tmp_path,
+                tmp_path / "out",
+                "",
+                "unused.npz",
+                4,
+                [flag],
+                open(logs[-1], "w"),  # noqa: SIM115 - closed with the process
+                num_processes=2,
+                process_id=pid,
+                port=port,
+            )
+        )
+    assert procs[0].wait(timeout=300) == 3, logs[0].read_text()[-3000:]
+    died = time.monotonic()
+    rc = procs[1].wait(timeout=90)
+    took, text = time.monotonic() - died, logs[1].read_text()
+    print(f"process 1 exited {rc} {took:.1f} s after process 0 died")
+    assert "process 1 connected" in text
+    assert rc != 0 and took < 60, (rc, took, text[-3000:])
+    assert "JAX distributed service detected fatal errors" in text, text[-3000:]
