@@ -27,6 +27,7 @@ import importlib.util
 import json
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable, Iterable, Iterator
 
@@ -361,7 +362,14 @@ def follow_rl(learner: Learner, task) -> None:
     def eval_fn() -> None:
         evaluator.completions(learner.state.params, learner.mesh, learner.rules)
 
-    mirror.follow(learner, publish_fn, eval_fn)
+    # A launcher's Ctrl-C reaches every process (srun, mpirun, a shell's process group):
+    # process 0 finishes its step, checkpoints (with us) and then ends the run; dying here
+    # would leave that checkpoint waiting. Killing process 0 still stops us (heartbeats).
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        mirror.follow(learner, publish_fn, eval_fn)
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _end_followers(leader):
