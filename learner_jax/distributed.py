@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 
 import jax
 import numpy as np
@@ -78,11 +77,9 @@ def initialize(cfg: DistributedConfig) -> None:
     """Connect this process to the others (idempotent; a no-op for one process)."""
     if not cfg.enabled or _STATE["initialized"]:
         return
-    platforms = os.environ.get("JAX_PLATFORMS", "") or str(jax.config.jax_platforms or "")
-    if platforms in ("", "cpu") or "cpu" in platforms.split(","):
-        # Harmless on GPU/TPU (only CPU computations use it); required for CPU meshes
-        # spanning processes.
-        jax.config.update("jax_cpu_collectives_implementation", cfg.cpu_collectives)
+    # Cross-process collectives of CPU computations (gloo is JAX 0.10's default; set so a
+    # CPU mesh spanning processes never depends on it). GPU/TPU computations ignore it.
+    jax.config.update("jax_cpu_collectives_implementation", cfg.cpu_collectives)
     kwargs = dict(
         initialization_timeout=cfg.initialization_timeout_s,
         heartbeat_timeout_seconds=cfg.heartbeat_timeout_s,
