@@ -46,6 +46,16 @@ def get_config() -> ConfigDict:
     # Logical axis -> mesh axes: learner_jax/sharding.py DEFAULT_RULES unless a config sets
     # c.sharding_rules to its own tuple of (logical axis, mesh axes) pairs.
 
+    # Several learner processes (learner_jax/distributed.py; README "Multi-host learner").
+    # All unset = one process. The mesh above then spans every process's devices.
+    c.distributed = ConfigDict()
+    c.distributed.coordinator_address = ""  # host:port of process 0
+    c.distributed.num_processes = 0
+    c.distributed.process_id = -1
+    c.distributed.auto = False  # JAX detects SLURM / Open MPI / TPU pod slices itself
+    c.distributed.heartbeat_timeout_s = 20  # a dead peer stops the others after this
+    c.distributed.initialization_timeout_s = 300
+
     c.optimizer = ConfigDict()  # learner_jax/optim.py: clip -> AdamW, warmup + cosine
     # RL peak lr; decays to end_lr_fraction at total_steps. On the 4 x 128 policy 1e-4 takes
     # held-out accuracy from 6.5% to 100% in ~120 steps (BUILD_NOTES.md, "Demo").

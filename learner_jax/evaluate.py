@@ -27,6 +27,7 @@ from collections.abc import Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from bridge import tasks
 from bridge.model.config import ModelConfig
@@ -114,6 +115,8 @@ class Evaluator:
                     gen = self._fn(params, tokens, seg)
             else:
                 gen = self._fn(params, tokens, seg)
+            if not gen.is_fully_addressable:  # rows on other processes' devices
+                gen = multihost_utils.process_allgather(gen, tiled=True)
             gen = np.asarray(jax.device_get(gen))[: len(chunk), p:]  # [b, A]
             for row in gen:
                 ids = row.tolist()

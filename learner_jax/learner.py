@@ -34,6 +34,7 @@ from bridge.model.config import ModelConfig
 from learner_jax import (
     checkpoint,
     console,
+    distributed,
     hf_import,
     losses,
     model,
@@ -194,8 +195,10 @@ def prepare_model_dir(config, workdir: str) -> str:
         return config.model.hf_dir
     check_tiny_model_dir(config, workdir)
     path = os.path.join(workdir, "model")
-    if not os.path.exists(os.path.join(path, "config.json")):
+    # Several processes share the workdir: one writes the model, all read it after.
+    if distributed.is_leader() and not os.path.exists(os.path.join(path, "config.json")):
         tiny_model.make_tiny_model(path, _tiny_config(config), seed=config.seed)
+    distributed.barrier(f"tiny_model:{os.path.abspath(path)}")
     return path
 
 
@@ -254,9 +257,13 @@ class Learner:
             )
             if first == "rl":
                 self.cursor["rl_start_step"] = 0
-        self.metrics = MetricsWriter(workdir)
+        # Only process 0 writes metrics lines (every process computes the same numbers).
+        self.metrics = MetricsWriter(workdir) if distributed.is_leader() else None
         self._last_line = time.perf_counter()
         self._busy = 0.0
+        # Process 0 of a multi-process RL run: announces each step and save to the other
+        # processes before running it (learner_jax/rl/mirror.py).
+        self.mirror = None
 
     @property
     def step(self) -> int:
@@ -294,6 +301,8 @@ class Learner:
 
     def train_step(self, batch: train_step.Batch, wait_s: float = 0.0) -> dict:
         """One optimizer update of the current phase; returns its metrics (host floats)."""
+        if self.mirror is not None:
+            self.mirror.step(batch)
         fn = self._step_fn(self.phase)
         start = 0 if self.phase == "sft" else self.cursor["rl_start_step"]
         lr = float(self.schedules[self.phase](self.step - start))  # this update's rate
@@ -334,13 +343,19 @@ class Learner:
         """
         if "learner/utilization" in metrics:
             metrics = {**metrics, "learner/utilization": self.utilization()}
-        row = self.metrics.write(self.step, metrics)
+        if self.metrics is not None:
+            row = self.metrics.write(self.step, metrics)
+        else:
+            row = {"step": self.step, **{k: v for k, v in metrics.items() if k != "step"}}
         self._last_line, self._busy = time.perf_counter(), 0.0
         return row
 
     def save(self, force: bool = False) -> bool:
+        if self.mirror is not None:
+            self.mirror.save(force)
         return self.ckpt.save(self.step, self.state, self.cursor, force=force)
 
     def close(self) -> None:
         self.ckpt.close()
-        self.metrics.close()
+        if self.metrics is not None:
+            self.metrics.close()

@@ -17,14 +17,38 @@ import numpy as np
 
 from bridge.model import layouts
 from bridge.model.config import ModelConfig
+from bridge.store import sharded_publish
 from bridge.store.weight_store import Manifest, ShardedSource, WeightStore
+from learner_jax import distributed
+
+
+def _writers(arr: jax.Array) -> set[jax.Device]:
+    """The one device whose copy of each distinct shard is written, spread over processes.
+
+    Every process computes the same answer from the global sharding. Replica 0 of a block
+    replicated over the data axis would put every write on the first data row's process;
+    taking the k-th distinct block's k-th holder (mod holders) shares the writes among
+    the processes that hold copies.
+    """
+    holders: dict[tuple, list[jax.Device]] = {}
+    for device, index in arr.sharding.devices_indices_map(arr.shape).items():
+        key = tuple(s.indices(n) for s, n in zip(index, arr.shape, strict=True))
+        holders.setdefault(key, []).append(device)
+    return {
+        sorted(devs, key=lambda d: d.id)[k % len(devs)]
+        for k, (_, devs) in enumerate(sorted(holders.items()))
+    }
 
 
 def _pieces(
     arr: jax.Array, transform: layouts.Transform
 ) -> Iterator[tuple[layouts.Index, np.ndarray]]:
+    writers = _writers(arr) if jax.process_count() > 1 else None
     for shard in arr.addressable_shards:
-        if shard.replica_id != 0:  # another device (or host) writes this block
+        if writers is not None:
+            if shard.device not in writers:  # another device (or host) writes this block
+                continue
+        elif shard.replica_id != 0:  # another device writes this block
             continue
         block = np.asarray(shard.data)  # one shard, on this host
         for hf_index, local in transform.shard_pieces(shard.index, arr.shape):
@@ -53,5 +77,43 @@ def publish_params(
     dtype: str = "bfloat16",
     extra: Mapping[str, Any] | None = None,
 ) -> Manifest:
-    """Publish a Flax param tree of (possibly sharded) jax.Arrays as HF tensors."""
+    """Publish a Flax param tree of (possibly sharded) jax.Arrays as HF tensors.
+
+    Across processes every process must call this (same arguments): each writes its own
+    shards, process 0 writes the manifest after all have written (`publish_multiprocess`).
+    """
+    if jax.process_count() > 1:
+        return publish_multiprocess(store, version, step, cfg, params, dtype, extra)[0]
     return store.publish(version, step, hf_sources(cfg, params), cfg.to_hf_dict(), dtype, extra)
+
+
+def publish_multiprocess(
+    store: WeightStore,
+    version: int,
+    step: int,
+    cfg: ModelConfig,
+    params: Mapping,
+    dtype: str = "bfloat16",
+    extra: Mapping[str, Any] | None = None,
+) -> tuple[Manifest, dict[str, list[list[int]]]]:
+    """(manifest, chunk positions this process wrote), via bridge/store/sharded_publish.py.
+
+    The barriers are the coordination service's, safe from the background publisher's
+    thread; a process that dies mid-publish stops the others at the next barrier (heartbeat
+    timeout), and no manifest is written, so readers never see the torn version.
+    """
+    sources = list(hf_sources(cfg, params))
+    tag = f"publish:{sorted(store.spec.items())}:{version}"
+    lead = jax.process_index() == 0
+    if lead:
+        layout = {n: (tuple(s.shape), s.block_shape) for n, s in sources}
+        sharded_publish.begin(store, version, layout, dtype)
+    distributed.barrier(f"{tag}:begin")
+    written = sharded_publish.write_part(store, version, jax.process_index(), sources, dtype)
+    distributed.barrier(f"{tag}:written")
+    if lead:
+        sharded_publish.commit(
+            store, version, step, jax.process_count(), cfg.to_hf_dict(), dtype, extra
+        )
+    distributed.barrier(f"{tag}:committed")
+    return store.manifest(version), written

@@ -27,13 +27,14 @@ import importlib.util
 import json
 import logging
 import os
+import signal
 import time
 from collections.abc import Callable, Iterable, Iterator
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from learner_jax import console, report, train_step
+from learner_jax import console, distributed, report, train_step
 from learner_jax.learner import Learner, check_tiny_model_dir, validate
 
 _CONFIG = config_flags.DEFINE_config_file(
@@ -150,15 +151,29 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
     from bridge.contracts.prompt import TextCodec
     from bridge.control import audit
     from bridge.control.service import ServerOptions, serve_controller
-    from learner_jax import advantages, evaluate, local_fleet
-    from learner_jax.rl import batches, evals, fleet, interrupt, rescore, serve, swaps, weights
+    from learner_jax import advantages, local_fleet
+    from learner_jax.rl import (
+        batches,
+        evals,
+        fleet,
+        interrupt,
+        mirror,
+        rescore,
+        serve,
+        swaps,
+        weights,
+    )
 
-    # 1. Config: every check that needs no workdir first, then the files.
+    # 1. Config: every check that needs no workdir first, then the files. With several
+    # processes (config.distributed) they connect first: the mesh spans all their devices.
+    distributed.initialize(distributed.DistributedConfig.from_config(config))
     validate(config)
     check_tiny_model_dir(config, workdir)  # resuming another model's workdir fails here too
-    write_config(config, workdir)
-    console.log_to_file(workdir)
-    console.header(config, workdir, config_file)
+    if distributed.is_leader():  # one writer per shared workdir file
+        write_config(config, workdir)
+        console.log_to_file(workdir)
+        console.header(config, workdir, config_file)
+    distributed.barrier(f"checked:{os.path.abspath(workdir)}")  # before anyone writes more
     # 2. The learner, restored from the workdir's newest checkpoint when there is one.
     learner = Learner(config, workdir)
     with contextlib.ExitStack() as stack:
@@ -174,6 +189,12 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         if items is not None:
             run_rl(learner, items)
             return learner
+        if not distributed.is_leader():  # processes 1..P-1 mirror process 0's RL loop
+            follow_rl(learner, task)
+            return learner
+        if distributed.multi_process():
+            learner.mirror = mirror.Leader(learner)
+            stack.push(_end_followers(learner.mirror))
 
         # 4. The RL parts; `parts` closes them in reverse order of creation.
         parts = stack.enter_context(contextlib.ExitStack())
@@ -201,7 +222,9 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             learner,
             every=config.publish_every,
             keep=config.staleness + 2,
-            background=config.bridge.async_publish,
+            # Across processes the publish's collectives must keep their place among the
+            # train steps' (the followers replay them in order): publish synchronously.
+            background=config.bridge.async_publish and not distributed.multi_process(),
             seed=config.seed,
             vocab_size=codec.tok.get_vocab_size(),
             bos_id=codec.bos_id,
@@ -210,12 +233,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         parts.callback(publisher.close)
         publisher.publish(learner.step)  # synchronous: workers need a first version to start
         b = config.batch
-        evaluator = evaluate.Evaluator(
-            learner.model_cfg,
-            codec,
-            task,
-            evaluate.EvalConfig(b.max_prompt_len, b.max_answer_len, dtype=config.model.dtype),
-        )
+        evaluator = _evaluator(learner, task, codec)
         eval_log = evals.EvalLog(
             evaluator, learner, workdir, end=end, period=config.rollout.eval_period
         )
@@ -284,10 +302,12 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             where=os.path.join(workdir, "workers"),
         )
 
+        # Process 0 alone runs the re-score, so with several processes it stays on its own
+        # devices (a computation on the global mesh would wait for the others forever).
         rescorer = rescore.VersionRescorer(
             store,
             learner.model_cfg,
-            learner.mesh,
+            None if distributed.multi_process() else learner.mesh,
             learner.rules,
             every=c.audit_rescore_every,
             max_rows=c.audit_rescore_rows,
@@ -337,6 +357,57 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             print("\n" + fh.read().strip(), flush=True)
         print(f"report: {path}", flush=True)
     return learner
+
+
+def _evaluator(learner, task, codec):
+    from learner_jax import evaluate
+
+    b = learner.config.batch
+    return evaluate.Evaluator(
+        learner.model_cfg,
+        codec,
+        task,
+        evaluate.EvalConfig(b.max_prompt_len, b.max_answer_len, dtype=learner.config.model.dtype),
+    )
+
+
+def follow_rl(learner: Learner, task) -> None:
+    """Processes 1..P-1 of a multi-process run: train, publish, evaluate and checkpoint
+    exactly when process 0 says (learner_jax/rl/mirror.py); process 0 owns the fleet."""
+    from bridge.contracts.prompt import TextCodec
+    from bridge.store.weight_store import WeightStore
+    from learner_jax.rl import mirror, weights
+
+    codec = TextCodec(learner.hf_dir)
+    canary = weights.Canary(learner, codec.tok.get_vocab_size(), codec.bos_id, learner.config.seed)
+    evaluator = _evaluator(learner, task, codec)
+
+    def publish_fn(version: int, write: bool, spec: dict) -> None:
+        if write:
+            weights.write_version(WeightStore(spec), version, learner, learner.state.params, canary)
+
+    def eval_fn() -> None:
+        evaluator.completions(learner.state.params, learner.mesh, learner.rules)
+
+    # A launcher's Ctrl-C reaches every process (srun, mpirun, a shell's process group):
+    # process 0 finishes its step, checkpoints (with us) and then ends the run; dying here
+    # would leave that checkpoint waiting. Killing process 0 still stops us (heartbeats).
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        mirror.follow(learner, publish_fn, eval_fn)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _end_followers(leader):
+    """An exit callback telling the followers the run is over (an exception on process 0,
+    Ctrl-C included, fails them too, naming it)."""
+
+    def on_exit(exc_type, exc, tb) -> bool:
+        leader.end("" if exc is None else f"{exc_type.__name__}: {exc}")
+        return False  # never swallows the exception
+
+    return on_exit
 
 
 def main(argv):

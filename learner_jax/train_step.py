@@ -293,5 +293,16 @@ def jit_step(
 
 
 def put_batch(batch: Batch, mesh: Mesh, rules: Sequence = sharding.DEFAULT_RULES) -> Batch:
-    """Host arrays -> device arrays with rows sharded over the batch axes."""
-    return jax.device_put(batch, batch_sharding(mesh, rules))
+    """Host arrays -> device arrays with rows sharded over the batch axes.
+
+    Across processes (a mesh spanning hosts) each process transfers only the rows its own
+    devices hold: `batch` has the global shape, and rows no local device holds are never
+    read (a follower process may leave them zero, learner_jax/rl/batch_relay.py).
+    """
+    out_sharding = batch_sharding(mesh, rules)
+    if jax.process_count() == 1:
+        return jax.device_put(batch, out_sharding)
+    return jax.tree.map(
+        lambda x: jax.make_array_from_callback(x.shape, out_sharding, lambda idx: x[idx]),
+        jax.tree.map(np.asarray, batch),
+    )

@@ -57,7 +57,8 @@ def _crc(block: np.ndarray) -> int:
     return zlib.crc32(np.ascontiguousarray(block).reshape(-1).view(np.uint8))
 
 
-def _combine(digests: Mapping[tuple[int, ...], int]) -> str:
+def combine_digests(digests: Mapping[tuple[int, ...], int]) -> str:
+    """The array checksum from every chunk's CRC (gathered from several writers, say)."""
     return hashlib.sha256(
         b"".join(digests[p].to_bytes(4, "big") for p in sorted(digests))
     ).hexdigest()
@@ -69,7 +70,7 @@ def array_checksum(array: np.ndarray, chunks: tuple[int, ...]) -> str:
         pos: _crc(array[tuple(slice(lo, hi) for lo, hi in b)])
         for pos, b in chunk_boxes(array.shape, chunks)
     }
-    return _combine(digests)
+    return combine_digests(digests)
 
 
 class ChunkWriter:
@@ -134,4 +135,4 @@ class ChunkWriter:
                 f"{self.name}: pieces cover {len(self.digests)} of {expected} chunks "
                 f"({len(self.partial)} partly)"
             )
-        return _combine(self.digests)
+        return combine_digests(self.digests)

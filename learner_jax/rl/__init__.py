@@ -7,6 +7,7 @@
     swaps.py      when each worker first serves each version (swaps.jsonl, broadcast.jsonl)
     rescore.py    the audit's sampled re-score of rows tagged with older versions
     interrupt.py  Ctrl-C finishes the step; a second one aborts
+    mirror.py     several processes: process 0 drives, the others replay its collectives
 
 No part imports another: what one needs from another (the controller, a callback) is
 handed in by the training binary.

@@ -37,6 +37,8 @@ class EvalLog:
 
     def run(self, tag: str) -> float:
         t0, lrn = time.perf_counter(), self.learner
+        if getattr(lrn, "mirror", None) is not None:
+            lrn.mirror.eval()  # the other processes join the decode (learner_jax/rl/mirror.py)
         acc = self.evaluator.accuracy(lrn.state.params, lrn.mesh, lrn.rules)
         row = {"tag": tag, "step": lrn.step, "accuracy": acc, "time": time.time()}
         with open(self.path, "a") as f:

@@ -26,6 +26,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec
 
 from bridge.contracts import canary as canary_lib
 from bridge.store import model_files
@@ -69,6 +70,43 @@ def own_store(workdir: str) -> str:
     return os.path.join(workdir, STORE_DIR)
 
 
+class Canary:
+    """The learner-side canary of a param tree: log-probs of fixed probe sequences.
+
+    A forward on the sharded params; only the small [probes, T] output is replicated to
+    every process, so no process ever holds the whole model (multi-host included).
+    """
+
+    def __init__(self, learner, vocab_size: int, bos_id: int, seed: int):
+        self._probes = canary_lib.probe_token_lists(vocab_size, bos_id, seed=seed)
+        cfg = learner.model_cfg
+        self._logprobs = jax.jit(
+            lambda p, t, pos, seg, tgt: model.forward_logprobs(p, cfg, t, pos, seg, tgt),
+            out_shardings=NamedSharding(learner.mesh, PartitionSpec()),
+        )
+
+    def __call__(self, params) -> dict:
+        toks = np.asarray(self._probes, np.int32)  # [B, T+1], all probes equal length
+        seg = np.ones_like(toks[:, :-1])
+        pos = np.broadcast_to(np.arange(toks.shape[1] - 1, dtype=np.int32), seg.shape)
+        lps = np.asarray(self._logprobs(params, toks[:, :-1], pos, seg, toks[:, 1:]))
+        return canary_lib.canary_payload(self._probes, list(lps))
+
+
+def write_version(store: WeightStore, version: int, learner, params, canary: Canary) -> None:
+    """Write `params` as `version` with its canary (every process calls this together when
+    the learner spans several: each writes its own shards)."""
+    publish.publish_params(
+        store,
+        version,
+        version,
+        learner.model_cfg,
+        params,
+        dtype=str(learner.param_dtype),
+        extra={"canary": canary(params)},
+    )
+
+
 class WeightPublisher:
     """Writes versions of `learner`'s params to `store` and announces them.
 
@@ -94,20 +132,9 @@ class WeightPublisher:
         self.every, self.keep, self.on_announce = every, keep, on_announce
         # Config + tokenizer beside the versions: a remote worker needs no local model copy.
         model_files.publish(store, learner.hf_dir)
-        self._probes = canary_lib.probe_token_lists(vocab_size, bos_id, seed=seed)
-        cfg = learner.model_cfg
-        self._logprobs = jax.jit(
-            lambda p, t, pos, seg, tgt: model.forward_logprobs(p, cfg, t, pos, seg, tgt)
-        )
+        self.canary = Canary(learner, vocab_size, bos_id, seed)
         self._background = BackgroundPublisher(self.publish) if background else None
         self._snapshot = jax.jit(lambda p: jax.tree.map(jnp.copy, p))
-
-    def canary(self, params) -> dict:
-        toks = np.asarray(self._probes, np.int32)  # [B, T+1], all probes equal length
-        seg = np.ones_like(toks[:, :-1])
-        pos = np.broadcast_to(np.arange(toks.shape[1] - 1, dtype=np.int32), seg.shape)
-        lps = np.asarray(self._logprobs(params, toks[:, :-1], pos, seg, toks[:, 1:]))
-        return canary_lib.canary_payload(self._probes, list(lps))
 
     def publish(self, version: int, params=None) -> float:
         """Write `version` (unless the store has it), announce it, gc; returns seconds.
@@ -117,16 +144,11 @@ class WeightPublisher:
         t0 = time.perf_counter()
         if params is None:
             params = self.learner.state.params
-        if version not in self.store.versions():
-            publish.publish_params(
-                self.store,
-                version,
-                version,
-                self.learner.model_cfg,
-                params,
-                dtype=str(self.learner.param_dtype),
-                extra={"canary": self.canary(params)},
-            )
+        write = version not in self.store.versions()
+        if getattr(self.learner, "mirror", None) is not None:  # the other processes join in
+            self.learner.mirror.publish(version, write, self.store.spec)
+        if write:
+            write_version(self.store, version, self.learner, params, self.canary)
         ann = self.announce(version, self.store.spec)
         if self.on_announce is not None:
             self.on_announce(ann)
