@@ -23,6 +23,7 @@ import math
 import zlib
 
 from bridge.model import dtypes
+from bridge.store import chunk_digest
 from bridge.store.chunk_digest import chunk_boxes
 from bridge.store.weight_store import Manifest
 
@@ -102,8 +103,4 @@ def zarr_metadata(manifest: Manifest, name: str) -> dict:
     """The zarr3 metadata the store wrote for an array (WeightStore._create): a relay
     rebuilds it locally rather than trusting a peer's copy."""
     info = manifest.arrays[name]
-    return {
-        "shape": list(info.shape),
-        "data_type": info.dtype,
-        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(info.chunks)}},
-    }
+    return chunk_digest.zarr3_metadata(info.shape, info.dtype, info.chunks)

@@ -26,6 +26,19 @@ CHECKSUM_ALGORITHM = "crc32-chunks/sha256"
 CHUNK_BYTES = 4 << 20  # chunks of <= ~4 MiB: big tensors stream, many writes in flight
 
 
+def zarr3_metadata(shape, dtype: str, chunks) -> dict:
+    """The zarr3 metadata of a stored array. The codecs are explicit, plain little-endian
+    bytes: left to itself tensorstore shards chunks above ~2 MiB (`sharding_indexed`, an
+    index after the data), so the stored object of a 4 MiB chunk was no longer the chunk's
+    bytes and relays, which verify raw keys against the per-chunk CRCs, refused every one."""
+    return {
+        "shape": list(shape),
+        "data_type": dtype,
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunks)}},
+        "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+    }
+
+
 def chunk_shape(shape: tuple[int, ...], itemsize: int, block: tuple[int, ...] | None):
     """Chunks <= CHUNK_BYTES split along dim 0, dividing the shard block where possible."""
     block = tuple(block or shape)

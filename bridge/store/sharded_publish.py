@@ -38,6 +38,7 @@ import numpy as np
 import tensorstore as ts
 
 from bridge.model import dtypes
+from bridge.store import chunk_digest
 from bridge.store.chunk_digest import ChunkWriter, chunk_boxes, chunk_shape, combine_digests
 from bridge.store.weight_store import (
     _ABSENT,
@@ -79,14 +80,7 @@ def begin(store: WeightStore, version: int, layout: Layout, dtype: str) -> None:
     for name, (shape, block) in layout.items():
         if not name or "/" in name or not shape:
             raise ValueError(f"array {name!r} of shape {shape} cannot be published")
-        metadata = {
-            "shape": list(shape),
-            "data_type": dtype,
-            "chunk_grid": {
-                "name": "regular",
-                "configuration": {"chunk_shape": list(_chunks(shape, block, dtype))},
-            },
-        }
+        metadata = chunk_digest.zarr3_metadata(shape, dtype, _chunks(shape, block, dtype))
         spec = {**store._array_spec(version, name), "metadata": metadata, "create": True}
         futures.append(ts.open(spec, context=_CONTEXT))
     for f in futures:

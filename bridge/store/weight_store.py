@@ -43,6 +43,7 @@ from bridge.store.chunk_digest import (
     ChunkWriter,
     array_checksum,
     chunk_shape,
+    zarr3_metadata,
 )
 
 INFLIGHT_BYTES = 512 << 20  # bound on written-but-uncommitted bytes held alive
@@ -304,11 +305,7 @@ class WeightStore:
         if not shape:
             raise ValueError(f"{name}: scalars are not weights")
         chunks = chunk_shape(shape, dtypes.itemsize(dtype), block)
-        metadata = {
-            "shape": list(shape),
-            "data_type": dtype,
-            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": list(chunks)}},
-        }
+        metadata = zarr3_metadata(shape, dtype, chunks)
         spec = {**self._array_spec(version, name), "metadata": metadata, "create": True}
         return source, chunks, ts.open(spec, context=_CONTEXT)
 

@@ -1,6 +1,7 @@
 """Weight relays on loopback (real HTTP, no vLLM): chain transfer, corrupt chunks, a parent
 killed mid-transfer, one copy from the origin, and tensorstore's `http` kvstore on a relay."""
 
+import json
 import threading
 import time
 
@@ -233,3 +234,20 @@ def test_peer_swap_follows_the_route_and_reports(store, relays):
         assert hb.broadcast.bytes_from_peers > 0 and hb.broadcast.bytes_from_store < 4096
     finally:
         swap.close()
+
+
+def test_full_size_chunks_are_stored_raw_and_relayed(tmp_path, relays):
+    """With the store's default 4 MiB chunks tensorstore would shard each chunk (an index
+    after the data) unless the codecs are explicit; relays verify the raw keys, so every
+    chunk was refused and a real model never moved peer to peer."""
+    assert chunk_digest.CHUNK_BYTES == 4 << 20
+    s = WeightStore(str(tmp_path / "store"))
+    w = np.random.default_rng(1).standard_normal((4096, 1024)).astype(np.float32)
+    s.publish(1, 1, [("w", w)], {}, dtype="bfloat16")  # 8 MiB: two 4 MiB chunks
+    meta = json.loads((tmp_path / "store" / "data" / f"{1:012d}" / "w" / "zarr.json").read_text())
+    assert meta["codecs"] == [{"name": "bytes", "configuration": {"endian": "little"}}]
+    chain = [relays(), relays()]
+    results = chain_fetch(chain, s.spec, version=1)
+    assert not results[1].reports and results[1].bytes_from_store < 4096
+    got = chain[1].store.read_all(1)["w"]
+    assert np.array_equal(got.view(np.uint16), s.read_all(1)["w"].view(np.uint16))
