@@ -216,7 +216,12 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             evaluate.EvalConfig(b.max_prompt_len, b.max_answer_len, dtype=config.model.dtype),
         )
         eval_log = evals.EvalLog(
-            evaluator, learner, workdir, end=end, period=config.rollout.eval_period
+            evaluator,
+            learner,
+            workdir,
+            end=end,
+            period=config.rollout.eval_period,
+            exact=evaluate.exact_evaluator(learner.model_cfg, codec, task, config.model.dtype),
         )
         before = eval_log.ensure("before")
         logging.info(
@@ -304,6 +309,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             )
             if (acc := eval_log.maybe()) is not None:
                 out["eval/accuracy"] = acc
+                out.update(eval_log.extras)  # eval/expected_reward (exactly evaluable tasks)
             follower.check()  # replace dead workers, follow activation (every period_s)
             source.checkpointed(learner.ckpt.latest_step())
             return out
