@@ -105,7 +105,9 @@ def generate_groups(
         single = [g for g in groups if g.episode is None]
         done = {r.group_id: r for r in generate_episodes(engine, multi, version, should_abort)}
         if single:
-            done.update((r.group_id, r) for r in generate_groups(engine, single, version, should_abort))
+            done.update(
+                (r.group_id, r) for r in generate_groups(engine, single, version, should_abort)
+            )
         return [done[g.group_id] for g in groups]
     max_len = engine.max_model_len
     for g in groups:

@@ -44,8 +44,8 @@ get no leases (reason "inactive").
 Trust: the controller builds each leased prompt's token ids itself (`codec`, the run's
 tokenizer) and refuses a group generated from other ids; it scores every completion itself
 (bridge/control/rewards.py, outside the lock, a timeout per call; a multi-turn episode by
-replaying its environment) and never sends reference answers out; `audit` quarantines a worker whose behaviour log-probs stray from the
-learner's (bridge/control/audit.py).
+replaying its environment) and never sends reference answers out; `audit` quarantines a
+worker whose behaviour log-probs stray from the learner's (bridge/control/audit.py).
 
 Weight broadcast (bridge/broadcast/state.py, `self.broadcast`, config `broadcast`): relay
 routes in every heartbeat/lease answer, bad-parent reports, `broadcast/*` metrics.
@@ -115,7 +115,8 @@ class ControllerConfig:
     seed: int = 0
     reward_timeout_s: float = 5.0  # per completion, in the reward pool (rewards.py)
     # A multi-turn task's episode budget: completion tokens in all, model and environment
-    # (sampling.max_tokens is then per model turn). 0 = sampling.max_tokens.
+    # (each model turn then samples at most sampling.max_tokens and the task's
+    # turn_max_tokens). 0 = sampling.max_tokens.
     max_completion_tokens: int = 0
     # Quarantine past these (audit.py; the defaults are measured in BUILD_NOTES.md).
     audit_kl_threshold: float = 0.01  # mean k3 per token

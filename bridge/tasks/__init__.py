@@ -26,7 +26,7 @@ from bridge.tasks import (  # noqa: F401  (registers the plugins)
 )
 from bridge.tasks.arithmetic import Arithmetic, leading_int
 from bridge.tasks.base import Prompt, RewardError, Task, score, score_detailed
-from bridge.tasks.env import EnvTask, Environment, make_env, register_env, replay
+from bridge.tasks.env import Environment, EnvTask, make_env, register_env, replay
 from bridge.tasks.registry import (
     available_tasks,
     cached_task,

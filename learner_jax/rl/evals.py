@@ -44,7 +44,9 @@ class EvalLog:
         acc = self.evaluator.accuracy(lrn.state.params, lrn.mesh, lrn.rules)
         row = {"tag": tag, "step": lrn.step, "accuracy": acc, "time": time.time()}
         if self.exact is not None:
-            row["expected_reward"] = self.exact.expected_reward(lrn.state.params, lrn.mesh, lrn.rules)
+            row["expected_reward"] = self.exact.expected_reward(
+                lrn.state.params, lrn.mesh, lrn.rules
+            )
             row["optimum"] = self.exact.optimum
             self.extras = {
                 "eval/expected_reward": row["expected_reward"],
