@@ -115,12 +115,13 @@ class Holdem(Environment):
         s = self.state
         if action == "r" and s.can_complete_bet_or_raise_to():
             s.complete_bet_or_raise_to()
-        elif action == "f" and s.can_fold():
-            with warnings.catch_warnings():  # "no reason to fold" with nothing to call:
-                warnings.simplefilter("ignore")  # allowed, and it loses what is in the pot
+            return
+        with warnings.catch_warnings():  # pokerkit warns of a fold with nothing to call:
+            warnings.simplefilter("ignore")  # allowed, and it loses what is in the pot
+            if action == "f" and s.can_fold():
                 s.fold()
-        else:
-            s.check_or_call()
+                return
+        s.check_or_call()
 
     def _advance(self) -> str:
         """Deal and let the opponent act until the model must act or the hand is over;

@@ -58,7 +58,9 @@ def test_kuhn_decision_texts_are_what_the_environment_shows():
 
 def test_kuhn_exact_value_matches_monte_carlo_of_the_environment():
     rng = random.Random(0)
-    probs = {key: dict(zip("cbf", rng.sample([0.1, 0.3, 0.5], 3))) for key in kuhn.INFO_SETS}
+    probs = {
+        key: dict(zip("cbf", rng.sample([0.1, 0.3, 0.5], 3), strict=True)) for key in kuhn.INFO_SETS
+    }
     exact = kuhn.expected_reward(lambda c, h: probs[(c, h)])
     env, total, n = make_env("kuhn_poker"), 0.0, 60_000
     for seed in range(n):
@@ -79,7 +81,9 @@ def test_kuhn_best_response_is_the_optimum_and_beats_every_policy():
     assert kuhn.expected_reward(lambda c, h: {strat[(c, h)]: 1.0}) == pytest.approx(best)
     rng = random.Random(1)
     for _ in range(200):  # random mixed policies never beat the pure best response
-        probs = {k: dict(zip("cb", (x := rng.random(), 1 - x))) for k in kuhn.INFO_SETS}
+        probs = {
+            k: dict(zip("cb", (x := rng.random(), 1 - x), strict=True)) for k in kuhn.INFO_SETS
+        }
         assert kuhn.expected_reward(lambda c, h, p=probs: p[(c, h)]) <= best + 1e-12
     assert kuhn.expected_reward(lambda c, h: {}) == -1.0  # never a legal action: all folds
     exact = make_task("kuhn_poker").exact_eval()
