@@ -154,17 +154,21 @@ class ExactEvaluator:
 
     def __init__(self, cfg: ModelConfig, codec, exact, dtype: str = "float32"):
         self.codec, self.exact, self.optimum = codec, exact, exact.optimum
-        self.action_ids = {}
-        for a in exact.actions:
-            ids = codec.encode(a)
-            if len(ids) != 1:
-                raise ValueError(f"action {a!r} is {len(ids)} tokens; exact evaluation needs 1")
-            self.action_ids[a] = ids[0]
+        # Every token that means an action when sampled as a whole turn ("c" and "C" both
+        # check): the action's probability is the sum over them.
+        self.action_ids: dict[str, list[int]] = {}
+        for t in range(codec.tok.get_vocab_size()):
+            a = exact.parse(codec.decode([t]))
+            if a is not None:
+                self.action_ids.setdefault(a, []).append(t)
         rows = []
         for pieces in exact.transcripts:
             ids = codec.encode_prompt(pieces[0])
-            for text in pieces[1:]:
-                ids += codec.encode(text)
+            for i, text in enumerate(pieces[1:]):
+                more = codec.encode(text)
+                if i % 2 == 0 and len(more) != 1:
+                    raise ValueError(f"action {text!r} is {len(more)} tokens; exact eval needs 1")
+                ids += more
             rows.append(ids)
         width = max(map(len, rows))
         size = -(-len(rows) // 8) * 8  # splits over any data x fsdp mesh of up to 8 devices
@@ -184,7 +188,7 @@ class ExactEvaluator:
         else:
             logp = self._fn(params, self.tokens, self.seg, self.last)
         p = np.exp(np.asarray(jax.device_get(logp), np.float64))[: self.rows]  # [points, V]
-        return [{a: float(row[i]) for a, i in self.action_ids.items()} for row in p]
+        return [{a: float(row[ids].sum()) for a, ids in self.action_ids.items()} for row in p]
 
     def expected_reward(self, params, mesh=None, rules=sharding.DEFAULT_RULES) -> float:
         return float(self.exact.value(self.action_probs(params, mesh, rules)))

@@ -73,17 +73,19 @@ class Environment(abc.ABC):
 @dataclasses.dataclass(frozen=True)
 class ExactEval:
     """An environment whose every decision is one token can be evaluated exactly: the
-    learner reads the policy's probability of each action token at each decision point
-    off one forward pass, and `value` turns them into the expected reward per episode.
+    learner reads the policy's next-token distribution at each decision point off one
+    forward pass, sums it per action (every vocabulary token decoded and `parse`d, as the
+    environment parses an action: "c" and "C" are the same check), and `value` turns
+    that into the expected reward per episode.
 
     `transcripts[i]` is the text at decision point i, [obs, action, obs, ..., obs] (the
-    model's earlier actions included as one-token texts); `actions` the one-token action
-    texts; `value(probs)` takes one {action text: probability} per point (mass on no
-    action is whatever the environment does with an invalid action); `optimum` the best
-    expected reward any policy reaches."""
+    model's earlier actions included as one-token texts); `parse(text)` the action a
+    one-token text means, or None; `value(probs)` takes one {action: probability} per
+    point (the mass on no action is whatever the environment does with an invalid
+    action); `optimum` the best expected reward any policy reaches."""
 
     transcripts: list[list[str]]
-    actions: list[str]
+    parse: Callable[[str], str | None]
     value: Callable[[list[dict[str, float]]], float]
     optimum: float
 

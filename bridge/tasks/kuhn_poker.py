@@ -37,7 +37,7 @@ from collections.abc import Callable
 from bridge.tasks.env import Environment, ExactEval, register_env
 
 CARDS = "JQK"
-ACTIONS = ("c", "b", "f")
+ACTIONS = ("c", "b", "f")  # check/call, bet, fold
 _ALIASES = {"c": "c", "check": "c", "call": "c", "b": "b", "bet": "b", "f": "f", "fold": "f"}
 # Probability that the opponent takes the aggressive branch (bet, or call a bet) per card.
 OPPONENT = {
@@ -196,7 +196,7 @@ class KuhnPoker(Environment):
         def value(probs: list[dict[str, float]]) -> float:
             return expected_reward(lambda c, h: probs[index[(c, h)]])
 
-        return ExactEval([t for _, t in points], list(ACTIONS), value, optimum())
+        return ExactEval([t for _, t in points], parse_action, value, optimum())
 
 
 def decision_points() -> list[tuple[tuple[str, str], list[str]]]:

@@ -88,6 +88,7 @@ def test_kuhn_best_response_is_the_optimum_and_beats_every_policy():
     assert kuhn.expected_reward(lambda c, h: {}) == -1.0  # never a legal action: all folds
     exact = make_task("kuhn_poker").exact_eval()
     assert exact.optimum == best and len(exact.transcripts) == 12
+    assert [exact.parse(x) for x in ("C", "b", "Fold", "x", "")] == ["c", "b", "f", None, None]
     assert make_task("kuhn_poker", turn_max_tokens=4).exact_eval() is None
 
 
