@@ -41,6 +41,7 @@ def get_config():
     c.task.turn_max_tokens = 1  # one token per decision (exact evaluation needs it)
     c.task.eval_size = 64
     c.task.reward_fn = ""
+    c.task.module = ""  # a module to import first: your own environment (README)
 
     c.batch.groups_per_step = 16  # hands (each dealt n times: a GRPO group)
     c.batch.samples_per_group = 8

@@ -24,7 +24,9 @@ rewards the worker's environment computes are not sent: the controller replays.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import math
+import sys
 from collections.abc import Callable, Sequence
 
 from bridge.control.protocol import GroupResult, PromptGroup, WorkerTrajectory
@@ -69,6 +71,8 @@ def _start(engine: RolloutEngine, group: PromptGroup) -> list[_Episode]:
             f"episode of {spec.max_tokens} exceeds max_model_len {engine.max_model_len}"
         )
     try:
+        if spec.module and spec.module not in sys.modules:  # an env outside bridge.tasks
+            importlib.import_module(spec.module)
         episodes = [_Episode(group, i, make_env(spec.env, **spec.options)) for i in range(group.n)]
     except Exception as e:  # noqa: BLE001 - an env this worker cannot build
         raise GenerationError(f"group {group.group_id}: cannot build env {spec.env!r}: {e}") from e

@@ -456,6 +456,7 @@ class Controller:
         c = self.config
         return EpisodeSpec(
             env=t.env_name,
+            module=type(t.env).__module__,
             options=t.env_options,
             seed=int(answer),
             max_turns=t.max_turns,

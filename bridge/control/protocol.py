@@ -157,6 +157,9 @@ class EpisodeSpec(_Model):
     `max_tokens` completion tokens in all (model and environment tokens together)."""
 
     env: str = Field(max_length=128)
+    module: str = Field(
+        default="", max_length=256, description="import it first: it registers `env`"
+    )
     options: dict[str, Any] = Field(default_factory=dict)
     seed: int = Field(ge=0, lt=1 << 62)
     max_turns: int = Field(ge=1, le=1024)

@@ -218,3 +218,91 @@ def test_a_single_turn_group_refuses_environment_tokens(tmp_path, text_codec):
         check_group(GroupResult(group_id=0, trajectories=[traj]), **kw)
     ok = traj.model_copy(update={"completion_mask": [1, 1, 1]})
     check_group(GroupResult(group_id=0, trajectories=[ok]), **kw)
+
+
+GUESS_ENV = '''
+import random
+from bridge.tasks import Environment, register_env
+
+@register_env("guess", max_turns=4, turn_max_tokens=2)
+class Guess(Environment):
+    """The README's example: guess a digit; each wrong guess is told higher/lower."""
+    def reset(self, seed):
+        self.secret = random.Random(seed).randrange(10)
+        return "Guess 0-9:"
+    def step(self, action):
+        g = action.strip()[:1]
+        if g == str(self.secret):
+            return " yes.", 1.0, True
+        return (" higher:" if g.isdigit() and int(g) < self.secret else " lower:"), 0.0, False
+'''
+
+
+def test_a_users_environment_from_its_own_module(tmp_path, text_codec, monkeypatch):
+    """The README's environment class in a module of the user's: the task is built by name
+    with `module=`, the lease tells a worker which module registers the env, and the
+    controller's replay (in a reward pool started after the module is importable) finds
+    it too."""
+    from bridge.control.protocol import LeaseRequest, Submission, WorkerProfile
+    from bridge.tasks.reward_pool import RewardPool
+
+    (tmp_path / "guess_env_mod.py").write_text(GUESS_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    task = make_task("guess", module="guess_env_mod")
+    pool = RewardPool(processes=1)
+    ctl = Controller(
+        ControllerConfig(
+            groups_per_step=1,
+            group_size=2,
+            vocab_size=100,
+            sampling=SamplingParams(max_tokens=8, stop_token_ids=[EOS_ID]),
+            max_completion_tokens=40,
+        ),
+        os.path.join(tmp_path, "controller.db"),
+        task,
+        codec=text_codec,
+        reward_pool=pool,
+    )
+    try:
+        wid, _ = ctl.register(WorkerProfile(**PROFILE))
+        ctl.publish(0)
+        group = ctl.lease(wid, LeaseRequest(worker_version=0)).lease.groups[0]
+        assert group.episode.module == "guess_env_mod" and group.sampling.max_tokens == 2
+        # Sample 0 guesses upward; sample 1 says something that is not a digit, once.
+        env = make_env("guess")
+        trajs, rewards = [], []
+        for guesses in (["0", "1", "2", "3"], ["x"]):
+            ids, mask, total = [], [], 0.0
+            env.reset(group.episode.seed)
+            for i, g in enumerate(guesses):
+                ids, mask = ids + text_codec.encode(g), mask + [1]
+                obs, r, done = env.step(g)
+                total += r
+                if done or i == len(guesses) - 1:
+                    break
+                shown = text_codec.encode(obs)
+                ids, mask = ids + shown, mask + [0] * len(shown)
+            trajs.append(
+                dict(
+                    prompt_id=group.prompt_id,
+                    sample_index=len(trajs),
+                    prompt_token_ids=group.prompt_token_ids,
+                    completion_token_ids=ids,
+                    logprobs=[-0.5 if m else 0.0 for m in mask],
+                    versions=[0] * len(ids),
+                    finish_reason="stop" if done else "length",
+                    completion_mask=mask,
+                )
+            )
+            rewards.append(total)
+        sub = Submission(
+            lease_id=ctl.store.active_leases(wid)[0],
+            groups=[{"group_id": group.group_id, "trajectories": trajs}],
+        )
+        assert ctl.submit(wid, sub).accepted == [group.group_id]
+        batch, _ = ctl.take_batch(0, 1)
+        got = sorted(batch[0].trajectories, key=lambda t: t.sample_index)
+        assert [t.reward for t in got] == rewards and [t.reward_error for t in got] == ["", ""]
+    finally:
+        ctl.close()
+        pool.close()
