@@ -70,7 +70,8 @@ def check_group(
         length = len(t.completion_token_ids)
         budget = sampling.max_tokens if episode is None else episode.max_tokens
         if length > budget:
-            raise SubmissionError(f"{where}: completion has {length} tokens > max {budget}")
+            what = "max_tokens" if episode is None else "the episode's max_tokens"
+            raise SubmissionError(f"{where}: completion has {length} tokens > {what} {budget}")
         if len(t.logprobs) != length or len(t.versions) != length:
             raise SubmissionError(
                 f"{where}: need one logprob and one version per completion token "
