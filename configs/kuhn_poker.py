@@ -10,8 +10,9 @@ episode from its seed and the decoded actions, the learner trains on the model's
 only (the opponent's moves between them are masked). The policy's expected chips per hand
 are computed exactly at every evaluation (all 12 deal x seat situations and the
 opponent's mixed moves, from the policy's action probabilities: `eval/expected_reward`)
-against the best response's +0.25 (`eval/optimum_reward`). From scratch (no SFT) the
-untrained policy says no legal action and folds every hand (about -1 chip).
+against the best response's +0.25 (`eval/optimum_reward`). The untrained policy says no
+legal action and folds every hand (-0.97 chips); a short SFT on random legal action letters
+(format, no strategy) starts RL near the uniform policy's -0.37 (numbers in BUILD_NOTES.md).
 
 Everything else is configs/tiny_arith.py, with a smaller model and one local worker.
 """
@@ -49,7 +50,11 @@ def get_config():
     c.batch.max_prompt_len = 24  # BOS + "Kuhn J. opp b. you:"
     c.batch.max_answer_len = 16  # action + " opp b. you:" + action
 
-    c.sft.steps = 0  # from scratch: the task has no demonstrations
+    # Format-only warm start: each first decision answered by a uniformly random action
+    # letter (KuhnPoker.demonstrations), so the policy says legal actions, with no strategy.
+    c.sft.steps = 100
+    c.sft.batch_size = 64
+    c.sft.micro_batch_size = 64
     c.optimizer.learning_rate = 5e-3
     c.optimizer.warmup_steps = 0
     c.rollout.eval_period = 5

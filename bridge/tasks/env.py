@@ -69,6 +69,10 @@ class Environment(abc.ABC):
         """The policy's exact expected reward, for small games (None: not available)."""
         return None
 
+    def demonstrations(self, seed: int) -> Iterator[tuple[str, str]]:
+        """SFT examples (first observation, action), e.g. a format-only warm start."""
+        return iter(())
+
 
 @dataclasses.dataclass(frozen=True)
 class ExactEval:
@@ -204,6 +208,9 @@ class EnvTask(Task):
     def reward(self, prompt: Prompt, completion: str) -> float:
         """The one-step case: the completion is the first (and only) action."""
         return self.episode(prompt, [completion]).reward
+
+    def sft_examples(self, seed: int) -> Iterator[tuple[str, str]]:
+        return self.new_env().demonstrations(seed)
 
     def exact_eval(self) -> ExactEval | None:
         """The environment's exact evaluation; only when a turn is a single token (then

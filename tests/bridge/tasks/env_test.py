@@ -140,3 +140,15 @@ def test_holdem_task_prompts_and_bad_options():
     assert [p.text.startswith("Holdem ") for p in t.eval_prompts()] == [True] * 4
     with pytest.raises(ValueError, match="invalid"):
         make_task("holdem", invalid="raise")
+
+
+def test_kuhn_demonstrations_are_format_only():
+    t = make_task("kuhn_poker")
+    examples = list(itertools.islice(t.sft_examples(0), 600))
+    assert examples == list(itertools.islice(t.sft_examples(0), 600))
+    texts = {x for x, _ in examples}
+    assert texts <= {tr[0] for _, tr in kuhn.decision_points() if len(tr) == 1}
+    counts = {a: sum(1 for _, x in examples if x == a) for a in "cbf"}
+    assert sum(counts.values()) == 600 and min(counts.values()) > 150  # uniform: no strategy
+    assert make_task("holdem").sft_examples(0) is not None  # none offered: an empty stream
+    assert list(make_task("holdem").sft_examples(0)) == []
