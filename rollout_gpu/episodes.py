@@ -50,6 +50,25 @@ class _Episode:
         return self.group.episode.max_tokens - len(self.tokens)
 
 
+class _Codec:
+    """Text <-> ids exactly as the controller's `TextCodec` (bridge/contracts/prompt.py):
+    the `tokenizers` backend of a fast HF tokenizer, so no HF-side post-processing (such as
+    `clean_up_tokenization_spaces`) makes the worker's action text differ from the replay's."""
+
+    def __init__(self, tokenizer):
+        self.hf, self.raw = tokenizer, getattr(tokenizer, "backend_tokenizer", None)
+
+    def decode(self, ids: list[int]) -> str:
+        if self.raw is not None:
+            return self.raw.decode(ids, skip_special_tokens=True)
+        return self.hf.decode(ids, skip_special_tokens=True)
+
+    def encode(self, text: str) -> list[int]:
+        if self.raw is not None:
+            return list(self.raw.encode(text, add_special_tokens=False).ids)
+        return [int(t) for t in self.hf.encode(text, add_special_tokens=False)]
+
+
 def _request(ep: _Episode) -> SampleRequest:
     s = ep.group.sampling
     return SampleRequest(
@@ -95,15 +114,15 @@ def _take_turn(engine: RolloutEngine, ep: _Episode, sample, version: int) -> Non
     ep.mask += [1] * len(ids)
     ep.logprobs += lps
     ep.turns += 1
-    tok = engine.tokenizer
+    tok = _Codec(engine.tokenizer)
     try:
-        obs, _, done = ep.env.step(tok.decode(ids, skip_special_tokens=True))
+        obs, _, done = ep.env.step(tok.decode(ids))
     except Exception as e:  # noqa: BLE001 - the environment is task code
         raise GenerationError(f"{where}: environment step failed: {e}") from e
     if done:
         ep.finish = "stop"
         return
-    obs_ids = [int(t) for t in tok.encode(obs, add_special_tokens=False)]
+    obs_ids = tok.encode(obs)
     if not obs_ids:
         raise GenerationError(f"{where}: the environment returned an empty observation")
     # The trajectory must end with a model turn: stop unless another turn fits after obs.
