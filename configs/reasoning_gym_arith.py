@@ -42,5 +42,5 @@ def get_config():
     c.task.eval_size = 200
     c.task.reward_fn = ""
     c.batch.max_prompt_len = 24  # BOS + "Calculate 99 - 99. "
-    c.batch.max_answer_len = 20  # "<answer>-99</answer>" + EOS
+    c.batch.max_answer_len = 24  # "<answer>-98</answer>" + EOS (21 tokens)
     return c
