@@ -17,6 +17,12 @@ later (still empty) slots, and positions/masks stay constant across decode steps
 
 Scoring is the task's own reward (`bridge.tasks.score`) on the decoded text up to EOS;
 accuracy is the fraction of prompts with reward >= 1.
+
+Exact expected reward (`expected_reward`): a multi-turn task whose decisions are single
+tokens and whose game is small (Kuhn poker; `bridge.tasks.env.ExactEval`) is evaluated
+exactly instead of by sampling: one forward pass over every decision point's transcript
+gives the policy's probability of each action token (temperature 1, the sampling
+distribution), and the environment enumerates deals and opponent moves with them.
 """
 
 from __future__ import annotations
@@ -129,3 +135,69 @@ class Evaluator:
         texts = self.completions(params, mesh, rules)
         rewards = [tasks.score(self.task, pr, t) for pr, t in zip(self.prompts, texts, strict=True)]
         return float(np.mean([r >= 1.0 for r in rewards]))
+
+
+def next_token_fn(cfg: ModelConfig, dtype=jnp.float32):
+    """(params, tokens [B, L], segment_ids [B, L], last [B]) -> log-probs [B, V] of the token
+    after position `last` of each (right-padded) row."""
+    net = model.Transformer(cfg, dtype=dtype)
+
+    def fn(params, tokens, segment_ids, last):
+        positions = model.positions_from_segments(segment_ids)  # [B, L]
+        logits = net.apply({"params": params}, tokens, positions, segment_ids)  # [B, L, V]
+        at = jnp.take_along_axis(logits, last[:, None, None], axis=1)[:, 0]  # [B, V]
+        return jax.nn.log_softmax(at.astype(jnp.float32), axis=-1)
+
+    return jax.jit(fn)
+
+
+class ExactEvaluator:
+    """The policy's exact expected reward on a task with `task.exact_eval()` (see the
+    module docstring); `optimum` is the best any policy reaches."""
+
+    def __init__(self, cfg: ModelConfig, codec, exact, dtype: str = "float32"):
+        self.codec, self.exact, self.optimum = codec, exact, exact.optimum
+        # Every token that means an action when sampled as a whole turn ("c" and "C" both
+        # check): the action's probability is the sum over them.
+        self.action_ids: dict[str, list[int]] = {}
+        for t in range(codec.tok.get_vocab_size()):
+            a = exact.parse(codec.decode([t]))
+            if a is not None:
+                self.action_ids.setdefault(a, []).append(t)
+        rows = []
+        for pieces in exact.transcripts:
+            ids = codec.encode_prompt(pieces[0])
+            for i, text in enumerate(pieces[1:]):
+                more = codec.encode(text)
+                if i % 2 == 0 and len(more) != 1:
+                    raise ValueError(f"action {text!r} is {len(more)} tokens; exact eval needs 1")
+                ids += more
+            rows.append(ids)
+        width = max(map(len, rows))
+        size = -(-len(rows) // 8) * 8  # splits over any data x fsdp mesh of up to 8 devices
+        self.tokens = np.full((size, width), codec.pad_id, np.int32)
+        self.seg = np.zeros((size, width), np.int32)
+        self.last = np.zeros((size,), np.int32)
+        for i, ids in enumerate(rows):
+            self.tokens[i, : len(ids)], self.seg[i, : len(ids)] = ids, 1
+            self.last[i] = len(ids) - 1
+        self.rows = len(rows)
+        self._fn = next_token_fn(cfg, jnp.dtype(dtype))
+
+    def action_probs(self, params, mesh=None, rules=sharding.DEFAULT_RULES) -> list[dict]:
+        if mesh is not None:
+            with sharding.use_mesh(mesh, rules):
+                logp = self._fn(params, self.tokens, self.seg, self.last)
+        else:
+            logp = self._fn(params, self.tokens, self.seg, self.last)
+        p = np.exp(np.asarray(jax.device_get(logp), np.float64))[: self.rows]  # [points, V]
+        return [{a: float(row[ids].sum()) for a, ids in self.action_ids.items()} for row in p]
+
+    def expected_reward(self, params, mesh=None, rules=sharding.DEFAULT_RULES) -> float:
+        return float(self.exact.value(self.action_probs(params, mesh, rules)))
+
+
+def exact_evaluator(cfg: ModelConfig, codec, task, dtype: str = "float32"):
+    """An `ExactEvaluator` for tasks that offer one, else None."""
+    exact = getattr(task, "exact_eval", lambda: None)()
+    return None if exact is None else ExactEvaluator(cfg, codec, exact, dtype)

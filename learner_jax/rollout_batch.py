@@ -2,7 +2,10 @@
 
 Each trajectory becomes one row `prompt ids + completion ids`, right-padded to
 `max_prompt_len + max_answer_len + 1` (the SFT row width, so both phases share shapes).
-The loss covers the completion tokens only; `behavior_logp` carries the worker's log-prob
+The loss covers the model's completion tokens only: for a multi-turn episode the
+environment's observation tokens in the completion have `completion_mask` 0 and stay out
+of the loss, the importance weights, `mismatch/kl` and the audit (they are context, not
+actions; every one of those reads `loss_mask`). `behavior_logp` carries the worker's log-prob
 of each completion token at the position that predicts it (target-aligned, see
 `train_step.make_batch`). Advantages come from `learner_jax/advantages.py` on each
 group's rewards, rows sample-major within a group.
@@ -67,7 +70,7 @@ def groups_to_batch(
             n = len(p) + len(c)
             tokens[r, :n] = p + c
             valid[r, :n] = True
-            loss_mask[r, len(p) : n] = 1.0
+            loss_mask[r, len(p) : n] = t.mask  # 0 on environment tokens (multi-turn)
             # logprobs[j] scores completion token j, the target of position len(p) + j - 1.
             behavior[r, len(p) - 1 : n - 1] = t.logprobs
             on_policy[r] = float(all(v == current_version for v in t.versions))

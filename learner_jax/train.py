@@ -151,7 +151,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
     from bridge.contracts.prompt import TextCodec
     from bridge.control import audit
     from bridge.control.service import ServerOptions, serve_controller
-    from learner_jax import advantages, local_fleet
+    from learner_jax import advantages, evaluate, local_fleet
     from learner_jax.rl import (
         batches,
         evals,
@@ -235,7 +235,15 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         b = config.batch
         evaluator = _evaluator(learner, task, codec)
         eval_log = evals.EvalLog(
-            evaluator, learner, workdir, end=end, period=config.rollout.eval_period
+            evaluator,
+            learner,
+            workdir,
+            end=end,
+            period=config.rollout.eval_period,
+            # The exact expected reward (Kuhn) runs on process 0 alone: one process only.
+            exact=None
+            if distributed.multi_process()
+            else evaluate.exact_evaluator(learner.model_cfg, codec, task, config.model.dtype),
         )
         before = eval_log.ensure("before")
         logging.info(
@@ -339,6 +347,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
                 out.update(rescorer.last)
             if (acc := eval_log.maybe()) is not None:
                 out["eval/accuracy"] = acc
+                out.update(eval_log.extras)  # eval/expected_reward (exactly evaluable tasks)
             follower.check()  # replace dead workers, follow activation (every period_s)
             source.checkpointed(learner.ckpt.latest_step())
             return out

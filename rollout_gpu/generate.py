@@ -16,6 +16,9 @@ Versions: the engine only swaps weights between leases, so every token of a leas
 sampled by the one version the engine served when it started; each completion token is
 tagged with it.
 
+Multi-turn episodes (a group with an `EpisodeSpec`) are played by rollout_gpu/episodes.py;
+a single-turn group is their one-step case.
+
 No rewards here: the controller scores each completion itself from its token ids and
 never sends the reference answers out (bridge/control/rewards.py).
 """
@@ -93,7 +96,19 @@ def generate_groups(
     version: int,
     should_abort: Callable[[], bool] = lambda: False,
 ) -> list[GroupResult]:
-    """Sample and package every group (all or nothing: raises on the first problem)."""
+    """Sample and package every group (all or nothing: raises on the first problem).
+    Groups with an `EpisodeSpec` are multi-turn episodes (rollout_gpu/episodes.py)."""
+    if any(g.episode is not None for g in groups):
+        from rollout_gpu.episodes import generate_episodes
+
+        multi = [g for g in groups if g.episode is not None]
+        single = [g for g in groups if g.episode is None]
+        done = {r.group_id: r for r in generate_episodes(engine, multi, version, should_abort)}
+        if single:
+            done.update(
+                (r.group_id, r) for r in generate_groups(engine, single, version, should_abort)
+            )
+        return [done[g.group_id] for g in groups]
     max_len = engine.max_model_len
     for g in groups:
         ids = g.prompt_token_ids

@@ -43,9 +43,9 @@ get no leases (reason "inactive").
 
 Trust: the controller builds each leased prompt's token ids itself (`codec`, the run's
 tokenizer) and refuses a group generated from other ids; it scores every completion itself
-(bridge/control/rewards.py, outside the lock, a timeout per call) and never sends reference
-answers out; `audit` quarantines a worker whose behaviour log-probs stray from the
-learner's (bridge/control/audit.py).
+(bridge/control/rewards.py, outside the lock, a timeout per call; a multi-turn episode by
+replaying its environment) and never sends reference answers out; `audit` quarantines a
+worker whose behaviour log-probs stray from the learner's (bridge/control/audit.py).
 
 Weight broadcast (bridge/broadcast/state.py, `self.broadcast`, config `broadcast`): relay
 routes in every heartbeat/lease answer, bad-parent reports, `broadcast/*` metrics.
@@ -78,6 +78,7 @@ from bridge.control.lease_timing import LeaseTiming
 from bridge.control.prompt_stream import PromptStream
 from bridge.control.protocol import (
     ConsumedGroup,
+    EpisodeSpec,
     Heartbeat,
     HeartbeatResponse,
     Lease,
@@ -92,7 +93,7 @@ from bridge.control.protocol import (
 )
 from bridge.control.rewards import CallPool, Codec, RewardScorer
 from bridge.control.validation import SubmissionError
-from bridge.tasks import Task
+from bridge.tasks import EnvTask, Task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,6 +114,10 @@ class ControllerConfig:
     retry_after_s: float = 0.5
     seed: int = 0
     reward_timeout_s: float = 5.0  # per completion, in the reward pool (rewards.py)
+    # A multi-turn task's episode budget: completion tokens in all, model and environment
+    # (each model turn then samples at most sampling.max_tokens and the task's
+    # turn_max_tokens). 0 = sampling.max_tokens.
+    max_completion_tokens: int = 0
     # Quarantine past these (audit.py; the defaults are measured in BUILD_NOTES.md).
     audit_kl_threshold: float = 0.01  # mean k3 per token
     audit_logratio_threshold: float = 0.1  # |mean behaviour - learner log-prob| per token
@@ -414,7 +419,8 @@ class Controller:
                     prompt=r["prompt"],
                     prompt_token_ids=self._prompt_ids(r["prompt"]),
                     n=c.group_size,
-                    sampling=c.sampling,
+                    sampling=self.sampling,
+                    episode=self._episode(r["answer"]),
                 )
                 for r in rows
             ]
@@ -456,6 +462,30 @@ class Controller:
                 503,
             )
         return self.codec.encode_prompt(text)
+
+    @property
+    def sampling(self) -> SamplingParams:
+        """What a lease asks for; a multi-turn task's `turn_max_tokens` caps each turn."""
+        c, t = self.config, self.task
+        if isinstance(t, EnvTask) and t.turn_max_tokens < c.sampling.max_tokens:
+            return c.sampling.model_copy(update={"max_tokens": t.turn_max_tokens})
+        return c.sampling
+
+    def _episode(self, answer: str) -> EpisodeSpec | None:
+        """What a worker needs to play a multi-turn task's prompt (None: single-turn). The
+        seed is an environment task's `answer` (bridge/tasks/env.py: EnvTask)."""
+        t = self.task
+        if not isinstance(t, EnvTask):
+            return None
+        c = self.config
+        return EpisodeSpec(
+            env=t.env_name,
+            module=type(t.env).__module__,
+            options=t.env_options,
+            seed=int(answer),
+            max_turns=t.max_turns,
+            max_tokens=c.max_completion_tokens or c.sampling.max_tokens,
+        )
 
     def submit(self, worker_id: str, sub: Submission) -> SubmitResponse:
         """Check everything, score the completions outside the lock (rewards.py), then

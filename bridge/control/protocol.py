@@ -32,6 +32,12 @@ reference answer; a worker submits `WorkerTrajectory`s (no reward: the controlle
 the completion ids itself, bridge/control/rewards.py). `Trajectory` adds the controller's
 reward and exists on the trusted side only.
 
+Multi-turn (bridge/tasks/env.py): a group of an environment task carries an `EpisodeSpec`;
+each trajectory is then one episode, its completion the model's turns and the environment's
+observation tokens marked by `completion_mask`. The controller replays the environment from
+(seed, decoded actions), re-encodes every observation itself and refuses (422) an episode
+whose observation tokens differ; the replay's reward is the only one used.
+
 Versions: a policy version is the learner step whose parameters generated a token
 (version v = weights after v updates). A trajectory tags every completion token with
 its version, so a hot swap in the middle of a generation is visible; the staleness of a
@@ -40,7 +46,7 @@ trajectory is judged by its oldest token.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -144,6 +150,22 @@ class SamplingParams(_Model):
     stop_token_ids: list[int] = Field(default_factory=list, max_length=64)
 
 
+class EpisodeSpec(_Model):
+    """A multi-turn episode to play from the prompt (bridge/tasks/env.py): the worker runs
+    the environment `env` built with `options` from `seed` to produce the observations,
+    at most `max_turns` model turns of `SamplingParams.max_tokens` tokens each and at most
+    `max_tokens` completion tokens in all (model and environment tokens together)."""
+
+    env: str = Field(max_length=128)
+    module: str = Field(
+        default="", max_length=256, description="import it first: it registers `env`"
+    )
+    options: dict[str, Any] = Field(default_factory=dict)
+    seed: int = Field(ge=0, lt=1 << 62)
+    max_turns: int = Field(ge=1, le=1024)
+    max_tokens: int = Field(ge=1, le=_MAX_TOKENS)
+
+
 class PromptGroup(_Model):
     """One prompt to sample `n` completions of (a GRPO group).
 
@@ -159,6 +181,9 @@ class PromptGroup(_Model):
     prompt_token_ids: list[int] = Field(min_length=1, max_length=_MAX_TOKENS)
     n: int = Field(ge=1, le=_MAX_SAMPLES)
     sampling: SamplingParams
+    episode: EpisodeSpec | None = Field(
+        default=None, description="set for a multi-turn task: play n episodes, not n samples"
+    )
 
 
 class LeaseRequest(_Model):
@@ -194,12 +219,20 @@ class LeaseResponse(_Route):
 
 
 FinishReason = Literal["stop", "length"]
+# strict: a JSON true/false or 1.0 is refused, not coerced to 1/0.
+MaskBit = Annotated[int, Field(strict=True, ge=0, le=1)]
 
 
 class WorkerTrajectory(_Model):
     """One sampled completion as a worker submits it: data to check, never a fact. It has
     no reward (the controller scores the completion text itself) and its prompt ids must
-    equal the leased `PromptGroup.prompt_token_ids`."""
+    equal the leased `PromptGroup.prompt_token_ids`.
+
+    A multi-turn episode is one completion: model turns (mask 1) and the environment's
+    observation tokens (mask 0) in order, starting and ending with a model turn.
+    `completion_mask` (absent = every token is the model's: a single-turn completion) says
+    which is which; every token has a log-prob and a version entry, the environment's
+    being 0.0 and the version of the turn before (the learner ignores both)."""
 
     prompt_id: str = Field(max_length=512)
     sample_index: int = Field(ge=0, lt=_MAX_SAMPLES)
@@ -212,10 +245,32 @@ class WorkerTrajectory(_Model):
         max_length=_MAX_TOKENS, description="policy version that sampled each completion token"
     )
     finish_reason: FinishReason
+    completion_mask: list[MaskBit] | None = Field(
+        default=None,
+        max_length=_MAX_TOKENS,
+        description="1 = sampled by the model (trained), 0 = environment observation",
+    )
 
     @property
     def min_version(self) -> int:
         return min(self.versions)
+
+    @property
+    def mask(self) -> list[int]:
+        """The loss mask of the completion tokens (all ones for a single-turn completion)."""
+        if self.completion_mask is None:
+            return [1] * len(self.completion_token_ids)
+        return list(self.completion_mask)
+
+    def segments(self) -> list[tuple[int, list[int]]]:
+        """The completion as runs of equal mask: [(1, model ids), (0, env ids), ...]."""
+        out: list[tuple[int, list[int]]] = []
+        for tok, m in zip(self.completion_token_ids, self.mask, strict=True):
+            if out and out[-1][0] == m:
+                out[-1][1].append(tok)
+            else:
+                out.append((m, [tok]))
+        return out
 
 
 class Trajectory(WorkerTrajectory):

@@ -16,6 +16,12 @@ submission that needs it. The child rebuilds the task by name and options
 (`tasks.cached_task`, cached per process; it imports the task class's module first, so a
 task registered outside bridge.tasks works too), so only strings cross the pipe.
 
+Multi-turn episodes (bridge/tasks/env.py) are scored by replaying the environment in the same
+pool from the episode's seed and the model turns decoded here: the replay's reward is the
+episode's, and its observations, encoded here with the run's tokenizer, must equal the
+environment tokens the worker put between the turns (else the submission is refused, 422:
+the model would otherwise be trained on a context the environment never produced).
+
 Failure policy: a completion whose reward raises, returns a non-number or times out gets
 reward 0.0 (`Trajectory.reward_error` says why) and counts in `reward/errors`; the group is
 still accepted. Requeueing instead would loop on a prompt the reward cannot score, and a
@@ -35,7 +41,9 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from bridge.control.protocol import Trajectory, WorkerTrajectory
-from bridge.tasks import Prompt, RewardError, Task, cached_task, score
+from bridge.control.validation import SubmissionError
+from bridge.tasks import EnvTask, Prompt, RewardError, Task, cached_task, score
+from bridge.tasks.env import replay_named
 
 REWARD_ON_ERROR = 0.0
 
@@ -94,15 +102,61 @@ class RewardScorer:
             raise RewardError(f"reward worker returned {type(value).__name__}, not a number")
         return float(value)
 
+    def replay(self, prompt: Prompt, actions: list[str]) -> tuple[float, list[str], bool]:
+        """The environment task's replay of one episode: (reward, observations, done)."""
+        t = self.task
+        if self.timeout_s <= 0:
+            r = t.episode(prompt, actions)
+            return r.reward, r.observations, r.done
+        # The environment's module registers it in the pool's process (an env defined
+        # outside bridge.tasks works too).
+        args = (type(t.env).__module__, t.name, dict(t.options))
+        p = (prompt.prompt_id, prompt.text, prompt.answer)
+        out = self.pool.call(replay_named, *args, p, actions, timeout_s=self.timeout_s)
+        reward, observations, done = out
+        if isinstance(reward, bool) or not isinstance(reward, int | float):
+            raise RewardError(f"replay returned {type(reward).__name__}, not a number")
+        return float(reward), list(observations), bool(done)
+
+    def episode_reward(self, group_id: int, prompt: Prompt, t: WorkerTrajectory) -> float:
+        """Replay the episode from (seed, decoded model turns); the environment tokens must
+        be exactly the replay's observations as this side encodes them, else 422 (the
+        worker made them up). RewardError when the environment itself fails."""
+        segments = t.segments()
+        actions = [self.codec.decode(ids) for m, ids in segments if m == 1]
+        shown = [ids for m, ids in segments if m == 0]
+        reward, observations, done = self.replay(prompt, actions)
+        where = f"group {group_id} sample {t.sample_index}"
+        if len(observations) < len(actions):
+            raise SubmissionError(
+                f"{where}: the episode ended after {len(observations)} model turns, "
+                f"the trajectory has {len(actions)}"
+            )
+        for i, ids in enumerate(shown):
+            expected = self.codec.encode(observations[i])
+            if ids != expected:
+                raise SubmissionError(
+                    f"{where}: environment tokens after model turn {i + 1} differ from the "
+                    f"replay's observation {observations[i]!r} ({len(ids)} vs "
+                    f"{len(expected)} tokens)"
+                )
+        return reward
+
     def score_group(
         self, group_id: int, prompt: Prompt, trajectories: Sequence[WorkerTrajectory]
     ) -> tuple[list[Trajectory], int]:
-        """(scored trajectories, how many failed to score); never raises on a reward."""
+        """(scored trajectories, how many failed to score); never raises on a reward, but
+        raises SubmissionError (422) for an episode the environment's replay contradicts.
+        A single-turn completion is the one-step case: one model turn, no replay."""
         out, errors = [], 0
+        episodic = isinstance(self.task, EnvTask)
         for t in trajectories:
-            text = self.codec.decode(t.completion_token_ids)
             try:
-                value, why = self.reward(prompt, text), ""
+                if episodic:
+                    value, why = self.episode_reward(group_id, prompt, t), ""
+                else:
+                    text = self.codec.decode(t.completion_token_ids)
+                    value, why = self.reward(prompt, text), ""
             except RewardError as e:
                 value, why = REWARD_ON_ERROR, f"{type(e).__name__}: {e}"[:1000]
                 if not errors:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 
-from bridge.control.protocol import GroupResult, SamplingParams
+from bridge.control.protocol import EpisodeSpec, GroupResult, SamplingParams, WorkerTrajectory
 
 
 class SubmissionError(ValueError):
@@ -36,8 +36,15 @@ def check_group(
     max_prompt_tokens: int,
     newest_version: int,
     prompt_token_ids: list[int],
+    episode: EpisodeSpec | None = None,
 ) -> None:
-    """Raise SubmissionError (422) unless `result` is a complete, well-formed group."""
+    """Raise SubmissionError (422) unless `result` is a complete, well-formed group.
+
+    `episode`: the leased group is a multi-turn episode; its completion mask must then
+    alternate model turns of at most `sampling.max_tokens` tokens (at most
+    `episode.max_turns` of them) with environment tokens, start and end with a model turn,
+    and the whole completion fit `episode.max_tokens`. Whether the environment tokens are
+    the environment's is checked by the replay (bridge/control/rewards.py)."""
     g = f"group {result.group_id}"
     trajs = result.trajectories
     if len(trajs) != n:
@@ -61,15 +68,16 @@ def check_group(
                 "generate from PromptGroup.prompt_token_ids exactly"
             )
         length = len(t.completion_token_ids)
-        if length > sampling.max_tokens:
-            raise SubmissionError(
-                f"{where}: completion has {length} tokens > max_tokens {sampling.max_tokens}"
-            )
+        budget = sampling.max_tokens if episode is None else episode.max_tokens
+        if length > budget:
+            what = "max_tokens" if episode is None else "the episode's max_tokens"
+            raise SubmissionError(f"{where}: completion has {length} tokens > {what} {budget}")
         if len(t.logprobs) != length or len(t.versions) != length:
             raise SubmissionError(
                 f"{where}: need one logprob and one version per completion token "
                 f"({length}), got {len(t.logprobs)} and {len(t.versions)}"
             )
+        _check_mask(t, where, sampling, episode)
         for name, ids in (("prompt", t.prompt_token_ids), ("completion", t.completion_token_ids)):
             bad = [i for i in ids if not 0 <= i < vocab_size]
             if bad:
@@ -88,3 +96,38 @@ def check_group(
             )
         if any(b < a for a, b in zip(t.versions, t.versions[1:], strict=False)):
             raise SubmissionError(f"{where}: versions must not decrease along the completion")
+
+
+def _check_mask(
+    t: WorkerTrajectory, where: str, sampling: SamplingParams, episode: EpisodeSpec | None
+) -> None:
+    """The completion mask's shape: none (or all ones) for a single-turn group; for an
+    episode, model turns within the limits, environment tokens with log-prob 0."""
+    mask = t.completion_mask
+    if mask is None:
+        if episode is not None:
+            raise SubmissionError(f"{where}: an episode needs a completion_mask")
+        return
+    if len(mask) != len(t.completion_token_ids):
+        raise SubmissionError(
+            f"{where}: completion_mask has {len(mask)} entries for "
+            f"{len(t.completion_token_ids)} completion tokens"
+        )
+    if episode is None:
+        if 0 in mask:
+            raise SubmissionError(f"{where}: environment tokens (mask 0) in a single-turn group")
+        return
+    segments = t.segments()
+    if segments[0][0] != 1 or segments[-1][0] != 1:
+        raise SubmissionError(f"{where}: an episode must start and end with a model turn")
+    turns = [ids for m, ids in segments if m == 1]
+    if len(turns) > episode.max_turns:
+        raise SubmissionError(f"{where}: {len(turns)} model turns > max_turns {episode.max_turns}")
+    longest = max(len(ids) for ids in turns)
+    if longest > sampling.max_tokens:
+        raise SubmissionError(
+            f"{where}: a model turn has {longest} tokens > max_tokens {sampling.max_tokens}"
+        )
+    env_lp = [x for x, m in zip(t.logprobs, mask, strict=True) if m == 0 and x != 0.0]
+    if env_lp:
+        raise SubmissionError(f"{where}: environment tokens must carry log-prob 0, got {env_lp[0]}")

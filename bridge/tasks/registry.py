@@ -11,6 +11,7 @@ Any task's reward can be replaced by options (`reward_fn="PATH.py:NAME"`,
 from __future__ import annotations
 
 import functools
+import importlib
 import json
 from collections.abc import Callable
 from typing import Any
@@ -39,7 +40,12 @@ def available_tasks() -> list[str]:
 
 def make_task(name: str, **options: Any) -> Task:
     """The task `name` built with `options`; the reward options of `user_reward` (reward_fn,
-    reward="math_verify", ...) are taken out here and replace the task's own reward."""
+    reward="math_verify", ...) are taken out here and replace the task's own reward.
+    `module="my_pkg.my_env"` imports that module first, so a task or environment it
+    registers can be named (a user's own, outside bridge.tasks)."""
+    module = options.pop("module", "") or ""
+    if module:
+        importlib.import_module(module)
     if name not in _TASKS:
         raise KeyError(f"unknown task {name!r}; registered: {sorted(_TASKS)}")
     override, options = user_reward.from_options(options)
@@ -47,7 +53,7 @@ def make_task(name: str, **options: Any) -> Task:
     task = _TASKS[name](**own)
     # Kept so the controller can ship (name, options) in each lease and a worker rebuilds
     # the same reward function with `cached_task`.
-    task.options = dict(options)
+    task.options = dict(options, **({"module": module} if module else {}))
     if override is not None:
         override.install(task)
     return task

@@ -26,8 +26,12 @@ EVAL_FILE = "eval.jsonl"
 
 
 class EvalLog:
-    def __init__(self, evaluator, learner, workdir: str, *, end: int, period: int):
-        self.evaluator, self.learner = evaluator, learner
+    def __init__(self, evaluator, learner, workdir: str, *, end: int, period: int, exact=None):
+        """`exact`: an `evaluate.ExactEvaluator` (tasks with an exact expected reward, e.g.
+        Kuhn poker): each row then also has `expected_reward` and `optimum`, and
+        `extras` the matching `eval/` metrics of the newest evaluation."""
+        self.evaluator, self.learner, self.exact = evaluator, learner, exact
+        self.extras: dict[str, float] = {}
         self.path = os.path.join(workdir, EVAL_FILE)
         self.rl_start, self.end, self.period = learner.cursor["rl_start_step"], end, period
 
@@ -41,6 +45,21 @@ class EvalLog:
             lrn.mirror.eval()  # the other processes join the decode (learner_jax/rl/mirror.py)
         acc = self.evaluator.accuracy(lrn.state.params, lrn.mesh, lrn.rules)
         row = {"tag": tag, "step": lrn.step, "accuracy": acc, "time": time.time()}
+        if self.exact is not None:
+            row["expected_reward"] = self.exact.expected_reward(
+                lrn.state.params, lrn.mesh, lrn.rules
+            )
+            row["optimum"] = self.exact.optimum
+            self.extras = {
+                "eval/expected_reward": row["expected_reward"],
+                "eval/optimum_reward": row["optimum"],
+            }
+            logging.info(
+                "exact expected reward %.4f (optimum %.4f) at step %d",
+                row["expected_reward"],
+                row["optimum"],
+                row["step"],
+            )
         with open(self.path, "a") as f:
             f.write(json.dumps(row) + "\n")
         logging.info(

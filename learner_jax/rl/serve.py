@@ -31,6 +31,8 @@ def controller_config(config, vocab_size: int, eos_id: int) -> ControllerConfig:
             max_tokens=b.max_answer_len,
             stop_token_ids=[eos_id],
         ),
+        # a multi-turn episode (model and environment tokens) fits one learner row too
+        max_completion_tokens=b.max_answer_len,
         max_prompt_tokens=b.max_prompt_len,
         seed=config.seed,
         refuse_too_slow=config.controller.refuse_too_slow,

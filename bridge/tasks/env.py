@@ -1,0 +1,237 @@
+"""Multi-turn environments: the interface, their registry, and the task view of one.
+
+    @register_env("kuhn_poker")
+    class KuhnPoker(Environment):
+        def reset(self, seed: int) -> str: ...              # the first observation
+        def step(self, action: str) -> tuple[str, float, bool]: ...   # (obs, reward, done)
+
+Registering an environment also registers a task of the same name (`EnvTask`), so
+`task.name=kuhn_poker` trains on it with nothing else to write. An episode:
+
+    prompt ids = BOS + encode(reset(seed))      (the controller builds them, like any prompt)
+    model turn 1 (loss mask 1) | encode(obs 1) (mask 0) | model turn 2 (mask 1) | ...
+
+until `done` or `max_turns` model turns. The model's tokens stay exactly as sampled; each
+observation is encoded on its own without special tokens (`TextCodec.encode` on the
+controller, `tokenizer.encode(text, add_special_tokens=False)` on a worker), and the action
+the environment sees is a model turn's tokens decoded with special tokens skipped. Both
+sides thus agree token for token, which the controller checks on every submission.
+
+Trust: the episode's reward is the sum of the step rewards of a REPLAY on the trusted side
+(`replay`, in the reward pool): reset(seed), then step through the decoded actions. A
+worker runs its own copy of the environment only to produce the observations; it sends no
+reward, and observation tokens that differ from the replay's are refused (422). Envs must
+therefore be deterministic functions of (seed, actions): draw any randomness (an opponent's
+mixed strategy, the deck) from `random.Random(seed)`, never from global state.
+
+An episode cut short (the token budget or `max_turns` ran out before `done`) scores the
+rewards so far plus `unfinished_reward()` (default 0): an env where stalling must not pay
+(poker: a hand left unplayed) overrides it.
+
+A single-turn task is the one-step case: one model segment, no environment tokens.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import hashlib
+import random
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from bridge.tasks.base import Prompt, RewardError, Task
+from bridge.tasks.registry import register_task
+
+_ENVS: dict[str, Callable[..., Environment]] = {}
+_SEED_SPACE = 1 << 62  # episode seeds are in [0, 2**62): JSON- and SQLite-safe integers
+
+
+class Environment(abc.ABC):
+    """One episode at a time; `reset` starts a new one. Deterministic in (seed, actions)."""
+
+    name: str = ""
+
+    @abc.abstractmethod
+    def reset(self, seed: int) -> str:
+        """Start the episode `seed`; returns the first observation (the prompt text)."""
+
+    @abc.abstractmethod
+    def step(self, action: str) -> tuple[str, float, bool]:
+        """Apply the model's action text; (next observation, reward of this step, done).
+        The observation after `done` is informational (never shown to the model)."""
+
+    def unfinished_reward(self) -> float:
+        """Extra reward when the episode ends before `done` (budget or max_turns)."""
+        return 0.0
+
+    def exact_eval(self) -> ExactEval | None:
+        """The policy's exact expected reward, for small games (None: not available)."""
+        return None
+
+    def demonstrations(self, seed: int) -> Iterator[tuple[str, str]]:
+        """SFT examples (first observation, action), e.g. a format-only warm start."""
+        return iter(())
+
+
+@dataclasses.dataclass(frozen=True)
+class ExactEval:
+    """An environment whose every decision is one token can be evaluated exactly: the
+    learner reads the policy's next-token distribution at each decision point off one
+    forward pass, sums it per action (every vocabulary token decoded and `parse`d, as the
+    environment parses an action: "c" and "C" are the same check), and `value` turns
+    that into the expected reward per episode.
+
+    `transcripts[i]` is the text at decision point i, [obs, action, obs, ..., obs] (the
+    model's earlier actions included as one-token texts); `parse(text)` the action a
+    one-token text means, or None; `value(probs)` takes one {action: probability} per
+    point (the mass on no action is whatever the environment does with an invalid
+    action); `optimum` the best expected reward any policy reaches."""
+
+    transcripts: list[list[str]]
+    parse: Callable[[str], str | None]
+    value: Callable[[list[dict[str, float]]], float]
+    optimum: float
+
+
+def register_env(name: str, **task_defaults: Any):
+    """Class decorator: registers the environment and a task `name` built on it
+    (`task_defaults` are the task's default options, e.g. max_turns)."""
+
+    def deco(cls):
+        if name in _ENVS:
+            raise ValueError(f"environment {name!r} registered twice")
+        cls.name = name
+        _ENVS[name] = cls
+
+        def factory(**options):
+            return EnvTask(name, **{**task_defaults, **options})
+
+        register_task(name)(factory)
+        return cls
+
+    return deco
+
+
+def available_envs() -> list[str]:
+    return sorted(_ENVS)
+
+
+def make_env(name: str, **options: Any) -> Environment:
+    if name not in _ENVS:
+        raise KeyError(f"unknown environment {name!r}; registered: {sorted(_ENVS)}")
+    return _ENVS[name](**options)
+
+
+@dataclasses.dataclass(frozen=True)
+class Replay:
+    """What the environment said along one episode: `observations[i]` follows action i."""
+
+    reward: float
+    observations: list[str]
+    done: bool
+    step_rewards: list[float]
+
+
+def replay(env: Environment, seed: int, actions: Sequence[str]) -> Replay:
+    """Run an episode from (seed, actions). It stops at `done`: actions beyond it are not
+    applied (fewer observations than actions tells the caller they were made up)."""
+    env.reset(seed)
+    observations, rewards, done = [], [], False
+    for action in actions:
+        if done:
+            break
+        obs, r, done = env.step(action)
+        if not done and not obs:
+            raise RewardError(f"environment {env.name!r} returned an empty observation")
+        observations.append(obs)
+        rewards.append(float(r))
+    total = sum(rewards) + (0.0 if done else float(env.unfinished_reward()))
+    return Replay(total, observations, done, rewards)
+
+
+def _seed(label: str, index: int) -> int:
+    digest = hashlib.sha256(f"{label}/{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % _SEED_SPACE
+
+
+class EnvTask(Task):
+    """The task view of an environment: a prompt is an episode seed, its text the first
+    observation, its reward the episode's (replayed) reward.
+
+    Options: `max_turns` (model turns per episode), `turn_max_tokens` (tokens per model
+    turn; the run's `batch.max_answer_len` bounds the whole episode), `eval_size` (held-out
+    episodes, seeds from their own label so they never appear in training), `env_options`
+    (a dict passed to the environment's constructor); any other option goes to the
+    environment too. Prompt ids are `<env>/<seed>`; `answer` holds the seed (the trusted
+    side's copy; the lease carries the seed in its `EpisodeSpec`).
+    """
+
+    def __init__(
+        self,
+        env: str,
+        max_turns: int = 8,
+        turn_max_tokens: int = 8,
+        eval_size: int = 64,
+        env_options: dict | None = None,
+        **options: Any,
+    ):
+        if max_turns < 1 or turn_max_tokens < 1:
+            raise ValueError(f"need max_turns >= 1 and turn_max_tokens >= 1 for {env!r}")
+        self.name = self.env_name = env
+        self.env_options = {**(env_options or {}), **options}
+        self.max_turns, self.turn_max_tokens = int(max_turns), int(turn_max_tokens)
+        self.eval_size = int(eval_size)
+        self.env = make_env(env, **self.env_options)  # fails here on bad options
+
+    def new_env(self) -> Environment:
+        return make_env(self.env_name, **self.env_options)
+
+    def _prompt(self, seed: int) -> Prompt:
+        return Prompt(f"{self.env_name}/{seed}", self.env.reset(seed), str(seed))
+
+    def train_prompts(self, seed: int) -> Iterator[Prompt]:
+        rng = random.Random(f"{self.env_name}/train/{seed}")
+        while True:
+            yield self._prompt(rng.randrange(_SEED_SPACE))
+
+    def eval_prompts(self) -> list[Prompt]:
+        return [self._prompt(_seed(f"{self.env_name}/eval", i)) for i in range(self.eval_size)]
+
+    @staticmethod
+    def seed_of(prompt: Prompt) -> int:
+        return int(prompt.answer)
+
+    def episode(self, prompt: Prompt, actions: Sequence[str]) -> Replay:
+        return replay(self.new_env(), self.seed_of(prompt), actions)
+
+    def reward(self, prompt: Prompt, completion: str) -> float:
+        """The one-step case: the completion is the first (and only) action."""
+        return self.episode(prompt, [completion]).reward
+
+    def sft_examples(self, seed: int) -> Iterator[tuple[str, str]]:
+        return self.new_env().demonstrations(seed)
+
+    def exact_eval(self) -> ExactEval | None:
+        """The environment's exact evaluation; only when a turn is a single token (then
+        the action probabilities at each decision point are the whole policy)."""
+        return self.env.exact_eval() if self.turn_max_tokens == 1 else None
+
+
+def replay_named(
+    module: str, task_name: str, options: dict, prompt: tuple[str, str, str], actions: list[str]
+) -> tuple[float, list[str], bool]:
+    """Runs in a reward-pool worker (bridge/control/rewards.py): the trusted replay of one
+    episode of the task (name, options) as plain data, so only strings cross the pipe."""
+    import importlib
+    import sys
+
+    from bridge.tasks.registry import cached_task
+
+    if module not in sys.modules and module != "__main__":
+        importlib.import_module(module)
+    task = cached_task(task_name, options)
+    if not isinstance(task, EnvTask):
+        raise RewardError(f"task {task_name!r} is not an environment task")
+    r = task.episode(Prompt(*prompt), actions)
+    return r.reward, r.observations, r.done

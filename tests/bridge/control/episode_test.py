@@ -1,0 +1,308 @@
+"""Multi-turn episodes through the real controller service (HTTP on loopback): the lease
+carries the episode, the controller replays the environment from (seed, decoded actions)
+in the reward pool, the replayed reward is what reaches the learner (the worker sends
+none), and every malformed or made-up episode is refused with a 4xx before anything is
+buffered. The "worker" here plays Kuhn poker with scripted actions on its own copy of the
+environment, exactly as rollout_gpu/episodes.py does with sampled ones."""
+
+import os
+
+import httpx
+import pytest
+
+from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.protocol import SamplingParams
+from bridge.control.service import ServerOptions, load_or_create_join_secret, serve_controller
+from bridge.model.tiny_model import EOS_ID
+from bridge.tasks import EnvTask, make_env, make_task
+
+PROFILE = {"accelerator": "cpu", "price_per_hour": 0.0, "max_concurrent_sequences": 16}
+GROUP = 4
+
+
+def _two_turn_seed(task) -> int:
+    """A controller seed whose first prompt is a hand where the model checks first and the
+    opponent bets: a check then leaves an observation and a second model turn."""
+    for seed in range(100):
+        env = task.new_env()
+        env.reset(EnvTask.seed_of(next(task.train_prompts(seed))))
+        if env.seat == 0 and env.opp in "JK":  # this opponent bets J and K after a check
+            return seed
+    raise AssertionError("no such seed")
+
+
+@pytest.fixture
+def served(tmp_path, text_codec):
+    task = make_task("kuhn_poker", turn_max_tokens=3)
+    ctl = Controller(
+        ControllerConfig(
+            staleness=1,
+            groups_per_step=1,
+            group_size=GROUP,
+            vocab_size=100,
+            sampling=SamplingParams(max_tokens=16, stop_token_ids=[EOS_ID]),
+            max_completion_tokens=40,
+            reward_timeout_s=5.0,  # replays run in the reward pool, as in a real run
+            seed=_two_turn_seed(task),
+        ),
+        os.path.join(tmp_path, "controller.db"),
+        task,
+        codec=text_codec,
+    )
+    server = serve_controller(ctl, str(tmp_path), ServerOptions())
+    secret = load_or_create_join_secret(str(tmp_path))
+    with httpx.Client(base_url=server.url, timeout=60) as client:
+        r = client.post("/v1/register", json={"join_secret": secret, "profile": PROFILE})
+        headers = {"Authorization": f"Bearer {r.json()['token']}"}
+        ctl.publish(0)
+        r = client.post("/v1/lease", headers=headers, json={"worker_version": 0, "max_groups": 1})
+        assert r.status_code == 200, r.text
+        yield ctl, client, headers, r.json()["lease"], text_codec
+    server.stop()
+    ctl.close()
+
+
+def play(group, actions, codec):
+    """One honest episode: (trajectory dict, the worker's own episode reward)."""
+    spec = group["episode"]
+    env = make_env(spec["env"], **spec["options"])
+    assert codec.encode_prompt(env.reset(spec["seed"])) == group["prompt_token_ids"]
+    ids, mask, logprobs, total = [], [], [], 0.0
+    for i, action in enumerate(actions):
+        turn = codec.encode(action) + [EOS_ID]
+        ids, mask, logprobs = ids + turn, mask + [1] * len(turn), logprobs + [-0.7] * len(turn)
+        obs, reward, done = env.step(action)
+        total += reward
+        if done or i == len(actions) - 1:
+            break
+        shown = codec.encode(obs)
+        ids, mask, logprobs = ids + shown, mask + [0] * len(shown), logprobs + [0.0] * len(shown)
+    traj = dict(
+        prompt_id=group["prompt_id"],
+        sample_index=0,
+        prompt_token_ids=group["prompt_token_ids"],
+        completion_token_ids=ids,
+        logprobs=logprobs,
+        versions=[0] * len(ids),
+        finish_reason="stop",
+        completion_mask=mask,
+    )
+    return traj, total, done
+
+
+def submit(client, headers, lease, trajs):
+    trajs = [dict(t, sample_index=i) for i, t in enumerate(trajs)]
+    group = {"group_id": lease["groups"][0]["group_id"], "trajectories": trajs}
+    return client.post(
+        "/v1/submit", headers=headers, json={"lease_id": lease["lease_id"], "groups": [group]}
+    )
+
+
+SCRIPTS = (["c", "c"], ["b", "c"], ["f"], ["x", "c"])
+
+
+def test_lease_carries_the_episode_and_the_replayed_reward_reaches_the_batch(served):
+    ctl, client, headers, lease, codec = served
+    group = lease["groups"][0]
+    spec = group["episode"]
+    assert spec["env"] == "kuhn_poker" and spec["max_turns"] == 2 and spec["max_tokens"] == 40
+    assert group["sampling"]["max_tokens"] == 3  # the task's turn_max_tokens caps each turn
+    assert group["prompt_id"] == f"kuhn_poker/{spec['seed']}"
+    played = [play(group, s, codec) for s in SCRIPTS]
+    r = submit(client, headers, lease, [t for t, _, _ in played])
+    assert r.status_code == 200, r.text
+    batch, _ = ctl.take_batch(0, 1)
+    trajs = sorted(batch[0].trajectories, key=lambda t: t.sample_index)
+    for t, (sent, worker_reward, done) in zip(trajs, played, strict=True):
+        assert t.reward == worker_reward + (0.0 if done else -1.0)  # unfinished: a fold
+        assert t.completion_mask == sent["completion_mask"]
+        assert t.reward_error == ""
+    # The fold is -1 whatever the deal; an invalid action is a fold too.
+    assert trajs[2].reward == -1.0
+
+
+def _refused(served, mutate, status=422, match=""):
+    ctl, client, headers, lease, codec = served
+    group = lease["groups"][0]
+    trajs = [play(group, s, codec)[0] for s in SCRIPTS]
+    mutate(trajs, group, codec)
+    before = ctl.stats()["groups/buffered"]
+    r = submit(client, headers, lease, trajs)
+    assert r.status_code == status, r.text
+    assert match in r.text, r.text
+    assert ctl.stats()["groups/buffered"] == before == 0
+
+
+@pytest.mark.parametrize("fake", [" opp c. you:", " opp b. you: "])
+def test_made_up_environment_tokens_are_refused(served, fake):
+    def lie(trajs, group, codec):
+        t = trajs[0]  # "c", then the opponent's bet " opp b. you:": claim something else
+        mask = t["completion_mask"]
+        i, n = mask.index(0), mask.count(0)
+        assert codec.decode(t["completion_token_ids"][i : i + n]) == " opp b. you:"
+        ids = codec.encode(fake)
+        t["completion_token_ids"][i : i + n] = ids
+        mask[i : i + n] = [0] * len(ids)
+        t["logprobs"][i : i + n] = [0.0] * len(ids)
+        t["versions"][i : i + n] = [0] * len(ids)
+
+    _refused(served, lie, match="differ from the replay")
+
+
+@pytest.mark.parametrize(
+    "mutate,match",
+    [
+        (lambda ts, g, c: ts[0].update(completion_mask=[2] * len(ts[0]["completion_mask"])), ""),
+        (lambda ts, g, c: ts[0].update(completion_mask=[True] * len(ts[0]["logprobs"])), ""),
+        (lambda ts, g, c: ts[0].update(completion_mask=ts[0]["completion_mask"][:-1]), "entries"),
+        (lambda ts, g, c: ts[0].pop("completion_mask"), "needs a completion_mask"),
+        (
+            lambda ts, g, c: ts[0].update(logprobs=[-0.1] * len(ts[0]["logprobs"])),
+            "log-prob 0",
+        ),
+        (
+            lambda ts, g, c: ts[0].update(completion_mask=[0] + ts[0]["completion_mask"][1:]),
+            "start and end with a model turn",
+        ),
+        (
+            lambda ts, g, c: ts[2].update(  # a turn after the episode ended (a fold)
+                completion_token_ids=ts[2]["completion_token_ids"] + c.encode(" x") + [15],
+                completion_mask=ts[2]["completion_mask"] + [0, 0, 1],
+                logprobs=ts[2]["logprobs"] + [0.0, 0.0, -0.5],
+                versions=ts[2]["versions"] + [0, 0, 0],
+            ),
+            "the episode ended after 1",
+        ),
+        (
+            lambda ts, g, c: ts[0].update(  # a model turn longer than max_tokens 3
+                completion_token_ids=c.encode("cccc") + ts[0]["completion_token_ids"][2:],
+                completion_mask=[1, 1, 1, 1] + ts[0]["completion_mask"][2:],
+                logprobs=[-0.1] * 4 + ts[0]["logprobs"][2:],
+                versions=[0, 0] + ts[0]["versions"],
+            ),
+            "a model turn has 4 tokens",
+        ),
+    ],
+    ids=["mask-2", "mask-bool", "mask-short", "no-mask", "env-logprob", "env-first",
+         "after-done", "long-turn"],
+)  # fmt: skip
+def test_malformed_episodes_are_refused(served, mutate, match):
+    _refused(served, mutate, match=match)
+
+
+def test_a_single_turn_group_refuses_environment_tokens(tmp_path, text_codec):
+    from bridge.control.protocol import GroupResult, WorkerTrajectory
+    from bridge.control.validation import SubmissionError, check_group
+
+    ids = text_codec.encode_prompt("1+1=")
+    traj = WorkerTrajectory(
+        prompt_id="p",
+        sample_index=0,
+        prompt_token_ids=ids,
+        completion_token_ids=[5, 6, EOS_ID],
+        logprobs=[-0.1, 0.0, -0.1],
+        versions=[0, 0, 0],
+        finish_reason="stop",
+        completion_mask=[1, 0, 1],
+    )
+    kw = dict(
+        prompt_id="p",
+        n=1,
+        sampling=SamplingParams(max_tokens=8),
+        vocab_size=100,
+        max_prompt_tokens=16,
+        newest_version=0,
+        prompt_token_ids=ids,
+    )
+    with pytest.raises(SubmissionError, match="single-turn"):
+        check_group(GroupResult(group_id=0, trajectories=[traj]), **kw)
+    ok = traj.model_copy(update={"completion_mask": [1, 1, 1]})
+    check_group(GroupResult(group_id=0, trajectories=[ok]), **kw)
+
+
+GUESS_ENV = '''
+import random
+from bridge.tasks import Environment, register_env
+
+@register_env("guess", max_turns=4, turn_max_tokens=2)
+class Guess(Environment):
+    """The README's example: guess a digit; each wrong guess is told higher/lower."""
+    def reset(self, seed):
+        self.secret = random.Random(seed).randrange(10)
+        return "Guess 0-9:"
+    def step(self, action):
+        g = action.strip()[:1]
+        if g == str(self.secret):
+            return " yes.", 1.0, True
+        return (" higher:" if g.isdigit() and int(g) < self.secret else " lower:"), 0.0, False
+'''
+
+
+def test_a_users_environment_from_its_own_module(tmp_path, text_codec, monkeypatch):
+    """The README's environment class in a module of the user's: the task is built by name
+    with `module=`, the lease tells a worker which module registers the env, and the
+    controller's replay (in a reward pool started after the module is importable) finds
+    it too."""
+    from bridge.control.protocol import LeaseRequest, Submission, WorkerProfile
+    from bridge.tasks.reward_pool import RewardPool
+
+    (tmp_path / "guess_env_mod.py").write_text(GUESS_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    task = make_task("guess", module="guess_env_mod")
+    pool = RewardPool(processes=1)
+    ctl = Controller(
+        ControllerConfig(
+            groups_per_step=1,
+            group_size=2,
+            vocab_size=100,
+            sampling=SamplingParams(max_tokens=8, stop_token_ids=[EOS_ID]),
+            max_completion_tokens=40,
+        ),
+        os.path.join(tmp_path, "controller.db"),
+        task,
+        codec=text_codec,
+        reward_pool=pool,
+    )
+    try:
+        wid, _ = ctl.register(WorkerProfile(**PROFILE))
+        ctl.publish(0)
+        group = ctl.lease(wid, LeaseRequest(worker_version=0)).lease.groups[0]
+        assert group.episode.module == "guess_env_mod" and group.sampling.max_tokens == 2
+        # Sample 0 guesses upward; sample 1 says something that is not a digit, once.
+        env = make_env("guess")
+        trajs, rewards = [], []
+        for guesses in (["0", "1", "2", "3"], ["x"]):
+            ids, mask, total = [], [], 0.0
+            env.reset(group.episode.seed)
+            for i, g in enumerate(guesses):
+                ids, mask = ids + text_codec.encode(g), mask + [1]
+                obs, r, done = env.step(g)
+                total += r
+                if done or i == len(guesses) - 1:
+                    break
+                shown = text_codec.encode(obs)
+                ids, mask = ids + shown, mask + [0] * len(shown)
+            trajs.append(
+                dict(
+                    prompt_id=group.prompt_id,
+                    sample_index=len(trajs),
+                    prompt_token_ids=group.prompt_token_ids,
+                    completion_token_ids=ids,
+                    logprobs=[-0.5 if m else 0.0 for m in mask],
+                    versions=[0] * len(ids),
+                    finish_reason="stop" if done else "length",
+                    completion_mask=mask,
+                )
+            )
+            rewards.append(total)
+        sub = Submission(
+            lease_id=ctl.store.active_leases(wid)[0],
+            groups=[{"group_id": group.group_id, "trajectories": trajs}],
+        )
+        assert ctl.submit(wid, sub).accepted == [group.group_id]
+        batch, _ = ctl.take_batch(0, 1)
+        got = sorted(batch[0].trajectories, key=lambda t: t.sample_index)
+        assert [t.reward for t in got] == rewards and [t.reward_error for t in got] == ["", ""]
+    finally:
+        ctl.close()
+        pool.close()
