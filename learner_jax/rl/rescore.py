@@ -113,7 +113,9 @@ class VersionRescorer:
             seg[i, : len(p) + len(c)] = 1
             # logprobs[j] scores completion token j, predicted at position len(p) + j - 1.
             behaviour[i, len(p) - 1 : len(p) + len(c) - 1] = t.logprobs
-            mask[i, len(p) - 1 : len(p) + len(c) - 1] = 1.0
+            # Model tokens only: an episode's observation tokens (mask 0) have no behaviour
+            # log-prob to audit.
+            mask[i, len(p) - 1 : len(p) + len(c) - 1] = t.mask
         pos = np.broadcast_to(np.arange(width - 1, dtype=np.int32), (n, width - 1))
         learner = np.asarray(
             self._logprobs(params, tokens[:, :-1], pos, seg[:, :-1], tokens[:, 1:]), np.float32

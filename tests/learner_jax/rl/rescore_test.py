@@ -19,11 +19,15 @@ def _hf_dir(path, cfg, weights):
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
 
 
-def _sample(hf, prompt, n_new, rng):
-    """Sample `n_new` tokens from `hf` at temperature 1; (completion, its log-probs)."""
+def _sample(hf, prompt, n_new, rng, observation=()):
+    """Sample `n_new` tokens from `hf` at temperature 1, with `observation` tokens (an
+    environment's, log-prob 0) inserted halfway; (completion, its log-probs)."""
     ids, lps = list(prompt), []
     with torch.no_grad():
-        for _ in range(n_new):
+        for k in range(n_new):
+            if k == n_new // 2 and observation:
+                ids += list(observation)
+                lps += [0.0] * len(observation)
             logits = hf(input_ids=torch.tensor([ids])).logits[0, -1].double()
             logp = torch.log_softmax(logits, -1).numpy()
             tok = int(rng.choice(len(logp), p=np.exp(logp) / np.exp(logp).sum()))
@@ -32,11 +36,11 @@ def _sample(hf, prompt, n_new, rng):
     return ids[len(prompt) :], lps
 
 
-def _traj(prompt, completion, logprobs, version, i):
+def _traj(prompt, completion, logprobs, version, i, mask=None):
     return Trajectory(prompt_id="p", sample_index=i, prompt_token_ids=prompt,
                       completion_token_ids=completion, logprobs=logprobs,
                       versions=[version] * len(completion), finish_reason="length",
-                      reward=0.0)  # fmt: skip
+                      completion_mask=mask, reward=0.0)  # fmt: skip
 
 
 def test_rows_of_an_older_version_are_audited_against_that_version(tmp_path):
@@ -52,8 +56,12 @@ def test_rows_of_an_older_version_are_audited_against_that_version(tmp_path):
     prompts = [[1, 5 + i, 9, 12 + i] for i in range(4)]
     honest, liar = [], []
     for i, p in enumerate(prompts):
-        c, lp = _sample(hf_old, p, 6, rng)
-        honest.append(_traj(p, c, lp, 3, i))
+        if i == 0:  # an episode: two observation tokens between two model turns
+            c, lp = _sample(hf_old, p, 6, rng, observation=(7, 8))
+            honest.append(_traj(p, c, lp, 3, i, mask=[1, 1, 1, 0, 0, 1, 1, 1]))
+        else:
+            c, lp = _sample(hf_old, p, 6, rng)
+            honest.append(_traj(p, c, lp, 3, i))
         c, lp = _sample(hf_new, p, 6, rng)  # sampled by version 5, tagged as version 3
         liar.append(_traj(p, c, lp, 3, i))
     fresh = [_traj(prompts[0], [4, 4], [-1.0, -1.0], 5, 0)]  # the current version: skipped
