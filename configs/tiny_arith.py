@@ -111,8 +111,24 @@ def get_config() -> ConfigDict:
     c.sft.batch_size = 64
     c.sft.micro_batch_size = 64
 
+    # How a task's prompt text becomes prompt tokens (bridge/contracts/prompt.py), the same on
+    # the controller, the learner and every worker: "plain" = BOS + text (what the tiny char
+    # models know); "chat" = the tokenizer's chat template with one user turn. '' = the task's
+    # own choice (Task.prompt_format; plain for the built-in tasks).
+    c.prompt = ConfigDict()
+    c.prompt.format = ""  # '' | plain | chat
+    c.prompt.system = ""  # chat: a system message ('' = none)
+    c.prompt.thinking = ""  # chat: '' (the template's default) | on | off (Qwen3 enable_thinking)
+
     c.rollout = ConfigDict()  # learner_jax/rl/ (serve.py, evals.py, batches.py)
-    c.rollout.temperature = 1.0  # behavior log-probs are raw log-softmax: 1.0 is on-policy
+    # Sampling temperature. Workers report vLLM's processed log-probs (the tempered softmax
+    # they sampled from) and the learner divides its logits by the same temperature, so any
+    # T > 0 is on-policy (learner_jax/learner.py check_sampling).
+    c.rollout.temperature = 1.0
+    # Truncated sampling is refused at validation: the learner scores the full tempered
+    # softmax, and top-p/top-k log-probs would be those of a truncated distribution.
+    c.rollout.top_p = 1.0
+    c.rollout.top_k = -1  # -1 (or 0) = off
     c.rollout.eval_period = 10  # RL steps between held-out evaluations (0 = start and end)
     c.rollout.wait_timeout_s = 900.0  # no batch for this long = the fleet is broken: stop
 

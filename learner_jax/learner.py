@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from bridge import export as hf_export
+from bridge.contracts.prompt import PromptFormat
 from bridge.model import tiny_model
 from bridge.model.config import ModelConfig
 from learner_jax import (
@@ -89,6 +90,7 @@ def step_config(config, phase: str) -> train_step.StepConfig:
         micro_batches=rows // config.batch.micro_batch_size,
         dtype=config.model.dtype,
         model_options=options,
+        temperature=float(config.rollout.temperature),
     )
 
 
@@ -133,11 +135,56 @@ def check_rl_schedule(config) -> None:
         )
 
 
+def check_sampling(config) -> None:
+    """Refuse sampling settings whose behaviour log-probs the learner cannot reproduce.
+
+    Workers report vLLM's processed log-probs, log softmax(logits / T) of the distribution
+    they sampled from, and the RL step divides its logits by the same T (train_step.py), so
+    any T > 0 is scored on-policy. Top-p/top-k would make the processed log-probs those of
+    a renormalized, truncated distribution that the learner's full softmax does not match
+    (importance weights and mismatch/kl silently wrong), so they are refused here; so is
+    greedy decoding (T = 0), which has no distribution to correct against.
+    """
+    r = config.rollout
+    t, top_p, top_k = float(r.temperature), float(r.get("top_p", 1.0)), int(r.get("top_k", -1))
+    if not (math.isfinite(t) and 0.0 < t <= 100.0):
+        raise ValueError(
+            f"rollout.temperature={t} is not supported: RL needs sampling from a distribution "
+            "(0 < T <= 100); greedy decoding (T=0) has no log-probs to correct against"
+        )
+    if top_p != 1.0:
+        raise ValueError(
+            f"rollout.top_p={top_p} is not supported: the learner scores the full tempered "
+            "softmax, while top-p samples (and vLLM reports log-probs) from the truncated, "
+            "renormalized distribution, so importance weights would be wrong; use top_p=1.0"
+        )
+    if top_k not in (-1, 0):
+        raise ValueError(
+            f"rollout.top_k={top_k} is not supported: the learner scores the full tempered "
+            "softmax, not the top-k truncated one the worker would sample from; use -1 (off)"
+        )
+
+
+def prompt_format(config, task=None) -> PromptFormat:
+    """The run's prompt format: config.prompt where it sets a format, else the task's own."""
+    p = config.get("prompt")
+    if p is None or not p.get("format"):
+        if p is not None and (p.get("system") or p.get("thinking")):
+            raise ValueError(
+                "prompt.system/prompt.thinking are set but prompt.format is '': set "
+                "prompt.format='chat' (they only apply to the chat template)"
+            )
+        return PromptFormat() if task is None else task.prompt_format
+    return PromptFormat(kind=p.format, system=p.get("system", ""), thinking=p.get("thinking", ""))
+
+
 def validate(config) -> None:
     """Every config error that can be found without touching the workdir, raised early."""
     check_batch_sizes(config, make_mesh(config))
     sharding_rules(config)
     check_rl_schedule(config)
+    check_sampling(config)
+    prompt_format(config)
     for phase in PHASES:
         optimizer_config(config, phase)
         step_config(config, phase)

@@ -34,7 +34,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from learner_jax import console, report, train_step
-from learner_jax.learner import Learner, check_tiny_model_dir, validate
+from learner_jax.learner import Learner, check_tiny_model_dir, prompt_format, validate
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a configs/NAME.py file.", lock_config=True
@@ -85,7 +85,7 @@ def run_sft(learner: Learner, task) -> None:
     max_len = config.batch.max_prompt_len + config.batch.max_answer_len
     stream = SFTStream(
         task,
-        TextCodec(learner.hf_dir),
+        TextCodec(learner.hf_dir, prompt_format(config, task)),
         config.sft.batch_size,
         max_len,
         seed=config.seed,
@@ -177,7 +177,8 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
 
         # 4. The RL parts; `parts` closes them in reverse order of creation.
         parts = stack.enter_context(contextlib.ExitStack())
-        codec, vocab = TextCodec(learner.hf_dir), learner.model_cfg.vocab_size
+        codec = TextCodec(learner.hf_dir, prompt_format(config, task))
+        vocab = learner.model_cfg.vocab_size
         end = learner.cursor["rl_start_step"] + config.total_steps
         store = weights.open_store(config.bridge.store, workdir, learner.step)
         ctl = serve.open_controller(config, workdir, task, codec, vocab, learner.cursor.get("rl"))

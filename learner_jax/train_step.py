@@ -116,8 +116,13 @@ class StepConfig:
     micro_batches: int = 1
     dtype: str = "float32"  # compute dtype; params stay in their param_dtype
     model_options: model.ModelOptions = model.ModelOptions()  # attention impl, remat
+    # RL: the sampling temperature. Log-probs are of softmax(logits / temperature), the
+    # distribution the workers sampled from and report (vLLM processed_logprobs).
+    temperature: float = 1.0
 
     def __post_init__(self):
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.kind not in ("rl", "sft"):
             raise ValueError(f"kind must be 'rl' or 'sft', got {self.kind!r}")
         if self.micro_batches < 1:
@@ -147,6 +152,8 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
 
     def fn(params, mb: Batch):
         logits = net.apply({"params": params}, mb.tokens, mb.positions, mb.segment_ids)
+        if step_cfg.kind == "rl" and step_cfg.temperature != 1.0:  # SFT: the model itself
+            logits = logits / step_cfg.temperature  # [B, T, V] fp32
         logp_all = jax.nn.log_softmax(logits, axis=-1)  # [B, T, V] fp32
         logp = jnp.take_along_axis(logp_all, mb.targets[..., None], axis=-1)[..., 0]  # [B, T]
         m = mb.loss_mask * mb.seq_mask[:, None]  # [B, T]
