@@ -32,7 +32,9 @@ def get_config() -> ConfigDict:
     c.model.tiny_num_layers = 4
     c.model.tiny_hidden_size = 128
     c.model.tiny_intermediate_size = 256
-    c.model.dtype = "float32"  # compute dtype ('bfloat16' on accelerators)
+    # Compute dtype. auto = bfloat16 for a real model (hf_dir set), float32 for the tiny one;
+    # set float32 for bit-exact learner/worker parity checks on CPU.
+    c.model.dtype = "auto"  # auto | float32 | bfloat16 | float16
     c.model.param_dtype = "float32"  # master weights; fp32 keeps small updates exact
     # auto = cuDNN flash on GPU where it applies, else blockwise online-softmax (memory linear
     # in T; equal to the reference within 1e-5 fp32). xla = the full [B, N, T, T] reference.

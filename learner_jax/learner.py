@@ -81,17 +81,30 @@ def step_config(config, phase: str) -> train_step.StepConfig:
     if phase == "sft":
         micro = config.sft.batch_size // config.sft.micro_batch_size
         return train_step.StepConfig(
-            kind="sft", micro_batches=micro, dtype=config.model.dtype, model_options=options
+            kind="sft", micro_batches=micro, dtype=compute_dtype(config), model_options=options
         )
     rows = config.batch.groups_per_step * config.batch.samples_per_group
     return train_step.StepConfig(
         kind="rl",
         loss=losses.LossConfig(**config.loss.to_dict()),
         micro_batches=rows // config.batch.micro_batch_size,
-        dtype=config.model.dtype,
+        dtype=compute_dtype(config),
         model_options=options,
         temperature=float(config.rollout.temperature),
     )
+
+
+def compute_dtype(config) -> str:
+    """`model.dtype`; 'auto' = bfloat16 compute for a real model (`model.hf_dir` set) and
+    float32 for the tiny demo model. Parameters (the master weights the optimizer updates)
+    stay in `model.param_dtype` (float32 by default) either way: every matmul casts them
+    to the compute dtype, so bf16 runs keep fp32 updates exact (no lost small steps)."""
+    dtype = config.model.dtype
+    if dtype == "auto":
+        return "bfloat16" if config.model.hf_dir else "float32"
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"model.dtype must be auto|float32|bfloat16|float16, got {dtype!r}")
+    return dtype
 
 
 def model_options(config) -> model.ModelOptions:

@@ -34,7 +34,13 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from learner_jax import console, report, train_step
-from learner_jax.learner import Learner, check_tiny_model_dir, prompt_format, validate
+from learner_jax.learner import (
+    Learner,
+    check_tiny_model_dir,
+    compute_dtype,
+    prompt_format,
+    validate,
+)
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a configs/NAME.py file.", lock_config=True
@@ -214,7 +220,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             learner.model_cfg,
             codec,
             task,
-            evaluate.EvalConfig(b.max_prompt_len, b.max_answer_len, dtype=config.model.dtype),
+            evaluate.EvalConfig(b.max_prompt_len, b.max_answer_len, dtype=compute_dtype(config)),
         )
         eval_log = evals.EvalLog(
             evaluator, learner, workdir, end=end, period=config.rollout.eval_period

@@ -125,3 +125,18 @@ def test_prompt_format_from_config_or_task():
     c.prompt.format, c.prompt.thinking = "markdown", ""
     with pytest.raises(ValueError, match="prompt format must be one of"):
         validate(c)
+
+
+def test_real_models_compute_in_bf16_over_fp32_master_weights():
+    from learner_jax.learner import compute_dtype, step_config, validate
+
+    c = tiny_arith()
+    assert c.model.param_dtype == "float32"  # master weights, whatever the compute dtype
+    assert compute_dtype(c) == "float32"  # the tiny model: exact CPU parity by default
+    c.model.hf_dir = "/models/Qwen3-0.6B"
+    assert compute_dtype(c) == "bfloat16" and step_config(c, "rl").dtype == "bfloat16"
+    c.model.dtype = "float32"  # an explicit choice wins
+    assert compute_dtype(c) == "float32"
+    c.model.dtype = "fp8"
+    with pytest.raises(ValueError, match="model.dtype must be"):
+        validate(c)
