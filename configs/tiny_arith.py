@@ -79,6 +79,11 @@ def get_config() -> ConfigDict:
     c.batch.micro_batch_size = 64  # rows per forward/backward; must divide the global batch
     c.batch.max_prompt_len = 16  # BOS + "99-99=" fits with room to spare
     c.batch.max_answer_len = 8  # sampled completion tokens (answers are <= 4 with EOS)
+    # Sequence packing (learner_jax/packing.py): rows of pack_len tokens (0 = the row width
+    # max_prompt_len + max_answer_len) hold several sequences, so a step's memory follows
+    # its real tokens, not rows x the longest; losses are unchanged.
+    c.batch.packing = False
+    c.batch.pack_len = 0
 
     c.task = ConfigDict()
     c.task.name = "arithmetic"

@@ -39,6 +39,7 @@ from learner_jax import (
     losses,
     model,
     optim,
+    packing,
     sharding,
     train_state,
     train_step,
@@ -178,6 +179,18 @@ def check_sampling(config) -> None:
         )
 
 
+def check_packing(config) -> None:
+    """A packed row must hold the longest sequence a batch can have (prompt + answer)."""
+    b = config.batch
+    width = b.max_prompt_len + b.max_answer_len
+    pack_len = b.get("pack_len", 0)
+    if b.get("packing", False) and pack_len and pack_len < width:
+        raise ValueError(
+            f"batch.pack_len={pack_len} < max_prompt_len + max_answer_len = {width}: the "
+            "longest sequence would not fit a packed row (0 = that width)"
+        )
+
+
 def prompt_format(config, task=None) -> PromptFormat:
     """The run's prompt format: config.prompt where it sets a format, else the task's own."""
     p = config.get("prompt")
@@ -198,6 +211,7 @@ def validate(config) -> None:
     check_rl_schedule(config)
     check_sampling(config)
     prompt_format(config)
+    check_packing(config)
     for phase in PHASES:
         optimizer_config(config, phase)
         step_config(config, phase)
@@ -357,6 +371,13 @@ class Learner:
         fn = self._step_fn(self.phase)
         start = 0 if self.phase == "sft" else self.cursor["rl_start_step"]
         lr = float(self.schedules[self.phase](self.step - start))  # this update's rate
+        if self.config.batch.get("packing", False):  # memory set by tokens, not longest row
+            batch = packing.pack_batch(
+                batch,
+                step_config(self.config, self.phase).micro_batches,
+                self.mesh.shape["data"] * self.mesh.shape["fsdp"],
+                self.config.batch.get("pack_len", 0) or None,
+            )
         t0 = time.perf_counter()
         self.state, out = fn(self.state, train_step.put_batch(batch, self.mesh, self.rules))
         out = jax.device_get(out)

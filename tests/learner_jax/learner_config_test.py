@@ -140,3 +140,14 @@ def test_real_models_compute_in_bf16_over_fp32_master_weights():
     c.model.dtype = "fp8"
     with pytest.raises(ValueError, match="model.dtype must be"):
         validate(c)
+
+
+def test_packing_config_is_checked():
+    from learner_jax.learner import validate
+
+    c = tiny_arith()
+    c.batch.packing, c.batch.pack_len = True, 0
+    validate(c)  # 0 = the row width
+    c.batch.pack_len = 10
+    with pytest.raises(ValueError, match=r"pack_len=10 < max_prompt_len \+ max_answer_len = 24"):
+        validate(c)
