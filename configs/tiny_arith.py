@@ -32,6 +32,11 @@ def get_config() -> ConfigDict:
     c.model.tiny_num_layers = 4
     c.model.tiny_hidden_size = 128
     c.model.tiny_intermediate_size = 256
+    # The tiny model's tokenizer: "char" (one token per character) or "qwen3" (the real Qwen3
+    # tokenizer format and chat template, bridge/model/qwen3_tokenizer.py). never_stop: an
+    # untied head whose stop-token rows are zero, so random answers run to max_answer_len.
+    c.model.tiny_tokenizer = "char"
+    c.model.tiny_never_stop = False
     # Compute dtype. auto = bfloat16 for a real model (hf_dir set), float32 for the tiny one;
     # set float32 for bit-exact learner/worker parity checks on CPU.
     c.model.dtype = "auto"  # auto | float32 | bfloat16 | float16
@@ -165,6 +170,7 @@ def get_config() -> ConfigDict:
     c.fleet.max_deaths = 3
     c.fleet.death_window_s = 120.0
     c.fleet.follow_period_s = 5.0  # how often the fleet is compared with the controller
+    c.fleet.max_model_len = 0  # engines' prompt + answer limit (0 = 512, raised to fit the batch)
 
     c.bridge = ConfigDict()
     # Weight store the learner publishes to and workers read (bridge/store/weight_store.py): a path,

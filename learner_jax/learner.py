@@ -230,12 +230,19 @@ def make_mesh(config):
 
 
 def _tiny_config(config) -> ModelConfig:
-    return tiny_model.tiny_config(
-        config.model.tiny_family,
-        num_layers=config.model.tiny_num_layers,
-        hidden_size=config.model.tiny_hidden_size,
-        intermediate_size=config.model.tiny_intermediate_size,
+    m = config.model
+    shape = dict(
+        num_layers=m.tiny_num_layers,
+        hidden_size=m.tiny_hidden_size,
+        intermediate_size=m.tiny_intermediate_size,
     )
+    if m.get("tiny_tokenizer", "char") == "qwen3":  # Qwen3's tokenizer format + template
+        if m.tiny_family != "qwen3":
+            raise ValueError("model.tiny_tokenizer='qwen3' needs model.tiny_family='qwen3'")
+        return tiny_model.qwen3_config(
+            **shape, tie_word_embeddings=not m.get("tiny_never_stop", False)
+        )
+    return tiny_model.tiny_config(m.tiny_family, **shape)
 
 
 def check_tiny_model_dir(config, workdir: str) -> None:
@@ -269,7 +276,13 @@ def prepare_model_dir(config, workdir: str) -> str:
     check_tiny_model_dir(config, workdir)
     path = os.path.join(workdir, "model")
     if not os.path.exists(os.path.join(path, "config.json")):
-        tiny_model.make_tiny_model(path, _tiny_config(config), seed=config.seed)
+        tiny_model.make_tiny_model(
+            path,
+            _tiny_config(config),
+            seed=config.seed,
+            tokenizer=config.model.get("tiny_tokenizer", "char"),
+            never_stop=config.model.get("tiny_never_stop", False),
+        )
     return path
 
 

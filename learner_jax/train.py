@@ -23,6 +23,7 @@ header, progress bars, warnings and a summary; the complete log is `<workdir>/tr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -236,6 +237,9 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         # fleet's command templates); the follower replaces dead ones and, with activation
         # on, releases standby workers and adds one when the active fleet is short.
         fleet_cfg = local_fleet.FleetConfig.from_config(config.fleet)
+        if b.max_prompt_len + b.max_answer_len > 512:  # past the worker's default engine
+            need = max(fleet_cfg.max_model_len, b.max_prompt_len + b.max_answer_len)
+            fleet_cfg = dataclasses.replace(fleet_cfg, max_model_len=need)
         provs = local_fleet.make_provisioners(
             fleet_cfg,
             workdir,

@@ -67,6 +67,11 @@ def vocab_size() -> int:
     return 256 + len(ADDED_TOKENS)
 
 
+def token_id(content: str) -> int:
+    """Id of an added token: they follow the 256 byte symbols in ADDED_TOKENS order."""
+    return 256 + [t for t, _ in ADDED_TOKENS].index(content)
+
+
 def save_qwen3_tokenizer(path: str, model_max_length: int = 40960) -> None:
     """tokenizer.json + tokenizer_config.json (+ special_tokens_map.json) into `path`."""
     os.makedirs(path, exist_ok=True)
