@@ -158,7 +158,9 @@ def qwen3_config(**overrides) -> ModelConfig:
     from bridge.model import qwen3_tokenizer as q3
 
     vocab = -(-q3.vocab_size() // 16) * 16
-    return tiny_config("qwen3", **{"vocab_size": vocab, **overrides})
+    # Long answers need long positions (the char models' 512 would cap vLLM's max_model_len).
+    base = {"vocab_size": vocab, "max_position_embeddings": 4096}
+    return tiny_config("qwen3", **{**base, **overrides})
 
 
 def main():
