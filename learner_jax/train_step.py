@@ -16,6 +16,11 @@ start of the update. With one update per batch they equal the stop-gradient of t
 forward pass that computes the loss, so the step reuses that pass instead of running a
 second one (prox and logp are bitwise equal, ratio = 1 with its gradient intact).
 
+RL log-probs are of softmax(logits / `temperature`), the distribution the workers sampled
+from and whose log-probs they report (vLLM processed_logprobs), so importance weights of
+on-policy tokens are 1 at any temperature. A batch with `pack` set (packing.py) runs the
+model on packed rows and gathers the per-token results back to [B, T] before the losses.
+
 Einsum/shape letters: B batch (rows), T time, V vocab, k micro-batches.
 """
 
