@@ -2,7 +2,8 @@
 template, random weights at small width, answers of 576 tokens sampled at temperature 0.7,
 through the whole system (controller, a local vLLM worker, packing, the RL step) for a few
 steps. What it shows is numerics, not learning: `mismatch/kl` (worker vs learner log-probs
-of the same version) stays at float noise at T < 1 with long chat-formatted sequences.
+of the same version) stays at float noise at T < 1 with long chat-formatted sequences,
+while a dense toy reward (configs/rewards/digit_share.py) makes every step change weights.
 
     python -m learner_jax.train --config=configs/qwen3_shaped.py --workdir=/tmp/echo2_qwen3
 """
@@ -34,6 +35,9 @@ def get_config():
     c.prompt.thinking = "off"
     c.rollout.temperature = 0.7
     c.rollout.eval_period = 0  # held-out accuracy at the start and the end only
+    # Rewards that differ between samples, so each step changes the weights (the task's own
+    # exact-answer reward is 0 for every random answer).
+    c.task.reward_fn = "configs/rewards/digit_share.py:compute_score"
     c.task.eval_size = 1  # greedy 576-token decodes are slow on a shared CPU
     c.sft.steps = 0
     c.batch.groups_per_step = 2
