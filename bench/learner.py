@@ -7,6 +7,11 @@ loss, micro-batched forward + backward, global-norm clip, AdamW) on random token
     python -m bench.learner --out=/tmp/bench_learner.json \
         [--num_layers=28 --batch=8 --seq_len=512 --micro_batches=1 --dtype=bfloat16]
 
+Parameters are fp32 master weights (`--param_dtype`); the step computes in `--dtype`
+(bfloat16 on accelerators, the learner's default for real models). Peak memory: the
+accelerator's `peak_bytes_in_use` where the backend reports it (GPU/TPU), and the
+process's peak host RSS (VmHWM) always.
+
 Model FLOPs per step (PaLM appendix B convention, causal attention counted in full):
     6 * tokens * (matmul params, lm head included) + 12 * layers * tokens * seq_len * N * H
 MFU = model FLOP/s / peak. On GPU/TPU the peak is the chip's dense bf16 number from the
@@ -38,6 +43,7 @@ flags.DEFINE_integer("batch", 8, "Rows per train step (global batch).")
 flags.DEFINE_integer("seq_len", 512, "Tokens per row.")
 flags.DEFINE_integer("micro_batches", 1, "Gradient-accumulation micro-batches per step.")
 flags.DEFINE_string("dtype", None, "Compute dtype (default bfloat16 on accelerators, else fp32).")
+flags.DEFINE_string("param_dtype", "float32", "Master-weight dtype (the optimizer's).")
 flags.DEFINE_integer("steps", 3, "Timed steps (median reported) after one warm-up step.")
 flags.DEFINE_string("mesh", "data=-1", "Mesh, e.g. 'data=2,fsdp=2,tensor=2'; -1 fills.")
 
@@ -94,6 +100,18 @@ def parse_mesh(text: str) -> dict[str, int]:
     return {k: int(v) for k, v in (kv.split("=") for kv in text.split(",") if kv)}
 
 
+def peak_memory_gb() -> dict:
+    """Peak device memory (where the backend reports it) and peak host RSS, in GiB."""
+    stats = jax.devices()[0].memory_stats() or {}
+    device = stats.get("peak_bytes_in_use")
+    with open("/proc/self/status") as f:
+        hwm_kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    return {
+        "peak_device_gb": None if device is None else device / 2**30,
+        "peak_host_gb": hwm_kb / 2**20,
+    }
+
+
 def main(argv):
     del argv
     on_cpu = jax.devices()[0].platform == "cpu"
@@ -103,8 +121,9 @@ def main(argv):
     opt = optim.make_optimizer(
         optim.OptimizerConfig(learning_rate=1e-6, warmup_steps=0, total_steps=100)
     )
-    state = train_state.create_train_state(cfg, opt, mesh, seed=0)
-    _, shardings = train_state.state_shardings(cfg, opt, mesh)
+    pdt = jnp.dtype(FLAGS.param_dtype)
+    state = train_state.create_train_state(cfg, opt, mesh, seed=0, param_dtype=pdt)
+    _, shardings = train_state.state_shardings(cfg, opt, mesh, param_dtype=pdt)
     step_cfg = train_step.StepConfig(
         kind="rl",
         loss=losses.LossConfig(name="grpo"),
@@ -149,6 +168,7 @@ def main(argv):
         "seq_len": t,
         "micro_batches": FLAGS.micro_batches,
         "dtype": dtype,
+        "param_dtype": FLAGS.param_dtype,
         "mesh": dict(mesh.shape),
         "devices": f"{len(jax.devices())} x {jax.devices()[0].device_kind}",
         "compile_plus_first_step_s": compile_s,
@@ -161,6 +181,7 @@ def main(argv):
         "mfu": flops / step_s / peak,
         "mfu_kind": "relative to measured matmul" if on_cpu else "vs chip spec peak",
         "loss": float(m["loss"]),
+        **peak_memory_gb(),
     }
     print(f"{'metric':<28}value")
     for k, v in result.items():

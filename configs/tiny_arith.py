@@ -32,7 +32,14 @@ def get_config() -> ConfigDict:
     c.model.tiny_num_layers = 4
     c.model.tiny_hidden_size = 128
     c.model.tiny_intermediate_size = 256
-    c.model.dtype = "float32"  # compute dtype ('bfloat16' on accelerators)
+    # The tiny model's tokenizer: "char" (one token per character) or "qwen3" (the real Qwen3
+    # tokenizer format and chat template, bridge/model/qwen3_tokenizer.py). never_stop: an
+    # untied head whose stop-token rows are zero, so random answers run to max_answer_len.
+    c.model.tiny_tokenizer = "char"
+    c.model.tiny_never_stop = False
+    # Compute dtype. auto = bfloat16 for a real model (hf_dir set), float32 for the tiny one;
+    # set float32 for bit-exact learner/worker parity checks on CPU.
+    c.model.dtype = "auto"  # auto | float32 | bfloat16 | float16
     c.model.param_dtype = "float32"  # master weights; fp32 keeps small updates exact
     # auto = cuDNN flash on GPU where it applies, else blockwise online-softmax (memory linear
     # in T; equal to the reference within 1e-5 fp32). xla = the full [B, N, T, T] reference.
@@ -87,6 +94,11 @@ def get_config() -> ConfigDict:
     c.batch.micro_batch_size = 64  # rows per forward/backward; must divide the global batch
     c.batch.max_prompt_len = 16  # BOS + "99-99=" fits with room to spare
     c.batch.max_answer_len = 8  # sampled completion tokens (answers are <= 4 with EOS)
+    # Sequence packing (learner_jax/packing.py): rows of pack_len tokens (0 = the row width
+    # max_prompt_len + max_answer_len) hold several sequences, so a step's memory follows
+    # its real tokens, not rows x the longest; losses are unchanged.
+    c.batch.packing = False
+    c.batch.pack_len = 0
 
     c.task = ConfigDict()
     c.task.name = "arithmetic"
@@ -121,8 +133,24 @@ def get_config() -> ConfigDict:
     c.sft.batch_size = 64
     c.sft.micro_batch_size = 64
 
+    # How a task's prompt text becomes prompt tokens (bridge/contracts/prompt.py), the same on
+    # the controller, the learner and every worker: "plain" = BOS + text (what the tiny char
+    # models know); "chat" = the tokenizer's chat template with one user turn. '' = the task's
+    # own choice (Task.prompt_format; plain for the built-in tasks).
+    c.prompt = ConfigDict()
+    c.prompt.format = ""  # '' | plain | chat
+    c.prompt.system = ""  # chat: a system message ('' = none)
+    c.prompt.thinking = ""  # chat: '' (the template's default) | on | off (Qwen3 enable_thinking)
+
     c.rollout = ConfigDict()  # learner_jax/rl/ (serve.py, evals.py, batches.py)
-    c.rollout.temperature = 1.0  # behavior log-probs are raw log-softmax: 1.0 is on-policy
+    # Sampling temperature. Workers report vLLM's processed log-probs (the tempered softmax
+    # they sampled from) and the learner divides its logits by the same temperature, so any
+    # T > 0 is on-policy (learner_jax/learner.py check_sampling).
+    c.rollout.temperature = 1.0
+    # Truncated sampling is refused at validation: the learner scores the full tempered
+    # softmax, and top-p/top-k log-probs would be those of a truncated distribution.
+    c.rollout.top_p = 1.0
+    c.rollout.top_k = -1  # -1 (or 0) = off
     c.rollout.eval_period = 10  # RL steps between held-out evaluations (0 = start and end)
     c.rollout.wait_timeout_s = 900.0  # no batch for this long = the fleet is broken: stop
 
@@ -152,6 +180,7 @@ def get_config() -> ConfigDict:
     c.fleet.max_deaths = 3
     c.fleet.death_window_s = 120.0
     c.fleet.follow_period_s = 5.0  # how often the fleet is compared with the controller
+    c.fleet.max_model_len = 0  # engines' prompt + answer limit (0 = 512, raised to fit the batch)
 
     c.bridge = ConfigDict()
     # Weight store the learner publishes to and workers read (bridge/store/weight_store.py): a path,

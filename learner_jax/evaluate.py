@@ -2,9 +2,9 @@
 
     acc = Evaluator(learner.model_cfg, codec, task, EvalConfig(...)).accuracy(params, mesh, rules)
 
-The task's fixed `eval_prompts()` are tokenized like the workers see them (the HF
-tokenizer's BOS, then the text's ids: `TextCodec.encode_prompt`, as
-rollout_gpu/generate.py builds them), left-padded to `max_prompt_len`, and decoded greedily
+The task's fixed `eval_prompts()` are tokenized like the workers see them
+(`TextCodec.encode_prompt` in the run's prompt format: BOS + text, or the chat template;
+bridge/contracts/prompt.py), left-padded to `max_prompt_len`, and decoded greedily
 for `max_new_tokens` steps inside one jitted `fori_loop`. Shapes are fixed (one compile
 per run): every step runs the full [B, P + A] forward and reads the logits at the current
 position. That is quadratic work a KV cache would avoid, but for the tiny demo model it

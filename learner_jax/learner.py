@@ -29,6 +29,7 @@ import jax
 import jax.numpy as jnp
 
 from bridge import export as hf_export
+from bridge.contracts.prompt import PromptFormat
 from bridge.model import tiny_model
 from bridge.model.config import ModelConfig
 from learner_jax import (
@@ -39,6 +40,7 @@ from learner_jax import (
     losses,
     model,
     optim,
+    packing,
     sharding,
     train_state,
     train_step,
@@ -81,16 +83,30 @@ def step_config(config, phase: str) -> train_step.StepConfig:
     if phase == "sft":
         micro = config.sft.batch_size // config.sft.micro_batch_size
         return train_step.StepConfig(
-            kind="sft", micro_batches=micro, dtype=config.model.dtype, model_options=options
+            kind="sft", micro_batches=micro, dtype=compute_dtype(config), model_options=options
         )
     rows = config.batch.groups_per_step * config.batch.samples_per_group
     return train_step.StepConfig(
         kind="rl",
         loss=losses.LossConfig(**config.loss.to_dict()),
         micro_batches=rows // config.batch.micro_batch_size,
-        dtype=config.model.dtype,
+        dtype=compute_dtype(config),
         model_options=options,
+        temperature=float(config.rollout.temperature),
     )
+
+
+def compute_dtype(config) -> str:
+    """`model.dtype`; 'auto' = bfloat16 compute for a real model (`model.hf_dir` set) and
+    float32 for the tiny demo model. Parameters (the master weights the optimizer updates)
+    stay in `model.param_dtype` (float32 by default) either way: every matmul casts them
+    to the compute dtype, so bf16 runs keep fp32 updates exact (no lost small steps)."""
+    dtype = config.model.dtype
+    if dtype == "auto":
+        return "bfloat16" if config.model.hf_dir else "float32"
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"model.dtype must be auto|float32|bfloat16|float16, got {dtype!r}")
+    return dtype
 
 
 def model_options(config) -> model.ModelOptions:
@@ -134,11 +150,69 @@ def check_rl_schedule(config) -> None:
         )
 
 
+def check_sampling(config) -> None:
+    """Refuse sampling settings whose behaviour log-probs the learner cannot reproduce.
+
+    Workers report vLLM's processed log-probs, log softmax(logits / T) of the distribution
+    they sampled from, and the RL step divides its logits by the same T (train_step.py), so
+    any T > 0 is scored on-policy. Top-p/top-k would make the processed log-probs those of
+    a renormalized, truncated distribution that the learner's full softmax does not match
+    (importance weights and mismatch/kl silently wrong), so they are refused here; so is
+    greedy decoding (T = 0), which has no distribution to correct against.
+    """
+    r = config.rollout
+    t, top_p, top_k = float(r.temperature), float(r.get("top_p", 1.0)), int(r.get("top_k", -1))
+    if not (math.isfinite(t) and 0.0 < t <= 100.0):
+        raise ValueError(
+            f"rollout.temperature={t} is not supported: RL needs sampling from a distribution "
+            "(0 < T <= 100); greedy decoding (T=0) has no log-probs to correct against"
+        )
+    if top_p != 1.0:
+        raise ValueError(
+            f"rollout.top_p={top_p} is not supported: the learner scores the full tempered "
+            "softmax, while top-p samples (and vLLM reports log-probs) from the truncated, "
+            "renormalized distribution, so importance weights would be wrong; use top_p=1.0"
+        )
+    if top_k not in (-1, 0):
+        raise ValueError(
+            f"rollout.top_k={top_k} is not supported: the learner scores the full tempered "
+            "softmax, not the top-k truncated one the worker would sample from; use -1 (off)"
+        )
+
+
+def check_packing(config) -> None:
+    """A packed row must hold the longest sequence a batch can have (prompt + answer)."""
+    b = config.batch
+    width = b.max_prompt_len + b.max_answer_len
+    pack_len = b.get("pack_len", 0)
+    if b.get("packing", False) and pack_len and pack_len < width:
+        raise ValueError(
+            f"batch.pack_len={pack_len} < max_prompt_len + max_answer_len = {width}: the "
+            "longest sequence would not fit a packed row (0 = that width)"
+        )
+
+
+def prompt_format(config, task=None) -> PromptFormat:
+    """The run's prompt format: config.prompt where it sets a format, else the task's own."""
+    p = config.get("prompt")
+    if p is None or not p.get("format"):
+        if p is not None and (p.get("system") or p.get("thinking")):
+            raise ValueError(
+                "prompt.system/prompt.thinking are set but prompt.format is '': set "
+                "prompt.format='chat' (they only apply to the chat template)"
+            )
+        return PromptFormat() if task is None else task.prompt_format
+    return PromptFormat(kind=p.format, system=p.get("system", ""), thinking=p.get("thinking", ""))
+
+
 def validate(config) -> None:
     """Every config error that can be found without touching the workdir, raised early."""
     check_batch_sizes(config, make_mesh(config))
     sharding_rules(config)
     check_rl_schedule(config)
+    check_sampling(config)
+    prompt_format(config)
+    check_packing(config)
     for phase in PHASES:
         optimizer_config(config, phase)
         step_config(config, phase)
@@ -157,12 +231,19 @@ def make_mesh(config):
 
 
 def _tiny_config(config) -> ModelConfig:
-    return tiny_model.tiny_config(
-        config.model.tiny_family,
-        num_layers=config.model.tiny_num_layers,
-        hidden_size=config.model.tiny_hidden_size,
-        intermediate_size=config.model.tiny_intermediate_size,
+    m = config.model
+    shape = dict(
+        num_layers=m.tiny_num_layers,
+        hidden_size=m.tiny_hidden_size,
+        intermediate_size=m.tiny_intermediate_size,
     )
+    if m.get("tiny_tokenizer", "char") == "qwen3":  # Qwen3's tokenizer format + template
+        if m.tiny_family != "qwen3":
+            raise ValueError("model.tiny_tokenizer='qwen3' needs model.tiny_family='qwen3'")
+        return tiny_model.qwen3_config(
+            **shape, tie_word_embeddings=not m.get("tiny_never_stop", False)
+        )
+    return tiny_model.tiny_config(m.tiny_family, **shape)
 
 
 def check_tiny_model_dir(config, workdir: str) -> None:
@@ -197,7 +278,13 @@ def prepare_model_dir(config, workdir: str) -> str:
     path = os.path.join(workdir, "model")
     # Several processes share the workdir: one writes the model, all read it after.
     if distributed.is_leader() and not os.path.exists(os.path.join(path, "config.json")):
-        tiny_model.make_tiny_model(path, _tiny_config(config), seed=config.seed)
+        tiny_model.make_tiny_model(
+            path,
+            _tiny_config(config),
+            seed=config.seed,
+            tokenizer=config.model.get("tiny_tokenizer", "char"),
+            never_stop=config.model.get("tiny_never_stop", False),
+        )
     distributed.barrier(f"tiny_model:{os.path.abspath(path)}")
     return path
 
@@ -306,6 +393,13 @@ class Learner:
         fn = self._step_fn(self.phase)
         start = 0 if self.phase == "sft" else self.cursor["rl_start_step"]
         lr = float(self.schedules[self.phase](self.step - start))  # this update's rate
+        if self.config.batch.get("packing", False):  # memory set by tokens, not longest row
+            batch = packing.pack_batch(
+                batch,
+                step_config(self.config, self.phase).micro_batches,
+                self.mesh.shape["data"] * self.mesh.shape["fsdp"],
+                self.config.batch.get("pack_len", 0) or None,
+            )
         t0 = time.perf_counter()
         self.state, out = fn(self.state, train_step.put_batch(batch, self.mesh, self.rules))
         out = jax.device_get(out)

@@ -52,6 +52,7 @@ class FleetConfig:
     max_deaths: int = 3  # this many deaths of one kind within death_window_s fail the run
     death_window_s: float = 120.0
     follow_period_s: float = 5.0  # how often the fleet is compared with the controller's view
+    max_model_len: int = 0  # local: the engines' prompt + answer limit (0 = the worker's 512)
 
     @classmethod
     def from_config(cls, f) -> FleetConfig:
@@ -89,6 +90,7 @@ def local_specs(cfg: FleetConfig, seed: int) -> list[LocalWorkerSpec]:
             # Worker n of kind k samples with seed (seed * 100 + k) * 1000 + n: distinct
             # across kinds and workers, reproducible per run.
             seed=seed * 100 + k,
+            extra_flags=(f"--max_model_len={cfg.max_model_len}",) if cfg.max_model_len else (),
         )
         for k, (price, throttle) in enumerate(pairs)
     ]

@@ -277,9 +277,13 @@ class Transformer(nn.Module):
         )
 
 
-def token_logprobs(logits, targets):
-    """log p(targets) [B, T] float32 from logits [B, T, V] (log_softmax in fp32)."""
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+def token_logprobs(logits, targets, temperature: float = 1.0):
+    """log p(targets) [B, T] float32 from logits [B, T, V] (log_softmax in fp32), under the
+    tempered softmax(logits / temperature) that a sampler at that temperature draws from."""
+    logits = logits.astype(jnp.float32)
+    if temperature != 1.0:
+        logits = logits / temperature
+    logp = jax.nn.log_softmax(logits, axis=-1)
     return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
 
 
@@ -292,11 +296,12 @@ def forward_logprobs(
     targets,
     dtype=jnp.float32,
     options: ModelOptions = ModelOptions(),
+    temperature: float = 1.0,
 ):
-    """log p(targets[b, t] | tokens[b, :t+1]) [B, T]; `params` boxed or unboxed."""
+    """log p(targets[b, t] | tokens[b, :t+1]) [B, T] at `temperature`; `params` boxed or not."""
     net = Transformer(cfg, dtype=dtype, options=options)
     logits = net.apply({"params": params}, tokens, positions, segment_ids)
-    return token_logprobs(logits, targets)
+    return token_logprobs(logits, targets, temperature)
 
 
 def positions_from_segments(segment_ids):

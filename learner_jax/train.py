@@ -23,6 +23,7 @@ header, progress bars, warnings and a summary; the complete log is `<workdir>/tr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import logging
@@ -35,7 +36,13 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from learner_jax import console, distributed, report, train_step
-from learner_jax.learner import Learner, check_tiny_model_dir, validate
+from learner_jax.learner import (
+    Learner,
+    check_tiny_model_dir,
+    compute_dtype,
+    prompt_format,
+    validate,
+)
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a configs/NAME.py file.", lock_config=True
@@ -86,7 +93,7 @@ def run_sft(learner: Learner, task) -> None:
     max_len = config.batch.max_prompt_len + config.batch.max_answer_len
     stream = SFTStream(
         task,
-        TextCodec(learner.hf_dir),
+        TextCodec(learner.hf_dir, prompt_format(config, task)),
         config.sft.batch_size,
         max_len,
         seed=config.seed,
@@ -198,7 +205,8 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
 
         # 4. The RL parts; `parts` closes them in reverse order of creation.
         parts = stack.enter_context(contextlib.ExitStack())
-        codec, vocab = TextCodec(learner.hf_dir), learner.model_cfg.vocab_size
+        codec = TextCodec(learner.hf_dir, prompt_format(config, task))
+        vocab = learner.model_cfg.vocab_size
         end = learner.cursor["rl_start_step"] + config.total_steps
         store = weights.open_store(config.bridge.store, workdir, learner.step)
         rl_cursor = learner.cursor.get("rl")
@@ -243,7 +251,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             # The exact expected reward (Kuhn) runs on process 0 alone: one process only.
             exact=None
             if distributed.multi_process()
-            else evaluate.exact_evaluator(learner.model_cfg, codec, task, config.model.dtype),
+            else evaluate.exact_evaluator(learner.model_cfg, codec, task, compute_dtype(config)),
         )
         before = eval_log.ensure("before")
         logging.info(
@@ -256,6 +264,9 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         # fleet's command templates); the follower replaces dead ones and, with activation
         # on, releases standby workers and adds one when the active fleet is short.
         fleet_cfg = local_fleet.FleetConfig.from_config(config.fleet)
+        if b.max_prompt_len + b.max_answer_len > 512:  # past the worker's default engine
+            need = max(fleet_cfg.max_model_len, b.max_prompt_len + b.max_answer_len)
+            fleet_cfg = dataclasses.replace(fleet_cfg, max_model_len=need)
         provs = local_fleet.make_provisioners(
             fleet_cfg,
             workdir,
@@ -376,7 +387,9 @@ def _evaluator(learner, task, codec):
         learner.model_cfg,
         codec,
         task,
-        evaluate.EvalConfig(b.max_prompt_len, b.max_answer_len, dtype=learner.config.model.dtype),
+        evaluate.EvalConfig(
+            b.max_prompt_len, b.max_answer_len, dtype=compute_dtype(learner.config)
+        ),
     )
 
 

@@ -16,6 +16,11 @@ start of the update. With one update per batch they equal the stop-gradient of t
 forward pass that computes the loss, so the step reuses that pass instead of running a
 second one (prox and logp are bitwise equal, ratio = 1 with its gradient intact).
 
+RL log-probs are of softmax(logits / `temperature`), the distribution the workers sampled
+from and whose log-probs they report (vLLM processed_logprobs), so importance weights of
+on-policy tokens are 1 at any temperature. A batch with `pack` set (packing.py) runs the
+model on packed rows and gathers the per-token results back to [B, T] before the losses.
+
 Einsum/shape letters: B batch (rows), T time, V vocab, k micro-batches.
 """
 
@@ -33,7 +38,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bridge.contracts.k3 import k3
 from bridge.model.config import ModelConfig
-from learner_jax import losses, model, sharding
+from learner_jax import losses, model, packing, sharding
 from learner_jax.train_state import TrainState
 
 # Which count normalizes each loss (see losses.py "Aggregations"): the micro-batch weight.
@@ -54,6 +59,9 @@ class Batch:
     advantages: jax.Array  # float32 [B]
     seq_mask: jax.Array  # float32 [B] 0 drops a row (filtered group, batch padding)
     on_policy: jax.Array  # float32 [B] 1 = sampled by the learner's current version
+    # Set by packing.pack_batch: the model then runs on packed rows and per-token results
+    # are gathered back to this [B, T] layout (learner_jax/packing.py).
+    pack: packing.Packing | None = None
 
     @property
     def size(self) -> int:
@@ -116,8 +124,13 @@ class StepConfig:
     micro_batches: int = 1
     dtype: str = "float32"  # compute dtype; params stay in their param_dtype
     model_options: model.ModelOptions = model.ModelOptions()  # attention impl, remat
+    # RL: the sampling temperature. Log-probs are of softmax(logits / temperature), the
+    # distribution the workers sampled from and report (vLLM processed_logprobs).
+    temperature: float = 1.0
 
     def __post_init__(self):
+        if not self.temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.kind not in ("rl", "sft"):
             raise ValueError(f"kind must be 'rl' or 'sft', got {self.kind!r}")
         if self.micro_batches < 1:
@@ -145,12 +158,28 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
     """(params, micro-batch) -> (loss, (weighted metrics, summed metrics))."""
     net = model.Transformer(cfg, dtype=jnp.dtype(step_cfg.dtype), options=step_cfg.model_options)
 
-    def fn(params, mb: Batch):
-        logits = net.apply({"params": params}, mb.tokens, mb.positions, mb.segment_ids)
+    def per_token(params, tokens, positions, segment_ids, targets):
+        """(log p(target), entropy, argmax == target) per input token, [rows, len] each."""
+        logits = net.apply({"params": params}, tokens, positions, segment_ids)
+        if step_cfg.kind == "rl" and step_cfg.temperature != 1.0:  # SFT: the model itself
+            logits = logits / step_cfg.temperature  # [B, T, V] fp32
         logp_all = jax.nn.log_softmax(logits, axis=-1)  # [B, T, V] fp32
-        logp = jnp.take_along_axis(logp_all, mb.targets[..., None], axis=-1)[..., 0]  # [B, T]
-        m = mb.loss_mask * mb.seq_mask[:, None]  # [B, T]
+        logp = jnp.take_along_axis(logp_all, targets[..., None], axis=-1)[..., 0]  # [B, T]
         entropy = -(jnp.exp(logp_all) * logp_all).sum(-1)  # [B, T]
+        correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
+        return logp, entropy, correct
+
+    def fn(params, mb: Batch):
+        if mb.pack is None:
+            logp, entropy, correct = per_token(
+                params, mb.tokens, mb.positions, mb.segment_ids, mb.targets
+            )
+        else:  # packed rows in, the [B, T] layout out: everything below is unchanged
+            p = mb.pack
+            packed = per_token(params, p.tokens, p.positions, p.segment_ids, p.targets)
+            t = mb.tokens.shape[1]
+            logp, entropy, correct = (packing.unpack(x, p, t) for x in packed)
+        m = mb.loss_mask * mb.seq_mask[:, None]  # [B, T]
         sums = {
             "entropy": jax.lax.stop_gradient((entropy * m).sum()),
             "tokens": m.sum(),
@@ -158,7 +187,6 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
         }
         if step_cfg.kind == "sft":
             loss = -(logp * m).sum() / jnp.maximum(m.sum(), 1.0)
-            correct = (jnp.argmax(logits, -1) == mb.targets).astype(jnp.float32)
             sums["token_accuracy"] = (correct * m).sum()
             return loss, ({"loss": jax.lax.stop_gradient(loss)}, sums)
         prox = jax.lax.stop_gradient(logp)

@@ -99,9 +99,10 @@ class RolloutEngine(abc.ABC):
     @property
     @abc.abstractmethod
     def logprobs_mode(self) -> str:
-        """What `Completion.logprobs` holds, in vLLM's terms: "raw_logprobs" (the model's
-        log-softmax, before temperature/top-k/top-p: what the learner recomputes),
-        "processed_logprobs", or "raw_logits"/"processed_logits" (not log-probs at all)."""
+        """What `Completion.logprobs` holds, in vLLM's terms: "processed_logprobs" (the
+        log-softmax after temperature/top-k/top-p: the sampling distribution, what the
+        learner recomputes), "raw_logprobs" (before them), or "raw_logits"/
+        "processed_logits" (not log-probs at all)."""
 
     def model_config(self) -> ModelConfig:
         """The architecture the engine runs, from its HF config."""

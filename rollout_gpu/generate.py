@@ -8,9 +8,10 @@ refused), so the worker tokenizes nothing; generation stops at EOS (kept as the 
 completion token, so the learner trains the stop decision) or at `max_tokens`.
 
 Log-probs: each completion token carries the sampled token's log-prob, and the engine
-must run in `raw_logprobs` mode (checked here): the model's log-softmax before
-temperature/top-k/top-p, i.e. exactly what the learner recomputes. With temperature 1
-and no truncation that is also the sampling distribution.
+must run in `processed_logprobs` mode (checked here): the log-softmax of the distribution
+the token was sampled from, log softmax(logits / temperature), which is what the learner
+recomputes (it divides its logits by the same temperature; top-p/top-k are refused by its
+config validation, so no truncation ever reaches a worker from our controller).
 
 Versions: the engine only swaps weights between leases, so every token of a lease was
 sampled by the one version the engine served when it started; each completion token is
@@ -28,7 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from bridge.contracts.prompt import prompt_ids
+from bridge.contracts.prompt import PromptFormat, format_prompt_ids
 from bridge.control.protocol import GroupResult, PromptGroup, WorkerTrajectory
 from rollout_gpu.engine import (
     Completion,
@@ -38,21 +39,31 @@ from rollout_gpu.engine import (
     SampleRequest,
 )
 
-__all__ = ["GenerationAborted", "GenerationError", "check_raw_logprobs", "generate_groups"]
+__all__ = ["GenerationAborted", "GenerationError", "check_logprobs_mode", "generate_groups"]
 
 
-def check_raw_logprobs(engine: RolloutEngine) -> None:
+def check_logprobs_mode(engine: RolloutEngine) -> None:
     mode = engine.logprobs_mode
-    if mode != "raw_logprobs":
+    if mode != "processed_logprobs":
         raise ValueError(
-            f"engine logprobs_mode={mode!r}; rollouts need 'raw_logprobs' (the model's "
-            "log-softmax, which the learner recomputes)"
+            f"engine logprobs_mode={mode!r}; rollouts need 'processed_logprobs' (the "
+            "log-softmax of the tempered distribution sampled from, which the learner "
+            "recomputes)"
         )
 
 
-def prompt_token_ids(tokenizer, text: str) -> list[int]:
-    """The contract's prompt ids from an HF tokenizer (what the controller leases)."""
-    return prompt_ids(tokenizer.bos_token_id, tokenizer.encode(text, add_special_tokens=False))
+def prompt_token_ids(tokenizer, text: str, fmt: PromptFormat | None = None) -> list[int]:
+    """The contract's prompt ids (`format_prompt_ids`) from an HF tokenizer: the ids the
+    controller leases for `text` in format `fmt` (default plain)."""
+    special = {k: v for k, v in tokenizer.special_tokens_map.items() if isinstance(v, str)}
+    return format_prompt_ids(
+        text,
+        fmt or PromptFormat(),
+        lambda s: tokenizer.encode(s, add_special_tokens=False),
+        tokenizer.bos_token_id,
+        tokenizer.chat_template,
+        special,
+    )
 
 
 def sample_request(group: PromptGroup, ids: Sequence[int]) -> SampleRequest:

@@ -7,8 +7,12 @@ and a low `gpu_memory_utilization` (on CPU it is the fraction of a NUMA node's m
 on a GPU the defaults are what you want.
 
 Log-probs: `SamplingParams(logprobs=0)` returns the sampled token's log-prob, and the
-engine runs with `logprobs_mode="raw_logprobs"`: the model's log-softmax before
-temperature/top-k/top-p. Prompt log-probs skip the sampler's processors altogether.
+engine runs with `logprobs_mode="processed_logprobs"`: log-softmax of the logits after
+the sampler's processing (temperature; top-k/top-p, which the learner's config refuses),
+i.e. of the distribution the token was sampled from (vLLM v1 sampler: `Sampler.sample`
+-> `TopKTopPSampler.forward_cpu/forward_native`). Prompt log-probs skip the sampler's
+processors in every mode (gpu_model_runner `_get_prompt_logprobs_dict`), so the canary
+still sees the model's temperature-1 log-softmax.
 
 Weight loading is vLLM 0.32's `reload_weights` (model_executor/model_loader/reload): it
 moves every layer to the meta device, buffers incoming tensors per layer, and
@@ -76,9 +80,10 @@ class VllmEngine(RolloutEngine):
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
         from vllm import LLM
 
-        # Pinned (it is vLLM's default) so a default change cannot silently turn behavior
-        # log-probs into processed ones; the worker checks it anyway.
-        kwargs = {"logprobs_mode": "raw_logprobs"}
+        # Behaviour log-probs of the tempered distribution the tokens were sampled from
+        # (prime-rl does the same); the learner scores softmax(logits / T) to match, and
+        # the worker checks the mode (generate.check_logprobs_mode).
+        kwargs = {"logprobs_mode": "processed_logprobs"}
         if on_cpu():
             kwargs["gpu_memory_utilization"] = 0.1
         llm = LLM(

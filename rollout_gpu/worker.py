@@ -71,7 +71,7 @@ class RolloutWorker(ControllerSession):
         super().__init__(options)
         self.engine, self._make_engine = engine, make_engine
         if engine is not None:
-            gen.check_raw_logprobs(engine)
+            gen.check_logprobs_mode(engine)
         self.current = EngineVersion()
         self._unloadable: dict[int, tuple[float, float]] = {}  # version -> (backoff, retry at)
         self._last_said: str | None = None  # the last waiting condition logged
@@ -104,7 +104,7 @@ class RolloutWorker(ControllerSession):
             return False
         logging.info("starting the engine from the store's model files in %s", path)
         self.engine = self._make_engine(path)
-        gen.check_raw_logprobs(self.engine)
+        gen.check_logprobs_mode(self.engine)
         return True
 
     def _say_once(self, message: str) -> None:

@@ -1,5 +1,6 @@
 """Contracts both stacks must compute identically, each in one place (numpy only).
 
 `canary.py` (probe sequences, payload, comparison criteria), `prompt.py` (prompt token
-ids: BOS + text), `k3.py` (the KL estimate behind `mismatch/kl` and the canary).
+ids: plain BOS + text, or the tokenizer's chat template rendered with jinja2), `k3.py`
+(the KL estimate behind `mismatch/kl` and the canary).
 """

@@ -92,29 +92,75 @@ def save_tokenizer(path: str, model_max_length: int = 512) -> None:
         json.dump({"pad_token": "<pad>", "bos_token": "<bos>", "eos_token": "<eos>"}, f)
 
 
-def write_hf_config(path: str, cfg: ModelConfig, dtype: str = "float32") -> None:
+def write_hf_config(
+    path: str, cfg: ModelConfig, dtype: str = "float32", ids: tuple = (BOS_ID, EOS_ID, PAD_ID)
+) -> None:
+    bos, eos, pad = ids  # eos may be a list (generation stops at any of them)
     hf = cfg.to_hf_dict()
-    hf.update(
-        torch_dtype=dtype,
-        bos_token_id=BOS_ID,
-        eos_token_id=EOS_ID,
-        pad_token_id=PAD_ID,
-    )
+    first_eos = eos[0] if isinstance(eos, list) else eos
+    hf.update(torch_dtype=dtype, bos_token_id=bos, eos_token_id=first_eos, pad_token_id=pad)
     with open(os.path.join(path, hf_files.CONFIG), "w") as f:
         json.dump(hf, f, indent=2)
     with open(os.path.join(path, "generation_config.json"), "w") as f:
-        json.dump({"bos_token_id": BOS_ID, "eos_token_id": EOS_ID, "pad_token_id": PAD_ID}, f)
+        json.dump({"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad}, f)
 
 
-def make_tiny_model(path: str, cfg: ModelConfig | None = None, seed: int = 0) -> str:
-    """Write an HF model directory with random weights; returns `path`."""
+TOKENIZERS = ("char", "qwen3")
+
+
+def make_tiny_model(
+    path: str,
+    cfg: ModelConfig | None = None,
+    seed: int = 0,
+    tokenizer: str = "char",
+    never_stop: bool = False,
+) -> str:
+    """Write an HF model directory with random weights; returns `path`.
+
+    tokenizer: "char" (one token per printable character, BOS/EOS/PAD) or "qwen3" (the
+    real Qwen3 tokenizer format with its chat template, bridge/model/qwen3_tokenizer.py;
+    `cfg.vocab_size` must cover its 265 tokens, see `qwen3_config`).
+    never_stop: zero the output-head rows of the stop tokens (needs an untied head) and
+    draw the others 25x larger, so a random model's stop tokens are ~e^-10 less likely
+    than its top token and every answer runs to max_tokens (long-answer runs).
+    """
+    if tokenizer not in TOKENIZERS:
+        raise ValueError(f"tokenizer must be one of {TOKENIZERS}, got {tokenizer!r}")
     cfg = cfg or tiny_config()
     os.makedirs(path, exist_ok=True)
-    write_hf_config(path, cfg)
-    save_tokenizer(path, cfg.max_position_embeddings)
+    if tokenizer == "qwen3":
+        from bridge.model import qwen3_tokenizer as q3
+
+        if cfg.vocab_size < q3.vocab_size():
+            raise ValueError(f"vocab_size {cfg.vocab_size} < the tokenizer's {q3.vocab_size()}")
+        q3.save_qwen3_tokenizer(path, cfg.max_position_embeddings)
+        im_end, endoftext = q3.token_id(q3.EOS_TOKEN), q3.token_id(q3.PAD_TOKEN)
+        # As Qwen3's own files: bos = pad = <|endoftext|>, generation stops at both.
+        write_hf_config(path, cfg, ids=(endoftext, [im_end, endoftext], endoftext))
+        stops = [im_end, endoftext]
+    else:
+        write_hf_config(path, cfg)
+        save_tokenizer(path, cfg.max_position_embeddings)
+        stops = [EOS_ID]
     weights = random_hf_weights(cfg, seed)
+    if never_stop:
+        if cfg.tie_word_embeddings:
+            raise ValueError("never_stop needs an untied output head (tie_word_embeddings=False)")
+        head = weights["lm_head.weight"] * 25.0
+        head[stops] = 0.0
+        weights["lm_head.weight"] = head
     save_file(weights, os.path.join(path, hf_files.SAFETENSORS), metadata={"format": "pt"})
     return path
+
+
+def qwen3_config(**overrides) -> ModelConfig:
+    """A small Qwen3 over the Qwen3-format tokenizer (vocab padded to a multiple of 16)."""
+    from bridge.model import qwen3_tokenizer as q3
+
+    vocab = -(-q3.vocab_size() // 16) * 16
+    # Long answers need long positions (the char models' 512 would cap vLLM's max_model_len).
+    base = {"vocab_size": vocab, "max_position_embeddings": 4096}
+    return tiny_config("qwen3", **{**base, **overrides})
 
 
 def main():

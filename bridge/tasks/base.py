@@ -22,6 +22,8 @@ import math
 from collections.abc import Iterator
 from typing import Any
 
+from bridge.contracts.prompt import PromptFormat
+
 
 class RewardError(ValueError):
     """A task's reward function raised or returned something that is not a finite number."""
@@ -41,6 +43,9 @@ class Task(abc.ABC):
     name: str = ""
     options: dict[str, Any] = {}  # set per instance by make_task
     reward_override: Any = None  # a user_reward.RewardOverride when options replace the reward
+    # How the prompt text is presented to the model (bridge/contracts/prompt.py); a config's
+    # prompt.format overrides it. Plain text unless a task says otherwise.
+    prompt_format: PromptFormat = PromptFormat()
 
     @abc.abstractmethod
     def train_prompts(self, seed: int) -> Iterator[Prompt]:

@@ -28,6 +28,8 @@ def controller_config(config, vocab_size: int, eos_id: int) -> ControllerConfig:
         vocab_size=vocab_size,
         sampling=SamplingParams(
             temperature=float(config.rollout.temperature),
+            top_p=float(config.rollout.get("top_p", 1.0)),
+            top_k=int(config.rollout.get("top_k", -1)),
             max_tokens=b.max_answer_len,
             stop_token_ids=[eos_id],
         ),

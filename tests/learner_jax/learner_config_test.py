@@ -73,3 +73,81 @@ def test_rl_schedule_checked_before_anything_runs():
     c.staleness, c.publish_every = 2, 0
     with pytest.raises(ValueError, match="publish_every >= 1"):
         validate(c)
+
+
+@pytest.mark.parametrize(
+    "key, value, match",
+    [
+        ("top_p", 0.9, r"rollout.top_p=0.9 is not supported.*truncated"),
+        ("top_k", 20, r"rollout.top_k=20 is not supported"),
+        ("temperature", 0.0, r"rollout.temperature=0.0 is not supported.*greedy"),
+    ],
+)
+def test_sampling_the_learner_cannot_score_is_refused(key, value, match):
+    from learner_jax.learner import validate
+
+    c = tiny_arith()
+    c.rollout.temperature = 0.7  # below 1 is fine: the learner scores logits / T
+    validate(c)
+    setattr(c.rollout, key, value)
+    with pytest.raises(ValueError, match=match):
+        validate(c)
+
+
+def test_rl_step_config_carries_the_sampling_temperature():
+    from learner_jax.learner import step_config
+
+    c = tiny_arith()
+    c.rollout.temperature = 0.6
+    assert step_config(c, "rl").temperature == 0.6
+    assert step_config(c, "sft").temperature == 1.0  # SFT trains the model itself
+
+
+def test_prompt_format_from_config_or_task():
+    from bridge.contracts.prompt import PromptFormat
+    from learner_jax.learner import prompt_format, validate
+
+    class ChatTask:
+        prompt_format = PromptFormat("chat", thinking="off")
+
+    c = tiny_arith()
+    assert (
+        prompt_format(c) == PromptFormat() and prompt_format(c, ChatTask) == ChatTask.prompt_format
+    )
+    c.prompt.format, c.prompt.system = "chat", "Be brief."
+    assert prompt_format(c, ChatTask) == PromptFormat("chat", system="Be brief.")
+    c.prompt.format = "plain"  # a system prompt needs the chat template
+    with pytest.raises(ValueError, match="need the chat format"):
+        validate(c)
+    c.prompt.format, c.prompt.system, c.prompt.thinking = "", "", "off"
+    with pytest.raises(ValueError, match="prompt.format is ''"):
+        validate(c)
+    c.prompt.format, c.prompt.thinking = "markdown", ""
+    with pytest.raises(ValueError, match="prompt format must be one of"):
+        validate(c)
+
+
+def test_real_models_compute_in_bf16_over_fp32_master_weights():
+    from learner_jax.learner import compute_dtype, step_config, validate
+
+    c = tiny_arith()
+    assert c.model.param_dtype == "float32"  # master weights, whatever the compute dtype
+    assert compute_dtype(c) == "float32"  # the tiny model: exact CPU parity by default
+    c.model.hf_dir = "/models/Qwen3-0.6B"
+    assert compute_dtype(c) == "bfloat16" and step_config(c, "rl").dtype == "bfloat16"
+    c.model.dtype = "float32"  # an explicit choice wins
+    assert compute_dtype(c) == "float32"
+    c.model.dtype = "fp8"
+    with pytest.raises(ValueError, match="model.dtype must be"):
+        validate(c)
+
+
+def test_packing_config_is_checked():
+    from learner_jax.learner import validate
+
+    c = tiny_arith()
+    c.batch.packing, c.batch.pack_len = True, 0
+    validate(c)  # 0 = the row width
+    c.batch.pack_len = 10
+    with pytest.raises(ValueError, match=r"pack_len=10 < max_prompt_len \+ max_answer_len = 24"):
+        validate(c)

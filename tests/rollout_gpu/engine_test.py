@@ -48,7 +48,7 @@ def test_vllm_engine_reports_its_model(vllm_engine, tiny_model_dir):
     # max_position_embeddings is a serving limit, not part of the architecture.
     assert dataclasses.replace(cfg, max_position_embeddings=want.max_position_embeddings) == want
     assert vllm_engine.dtype == "float32" and vllm_engine.max_model_len == 256
-    assert vllm_engine.logprobs_mode == "raw_logprobs"
+    assert vllm_engine.logprobs_mode == "processed_logprobs"
     assert vllm_engine.model_dir == tiny_model_dir
 
 

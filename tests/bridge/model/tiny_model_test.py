@@ -47,3 +47,31 @@ def test_bad_configs_are_refused():
         ModelConfig.from_hf_dict({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"})
     with pytest.raises(ValueError, match="multiple"):
         tiny_model.tiny_config("qwen3", num_heads=4, num_kv_heads=3)
+
+
+def test_qwen3_format_model_never_stops_when_asked(tmp_path):
+    """The Qwen3-tokenizer tiny model loads in transformers with Qwen3's ids (no BOS, stop at
+    <|im_end|> or <|endoftext|>), and with never_stop its sampled answers run to the limit."""
+    import torch
+    import transformers
+
+    cfg = tiny_model.qwen3_config(tie_word_embeddings=False)
+    path = tiny_model.make_tiny_model(str(tmp_path / "m"), cfg, tokenizer="qwen3", never_stop=True)
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    gen = transformers.GenerationConfig.from_pretrained(path)
+    stops = tok.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    assert tok.bos_token_id is None and gen.eos_token_id == stops and cfg.vocab_size >= len(tok)
+    ids = tok.apply_chat_template(
+        [{"role": "user", "content": "1+1?"}], add_generation_prompt=True, return_dict=False
+    )
+    torch.manual_seed(0)
+    out = hf.generate(
+        torch.tensor([ids] * 4), do_sample=True, temperature=0.7, max_new_tokens=128, top_k=0
+    )
+    answers = out[:, len(ids) :]
+    assert answers.shape[1] == 128 and not np.isin(answers.numpy(), stops).any()
+    with pytest.raises(ValueError, match="untied"):
+        tiny_model.make_tiny_model(
+            str(tmp_path / "t"), tiny_model.qwen3_config(), tokenizer="qwen3", never_stop=True
+        )
