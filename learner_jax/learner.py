@@ -190,6 +190,11 @@ def check_packing(config) -> None:
             f"batch.pack_len={pack_len} < max_prompt_len + max_answer_len = {width}: the "
             "longest sequence would not fit a packed row (0 = that width)"
         )
+    d = config.get("distributed", {})
+    if b.get("packing", False) and (d.get("num_processes", 0) > 1 or d.get("auto", False)):
+        # Each process holds only its own rows of a step (rl/mirror.py), while the packing
+        # is computed from every row's length: the processes would pack differently.
+        raise ValueError("batch.packing runs on one learner process only (for now)")
 
 
 def prompt_format(config, task=None) -> PromptFormat:

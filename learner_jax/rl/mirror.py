@@ -113,7 +113,8 @@ class Leader:
 
     def step(self, batch: train_step.Batch) -> None:
         rows = process_rows(batch, self.learner)
-        fields = {k: np.asarray(v) for k, v in vars(batch).items()}
+        # Unset optional fields (`pack`: packing is single-process) are not sent.
+        fields = {k: np.asarray(v) for k, v in vars(batch).items() if v is not None}
         for p in self.followers:
             mine = rows.get(p, np.zeros(0, np.int64))
             arrays = {k: v[mine] for k, v in fields.items()}

@@ -151,3 +151,7 @@ def test_packing_config_is_checked():
     c.batch.pack_len = 10
     with pytest.raises(ValueError, match=r"pack_len=10 < max_prompt_len \+ max_answer_len = 24"):
         validate(c)
+    c.batch.pack_len = 0
+    c.distributed.num_processes = 2
+    with pytest.raises(ValueError, match="packing runs on one learner process only"):
+        validate(c)
