@@ -149,7 +149,8 @@ def audit(db_path: str, accepted: list, consumed: list, group_size: int) -> dict
 
 def run(args: argparse.Namespace) -> dict:
     from bridge.contracts.prompt import TextCodec
-    from bridge.control.controller import Controller, ControllerConfig
+    from bridge.control.config import ControllerConfig
+    from bridge.control.controller import Controller
     from bridge.control.protocol import SamplingParams
     from bridge.control.service import ServerOptions, serve_controller
     from bridge.model import tiny_model

@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 import os
 
-from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.config import ControllerConfig
+from bridge.control.controller import Controller
 from bridge.control.protocol import SamplingParams
 
 DB_FILE = "controller.db"

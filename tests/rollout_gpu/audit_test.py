@@ -10,7 +10,8 @@ import pytest
 from bridge.contracts.k3 import k3
 from bridge.contracts.prompt import TextCodec
 from bridge.control import audit
-from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.config import ControllerConfig
+from bridge.control.controller import Controller
 from bridge.control.protocol import WorkerProfile
 from bridge.model import tiny_model
 from bridge.tasks import make_task

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from bridge.contracts.prompt import TextCodec
-from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.config import ControllerConfig
+from bridge.control.controller import Controller
 from bridge.control.protocol import LeaseRequest, SamplingParams, Submission, WorkerProfile
 from bridge.tasks import make_env, make_task, replay
 from learner_jax import advantages, rollout_batch

@@ -15,7 +15,8 @@ import pytest
 import worker_procs
 
 from bridge.contracts.prompt import TextCodec
-from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.config import ControllerConfig
+from bridge.control.controller import Controller
 from bridge.control.protocol import BroadcastReport, Heartbeat, SamplingParams, WorkerProfile
 from bridge.control.service import ServerOptions, serve_controller
 from bridge.model import tiny_model

@@ -37,7 +37,8 @@ import pytest
 from worker_procs import spawn_worker, tail
 
 from bridge.contracts.prompt import TextCodec
-from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.config import ControllerConfig
+from bridge.control.controller import Controller
 from bridge.control.protocol import SamplingParams
 from bridge.control.service import ServerOptions, serve_controller
 from bridge.model import tiny_model

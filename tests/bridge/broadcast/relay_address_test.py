@@ -25,7 +25,8 @@ def test_reachable_relay_url(claimed, caller, want):
 
 def test_the_service_routes_children_to_the_callers_address(tmp_path):
     from bridge.contracts.prompt import TextCodec
-    from bridge.control.controller import Controller, ControllerConfig
+    from bridge.control.config import ControllerConfig
+    from bridge.control.controller import Controller
     from bridge.control.protocol import SamplingParams
     from bridge.control.service import make_app
     from bridge.model import tiny_model

@@ -7,7 +7,8 @@ import threading
 import pytest
 
 from bridge.contracts.prompt import TextCodec
-from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.config import ControllerConfig
+from bridge.control.controller import Controller
 from bridge.control.protocol import (
     GroupResult,
     Heartbeat,

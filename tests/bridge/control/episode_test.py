@@ -10,7 +10,8 @@ import os
 import httpx
 import pytest
 
-from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.config import ControllerConfig
+from bridge.control.controller import Controller
 from bridge.control.protocol import SamplingParams
 from bridge.control.service import ServerOptions, load_or_create_join_secret, serve_controller
 from bridge.model.tiny_model import EOS_ID

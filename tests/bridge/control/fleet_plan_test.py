@@ -7,7 +7,8 @@ import math
 import pytest
 
 from bridge.control import activation, capacity
-from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.config import ControllerConfig
+from bridge.control.controller import Controller
 from bridge.control.fleet_plan import busy_rate
 from bridge.control.protocol import (
     GroupResult,

@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from bridge.control.client import ControllerClient, ControllerError
-from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.config import ControllerConfig
+from bridge.control.controller import Controller
 from bridge.control.join_secret import JoinSecret
 from bridge.control.limits import RateLimiter
 from bridge.control.protocol import Heartbeat, LeaseRequest, SamplingParams, WorkerProfile

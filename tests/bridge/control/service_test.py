@@ -15,7 +15,8 @@ import httpx
 import pytest
 
 from bridge.control.client import ControllerClient, ControllerError
-from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.config import ControllerConfig
+from bridge.control.controller import Controller
 from bridge.control.protocol import (
     GroupResult,
     Heartbeat,

@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from bridge.control.client import ControllerClient
-from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.config import ControllerConfig
+from bridge.control.controller import Controller
 from bridge.control.protocol import Heartbeat, LeaseRequest, SamplingParams, WorkerProfile
 from bridge.control.service import ServerOptions, load_or_create_join_secret, serve_controller
 from bridge.status import format_status

@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from bridge.control.client import ControllerClient
-from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.config import ControllerConfig
+from bridge.control.controller import Controller
 from bridge.control.protocol import LeaseRequest, WorkerProfile
 from bridge.control.service import ServerOptions, serve_controller
 from bridge.tasks import make_task

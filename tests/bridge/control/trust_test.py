@@ -11,7 +11,8 @@ import httpx
 import pytest
 
 from bridge.control import audit
-from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.config import ControllerConfig
+from bridge.control.controller import Controller
 from bridge.control.protocol import SamplingParams
 from bridge.control.service import ServerOptions, load_or_create_join_secret, serve_controller
 from bridge.model.tiny_model import EOS_ID, char_vocab

@@ -1,7 +1,8 @@
 """Swap watcher: one swaps.jsonl line per (worker, version) seen after that version's publish,
 and one broadcast.jsonl line per fetch a worker reported."""
 
-from bridge.control.controller import Controller, ControllerConfig
+from bridge.control.config import ControllerConfig
+from bridge.control.controller import Controller
 from bridge.control.protocol import BroadcastReport, Heartbeat, SamplingParams, WorkerProfile
 from bridge.tasks import make_task
 from learner_jax.rl.swaps import SwapWatcher

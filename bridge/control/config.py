@@ -1,0 +1,58 @@
+"""The controller's settings (bridge/control/controller.py), one frozen dataclass.
+
+The training binary builds it from `config` (learner_jax/rl/serve.py); tests and benches
+build it directly. `m` (`max_version_lag`) is the admission rule's allowed worker lag.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bridge.control.protocol import SamplingParams
+
+
+@dataclasses.dataclass(frozen=True)
+class ControllerConfig:
+    staleness: int = 2  # S
+    groups_per_step: int = 8  # prompt groups the learner consumes per step
+    group_size: int = 4  # samples per prompt (GRPO n)
+    sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)
+    vocab_size: int = 128
+    max_prompt_tokens: int = 256
+    lease_ttl_s: float = 60.0
+    heartbeat_interval_s: float = 5.0
+    worker_timeout_s: float = 30.0
+    max_groups_per_lease: int = 16
+    max_version_lag: int = 0  # m above
+    refuse_too_slow: bool = True  # freshness-aware leasing (bridge/control/lease_timing.py)
+    retest_slow_after_s: float = 60.0  # a too-slow worker's latency is re-measured this often
+    retry_after_s: float = 0.5
+    seed: int = 0
+    reward_timeout_s: float = 5.0  # per completion, in the reward pool (rewards.py)
+    # A multi-turn task's episode budget: completion tokens in all, model and environment
+    # (each model turn then samples at most sampling.max_tokens and the task's
+    # turn_max_tokens). 0 = sampling.max_tokens.
+    max_completion_tokens: int = 0
+    # Quarantine past these (audit.py; the defaults are measured in BUILD_NOTES.md).
+    audit_kl_threshold: float = 0.01  # mean k3 per token
+    audit_logratio_threshold: float = 0.1  # |mean behaviour - learner log-prob| per token
+    audit_min_tokens: int = 256  # audited tokens before a verdict
+    audit_window_tokens: int = 4096  # the per-worker score's decay horizon
+    # Cost-aware activation (fleet_plan.py): the cheapest set covering (1 + margin) * R / T.
+    activation: bool = False
+    activation_margin: float = 0.1
+    activation_period_s: float = 30.0  # re-solve at most this often on heartbeats
+    standby_price_fraction: float = 0.0  # standby workers' billing (0: released, not billed)
+    # Abuse limits (limits.py; 0 = off): 10x an honest worker's pace at the defaults.
+    rate_limit_per_s: float = 20.0  # per worker and endpoint, sustained
+    rate_limit_burst: float = 60.0
+    register_rate_per_s: float = 1.0  # registrations per client IP
+    register_burst: float = 64.0
+    max_leases_per_worker: int = 4  # active leases one worker may hold
+    token_ttl_s: float = 900.0  # a token dies this long after its worker's last contact
+    join_secret_grace_s: float = 600.0  # a rotated-out join secret still works (join_secret.py)
+    # Weight broadcast (bridge/broadcast): "store" (every worker reads the store), "chain"
+    # or "tree" (workers relay chunks to each other; the store's uplink carries one copy).
+    broadcast: str = "store"
+    broadcast_fanout: int = 2  # tree fan-out f
+    broadcast_bad_limit: int = 2  # corrupt-chunk reports that take a relay out of the tree
