@@ -31,17 +31,13 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 
-import numpy as np
 from absl import app, flags
 
+from bench import relay_procs
 from bridge.broadcast import topology as topo
-from bridge.store import chunk_digest
 from bridge.store.weight_store import WeightStore
 from rollout_gpu.peer_fetch import sources_for
 
@@ -59,66 +55,32 @@ flags.DEFINE_integer("sweep_n", 8, "Receivers for the chunk-size sweep.")
 VERSION = 1
 
 
-def _call(url: str, path: str, body: dict | None = None) -> dict:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url + path, data=data, method="POST" if data else "GET")
-    req.add_header("Content-Type", "application/json")
-    with urllib.request.urlopen(req, timeout=30) as r:
-        return json.loads(r.read())
-
-
-def _start_relays(n: int, up_mbps: float, tmp: str) -> tuple[list, list[str]]:
-    procs, files = [], []
-    for i in range(n):
-        f = os.path.join(tmp, f"relay{i}.url")
-        cmd = [sys.executable, "-m", "rollout_gpu.relay", f"--up_mbps={up_mbps}", f"--url_file={f}"]
-        procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
-        files.append(f)
-    deadline = time.time() + 120
-    while not all(os.path.exists(f) for f in files):
-        if time.time() > deadline or any(p.poll() is not None for p in procs):
-            raise RuntimeError("relays did not start")
-        time.sleep(0.2)
-    return procs, [open(f).read().strip() for f in files]
-
-
-def _publish(store: WeightStore, model_bytes: int, chunk_bytes: int, version: int) -> int:
-    chunk_digest.CHUNK_BYTES = chunk_bytes  # the chunk grid is chosen at publish time
-    rng = np.random.default_rng(0)
-    cols, left, arrays, i = 1024, model_bytes, [], 0
-    while left > 0:  # [rows, 1024] bf16 matrices of ~8 MB, like a small model's linears
-        rows = max(1, min(4096, left // (2 * cols)))
-        arrays.append((f"w{i}", rng.standard_normal((rows, cols), dtype=np.float32)))
-        left, i = left - rows * cols * 2, i + 1
-    return store.publish(version, 0, arrays, {}, dtype="bfloat16").total_bytes
-
-
 def _run(origin: str, relays: list[str], mode: str, fanout: int, version: int = VERSION) -> dict:
     t = topo.Topology(mode, fanout)
     for i, url in enumerate(relays):
         t.join(topo.Node(f"r{i}", url))
     for url in relays:
-        _call(url, "/forget", {"version": version})
-    before = _call(origin, "/status")["bytes_up"]
+        relay_procs.call(url, "/forget", {"version": version})
+    before = relay_procs.call(origin, "/status")["bytes_up"]
     t0 = time.time()
     depth = 1
     for i, url in enumerate(relays):
         p = t.placement(f"r{i}")
         depth = max(depth, p.depth)
         srcs = sources_for(p.parent_url, p.fallback_urls, origin)
-        _call(url, "/fetch", {"version": version, "sources": srcs})
+        relay_procs.call(url, "/fetch", {"version": version, "sources": srcs})
     done: dict[str, dict] = {}
     while len(done) < len(relays):
         time.sleep(0.05)
         for url in relays:
-            v = _call(url, "/status")["versions"].get(str(version))
+            v = relay_procs.call(url, "/status")["versions"].get(str(version))
             if v and v["failed"]:
                 raise RuntimeError(f"{url}: {v['failed']}")
             if v and v["complete"]:
                 done[url] = v
         if time.time() - t0 > 900:
             raise RuntimeError("broadcast did not finish in 15 min")
-    origin_bytes = _call(origin, "/status")["bytes_up"] - before
+    origin_bytes = relay_procs.call(origin, "/status")["bytes_up"] - before
     # Each receiver's own fetch time: a link running at B takes M / B of it.
     own_s = [max(1e-9, v["completed_at"] - v["started_at"]) for v in done.values()]
     return {
@@ -178,16 +140,20 @@ def main(argv):
     procs = []
     try:
         store = WeightStore(os.path.join(tmp, "store"))
-        m = _publish(store, FLAGS.model_mb * 10**6, FLAGS.chunk_kb << 10, VERSION)
+        m = relay_procs.publish_model(store, FLAGS.model_mb * 10**6, FLAGS.chunk_kb << 10, VERSION)
         c, b = float(FLAGS.chunk_kb << 10), FLAGS.up_mbps * 1e6
         ns = sorted(int(x) for x in FLAGS.n)
         sweep = [int(k) for k in FLAGS.sweep_chunk_kb]
-        procs, urls = _start_relays(max(ns + [FLAGS.sweep_n]) + 1, FLAGS.up_mbps, tmp)
+        procs, urls = relay_procs.start_relays(max(ns + [FLAGS.sweep_n]) + 1, FLAGS.up_mbps, tmp)
         origin, relays = urls[0], urls[1:]
 
         def load_origin(version: int) -> None:
-            _call(origin, "/fetch", {"version": version, "sources": [store.spec]})
-            while not _call(origin, "/status")["versions"].get(str(version), {}).get("complete"):
+            relay_procs.call(origin, "/fetch", {"version": version, "sources": [store.spec]})
+            while (
+                not relay_procs.call(origin, "/status")["versions"]
+                .get(str(version), {})
+                .get("complete")
+            ):
                 time.sleep(0.1)
 
         load_origin(VERSION)
@@ -205,7 +171,7 @@ def main(argv):
         sweep_rows = []
         for i, kb in enumerate(sweep):
             version = VERSION + 1 + i
-            mk = _publish(store, FLAGS.model_mb * 10**6, kb << 10, version)
+            mk = relay_procs.publish_model(store, FLAGS.model_mb * 10**6, kb << 10, version)
             load_origin(version)
             n = FLAGS.sweep_n
             runs = [

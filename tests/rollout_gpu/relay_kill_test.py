@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorstore as ts
 
-from bench import broadcast as bench
+from bench import relay_procs as bench
 from bridge.store.weight_store import WeightStore
 from rollout_gpu.peer_fetch import sources_for
 
@@ -20,7 +20,7 @@ MB_PER_S = 4.0  # every link; the version is 8 MB: 2 s per copy
 
 
 def _status(url: str, version: int) -> dict:
-    return bench._call(url, "/status")["versions"].get(str(version), {})
+    return bench.call(url, "/status")["versions"].get(str(version), {})
 
 
 def _broadcast(origin, relays, version, kill=None):
@@ -30,12 +30,12 @@ def _broadcast(origin, relays, version, kill=None):
     status of each relay)."""
     urls = [u for _, u in relays]
     for u in urls:
-        bench._call(u, "/forget", {"version": version})
+        bench.call(u, "/forget", {"version": version})
     t0 = time.time()
     for i, u in enumerate(urls):
         up = [origin, *urls[:i]][::-1]
         srcs = sources_for(up[0], up[1:2], origin) if i else [origin]
-        bench._call(u, "/fetch", {"version": version, "sources": srcs})
+        bench.call(u, "/fetch", {"version": version, "sources": srcs})
     killed = None
     while True:
         if kill and killed is None and _status(urls[kill[0] + 1], version).get("have", 0) >= 3:
@@ -53,13 +53,13 @@ def _broadcast(origin, relays, version, kill=None):
 
 def test_kill_9_of_the_middle_relay_mid_broadcast(tmp_path):
     store = WeightStore(str(tmp_path / "store"))
-    m1 = bench._publish(store, 8 * 10**6, 256 << 10, 1)
-    bench._publish(store, 8 * 10**6, 256 << 10, 2)
-    procs, urls = bench._start_relays(4, MB_PER_S, str(tmp_path))
+    m1 = bench.publish_model(store, 8 * 10**6, 256 << 10, 1)
+    bench.publish_model(store, 8 * 10**6, 256 << 10, 2)
+    procs, urls = bench.start_relays(4, MB_PER_S, str(tmp_path))
     try:
         origin, relays = urls[0], list(zip(procs[1:], urls[1:], strict=True))
         for v in (1, 2):  # the origin (the store's uplink) holds both versions
-            bench._call(origin, "/fetch", {"version": v, "sources": [store.spec]})
+            bench.call(origin, "/fetch", {"version": v, "sources": [store.spec]})
             while not _status(origin, v).get("complete"):
                 time.sleep(0.05)
         clean_s, _ = _broadcast(origin, relays, 1)
@@ -76,7 +76,7 @@ def test_kill_9_of_the_middle_relay_mid_broadcast(tmp_path):
             got = ts.open({"driver": "zarr3", "kvstore": spec}, open=True).result().read().result()
             assert np.array_equal(got.view(np.uint16), want[name].view(np.uint16)), u
         # The receiver whose parent died reported it and took over from its grandparent.
-        reports = bench._call(urls[2], "/status")["results"]["2"]["reports"]
+        reports = bench.call(urls[2], "/status")["results"]["2"]["reports"]
         assert any(r["kind"] == "dead" and r["source"] == urls[1] for r in reports), reports
     finally:
         for p in procs:
