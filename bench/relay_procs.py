@@ -45,11 +45,17 @@ def start_relays(n: int, up_mbps: float, tmp: str) -> tuple[list, list[str]]:
 
 
 def publish_model(store: WeightStore, model_bytes: int, chunk_bytes: int, version: int) -> int:
-    chunk_digest.CHUNK_BYTES = chunk_bytes  # the chunk grid is chosen at publish time
+    """Publish ~`model_bytes` of random bf16 [rows, 1024] matrices in `chunk_bytes` chunks;
+    returns the version's stored bytes."""
     rng = np.random.default_rng(0)
     cols, left, arrays, i = 1024, model_bytes, [], 0
     while left > 0:  # [rows, 1024] bf16 matrices of ~8 MB, like a small model's linears
         rows = max(1, min(4096, left // (2 * cols)))
         arrays.append((f"w{i}", rng.standard_normal((rows, cols), dtype=np.float32)))
         left, i = left - rows * cols * 2, i + 1
-    return store.publish(version, 0, arrays, {}, dtype="bfloat16").total_bytes
+    default = chunk_digest.CHUNK_BYTES
+    chunk_digest.CHUNK_BYTES = chunk_bytes  # the chunk grid is chosen at publish time
+    try:
+        return store.publish(version, 0, arrays, {}, dtype="bfloat16").total_bytes
+    finally:  # a test process goes on publishing with the store's default
+        chunk_digest.CHUNK_BYTES = default

@@ -96,7 +96,8 @@ def batches_file(vllm_engine, tiny_model_dir, tmp_path_factory):
             codec.pad_id,
         )
         for name, value in vars(batch).items():
-            out[f"{i}/{name}"] = np.asarray(value)
+            if value is not None:  # unset optional fields (`pack`) stay unset
+                out[f"{i}/{name}"] = np.asarray(value)
     assert any(out[f"{i}/advantages"].any() for i in range(STEPS)), "no learning signal"
     path = str(tmp_path_factory.mktemp("multihost") / "batches.npz")
     np.savez(path, **out)

