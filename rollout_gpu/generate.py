@@ -79,6 +79,12 @@ def sample_request(group: PromptGroup, ids: Sequence[int]) -> SampleRequest:
     )
 
 
+def warm_up_request() -> SampleRequest:
+    """A tiny sampling request through the same path as a lease's (log-probs, a tempered
+    distribution), for the worker's warm-up before its first lease."""
+    return SampleRequest(prompt_token_ids=[1, 2, 3], n=2, temperature=0.9, max_tokens=4)
+
+
 def _trajectory(group: PromptGroup, sample: Completion, version: int) -> WorkerTrajectory:
     where = f"group {group.group_id} sample {sample.index}"
     if sample.finish_reason not in ("stop", "length"):

@@ -75,6 +75,7 @@ class RolloutWorker(ControllerSession):
         self.current = EngineVersion()
         self._unloadable: dict[int, tuple[float, float]] = {}  # version -> (backoff, retry at)
         self._last_said: str | None = None  # the last waiting condition logged
+        self._warmed = False
         self.leases_done = 0
 
     @property
@@ -259,12 +260,25 @@ class RolloutWorker(ControllerSession):
                 if not self.start_engine() or not self.ensure_version():
                     self.stop.wait(self.opts.backoff_s)
                     continue
+                self.warm_up()
                 lease = self.take_lease()
                 if lease is not None:
                     self.run_lease(lease)
         finally:
             self.shutdown()
         return self.leases_done
+
+    def warm_up(self) -> None:
+        """One tiny generation before the first lease. vLLM's first sampling call with
+        log-probs builds its sampler path (~18 s on these CPUs with processed log-probs),
+        holding the GIL: the heartbeat thread could not renew the first lease, which then
+        expired while its work was being generated."""
+        if self._warmed:
+            return
+        self._warmed = True
+        t0 = time.monotonic()
+        self.engine.generate([gen.warm_up_request()])
+        logging.info("engine warmed up in %.1fs", time.monotonic() - t0)
 
     def shutdown(self) -> None:
         self.stop_heartbeats()
