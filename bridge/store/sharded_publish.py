@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -50,6 +49,7 @@ from bridge.store.weight_store import (
     VersionExistsError,
     WeightStore,
     _key,
+    new_manifest,
 )
 
 PARTS_DIR = ".parts"
@@ -187,16 +187,7 @@ def commit(
     names = [set(p["arrays"]) for p in parts]
     if any(n != names[0] for n in names):
         raise ValueError(f"version {version}: processes published different array sets")
-    manifest = Manifest(
-        version=version,
-        step=step,
-        created_at=time.time(),
-        dtype=dtype,
-        total_bytes=sum(i.nbytes for i in infos.values()),
-        model_config=dict(model_config),
-        arrays=infos,
-        extra=dict(extra or {}),
-    )
+    manifest = new_manifest(version, step, dtype, model_config, infos, extra)
     store._check_new(version)
     gen = store.kv.write(
         f"manifests/{_key(version)}.json", manifest.to_json(), if_equal=_ABSENT

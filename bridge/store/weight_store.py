@@ -146,6 +146,20 @@ def parse_spec(spec: str | Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def new_manifest(version, step, dtype, model_config, infos, extra) -> Manifest:
+    """The manifest of a version whose arrays (`infos`, name -> ArrayInfo) are all written."""
+    return Manifest(
+        version=version,
+        step=step,
+        created_at=time.time(),
+        dtype=dtype,
+        total_bytes=sum(i.nbytes for i in infos.values()),
+        model_config=dict(model_config),
+        arrays=infos,
+        extra=dict(extra or {}),
+    )
+
+
 def _key(version: int) -> str:
     return f"{version:012d}"
 
@@ -259,16 +273,7 @@ class WeightStore:
                 inflight.popleft()[0].result()
             if not infos:
                 raise ValueError("nothing to publish")
-            manifest = Manifest(
-                version=version,
-                step=step,
-                created_at=time.time(),
-                dtype=dtype,
-                total_bytes=sum(i.nbytes for i in infos.values()),
-                model_config=dict(model_config),
-                arrays=infos,
-                extra=dict(extra or {}),
-            )
+            manifest = new_manifest(version, step, dtype, model_config, infos, extra)
             self._check_new(version)  # a newer version may have appeared meanwhile
             gen = self.kv.write(
                 f"manifests/{_key(version)}.json", manifest.to_json(), if_equal=_ABSENT
