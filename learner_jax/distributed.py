@@ -6,7 +6,7 @@ primitives the other modules need (who leads, barriers, per-process rows of a ba
         --config.distributed.num_processes=2 --config.distributed.process_id=$RANK
 
 Every process runs the same binary; `jax.distributed.initialize` connects them and
-`jax.devices()` then lists every process's devices, so the mesh (`learner.make_mesh`) spans
+`jax.devices()` then lists every process's devices, so the mesh (`run_config.make_mesh`) spans
 them all. All three keys unset (``""``, 0, -1) means one process, unless JAX detects a
 cluster itself (SLURM, Open MPI, TPU pod slices; `distributed.auto = True`), in which
 case it fills in what is missing.

@@ -20,8 +20,6 @@ where the "rl" blob is whatever the RL loop (the controller's state) hands in.
 from __future__ import annotations
 
 import logging
-import math
-import os
 import time
 from typing import Any
 
@@ -29,269 +27,27 @@ import jax
 import jax.numpy as jnp
 
 from bridge import export as hf_export
-from bridge.contracts.prompt import PromptFormat
-from bridge.model import tiny_model
 from bridge.model.config import ModelConfig
 from learner_jax import (
     checkpoint,
     console,
     distributed,
     hf_import,
-    losses,
-    model,
     optim,
     packing,
-    sharding,
     train_state,
     train_step,
 )
 from learner_jax.metrics import MetricsWriter
-
-PHASES = ("sft", "rl")
-
-
-def optimizer_config(config, phase: str) -> optim.OptimizerConfig:
-    o = config.optimizer
-    common = dict(
-        b1=o.b1,
-        b2=o.b2,
-        eps=o.eps,
-        weight_decay=o.weight_decay,
-        max_grad_norm=o.max_grad_norm,
-        end_lr_fraction=o.end_lr_fraction,
-    )
-    if phase == "sft":
-        steps = max(config.sft.steps, 1)
-        warmup = min(config.sft.warmup_steps, steps - 1)
-        return optim.OptimizerConfig(
-            learning_rate=config.sft.learning_rate,
-            warmup_steps=warmup,
-            total_steps=steps,
-            **{**common, "end_lr_fraction": config.sft.get("end_lr_fraction", o.end_lr_fraction)},
-        )
-    steps = max(config.total_steps, 1)
-    return optim.OptimizerConfig(
-        learning_rate=o.learning_rate,
-        warmup_steps=min(o.warmup_steps, steps - 1),
-        total_steps=steps,
-        **common,
-    )
-
-
-def step_config(config, phase: str) -> train_step.StepConfig:
-    options = model_options(config)
-    if phase == "sft":
-        micro = config.sft.batch_size // config.sft.micro_batch_size
-        return train_step.StepConfig(
-            kind="sft", micro_batches=micro, dtype=compute_dtype(config), model_options=options
-        )
-    rows = config.batch.groups_per_step * config.batch.samples_per_group
-    return train_step.StepConfig(
-        kind="rl",
-        loss=losses.LossConfig(**config.loss.to_dict()),
-        micro_batches=rows // config.batch.micro_batch_size,
-        dtype=compute_dtype(config),
-        model_options=options,
-        temperature=float(config.rollout.temperature),
-    )
-
-
-def compute_dtype(config) -> str:
-    """`model.dtype`; 'auto' = bfloat16 compute for a real model (`model.hf_dir` set) and
-    float32 for the tiny demo model. Parameters (the master weights the optimizer updates)
-    stay in `model.param_dtype` (float32 by default) either way: every matmul casts them
-    to the compute dtype, so bf16 runs keep fp32 updates exact (no lost small steps)."""
-    dtype = config.model.dtype
-    if dtype == "auto":
-        return "bfloat16" if config.model.hf_dir else "float32"
-    if dtype not in ("float32", "bfloat16", "float16"):
-        raise ValueError(f"model.dtype must be auto|float32|bfloat16|float16, got {dtype!r}")
-    return dtype
-
-
-def model_options(config) -> model.ModelOptions:
-    """Attention implementation and rematerialization (learner_jax/attention.py, model.py)."""
-    return model.ModelOptions(attention=config.model.attention, remat=config.model.remat)
-
-
-def check_batch_sizes(config, mesh) -> None:
-    """Fail before any compile when the batch does not split over micro-batches and mesh."""
-    shards = mesh.shape["data"] * mesh.shape["fsdp"]
-    rows = config.batch.groups_per_step * config.batch.samples_per_group
-    for name, total, micro in (
-        ("batch", rows, config.batch.micro_batch_size),
-        ("sft", config.sft.batch_size, config.sft.micro_batch_size),
-    ):
-        if micro <= 0 or total % micro or micro % shards:
-            raise ValueError(
-                f"{name}: micro-batch size {micro} must divide the global batch {total} "
-                f"and be a multiple of data*fsdp = {shards}"
-            )
-
-
-def sharding_rules(config) -> sharding.Rules:
-    """The config's `sharding_rules` if it sets them, else `sharding.DEFAULT_RULES`.
-
-    The table has one home, learner_jax/sharding.py: library code (import, export,
-    evaluation, tests) needs it without a config, and a config that wants another layout
-    sets the key (a tuple of (logical axis, mesh axes) pairs) instead of copying the table.
-    """
-    return sharding.normalize_rules(config.get("sharding_rules") or sharding.DEFAULT_RULES)
-
-
-def check_rl_schedule(config) -> None:
-    s, kappa = config.staleness, config.publish_every
-    if kappa < 1 or s < 0:
-        raise ValueError(f"need publish_every >= 1 and staleness >= 0, got {kappa}, {s}")
-    if s < kappa - 1:
-        raise ValueError(
-            f"staleness {s} < publish_every - 1 = {kappa - 1}: the learner would wait for "
-            "versions that are never published"
-        )
-
-
-def check_sampling(config) -> None:
-    """Refuse sampling settings whose behaviour log-probs the learner cannot reproduce.
-
-    Workers report vLLM's processed log-probs, log softmax(logits / T) of the distribution
-    they sampled from, and the RL step divides its logits by the same T (train_step.py), so
-    any T > 0 is scored on-policy. Top-p/top-k would make the processed log-probs those of
-    a renormalized, truncated distribution that the learner's full softmax does not match
-    (importance weights and mismatch/kl silently wrong), so they are refused here; so is
-    greedy decoding (T = 0), which has no distribution to correct against.
-    """
-    r = config.rollout
-    t, top_p, top_k = float(r.temperature), float(r.get("top_p", 1.0)), int(r.get("top_k", -1))
-    if not (math.isfinite(t) and 0.0 < t <= 100.0):
-        raise ValueError(
-            f"rollout.temperature={t} is not supported: RL needs sampling from a distribution "
-            "(0 < T <= 100); greedy decoding (T=0) has no log-probs to correct against"
-        )
-    if top_p != 1.0:
-        raise ValueError(
-            f"rollout.top_p={top_p} is not supported: the learner scores the full tempered "
-            "softmax, while top-p samples (and vLLM reports log-probs) from the truncated, "
-            "renormalized distribution, so importance weights would be wrong; use top_p=1.0"
-        )
-    if top_k not in (-1, 0):
-        raise ValueError(
-            f"rollout.top_k={top_k} is not supported: the learner scores the full tempered "
-            "softmax, not the top-k truncated one the worker would sample from; use -1 (off)"
-        )
-
-
-def check_packing(config) -> None:
-    """A packed row must hold the longest sequence a batch can have (prompt + answer)."""
-    b = config.batch
-    width = b.max_prompt_len + b.max_answer_len
-    pack_len = b.get("pack_len", 0)
-    if b.get("packing", False) and pack_len and pack_len < width:
-        raise ValueError(
-            f"batch.pack_len={pack_len} < max_prompt_len + max_answer_len = {width}: the "
-            "longest sequence would not fit a packed row (0 = that width)"
-        )
-    d = config.get("distributed", {})
-    if b.get("packing", False) and (d.get("num_processes", 0) > 1 or d.get("auto", False)):
-        # Each process holds only its own rows of a step (rl/mirror.py), while the packing
-        # is computed from every row's length: the processes would pack differently.
-        raise ValueError("batch.packing runs on one learner process only (for now)")
-
-
-def prompt_format(config, task=None) -> PromptFormat:
-    """The run's prompt format: config.prompt where it sets a format, else the task's own."""
-    p = config.get("prompt")
-    if p is None or not p.get("format"):
-        if p is not None and (p.get("system") or p.get("thinking")):
-            raise ValueError(
-                "prompt.system/prompt.thinking are set but prompt.format is '': set "
-                "prompt.format='chat' (they only apply to the chat template)"
-            )
-        return PromptFormat() if task is None else task.prompt_format
-    return PromptFormat(kind=p.format, system=p.get("system", ""), thinking=p.get("thinking", ""))
-
-
-def validate(config) -> None:
-    """Every config error that can be found without touching the workdir, raised early."""
-    check_batch_sizes(config, make_mesh(config))
-    sharding_rules(config)
-    check_rl_schedule(config)
-    check_sampling(config)
-    prompt_format(config)
-    check_packing(config)
-    for phase in PHASES:
-        optimizer_config(config, phase)
-        step_config(config, phase)
-
-
-def make_mesh(config):
-    """The config's mesh. Sizes that multiply to fewer than the devices present use the
-    first ones (the 1x1x1 default runs anywhere); -1 fills with all devices."""
-    shape = {k: int(v) for k, v in config.mesh.items()}
-    devices = jax.devices()
-    n = math.prod(shape.values())
-    if n > 0 and n < len(devices):
-        logging.warning("mesh %s uses %d of %d devices", shape, n, len(devices))
-        devices = devices[:n]
-    return sharding.make_mesh(shape, devices)
-
-
-def _tiny_config(config) -> ModelConfig:
-    m = config.model
-    shape = dict(
-        num_layers=m.tiny_num_layers,
-        hidden_size=m.tiny_hidden_size,
-        intermediate_size=m.tiny_intermediate_size,
-    )
-    if m.get("tiny_tokenizer", "char") == "qwen3":  # Qwen3's tokenizer format + template
-        if m.tiny_family != "qwen3":
-            raise ValueError("model.tiny_tokenizer='qwen3' needs model.tiny_family='qwen3'")
-        return tiny_model.qwen3_config(
-            **shape, tie_word_embeddings=not m.get("tiny_never_stop", False)
-        )
-    return tiny_model.tiny_config(m.tiny_family, **shape)
-
-
-def check_tiny_model_dir(config, workdir: str) -> None:
-    """A workdir's tiny model must be the one the config asks for (resume never mixes shapes).
-
-    Resuming reuses <workdir>/model and its checkpoints; a workdir made by an older or
-    different config would otherwise resume a model of another shape, or skip training
-    because its step counter is already past the new config's end.
-    """
-    path = os.path.join(workdir, "model")
-    if config.model.hf_dir or not os.path.exists(os.path.join(path, "config.json")):
-        return
-    have = ModelConfig.from_hf_dir(path)
-    want = _tiny_config(config)
-    diff = [
-        f"{f}: {getattr(have, f)} in the workdir, {getattr(want, f)} in the config"
-        for f in ("family", "num_layers", "hidden_size", "intermediate_size")
-        if getattr(have, f) != getattr(want, f)
-    ]
-    if diff:
-        raise ValueError(
-            f"{workdir} holds a run of a different tiny model ({'; '.join(diff)}); "
-            "use a new --workdir (or delete this one) to start over"
-        )
-
-
-def prepare_model_dir(config, workdir: str) -> str:
-    """config.model.hf_dir, or a tiny random model written once into <workdir>/model."""
-    if config.model.hf_dir:
-        return config.model.hf_dir
-    check_tiny_model_dir(config, workdir)
-    path = os.path.join(workdir, "model")
-    # Several processes share the workdir: one writes the model, all read it after.
-    if distributed.is_leader() and not os.path.exists(os.path.join(path, "config.json")):
-        tiny_model.make_tiny_model(
-            path,
-            _tiny_config(config),
-            seed=config.seed,
-            tokenizer=config.model.get("tiny_tokenizer", "char"),
-            never_stop=config.model.get("tiny_never_stop", False),
-        )
-    distributed.barrier(f"tiny_model:{os.path.abspath(path)}")
-    return path
+from learner_jax.model_dir import prepare_model_dir
+from learner_jax.run_config import (
+    PHASES,
+    check_batch_sizes,
+    make_mesh,
+    optimizer_config,
+    sharding_rules,
+    step_config,
+)
 
 
 class Learner:

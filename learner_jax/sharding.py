@@ -29,7 +29,7 @@ MESH_AXES = ("data", "fsdp", "tensor")
 
 Rules = tuple[tuple[str, str | tuple[str, ...] | None], ...]
 
-# The one rule table (a config may set `sharding_rules` to replace it: learner.sharding_rules).
+# The one rule table (a config may set `sharding_rules` to replace it: run_config.sharding_rules).
 # The batch is split over data and fsdp (fsdp is data parallelism with sharded weights).
 DEFAULT_RULES: Rules = (
     # activations

@@ -36,13 +36,9 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from learner_jax import console, distributed, report, train_step
-from learner_jax.learner import (
-    Learner,
-    check_tiny_model_dir,
-    compute_dtype,
-    prompt_format,
-    validate,
-)
+from learner_jax.learner import Learner
+from learner_jax.model_dir import check_tiny_model_dir
+from learner_jax.run_config import compute_dtype, prompt_format, validate
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a configs/NAME.py file.", lock_config=True

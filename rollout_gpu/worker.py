@@ -202,7 +202,9 @@ class RolloutWorker(ControllerSession):
         finally:
             self.active_sequences = 0
         trajs = [t for r in results for t in r.trajectories]
-        tokens = sum(len(t.completion_token_ids) for t in trajs)
+        # Generated tokens only: a multi-turn episode's observation tokens (mask 0) come
+        # from the environment, and counting them overstated a poker worker's speed.
+        tokens = sum(sum(t.mask) for t in trajs)
         self.meter.add(tokens, len(trajs))
         try:
             resp = self.call("submit", Submission(lease_id=lease.lease_id, groups=results))

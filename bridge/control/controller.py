@@ -26,11 +26,9 @@ or released work goes back to the front of the queue. Submissions are idempotent
 a group already accepted is reported as a duplicate and not counted again. All state lives
 in SQLite (db.py), one transaction per operation.
 
-Run end: `end_run()` (the learner, before it stops the server) makes every heartbeat answer
-`run_over=true` and every lease `reason="run_over"`; the server keeps answering until
-`wait_run_over_seen` says every live worker was told (or its timeout passes), so polling
-workers leave and exit 0 instead of retrying a vanished controller. `status()` is the
-fleet table of `python -m bridge.status` (bridge/control/fleet_status.py).
+Run end (bridge/control/run_end.py, `self.run_end`): after `end_run()` every poll answers
+`run_over`, and `wait_run_over_seen` drains until every live worker heard it. `status()` is
+the fleet table of `python -m bridge.status` (bridge/control/fleet_status.py).
 
 Cost: each worker accrues price_per_hour * time alive; time between two contacts counts
 when they are at most `worker_timeout_s` apart (idle-but-alive workers are billed too),
@@ -74,26 +72,25 @@ from bridge.control.config import ControllerConfig
 from bridge.control.db import ControllerDB
 from bridge.control.fleet_plan import FleetPlan
 from bridge.control.learner_api import LearnerSide
+from bridge.control.lease_content import LeaseContent
 from bridge.control.lease_timing import LeaseTiming
 from bridge.control.prompt_stream import PromptStream
 from bridge.control.protocol import (
     ConsumedGroup,
-    EpisodeSpec,
     Heartbeat,
     HeartbeatResponse,
     Lease,
     LeaseRequest,
     LeaseResponse,
-    PromptGroup,
-    SamplingParams,
     Submission,
     SubmitResponse,
     VersionAnnouncement,
     WorkerProfile,
 )
 from bridge.control.rewards import CallPool, Codec, RewardScorer
+from bridge.control.run_end import RunEnd
 from bridge.control.validation import SubmissionError
-from bridge.tasks import EnvTask, Task
+from bridge.tasks import Task
 
 # Cumulative counters (db.incr) reported in every stats line.
 _COUNTERS = """staleness/dropped groups/accepted groups/consumed groups/duplicate
@@ -134,15 +131,15 @@ class Controller:
             self.store, self.lock, config.staleness, clock, self.timing, self._prompts
         )
         self.codec = codec
+        self.content = LeaseContent(config, task, codec)
         self.scorer = None if codec is None else RewardScorer(
             task, codec, config.reward_timeout_s, reward_pool
         )  # fmt: skip
-        self._told_run_over: set[str] = set()  # workers answered run_over since end_run
         self._unloadable_logged: set[int] = set()  # versions a worker reported it cannot load
         self.limits = limits.Limits(config)  # request rates, enforced by service.py
+        self.run_end = RunEnd(self.store, config, clock)
         with self._op():  # a controller that starts serves a live run: a resumed run's
-            if self.store.get("run_over") is not None:  # old end must not send workers home
-                self.store.put("run_over", None)
+            self.run_end.clear()  # old end must not send workers home
         self.broadcast = BroadcastState(
             config.broadcast,
             config.broadcast_fanout,
@@ -288,7 +285,7 @@ class Controller:
                 announcement=self._announcement(),
                 swap_to=self._swap_to(hb.worker_version),
                 active=self._active(worker_id),
-                run_over=self._tell_run_over(worker_id),
+                run_over=self.run_end.tell(worker_id),
                 renewed_leases=renewed,
                 **self.broadcast.route(worker_id, self._announcement().version),
             )
@@ -330,7 +327,7 @@ class Controller:
                 swap_to=self._swap_to(req.worker_version),
                 **self.broadcast.route(worker_id, ann.version),
             )
-            if self._tell_run_over(worker_id):
+            if self.run_end.tell(worker_id):
                 return LeaseResponse(reason="run_over", retry_after_s=c.retry_after_s, **reply)
             if ann.version < 0:
                 return LeaseResponse(reason="no_version", retry_after_s=c.retry_after_s, **reply)
@@ -363,19 +360,7 @@ class Controller:
             self.store.add_lease(lease_id, worker_id, now, expires)
             self.store.set_state([r["group_id"] for r in rows], "leased", lease_id=lease_id)
             self.store.incr("leases/issued")
-            groups = [
-                PromptGroup(
-                    group_id=r["group_id"],
-                    prompt_id=r["prompt_id"],
-                    task=self.task.name,
-                    prompt=r["prompt"],
-                    prompt_token_ids=self._prompt_ids(r["prompt"]),
-                    n=c.group_size,
-                    sampling=self.sampling,
-                    episode=self._episode(r["answer"]),
-                )
-                for r in rows
-            ]
+            groups = [self.content.group(r) for r in rows]
             return LeaseResponse(
                 lease=Lease(lease_id=lease_id, expires_at=expires, groups=groups), **reply
             )
@@ -406,39 +391,6 @@ class Controller:
         return lease
 
     # -- submissions ---------------------------------------------------------------------
-    def _prompt_ids(self, text: str) -> list[int]:
-        if self.codec is None:
-            raise SubmissionError(
-                "this controller has no tokenizer (Controller(..., codec=TextCodec(hf_dir))), "
-                "so it can neither build prompt ids nor score completions",
-                503,
-            )
-        return self.codec.encode_prompt(text)
-
-    @property
-    def sampling(self) -> SamplingParams:
-        """What a lease asks for; a multi-turn task's `turn_max_tokens` caps each turn."""
-        c, t = self.config, self.task
-        if isinstance(t, EnvTask) and t.turn_max_tokens < c.sampling.max_tokens:
-            return c.sampling.model_copy(update={"max_tokens": t.turn_max_tokens})
-        return c.sampling
-
-    def _episode(self, answer: str) -> EpisodeSpec | None:
-        """What a worker needs to play a multi-turn task's prompt (None: single-turn). The
-        seed is an environment task's `answer` (bridge/tasks/env.py: EnvTask)."""
-        t = self.task
-        if not isinstance(t, EnvTask):
-            return None
-        c = self.config
-        return EpisodeSpec(
-            env=t.env_name,
-            module=type(t.env).__module__,
-            options=t.env_options,
-            seed=int(answer),
-            max_turns=t.max_turns,
-            max_tokens=c.max_completion_tokens or c.sampling.max_tokens,
-        )
-
     def submit(self, worker_id: str, sub: Submission) -> SubmitResponse:
         """Check everything, score the completions outside the lock (rewards.py), then
         accept atomically; resubmissions are no-ops."""
@@ -519,29 +471,12 @@ class Controller:
     def end_run(self, reason: str = "finished") -> None:
         """Training is over: from now on every worker that polls is told to leave."""
         with self._op():
-            if self.store.get("run_over") is None:
-                self.store.put("run_over", {"at": self.clock(), "reason": reason})
-                logging.info("run over (%s): telling the workers to leave", reason)
-
-    def _tell_run_over(self, worker_id: str) -> bool:
-        if self.store.get("run_over") is None:
-            return False
-        self._told_run_over.add(worker_id)
-        return True
+            self.run_end.end(reason)
 
     def workers_told_run_over(self) -> bool:
-        """True once every live worker (not left, not quarantined, heard from within three
-        heartbeat intervals) was answered run_over since `end_run`."""
+        """True once every live worker was answered run_over since `end_run` (run_end.py)."""
         with self._op():
-            # A worker silent for three heartbeats is dead or cut off: waiting for it to
-            # poll would only hold the learner's exit up.
-            c = self.config
-            now, timeout_s = self.clock(), min(c.worker_timeout_s, 3 * c.heartbeat_interval_s + 1)
-            return all(
-                w["worker_id"] in self._told_run_over
-                for w in self.store.workers()
-                if fleet_status.worker_state(w, now, timeout_s) not in ("gone", "quarantined")
-            )
+            return self.run_end.all_told()
 
     def wait_run_over_seen(self, timeout_s: float) -> bool:
         """Poll `workers_told_run_over` until true or `timeout_s` passes (wall clock): the

@@ -45,12 +45,12 @@ def check_submission(ctl, worker_id: str, sub: Submission):
             g,
             prompt_id=row["prompt_id"],
             n=c.group_size,
-            sampling=ctl.sampling,
+            sampling=ctl.content.sampling,
             vocab_size=c.vocab_size,
             max_prompt_tokens=c.max_prompt_tokens,
             newest_version=newest,
-            prompt_token_ids=ctl._prompt_ids(row["prompt"]),
-            episode=ctl._episode(row["answer"]),
+            prompt_token_ids=ctl.content.prompt_ids(row["prompt"]),
+            episode=ctl.content.episode(row["answer"]),
         )
         fresh.append(g)
         prompts[g.group_id] = Prompt(row["prompt_id"], row["prompt"], row["answer"])

@@ -6,7 +6,8 @@ import os
 import pytest
 
 from learner_jax import optim, train
-from learner_jax.learner import optimizer_config, prepare_model_dir
+from learner_jax.model_dir import prepare_model_dir
+from learner_jax.run_config import optimizer_config
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny_arith.py")
 
@@ -51,7 +52,7 @@ def test_resuming_a_workdir_of_another_tiny_model_is_refused(tmp_path):
 
 def test_sharding_rules_default_and_override():
     from learner_jax import sharding
-    from learner_jax.learner import sharding_rules, validate
+    from learner_jax.run_config import sharding_rules, validate
 
     c = tiny_arith()
     assert "sharding_rules" not in c  # the table lives in learner_jax/sharding.py only
@@ -64,7 +65,7 @@ def test_sharding_rules_default_and_override():
 
 
 def test_rl_schedule_checked_before_anything_runs():
-    from learner_jax.learner import validate
+    from learner_jax.run_config import validate
 
     c = tiny_arith()
     c.staleness, c.publish_every = 0, 2
@@ -84,7 +85,7 @@ def test_rl_schedule_checked_before_anything_runs():
     ],
 )
 def test_sampling_the_learner_cannot_score_is_refused(key, value, match):
-    from learner_jax.learner import validate
+    from learner_jax.run_config import validate
 
     c = tiny_arith()
     c.rollout.temperature = 0.7  # below 1 is fine: the learner scores logits / T
@@ -95,7 +96,7 @@ def test_sampling_the_learner_cannot_score_is_refused(key, value, match):
 
 
 def test_rl_step_config_carries_the_sampling_temperature():
-    from learner_jax.learner import step_config
+    from learner_jax.run_config import step_config
 
     c = tiny_arith()
     c.rollout.temperature = 0.6
@@ -105,7 +106,7 @@ def test_rl_step_config_carries_the_sampling_temperature():
 
 def test_prompt_format_from_config_or_task():
     from bridge.contracts.prompt import PromptFormat
-    from learner_jax.learner import prompt_format, validate
+    from learner_jax.run_config import prompt_format, validate
 
     class ChatTask:
         prompt_format = PromptFormat("chat", thinking="off")
@@ -128,7 +129,7 @@ def test_prompt_format_from_config_or_task():
 
 
 def test_real_models_compute_in_bf16_over_fp32_master_weights():
-    from learner_jax.learner import compute_dtype, step_config, validate
+    from learner_jax.run_config import compute_dtype, step_config, validate
 
     c = tiny_arith()
     assert c.model.param_dtype == "float32"  # master weights, whatever the compute dtype
@@ -143,7 +144,7 @@ def test_real_models_compute_in_bf16_over_fp32_master_weights():
 
 
 def test_packing_config_is_checked():
-    from learner_jax.learner import validate
+    from learner_jax.run_config import validate
 
     c = tiny_arith()
     c.batch.packing, c.batch.pack_len = True, 0

@@ -6,6 +6,8 @@ tests/rollout_gpu/episodes_test.py; here the whole path must run and train."""
 
 import json
 import os
+import sqlite3
+import statistics
 import subprocess
 import sys
 
@@ -45,3 +47,17 @@ def test_holdem_runs_end_to_end_with_a_real_worker(tmp_path):
         # Several turns per hand: model tokens plus the observations between them.
         assert r["rollout/completion_len"] > 10, r
         assert r["tokens"] < r["rollout/completion_len"] * 16  # observations are masked out
+
+    # The worker's speed meter counts the model's tokens, not the observations: its tokens
+    # per sample match the batches' model tokens per sample, well below completion_len.
+    with sqlite3.connect(os.path.join(workdir, "controller.db")) as db:
+        meters = db.execute(
+            "SELECT tokens_per_s, samples_per_s FROM workers WHERE samples_per_s > 0"
+        ).fetchall()
+    assert meters
+    model_per_sample = statistics.fmean(r["tokens"] / 16 for r in rl)
+    completion_len = statistics.fmean(r["rollout/completion_len"] for r in rl)
+    for tokens_per_s, samples_per_s in meters:
+        per_sample = tokens_per_s / samples_per_s
+        print(f"meter {per_sample:.1f} model {model_per_sample:.1f} all {completion_len:.1f}")
+        assert per_sample < 0.5 * (model_per_sample + completion_len), (per_sample, rl)

@@ -10,8 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from learner_jax import checkpoint, sharding, train, train_step
-from learner_jax import learner as learner_lib
+from learner_jax import checkpoint, run_config, sharding, train, train_step
 from learner_jax import metrics as metrics_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -133,7 +132,7 @@ def test_batch_sizes_checked_before_compile():
     config.sft.micro_batch_size = 3
     mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
     with pytest.raises(ValueError, match="sft: micro-batch size 3"):
-        learner_lib.check_batch_sizes(config, mesh)
+        run_config.check_batch_sizes(config, mesh)
 
 
 def test_bad_config_writes_nothing(tmp_path):

@@ -1,0 +1,54 @@
+"""The end of a run, as the workers hear it.
+
+`end()` (the learner, via `Controller.end_run`, before it stops the server) records the run
+end in the controller's database; from then on every heartbeat answers `run_over=true` and
+every lease `reason="run_over"` (`tell`), so polling workers leave and exit 0 instead of
+retrying a vanished controller. The server keeps answering until `all_told` says every live
+worker heard it (the drain in `Controller.wait_run_over_seen`). A controller that starts
+serves a live run, so a resumed run clears an old end (`clear`).
+
+Part of `Controller` (bridge/control/controller.py): callers hold its lock and transaction.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from bridge.control import fleet_status
+from bridge.control.config import ControllerConfig
+from bridge.control.db import ControllerDB
+
+
+class RunEnd:
+    def __init__(self, store: ControllerDB, config: ControllerConfig, clock: Callable[[], float]):
+        self.store, self.config, self.clock = store, config, clock
+        self._told: set[str] = set()  # workers answered run_over since the end
+
+    def clear(self) -> None:
+        if self.store.get("run_over") is not None:
+            self.store.put("run_over", None)
+
+    def end(self, reason: str) -> None:
+        if self.store.get("run_over") is None:
+            self.store.put("run_over", {"at": self.clock(), "reason": reason})
+            logging.info("run over (%s): telling the workers to leave", reason)
+
+    def tell(self, worker_id: str) -> bool:
+        """Whether the run is over; remembers that `worker_id` was told."""
+        if self.store.get("run_over") is None:
+            return False
+        self._told.add(worker_id)
+        return True
+
+    def all_told(self) -> bool:
+        """Every live worker (not left, not quarantined, heard from within three heartbeat
+        intervals) was told. A worker silent for three heartbeats is dead or cut off:
+        waiting for it to poll would only hold the learner's exit up."""
+        c, now = self.config, self.clock()
+        timeout_s = min(c.worker_timeout_s, 3 * c.heartbeat_interval_s + 1)
+        return all(
+            w["worker_id"] in self._told
+            for w in self.store.workers()
+            if fleet_status.worker_state(w, now, timeout_s) not in ("gone", "quarantined")
+        )
