@@ -1,96 +1,23 @@
 """Controller logic on a real SQLite file with an injected clock: leases, idempotent
-submissions, staleness drops, admission control, restarts, fleet accounting."""
+submissions, staleness drops, admission control, restarts, fleet accounting. Too-slow
+workers: too_slow_test.py; helpers: controller_helpers.py."""
 
 import math
 import threading
 
 import pytest
+from controller_helpers import Clock, dump, make, result, submit_all, worker
 
-from bridge.contracts.prompt import TextCodec
 from bridge.control.config import ControllerConfig
 from bridge.control.controller import Controller
 from bridge.control.protocol import (
-    GroupResult,
     Heartbeat,
     LeaseRequest,
-    SamplingParams,
     Submission,
     WorkerProfile,
-    WorkerTrajectory,
 )
 from bridge.control.validation import SubmissionError
-from bridge.model import tiny_model
 from bridge.tasks import make_task
-
-
-class Clock:
-    def __init__(self):
-        self.t = 1000.0
-
-    def __call__(self):
-        return self.t
-
-
-def codec(tmp_path) -> TextCodec:
-    """The run's tokenizer (the tiny character-level one)."""
-    path = tmp_path / "tokenizer"
-    path.mkdir(exist_ok=True)
-    tiny_model.save_tokenizer(str(path))
-    return TextCodec(str(path))
-
-
-def make(tmp_path, clock=None, **cfg):
-    base = dict(
-        staleness=1,
-        groups_per_step=2,
-        group_size=2,
-        lease_ttl_s=10.0,
-        sampling=SamplingParams(max_tokens=4),
-        vocab_size=100,
-    )
-    base.update(cfg)
-    return Controller(
-        ControllerConfig(**base),
-        str(tmp_path / "ctl.db"),
-        make_task("arithmetic"),
-        clock or Clock(),
-        codec=codec(tmp_path),
-    )
-
-
-def worker(ctl, price=2.0, max_seqs=64):
-    wid, token = ctl.register(
-        WorkerProfile(accelerator="cpu", price_per_hour=price, max_concurrent_sequences=max_seqs)
-    )
-    return wid
-
-
-def result(group, versions=(0, 0, 0), n=2, **override):
-    trajs = []
-    for i in range(n):
-        fields = dict(
-            prompt_id=group.prompt_id,
-            sample_index=i,
-            prompt_token_ids=list(group.prompt_token_ids),
-            completion_token_ids=[10 + i] * len(versions),
-            logprobs=[-0.5] * len(versions),
-            versions=list(versions),
-            finish_reason="stop",
-        )
-        fields.update(override)
-        # model_construct skips pydantic, so the controller's own checks are what is tested.
-        trajs.append(WorkerTrajectory.model_construct(**fields))
-    return GroupResult.model_construct(group_id=group.group_id, trajectories=trajs)
-
-
-def submit_all(ctl, wid, lease, versions=(0, 0, 0)):
-    return ctl.submit(
-        wid, Submission(lease_id=lease.lease_id, groups=[result(g, versions) for g in lease.groups])
-    )
-
-
-def dump(ctl):
-    return list(ctl.store.conn.iterdump())
 
 
 def test_no_work_before_a_version_is_published(tmp_path):
@@ -386,97 +313,6 @@ def test_batches_take_the_oldest_version_first(tmp_path):
     b2, stats = ctl.take_batch(2, 1)
     assert [b1[0].group_id, b2[0].group_id] == [old.groups[0].group_id, new.groups[0].group_id]
     assert stats["staleness/dropped"] == 0 and stats["staleness/max"] == 1
-
-
-def test_a_worker_too_slow_for_the_staleness_bound_gets_no_work(tmp_path):
-    clock, S, train_s = Clock(), 1, 1.0
-    ctl = make(
-        tmp_path, clock, staleness=S, groups_per_step=1, max_groups_per_lease=1,
-        retest_slow_after_s=100.0,
-    )  # fmt: skip
-    ctl.publish(0)
-    slow, fast = worker(ctl), worker(ctl)
-    slow_lease = ctl.lease(slow, LeaseRequest(worker_version=0)).lease  # not measured yet
-
-    def learner_step(step):  # the fast worker makes the batch in 0.1 s, training takes 1 s
-        lease = ctl.lease(fast, LeaseRequest(worker_version=step)).lease
-        clock.t += 0.1
-        submit_all(ctl, fast, lease, versions=(step, step, step))
-        batch, stats = ctl.take_batch(step, 1)
-        assert batch is not None
-        clock.t += train_s
-        ctl.publish(step + 1)
-        return stats
-
-    for step in range(5):
-        learner_step(step)
-    submit_all(ctl, slow, slow_lease)  # 5.5 s after its lease, at version 0: stale
-    issued = ctl.store.lease(slow_lease.lease_id)["created_at"]
-    assert ctl.timing.latency[slow].seconds == pytest.approx(clock.t - issued)
-    # Independent arithmetic: steps every 1.1 s, the last batch 1.0 s ago, learner at step 5,
-    # worker at version 5: a lease must be back within (5 + S - 5 + 1) * 1.1 - 1.0 = 1.2 s.
-    assert ctl.timing.window_s(5, 5, clock.t) == pytest.approx(1.2)
-    r = ctl.lease(slow, LeaseRequest(worker_version=5))
-    assert r.lease is None and r.reason == "too_slow" and r.retry_after_s > 0
-    stats = learner_step(5)
-    assert stats["fleet/too_slow_workers"] == 1 and stats["staleness/dropped"] == 1
-    # The fast worker keeps getting work; the slow one's version-0 group was requeued.
-    assert ctl.lease(fast, LeaseRequest(worker_version=6)).lease is not None
-
-    # The fleet runs short (the fast worker leaves): the learner waits, its step period
-    # grows with the wait, and the slow worker's 5.5 s fits again: window = 2 * wait - wait
-    # (the wait counts from the last batch, 1 s of training ago).
-    ctl.leave(fast)
-    clock.t += 4.0  # wait 5 s < 5.5 s
-    assert ctl.lease(slow, LeaseRequest(worker_version=6)).reason == "too_slow"
-    clock.t += 1.0  # wait 6 s
-    assert ctl.lease(slow, LeaseRequest(worker_version=6)).lease is not None
-    assert ctl.stats()["fleet/too_slow_workers"] == 0
-
-
-def one_lease_then_batches(tmp_path, batches, **cfg):
-    """S=0: a worker takes a version-0 lease, then the learner takes `batches` batches one
-    second apart (no worker needed: only the pace is recorded). Returns (clock, ctl, w, lease)."""
-    clock = Clock()
-    ctl = make(tmp_path, clock, staleness=0, groups_per_step=2, **cfg)
-    ctl.publish(0)
-    w = worker(ctl)
-    lease = ctl.lease(w, LeaseRequest(worker_version=0)).lease
-    for _ in range(batches):
-        ctl.timing.batch_taken(clock.t)
-        clock.t += 1.0
-    return clock, ctl, w, lease
-
-
-def test_a_too_slow_worker_is_measured_again_later(tmp_path):
-    clock, ctl, w, lease = one_lease_then_batches(tmp_path, 3, retest_slow_after_s=30.0)
-    ctl.store.put("next_step", 2)
-    ctl.publish(2)
-    submit_all(ctl, w, lease)  # 3 s, version 0 at step 2: late, and slower than the window
-    assert ctl.lease(w, LeaseRequest(worker_version=2)).reason == "too_slow"
-    # The window is still 0 s (the learner's 33 s wait counts as its step period: 1 * 33 -
-    # 33), but the measurement is 31 s old and forgotten: one lease to measure again.
-    clock.t += 31.0
-    assert ctl.lease(w, LeaseRequest(worker_version=2)).lease is not None
-
-
-def test_refusing_slow_workers_can_be_turned_off(tmp_path):
-    clock, ctl, w, lease = one_lease_then_batches(tmp_path, 2, refuse_too_slow=False)
-    ctl.store.put("next_step", 1)
-    ctl.publish(1)
-    submit_all(ctl, w, lease)  # version 0 at step 1: late
-    assert ctl.lease(w, LeaseRequest(worker_version=1)).lease is not None
-    assert ctl.stats()["fleet/too_slow_workers"] == 1  # still reported
-
-
-def test_a_slow_lease_whose_work_was_used_is_no_reason_to_refuse(tmp_path):
-    # Timing alone says too slow (3 s against a window of 0 s), but the work arrived fresh:
-    # a fast worker with one slow lease on a loaded machine must keep its work.
-    clock, ctl, w, lease = one_lease_then_batches(tmp_path, 3)
-    submit_all(ctl, w, lease)  # version 0 while the learner is still at step 0: fresh
-    assert ctl.timing.window_s(0, 0, clock.t) < ctl.timing.latency[w].seconds
-    assert ctl.lease(w, LeaseRequest(worker_version=0)).lease is not None
-    assert ctl.stats()["fleet/too_slow_workers"] == 0
 
 
 def test_a_resumed_run_does_not_inherit_the_old_runs_end(tmp_path):

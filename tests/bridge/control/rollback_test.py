@@ -1,7 +1,7 @@
 """A rerun after kill -9 resumes from its checkpoint: what the crashed run did past it is
 rolled back (bridge/control/rollback.py), and nothing accepted that is still valid is lost."""
 
-from controller_test import make, submit_all, worker
+from controller_helpers import make, submit_all, worker
 
 from bridge.control.protocol import Heartbeat, LeaseRequest
 

@@ -2,7 +2,7 @@
 a worker that reports it keeps getting work on the version before, within the staleness
 bound, until the learner publishes the next one."""
 
-from controller_test import make, submit_all, worker
+from controller_helpers import make, submit_all, worker
 
 from bridge.control.protocol import LeaseRequest
 
