@@ -144,6 +144,16 @@ def main():
         "plan_same_active_count": {n: c["same_active_count"] for n, c in checks.items()},
         "load_average_1_5_15": os.getloadavg(),
     }
+    # Issue 13's validation target: the planner fed an arm's measured numbers predicts its
+    # utilization and cost per step within 10% (steady state: the second half, once the
+    # activation has settled and speeds are measured; the whole run is reported beside it).
+    verdict["plan_within_10pct_second_half"] = {
+        n: all(
+            c["error"][k] is not None and abs(c["error"][k]) <= 0.10
+            for k in ("utilization_second_half", "cost_per_step_second_half")
+        )
+        for n, c in checks.items()
+    }
     eps = 1e-9  # 0.98 - 0.96 is 2.0000000000000018 points in floating point
     verdict["goal_met"] = (
         verdict["cost_reduction"] >= _GOAL["cost_reduction"]

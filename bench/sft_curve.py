@@ -23,9 +23,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def load_config(path: str, overrides: list[str]):
-    from learner_jax import train
+    from learner_jax import config_file
 
-    config = train.load_config(os.path.join(ROOT, path))
+    config = config_file.load_config(os.path.join(ROOT, path))
     for kv in overrides:
         key, value = kv.split("=", 1)
         *parents, leaf = key.split(".")

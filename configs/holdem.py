@@ -9,21 +9,11 @@ plumbing's end-to-end check (tests/learner_jax/train_holdem_test.py). Rewards ar
 won or lost in the hand (blinds 1/2, bets 2/4). Everything else is configs/kuhn_poker.py.
 """
 
-import importlib.util
-import os
-
-
-def _sibling(name: str):
-    """configs/NAME.py loaded by path: configs/ is not a package and needs no sys.path."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"echo2_configs_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from learner_jax.config_file import base_config
 
 
 def get_config():
-    c = _sibling("kuhn_poker").get_config()
+    c = base_config(__file__, "kuhn_poker")
     c.task.name = "holdem"
     c.task.max_turns = 8  # model decisions per hand at most (then the hand is folded)
     c.task.turn_max_tokens = 1  # "f" / "c" / "r"

@@ -18,21 +18,11 @@ reach +0.12 (bench/kuhn_curve.py prints the curve; BUILD_NOTES.md has the other 
 Everything else is configs/tiny_arith.py, with a smaller model and one local worker.
 """
 
-import importlib.util
-import os
-
-
-def _sibling(name: str):
-    """configs/NAME.py loaded by path: configs/ is not a package and needs no sys.path."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"echo2_configs_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from learner_jax.config_file import base_config
 
 
 def get_config():
-    c = _sibling("tiny_arith").get_config()
+    c = base_config(__file__, "tiny_arith")
     c.total_steps = 300  # RL steps after the SFT warm start (~8 min on a 2-core CPU)
     c.local_workers = 1
     c.model.tiny_num_layers, c.model.tiny_hidden_size, c.model.tiny_intermediate_size = 2, 64, 128

@@ -8,20 +8,11 @@ while a dense toy reward (configs/rewards/digit_share.py) makes every step chang
     python -m learner_jax.train --config=configs/qwen3_shaped.py --workdir=/tmp/echo2_qwen3
 """
 
-import importlib.util
-import os
-
-
-def _sibling(name: str):
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"echo2_configs_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from learner_jax.config_file import base_config
 
 
 def get_config():
-    c = _sibling("tiny_arith").get_config()
+    c = base_config(__file__, "tiny_arith")
     c.total_steps = 3
     c.staleness = 0  # every batch sampled by the learner's current version: all on-policy
     c.local_workers = 1

@@ -14,21 +14,11 @@ the last <answer>...</answer> (or the whole completion) as the answer; never par
 Everything else is configs/tiny_arith.py.
 """
 
-import importlib.util
-import os
-
-
-def _sibling(name: str):
-    """configs/NAME.py loaded by path: configs/ is not a package and needs no sys.path."""
-    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-    spec = importlib.util.spec_from_file_location(f"echo2_configs_{name}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from learner_jax.config_file import base_config
 
 
 def get_config():
-    c = _sibling("tiny_arith").get_config()
+    c = base_config(__file__, "tiny_arith")
     c.task = c.task.__class__()  # the arithmetic task's keys do not apply
     c.task.name = "reasoning_gym"
     c.task.dataset = "basic_arithmetic"

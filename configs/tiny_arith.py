@@ -193,8 +193,10 @@ def get_config() -> ConfigDict:
     # Weight broadcast (bridge/broadcast/): "chain" / "tree" = workers relay verified chunks to
     # each other, so the store's uplink carries one copy per version whatever the fleet size
     # (a remote worker's default loopback relay URL is replaced by the address it calls from;
-    # behind NAT give it --relay_url); "store" = every worker reads the store.
-    c.bridge.broadcast = "chain"
+    # behind NAT give it --relay_url); "store" = every worker reads the store; "auto" = store
+    # for a store on this machine (the workdir's: a relay hop only adds latency there), chain
+    # for a remote one (s3://, gs://), where the store's uplink is the bottleneck.
+    c.bridge.broadcast = "auto"
     c.bridge.broadcast_fanout = 2  # tree fan-out
 
     c.controller = ConfigDict()

@@ -13,6 +13,7 @@ import math
 
 import jax
 
+from bridge.broadcast.topology import resolve_mode
 from bridge.contracts.prompt import PromptFormat
 from learner_jax import losses, model, optim, sharding, train_step
 
@@ -187,6 +188,7 @@ def validate(config) -> None:
     check_sampling(config)
     prompt_format(config)
     check_packing(config)
+    resolve_mode(config.bridge.broadcast, "file")  # an unknown mode fails here
     for phase in PHASES:
         optimizer_config(config, phase)
         step_config(config, phase)

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import json
 import logging
 import os
@@ -50,14 +49,6 @@ CONFIG_FILE = "config.json"
 log = logging.getLogger("learner_jax.train")
 
 RLItem = tuple[train_step.Batch, dict, dict]  # (batch, metrics from the fleet, cursor blob)
-
-
-def load_config(path: str):
-    """`get_config()` of a configs/NAME.py file, as --config loads it (for tests, scripts)."""
-    spec = importlib.util.spec_from_file_location(os.path.basename(path)[:-3], path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
 
 
 def write_config(config, workdir: str) -> str:

@@ -1,6 +1,7 @@
 """Relay topology: who fetches a version from whom (pure data, no I/O).
 
-Modes (config key `bridge.broadcast`):
+Modes (config key `bridge.broadcast`; "auto", the demo's default, is resolved by
+`resolve_mode` before a topology is built):
   store  every worker reads the store (one-to-many; the store's uplink carries N copies)
   chain  store -> w0 -> w1 -> ...: each node uploads one copy; with chunk c and per-link
          bandwidth B a version of M bytes reaches N nodes in about (M + (N-1)c)/B
@@ -21,6 +22,25 @@ from __future__ import annotations
 import dataclasses
 
 MODES = ("store", "chain", "tree")
+CONFIG_MODES = ("auto", *MODES)
+LOCAL_DRIVERS = ("file", "memory")  # stores that only workers on the learner's machine read
+
+
+def resolve_mode(mode: str, store_driver: str) -> str:
+    """The broadcast mode for `bridge.broadcast=mode` with a store of kvstore `store_driver`.
+
+    "auto": "store" when the store is this machine's disk or memory, else "chain". A local
+    store is read at disk speed by workers on the same machine, so a relay hop only adds
+    latency (and CPU on a box the workers share: measured on the 2-core demo, BUILD_NOTES
+    "Broadcast mode auto"); a remote store (s3, gcs) is where the store's uplink carrying one
+    copy per worker is the bottleneck that the chain removes."""
+    if mode not in CONFIG_MODES:
+        raise ValueError(f"bridge.broadcast must be one of {CONFIG_MODES}, got {mode!r}")
+    if mode != "auto":
+        return mode
+    return "store" if store_driver in LOCAL_DRIVERS else "chain"
+
+
 MAX_FALLBACKS = 2  # relays before the store; each one more is one more stalled timeout
 
 

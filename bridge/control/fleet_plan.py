@@ -25,7 +25,9 @@ activated and billed, and its own meter counts idle time as slowness):
 Capacity metrics appear once T is known. `capacity/warning` is 1 when the rate or the
 freshness condition fails; the rate is judged only once every active worker is measured
 (an unmeasured one would look like missing capacity). The log names the fix
-(`CapacityReport.advice`), at most once a minute per cause.
+(`CapacityReport.advice`) when the verdict gets worse (a new cause, or a larger S needed),
+at most once a minute, and repeats an unchanged verdict every 10 minutes: a per-minute
+repeat of the same advice filled the demo's console without saying anything new.
 
 Activation (`activation=True`): the active set is re-solved on join, leave and quarantine
 and at most every `activation_period_s` on heartbeats (measured speeds and T change
@@ -52,7 +54,8 @@ from bridge.control import activation, capacity
 
 _EMA = 0.3  # weight of the newest sample in the moving averages
 _LEASES_KEPT = 16  # per worker: enough to smooth one slow lease, recent enough to track change
-_WARN_EVERY_S = 60.0
+_WARN_EVERY_S = 60.0  # at most one capacity warning a minute
+_WARN_REPEAT_S = 600.0  # the same verdict again after this long
 _VERSIONS_KEPT = 64  # publish times remembered for the swap latency
 
 
@@ -94,7 +97,9 @@ class FleetPlan:
         self._leases: dict[str, collections.deque] = {}
         self._swap_s: dict[str, float] = {}
         self._solved_at = -math.inf
-        self._warned: dict[str, float] = {}
+        self._warned_at = -math.inf
+        self._warned_causes: frozenset[str] = frozenset()
+        self._warned_staleness = 0  # the largest min_staleness a warning named
 
     # -- measurements --------------------------------------------------------------------
     def learner_reported(self, step_s: float | None, publish_s: float | None) -> None:
@@ -261,12 +266,19 @@ class FleetPlan:
         }
 
     def _warn(self, rep: capacity.CapacityReport, now: float) -> None:
-        causes = [k for k, ok in (("rate", rep.rate_ok), ("fresh", rep.fresh_ok)) if not ok]
-        due = [k for k in causes if now - self._warned.get(k, -math.inf) >= _WARN_EVERY_S]
-        if not due:
+        checks = (("rate", rep.rate_ok), ("fresh", rep.fresh_ok))
+        causes = frozenset(k for k, ok in checks if not ok)
+        if not causes:
             return
-        for k in causes:
-            self._warned[k] = now
+        worse = bool(causes - self._warned_causes) or (
+            "fresh" in causes and rep.min_staleness > self._warned_staleness
+        )
+        since = now - self._warned_at
+        if since < _WARN_EVERY_S or (not worse and since < _WARN_REPEAT_S):
+            return
+        self._warned_at, self._warned_causes = now, self._warned_causes | causes
+        if "fresh" in causes:
+            self._warned_staleness = max(self._warned_staleness, rep.min_staleness)
         logging.warning(
             "capacity: the learner will wait (predicted utilization %.0f%%): %s",
             100 * rep.predicted_utilization,

@@ -10,12 +10,15 @@ binary) lets any worker in.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 
+from bridge.broadcast.topology import resolve_mode
 from bridge.control.config import ControllerConfig
 from bridge.control.controller import Controller
 from bridge.control.protocol import SamplingParams
+from bridge.store.weight_store import parse_spec
 
 DB_FILE = "controller.db"
 
@@ -52,9 +55,18 @@ def controller_config(config, vocab_size: int, eos_id: int) -> ControllerConfig:
         max_leases_per_worker=config.controller.max_leases_per_worker,
         token_ttl_s=config.controller.token_ttl_s,
         join_secret_grace_s=config.controller.join_secret_grace_s,
-        broadcast=config.bridge.broadcast,
+        broadcast=broadcast_mode(config),
         broadcast_fanout=config.bridge.broadcast_fanout,
     )
+
+
+def broadcast_mode(config) -> str:
+    """`bridge.broadcast` with "auto" resolved against the run's store ('' = the workdir's)."""
+    spec = str(config.bridge.store or "")
+    if not spec:  # <workdir>/weights
+        return resolve_mode(config.bridge.broadcast, "file")
+    driver = parse_spec(json.loads(spec) if spec.startswith("{") else spec)["driver"]
+    return resolve_mode(config.bridge.broadcast, driver)
 
 
 def open_controller(

@@ -39,8 +39,9 @@ ARGS = [
     "--config.fleet.prices=(0.40,0.15)",
     "--config.fleet.throttle_s=(0.0,0.3)",
     # from_run plans a store broadcast (every worker reads the store, its measured swap
-    # delay a bandwidth); the demo's chain default puts two relays and their fetches on the
-    # same two cores, which the planner does not model (BUILD_NOTES, planner vs a run).
+    # delay a bandwidth), what "auto" picks for this local store; a chain puts two relays
+    # and their fetches on the same two cores, which the planner does not model (BUILD_NOTES,
+    # planner vs a run), so the test pins it.
     "--config.bridge.broadcast=store",
 ]
 

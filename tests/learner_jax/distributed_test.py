@@ -5,12 +5,12 @@ import jax
 import numpy as np
 import pytest
 
-from learner_jax import distributed, train, train_step
+from learner_jax import config_file, distributed, train_step
 from learner_jax.rl import mirror
 
 
 def test_unset_keys_mean_one_process_and_initialize_is_a_no_op():
-    config = train.load_config("configs/tiny_arith.py")
+    config = config_file.load_config("configs/tiny_arith.py")
     cfg = distributed.DistributedConfig.from_config(config)
     assert not cfg.enabled
     distributed.initialize(cfg)  # nothing to connect to: returns at once

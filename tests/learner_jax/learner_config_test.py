@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from learner_jax import optim, train
+from learner_jax import config_file, optim, train
 from learner_jax.model_dir import prepare_model_dir
 from learner_jax.run_config import optimizer_config
 
@@ -13,7 +13,7 @@ CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny_ar
 
 
 def tiny_arith():
-    return train.load_config(CONFIG)
+    return config_file.load_config(CONFIG)
 
 
 def test_sft_schedule_has_its_own_end_fraction():
@@ -155,4 +155,19 @@ def test_packing_config_is_checked():
     c.batch.pack_len = 0
     c.distributed.num_processes = 2
     with pytest.raises(ValueError, match="packing runs on one learner process only"):
+        validate(c)
+
+
+def test_broadcast_auto_follows_the_store_and_a_bad_mode_fails_validation():
+    from learner_jax.rl.serve import broadcast_mode
+    from learner_jax.run_config import validate
+
+    c = tiny_arith()
+    assert c.bridge.broadcast == "auto" and broadcast_mode(c) == "store"  # <workdir>/weights
+    c.bridge.store = "s3://bucket/runs/r1"
+    assert broadcast_mode(c) == "chain"
+    c.bridge.store = '{"driver": "memory", "path": "x/"}'
+    assert broadcast_mode(c) == "store"
+    c.bridge.broadcast = "relays"
+    with pytest.raises(ValueError, match="bridge.broadcast"):
         validate(c)

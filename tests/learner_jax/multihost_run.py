@@ -64,10 +64,10 @@ def main() -> None:
     from jax.experimental import multihost_utils
 
     from bridge.contracts.prompt import TextCodec
-    from learner_jax import distributed, train
+    from learner_jax import config_file, distributed, train
     from learner_jax.rl import weights
 
-    config = train.load_config(os.path.join(ROOT, "configs", "test_tiny.py"))
+    config = config_file.load_config(os.path.join(ROOT, "configs", "test_tiny.py"))
     config.sft.steps = 0
     config.total_steps = args.steps
     config.checkpoint.interval = 1

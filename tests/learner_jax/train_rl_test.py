@@ -51,6 +51,9 @@ ARGS = [
     "--config.optimizer.learning_rate=5e-3",
     "--config.optimizer.warmup_steps=0",
     "--config.checkpoint.interval=10",
+    # The relay chain through the binary (the demo's "auto" picks "store" for its local
+    # store; remote stores get the chain).
+    "--config.bridge.broadcast=chain",
 ]
 
 
@@ -152,7 +155,7 @@ def test_short_demo_interrupt_resume_and_reward_rises(tmp_path):
     with open(os.path.join(workdir, "controller.json")) as f:
         assert json.load(f)["url"].startswith("http://")
 
-    # The demo config broadcasts along a chain: one worker reads each version from the
+    # Broadcast along a chain: one worker reads each version from the
     # store, the other from its relay; the summary says so per worker and per version.
     with open(os.path.join(workdir, "summary.md")) as f:
         summary = f.read()

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 import pytest
 
-from learner_jax import checkpoint, run_config, sharding, train, train_step
+from learner_jax import checkpoint, config_file, run_config, sharding, train, train_step
 from learner_jax import metrics as metrics_lib
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -19,7 +19,7 @@ SFT_KEYS |= {"time/wait_s", "learner/utilization", "token_accuracy"}
 
 
 def tiny_test_config():
-    return train.load_config(os.path.join(ROOT, "configs", "test_tiny.py"))
+    return config_file.load_config(os.path.join(ROOT, "configs", "test_tiny.py"))
 
 
 def run_binary(workdir, *overrides):

@@ -71,3 +71,13 @@ def test_excluded_relay_serves_no_one_but_still_receives():
 def test_bad_config():
     with pytest.raises(ValueError, match="bridge.broadcast"):
         Topology("ring")
+
+
+def test_auto_reads_a_local_store_directly_and_relays_a_remote_one():
+    from bridge.broadcast.topology import resolve_mode
+
+    assert resolve_mode("auto", "file") == resolve_mode("auto", "memory") == "store"
+    assert resolve_mode("auto", "s3") == resolve_mode("auto", "gcs") == "chain"
+    assert resolve_mode("tree", "file") == "tree" and resolve_mode("store", "s3") == "store"
+    with pytest.raises(ValueError, match="bridge.broadcast"):
+        resolve_mode("relay", "file")

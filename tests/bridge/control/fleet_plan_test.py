@@ -114,16 +114,12 @@ def test_capacity_metrics_follow_the_model_on_measured_inputs(tmp_path, text_cod
     assert stats["capacity/warning"] == 1
     warned = [r.getMessage() for r in caplog.records if "capacity" in r.getMessage()]
     assert len(warned) == 1 and "raise `staleness` to 6" in warned[0] and "add workers" in warned[0]
-    # At most once a minute per cause.
     caplog.clear()
-    with caplog.at_level(logging.WARNING):
-        clock.t += 30
+    with caplog.at_level(logging.WARNING):  # the same verdict, a minute later: not repeated
+        clock.t += 61
+        hb(ctl, w, 0)
         ctl.stats()
         assert not [r for r in caplog.records if "capacity" in r.getMessage()]
-        clock.t += 31
-        hb(ctl, w, 2)
-        ctl.stats()
-        assert len([r for r in caplog.records if "capacity" in r.getMessage()]) == 1
     assert ctl.stats()["cost/usd_per_1k_rollouts"] == pytest.approx(
         1000 * ctl.stats()["cost/usd"] / 4
     )
@@ -235,3 +231,28 @@ def test_freshness_is_judged_by_the_workers_that_cover_the_requirement():
     assert _covering_delay([slow, fast], required=35.0) == 3.0  # both needed: the slow counts
     assert _covering_delay([slow, fast], required=99.0) == 3.0  # short fleet: the slowest
     assert _covering_delay([], required=1.0) == 0.0
+
+
+def test_a_capacity_warning_repeats_only_when_worse_or_after_ten_minutes(
+    tmp_path, text_codec, caplog
+):
+    ctl = make(tmp_path, text_codec, Clock(), staleness=2)
+
+    def verdict(min_staleness, rate_ok=True):
+        return capacity.CapacityReport(10.0, 10.0 if rate_ok else 5.0, 0.5, min_staleness,
+                                       rate_ok, fresh_ok=False)  # fmt: skip
+
+    def warned(t, report):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            ctl.fleet._warn(report, t)
+        return [r.getMessage() for r in caplog.records if "capacity" in r.getMessage()]
+
+    assert "raise `staleness` to 4" in warned(0, verdict(4))[0]
+    assert not warned(30, verdict(6))  # worse, but within the minute
+    assert not warned(70, verdict(4))  # the same verdict: not again yet
+    assert "raise `staleness` to 6" in warned(80, verdict(6))[0]  # worse, a minute on
+    assert not warned(200, verdict(5))  # better than what was said
+    assert "add workers" in warned(300, verdict(5, rate_ok=False))[0]  # a new cause
+    assert not warned(500, verdict(5, rate_ok=False))
+    assert len(warned(901, verdict(5, rate_ok=False))) == 1  # 10 minutes on: once more
