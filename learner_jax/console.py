@@ -152,6 +152,14 @@ def header(config, workdir: str, config_file: str = "") -> str:
         f"  watch    tensorboard --logdir {tb}",
     ]
     if config.total_steps:
+        from learner_jax.rl.serve import broadcast_mode
+
+        store = config.bridge.store or os.path.join(workdir, "weights")
+        mode = broadcast_mode(config)
+        how = {"store": "every worker reads it", "chain": "relayed worker to worker"}.get(
+            mode, f"relayed along a tree of fan-out {config.bridge.broadcast_fanout}"
+        )
+        lines.append(f"  weights  {store}, {how} (bridge.broadcast={config.bridge.broadcast})")
         lines.append("  plots    reward.png, utilization.png, ... and summary.md at the end")
     text = "\n".join(lines)
     print(text, flush=True)

@@ -1,8 +1,12 @@
-"""The console: compact progress lines off a terminal, and what the log handlers let through."""
+"""The console: the header, compact progress lines off a terminal, and what the log handlers
+let through."""
 
 import logging
+import os
 
 from learner_jax import console
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def test_progress_lines_off_a_terminal(capsys):
@@ -46,3 +50,15 @@ def test_console_shows_warnings_and_marked_lines_the_file_gets_all(tmp_path, cap
     for text in ("jax chatter", "resumed from step 3", "ran out", "resolved config"):
         assert text in log, text
     assert "library debug" not in log
+
+
+def test_header_says_what_runs_and_how_weights_travel(tmp_path, capsys):
+    from learner_jax import config_file
+
+    c = config_file.load_config(os.path.join(ROOT, "configs", "tiny_arith.py"))
+    text = console.header(c, str(tmp_path), "configs/tiny_arith.py")
+    assert text.startswith("echo2 train configs/tiny_arith.py") and len(text.splitlines()) == 8
+    assert "SFT 2000 steps, then RL 300 steps" in text
+    assert f"weights  {tmp_path}/weights, every worker reads it (bridge.broadcast=auto)" in text
+    c.bridge.store = "s3://bucket/run"
+    assert "s3://bucket/run, relayed worker to worker" in console.header(c, str(tmp_path))
