@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import sys
 import time
 
@@ -193,17 +192,23 @@ class Progress:
         self._printed_n = done
         self._bar = None
         if interactive() if tty is None else tty:
-            # A pty may report 0 columns (script, some CI runners): then a fixed width.
-            width = shutil.get_terminal_size((0, 0)).columns
+            # A pty may report a 0 x 0 size (script, some CI runners): then a fixed size, since
+            # tqdm hides its bar when it reads 0 rows. Asked of the terminal itself, as tqdm
+            # does: shutil would take COLUMNS/LINES from the environment and disagree.
+            try:
+                size = os.get_terminal_size(sys.stdout.fileno())
+            except (OSError, ValueError):
+                size = os.terminal_size((0, 0))
+            known = size.columns > 0 and size.lines > 0
             self._bar = tqdm(
                 total=total,
                 initial=done,
                 desc=name,
                 unit="step",
                 file=sys.stdout,
-                dynamic_ncols=width > 0,
-                ncols=None if width > 0 else 120,
-                nrows=None if width > 0 else 24,  # tqdm hides bars when it reads 0 rows
+                dynamic_ncols=known,
+                ncols=None if known else 120,
+                nrows=None if known else 24,
                 smoothing=0.05,
             )
 

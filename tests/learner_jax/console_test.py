@@ -62,3 +62,36 @@ def test_header_says_what_runs_and_how_weights_travel(tmp_path, capsys):
     assert f"weights  {tmp_path}/weights, every worker reads it (bridge.broadcast=auto)" in text
     c.bridge.store = "s3://bucket/run"
     assert "s3://bucket/run, relayed worker to worker" in console.header(c, str(tmp_path))
+
+
+def test_progress_bar_shows_on_a_terminal_that_reports_no_size():
+    """A pty of size 0 x 0 (script, some CI runners) with COLUMNS/LINES in the environment:
+    the bar must still be drawn (tqdm hides a bar when it reads 0 rows)."""
+    import pty
+    import subprocess
+    import sys
+
+    code = (
+        "from learner_jax import console\n"
+        "p = console.Progress('SFT', 4, tty=True)\n"
+        "for i in range(1, 5): p.update(i, 'loss 0.5')\n"
+        "p.close()\n"
+    )
+    parent, child = pty.openpty()  # a fresh pty reports 0 columns and 0 lines
+    env = dict(os.environ, COLUMNS="120", LINES="40")
+    proc = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=child, stderr=child, env=env, cwd=ROOT
+    )
+    os.close(child)
+    out = b""
+    while True:
+        try:
+            chunk = os.read(parent, 4096)
+        except OSError:  # EIO: the child closed its side
+            break
+        if not chunk:
+            break
+        out += chunk
+    os.close(parent)
+    assert proc.wait(timeout=60) == 0, out
+    assert b"SFT: 100%" in out and b"4/4" in out, out
