@@ -53,6 +53,12 @@ def live_fields(m: dict) -> str:
         f"${m.get('cost/usd', 0.0):.4f}",
         f"wait {m.get('time/wait_s', 0.0):.2f}s",
     ]
+    if m.get("capacity/warning"):  # the capacity model says the learner will wait (fleet_plan)
+        short = m.get("capacity/active_rollouts_per_s", 0.0) < m.get(
+            "capacity/required_rollouts_per_s", 0.0
+        )  # else the warning is freshness: the latencies need a larger staleness bound
+        need = "more workers" if short else f"S>={m.get('capacity/min_staleness', 0):.0f}"
+        parts.append(f"capacity: needs {need} (see log)")
     return " | ".join(parts)
 
 

@@ -117,3 +117,11 @@ def test_live_line():
     slow = report.live_line({"step": 1, "fleet/active_workers": 2, "fleet/too_slow_workers": 1}, 2)
     assert "workers 2 (1 too slow) |" in slow
     assert "acc   -" in report.live_line({"step": 1}, 2)
+    assert "capacity" not in line
+    short = {"capacity/warning": 1, "capacity/min_staleness": 4}
+    short |= {"capacity/required_rollouts_per_s": 500.0, "capacity/active_rollouts_per_s": 300.0}
+    assert report.live_line({"step": 1, **short}, 2).endswith(
+        "| capacity: needs more workers (see log)"
+    )
+    fresh = {**short, "capacity/active_rollouts_per_s": 600.0}
+    assert report.live_line({"step": 1, **fresh}, 2).endswith("| capacity: needs S>=4 (see log)")
