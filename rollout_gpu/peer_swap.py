@@ -45,6 +45,7 @@ class PeerSwap:
         self.down_bytes_per_s = 0.0
         self._report: tuple[float, dict] | None = None  # (monotonic done time, fields)
         self._prefetched = -1
+        self._inflight: tuple[int, object] | None = None  # (version, Future) of note_route's
         self._lock = threading.Lock()
 
     def note_route(self, response) -> None:
@@ -63,6 +64,8 @@ class PeerSwap:
             self._prefetched = ann.version
             sources = peer_fetch.sources_for(self.parent, self.fallbacks, ann.store)
         fut = self.relay.fetch_async(ann.version, sources)
+        with self._lock:
+            self._inflight = (ann.version, fut)
 
         def done(f) -> None:  # the relay has it: that is "has the version" for the metric
             if f.exception() is not None:
@@ -71,6 +74,13 @@ class PeerSwap:
                 self._record(f.result())
 
         fut.add_done_callback(done)
+
+    def fetching(self, version: int) -> bool:
+        """A background fetch of `version` (started by note_route) is still running: the
+        worker may keep generating on its current version instead of waiting for it."""
+        with self._lock:
+            inflight = self._inflight
+        return inflight is not None and inflight[0] == version and not inflight[1].done()
 
     def store_for(self, ann: VersionAnnouncement):
         """The store to load `ann.version` from (fetched through the relay when routed)."""

@@ -75,6 +75,7 @@ class RolloutWorker(ControllerSession):
         self.current = EngineVersion()
         self._unloadable: dict[int, tuple[float, float]] = {}  # version -> (backoff, retry at)
         self._last_said: str | None = None  # the last waiting condition logged
+        self._swap_now = False  # the controller said "behind": stop overlapping, swap
         self._warmed = False
         self.leases_done = 0
 
@@ -129,6 +130,13 @@ class RolloutWorker(ControllerSession):
         failed = self._unloadable.get(ann.version)
         if failed is not None and time.monotonic() < failed[1]:
             return self.current.version is not None
+        if self._fetching(ann.version) and not self._swap_now:
+            # The relay fetches it in the background (peer_swap.note_route): keep generating
+            # on the current version meanwhile, as the lease request says (fetching_version),
+            # and swap from the relay's verified copy once it is in. Waiting here instead
+            # idled the worker for its whole broadcast hop.
+            return True
+        self._swap_now = False
         t0 = time.monotonic()
         try:
             # Through the peer relay when the controller routes one (rollout_gpu/peer_swap.py).
@@ -158,12 +166,22 @@ class RolloutWorker(ControllerSession):
         )
         return True
 
+    def _fetching(self, version: int) -> bool:
+        """`version` is being fetched in the background while the engine serves another."""
+        return (
+            self.peers is not None
+            and self.current.version is not None
+            and self.peers.fetching(version)
+        )
+
     # -- leases ----------------------------------------------------------------------------
     def take_lease(self) -> Lease | None:
+        newest = self.announcement.version
         req = LeaseRequest(
             worker_version=self.version,
             max_groups=self._max_groups(),
             unloadable_version=max(self._unloadable, default=-1),
+            fetching_version=newest if newest != self.version and self._fetching(newest) else -1,
         )
         try:
             r = self.call("lease", req, until_stop=True)
@@ -177,7 +195,9 @@ class RolloutWorker(ControllerSession):
         if r.reason in ("run_over", "inactive"):
             self.standing.update(active=r.reason != "inactive", run_over=r.reason == "run_over")
             return None
-        if r.lease is None and r.reason != "behind":  # behind: swap at once, no waiting
+        if r.reason == "behind":  # swap at once, no waiting (joining a fetch in flight)
+            self._swap_now = True
+        elif r.lease is None:
             self.stop.wait(max(r.retry_after_s, 0.05))
         return r.lease
 

@@ -1,7 +1,8 @@
 """The controller's settings (bridge/control/controller.py), one frozen dataclass.
 
 The training binary builds it from `config` (learner_jax/rl/serve.py); tests and benches
-build it directly. `m` (`max_version_lag`) is the admission rule's allowed worker lag.
+build it directly. `m` (`max_version_lag`): how many versions behind the newest a worker may
+be and still get work (one more while it fetches the newest in the background).
 """
 
 from __future__ import annotations

@@ -6,16 +6,21 @@ Staleness-aware batches and the checkpoint cursor are in bridge/control/learner_
 (`LearnerSide`, which the controller holds as `self.learner` and delegates to); every SQL
 statement is in bridge/control/db.py; the prompt queue draws from prompt_stream.py.
 
-Admission control. With g = groups_per_step, S the staleness bound, newest published
-version P, the learner's next step t and allowed worker lag m (`max_version_lag`): a group
-leased with `ahead` groups leased or buffered before it is generated at a version >= P - m
-and consumed at step t + floor(ahead / g) (batches go oldest version first, then by
-arrival, and later leases are at versions >= its own), so its staleness is at most
-(t - P + m) + floor(ahead / g), which is <= S iff ahead < (S + 1 - (t - P) - m) * g. So
+Admission control. With g = groups_per_step, S the staleness bound, the learner's next step
+t and a lease generated at version x (the worker's own, at most the newest published P): a
+group leased with `ahead` groups leased or buffered before it is consumed at step
+t + floor(ahead / g) at the latest (batches go oldest version first, then by arrival), so
+its staleness is at most (t - x) + floor(ahead / g), which is <= S iff
+ahead < (S + 1 - (t - x)) * g. So a lease at version x may bring leased + buffered up to
 
-    leased + buffered <= max(0, (S + 1 - (t - P) - m) * g)
+    max(0, (S + 1 - (t - x)) * g)
 
-and a worker more than m versions behind P gets no work, only `swap_to`. A worker whose
+Counting every outstanding group, also newer ones it will overtake, keeps the groups
+admitted earlier fresh too: for a group at v > x the same sum is below its own, looser bound.
+A worker more than m (`max_version_lag`) versions behind P gets no work, only `swap_to`,
+except one fetching P in the background (peer broadcast, `fetching_version`) or unable to
+load it (`unloadable_version`), which works one version behind: the broadcast overlaps
+generation instead of idling the worker (the planner's "held" admission). A worker whose
 last lease came back stale and whose measured lease latency exceeds the time left before
 new work would go stale gets no work either (reason "too_slow", bridge/control/lease_timing.py).
 Drops stay possible (a worker slowing down mid-lease, restarts) and are counted, never fed
@@ -228,12 +233,15 @@ class Controller:
 
     def _behind(self, worker_id: str, req: LeaseRequest, newest: int) -> bool:
         """More than `max_version_lag` versions behind the newest. A newest version the
-        worker could not load (corrupt in the store: a worker verifies every chunk) does not
-        count: the worker keeps generating on its own version, which the staleness bound
-        still limits, until the learner publishes the next one. Without this one corrupt
+        worker is fetching in the background (a relay hop, a WAN download) does not count:
+        it keeps generating on its own version meanwhile, admitted at that version. Nor does
+        one it could not load (corrupt in the store: a worker verifies every chunk): it keeps
+        generating until the learner publishes the next one. Without this one corrupt
         version stalled the learner: every worker was refused work for being behind."""
         lag = newest - req.worker_version
-        if req.unloadable_version == newest >= 0:
+        if req.fetching_version == newest >= 0:
+            lag -= 1
+        elif req.unloadable_version == newest >= 0:
             lag -= 1
             if newest not in self._unloadable_logged:
                 self._unloadable_logged.add(newest)
@@ -306,14 +314,16 @@ class Controller:
         return bool(self.store.worker(worker_id)["enabled"]) and self.fleet.is_active(worker_id)
 
     # -- leases --------------------------------------------------------------------------
-    def admission_capacity(self) -> int:
-        """How many groups may be leased + buffered now and still be fresh when consumed."""
+    def admission_capacity(self, version: int | None = None) -> int:
+        """How many groups may be leased + buffered now and still be fresh when consumed, for
+        a lease generated at `version` (default and at most: the newest published)."""
         with self.lock:
             c, newest = self.config, self._announcement().version
             if newest < 0:
                 return 0
-            lag = self.store.get("next_step", 0) - newest
-            return max(0, (c.staleness + 1 - lag - c.max_version_lag) * c.groups_per_step)
+            x = newest if version is None else min(version, newest)
+            lag = self.store.get("next_step", 0) - x
+            return max(0, (c.staleness + 1 - lag) * c.groups_per_step)
 
     def lease(self, worker_id: str, req: LeaseRequest) -> LeaseResponse:
         with self._op():
@@ -342,15 +352,15 @@ class Controller:
             profile = WorkerProfile(**json.loads(self.store.worker(worker_id)["profile"]))
             held = self.store.groups_held(worker_id)
             worker_room = max(1, profile.max_concurrent_sequences // c.group_size) - held
+            version, step = min(req.worker_version, ann.version), self.store.get("next_step", 0)
             room = (
-                self.admission_capacity()
+                self.admission_capacity(version)
                 - self.store.count("leased")
                 - self.store.count("buffered")
             )
             k = min(req.max_groups, c.max_groups_per_lease, room, worker_room)
             if k <= 0:
                 return LeaseResponse(reason="full", retry_after_s=c.retry_after_s, **reply)
-            version, step = min(req.worker_version, ann.version), self.store.get("next_step", 0)
             if not self.timing.admit(worker_id, version, step, now):
                 return LeaseResponse(reason="too_slow", retry_after_s=c.retry_after_s, **reply)
             self._refill(k)

@@ -192,6 +192,12 @@ class LeaseRequest(_Model):
     unloadable_version: int = Field(
         default=-1, ge=-1, description="the newest version this worker failed to load, -1: none"
     )
+    fetching_version: int = Field(
+        default=-1,
+        ge=-1,
+        description="a version this worker is fetching in the background (peer broadcast) "
+        "while it keeps generating on its own, -1: none",
+    )
 
 
 class Lease(_Model):

@@ -18,10 +18,12 @@ request with t = the learner's next step:
 - "held" (default): leased + buffered < (S + 1 - (t - x)) * G for the worker's own version
   x: the controller's bound applied to the version the rollout will carry, so a worker keeps
   working on its old version while a broadcast is in flight, exactly what the capacity
-  model assumes;
-- "controller": bridge/control/controller.py as it stands: a worker more than m =
-  max_version_lag behind the newest published P gets no work until its download ends, and
-  leased + buffered < (S + 1 - (t - P) - m) * G.
+  model assumes. The controller does this for a worker whose relay fetches the newest
+  version in the background (`bridge.broadcast` chain/tree, LeaseRequest.fetching_version);
+- "controller": a worker more than m = max_version_lag behind the newest published P gets
+  no work until its download ends, and leased + buffered < (S + 1 - (t - P) - m) * G: what
+  the controller does for a worker reading the store directly (`store` broadcast), whose
+  download is its swap.
 Preemptions are a Poisson process per worker: leases in flight are lost, the worker is back
 restart_s later and first fetches the newest version alone (links.single_fetch_s).
 

@@ -5,6 +5,11 @@ registers as a worker and heartbeats for, so it is the chain's root; the real wo
 (`python -m rollout_gpu.worker`, relay on by default) joins second, is told to fetch from
 the peer, and swaps version 0 in through the unchanged verified path (checksums + canary
 of weight_swap.load_version). The store then served it only the manifest.
+
+Then version 1 through the same peer, whose uplink is throttled so the hop takes seconds:
+the worker keeps generating on version 0 while its relay fetches (the lease request's
+`fetching_version`; the controller admits that work at version 0) and swaps once the
+fetch is in, instead of idling for the whole hop.
 """
 
 import os
@@ -25,6 +30,7 @@ from bridge.tasks import make_task
 from rollout_gpu.relay import Relay
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]  # one worker start: 25-90 s here
+UPLINK = 60e3  # bytes/s of the peer's uplink
 
 
 def test_worker_swaps_a_version_fetched_through_a_peer(tmp_path, tiny_model_dir):
@@ -49,7 +55,7 @@ def test_worker_swaps_a_version_fetched_through_a_peer(tmp_path, tiny_model_dir)
         config, os.path.join(workdir, "c.db"), make_task("arithmetic"), codec=TextCodec(tokenizer)
     )
     server = serve_controller(ctl, workdir, ServerOptions(host="127.0.0.1", port=0))
-    peer = Relay()
+    peer = Relay(up_bytes_per_s=UPLINK)  # the 428 kB model: ~7 s per version to the child
     peer.start()
     peer_id, _ = ctl.register(WorkerProfile(accelerator="cpu", price_per_hour=0.0,
                                             max_concurrent_sequences=1))  # fmt: skip
@@ -94,6 +100,28 @@ def test_worker_swaps_a_version_fetched_through_a_peer(tmp_path, tiny_model_dir)
         with open(log) as f:
             text = f.read()
         assert "now serving version 0" in text and "failed" not in text, text[-3000:]
+
+        weights1 = tiny_model.random_hf_weights(cfg, seed=12)
+        store.publish(1, 1, weights1.items(), model_config=cfg.to_hf_dict(), dtype="float32")
+        result = peer.fetch(1, [store.spec])  # the root has it before anyone asks
+        report[:] = [BroadcastReport(version=1, fetched_ago_s=0.0, fetch_s=result.seconds,
+                                     bytes_from_store=result.bytes_from_store)]  # fmt: skip
+        published_at = ctl.publish(1, store=f"file://{workdir}/store").published_at
+        while ctl.store.worker(child_id)["version"] != 1:
+            assert proc.poll() is None and time.monotonic() < t0 + 120, worker_procs.tail(
+                {"w": log}
+            )
+            time.sleep(0.2)
+        swapped_at = ctl.clock()
+        overlap = ctl.store.q(
+            "SELECT l.created_at AS at FROM groups g JOIN leases l ON g.lease_id = l.lease_id"
+            " WHERE g.state = 'buffered' AND g.min_version = 0 AND l.created_at > ?",
+            (published_at,),
+        )
+        print(f"swap to v1 {swapped_at - published_at:.1f} s after its publish; "
+              f"{len(overlap)} version-0 leases issued meanwhile")  # fmt: skip
+        assert swapped_at - published_at > 3.0  # the throttled hop really took seconds
+        assert overlap, "the worker idled while its relay fetched version 1"
     finally:
         stop.set()
         proc.kill()
