@@ -117,12 +117,14 @@ class RolloutWorker(ControllerSession):
 
     def ensure_version(self) -> bool:
         """Swap to the newest announced version if the engine is behind; True if the worker
-        can take work: it serves the newest, or the newest failed to load (then it works on
-        its own version and says so in its lease requests, retrying the load with backoff)."""
+        can take work: it serves the newest, its relay is still fetching the newest, or the
+        newest failed to load (in the last two it works on its own version and says so in
+        its lease requests; a failed load is retried with backoff)."""
         from bridge.store.weight_store import WeightStore
 
         ann = self.announcement
         if ann.version < 0 or ann.version == self.current.version:
+            self._swap_now = False
             return ann.version >= 0
         if ann.store is None:
             logging.error("version %d is announced without a weight store", ann.version)
