@@ -182,9 +182,6 @@ def audit(
             v, at = rec["version"], rec["at"]
             day = datetime.datetime.fromtimestamp(at, datetime.UTC).date()
             manifest = os.path.join(workdir, "weights", "manifests", f"{v:012d}.json")
-            original = rec.get("manifest")
-            if original and os.path.exists(manifest) and open(manifest, "rb").read() != original:
-                rewritten.append(v)
             # A rerun resumed from a checkpoint before v deleted v and publishes a clean
             # version with the same number (older runs moved the store aside instead,
             # weights.stale-TAG): serving v after that is serving the new one.
@@ -193,6 +190,12 @@ def audit(
                 for r, step in resumes.items()
                 if step < v and r < len(run_starts) and run_starts[r] >= at
             ]
+            # The manifest may change only by such a republish (a corrupt version rewritten
+            # in place would be served as if it were clean).
+            original = rec.get("manifest")
+            if original and os.path.exists(manifest) and open(manifest, "rb").read() != original:
+                if not reruns:
+                    rewritten.append(v)
             moved = [
                 datetime.datetime.strptime(p.rsplit("stale-", 1)[1], "%Y%m%d-%H%M%S")
                 .replace(tzinfo=datetime.UTC)
@@ -225,7 +228,7 @@ def audit(
             "workers_recorded_at_version": sorted(set(recorded)),
             "refusals": len(refused),
             "refusal_example": refused[0] if refused else None,
-            "manifest_rewritten_by_rerun": rewritten,
+            "manifest_rewritten_in_place": rewritten,
         }
     checks["no_corrupt_version_served"] = c
 

@@ -87,11 +87,15 @@ class BatchSource:
             yield batch, fleet, cursor
 
     def checkpointed(self, latest: int | None) -> None:
-        """Forget trajectories consumed up to the checkpoint before `latest`.
+        """Forget trajectories the checkpoint before `latest` holds.
 
-        The checkpoint before the newest is surely durable (saves are asynchronous)."""
+        The checkpoint before the newest is surely durable (saves are asynchronous). A
+        checkpoint at learner step L holds the updates of the batches taken at steps < L
+        (the batch of step L is the next one trained), so only those are forgotten: a run
+        that dies before `latest` is durable resumes from L and takes step L's batch again.
+        Forgetting step L's batch too lost it in the chaos soak (4 groups, stop 20)."""
         if latest is None or latest == self._last_ckpt:
             return
         if self._last_ckpt is not None:
-            self.ctl.forget_consumed(self._last_ckpt)
+            self.ctl.forget_consumed(self._last_ckpt - 1)
         self._last_ckpt = latest

@@ -1,6 +1,6 @@
 """Controller logic on a real SQLite file with an injected clock: leases, idempotent
 submissions, staleness drops, admission control, restarts, fleet accounting. Too-slow
-workers: too_slow_test.py; helpers: controller_helpers.py."""
+workers: too_slow_test.py; helpers: tests/controller_helpers.py."""
 
 import math
 import threading
