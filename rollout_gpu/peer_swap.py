@@ -56,10 +56,16 @@ class PeerSwap:
             self.mode = getattr(response, "broadcast_mode", "store") or "store"
             self.parent = getattr(response, "relay_parent", None)
             self.fallbacks = list(getattr(response, "relay_fallbacks", None) or [])
-            ann = getattr(response, "announcement", None)
-            if self.mode == "store" or ann is None or ann.store is None:
-                return
-            if ann.version <= self._prefetched:
+        ann = getattr(response, "announcement", None)
+        if ann is not None:
+            self.prefetch(ann)
+
+    def prefetch(self, ann: VersionAnnouncement) -> None:
+        """Start fetching `ann.version` through the relay on the route last heard, unless the
+        route is the store or that version's fetch was started already. The worker also
+        calls it for versions it heard of elsewhere (a submit reply carries announcements)."""
+        with self._lock:
+            if self.mode == "store" or ann.store is None or ann.version <= self._prefetched:
                 return
             self._prefetched = ann.version
             sources = peer_fetch.sources_for(self.parent, self.fallbacks, ann.store)

@@ -85,6 +85,7 @@ class Relay:
         host: str = "127.0.0.1",
         port: int = 0,
         up_bytes_per_s: float = 0.0,
+        up_burst_bytes: float = 4 * PIECE,
         keep_versions: int = 4,
         stall_s: float = 30.0,
         concurrency: int = 4,
@@ -96,7 +97,7 @@ class Relay:
         self.host, self.port, self.control = host, port, control
         self.keep_versions, self.stall_s, self.concurrency = keep_versions, stall_s, concurrency
         self.advertise_url, self.tamper = advertise_url, tamper
-        self.bucket = TokenBucket(up_bytes_per_s) if up_bytes_per_s > 0 else None
+        self.bucket = TokenBucket(up_bytes_per_s, up_burst_bytes) if up_bytes_per_s > 0 else None
         self.versions: dict[int, _Version] = {}
         self.results: dict[int, peer_fetch.FetchResult] = {}
         self.bytes_up, self.busy_s = 0, 0.0

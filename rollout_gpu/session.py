@@ -242,9 +242,9 @@ class ControllerSession:
             **(self.peers.heartbeat_fields() if self.peers else {}),
         )
         r = self.call("heartbeat", hb, patient=False)
-        self.note(r.announcement)
-        if self.peers:
+        if self.peers:  # first: the main loop must find a new version's fetch under way
             self.peers.note_route(r)
+        self.note(r.announcement)
         self.standing.update(active=r.active, run_over=r.run_over)
 
     def _heartbeat_loop(self) -> None:

@@ -132,6 +132,8 @@ class RolloutWorker(ControllerSession):
         failed = self._unloadable.get(ann.version)
         if failed is not None and time.monotonic() < failed[1]:
             return self.current.version is not None
+        if self.peers is not None and self.current.version is not None:
+            self.peers.prefetch(ann)  # heard of it in a submit reply: no fetch under way yet
         if self._fetching(ann.version) and not self._swap_now:
             # The relay fetches it in the background (peer_swap.note_route): keep generating
             # on the current version meanwhile, as the lease request says (fetching_version),
@@ -191,14 +193,16 @@ class RolloutWorker(ControllerSession):
             raise
         except ConnectionError:  # stopping while the controller is away: no new work anyway
             return None
-        self.note(r.announcement)
-        if self.peers:
+        if self.peers:  # before `note`, as in heartbeats (session.py)
             self.peers.note_route(r)
+        self.note(r.announcement)
         if r.reason in ("run_over", "inactive"):
             self.standing.update(active=r.reason != "inactive", run_over=r.reason == "run_over")
             return None
-        if r.reason == "behind":  # swap at once, no waiting (joining a fetch in flight)
-            self._swap_now = True
+        if r.reason == "behind":  # no waiting: swap, or claim the fetch just started
+            # Refused although it said it was fetching the newest (too far behind): wait for
+            # the fetch and swap. A plain "behind" only brought news of a new version.
+            self._swap_now = req.fetching_version >= 0
         elif r.lease is None:
             self.stop.wait(max(r.retry_after_s, 0.05))
         return r.lease
