@@ -45,7 +45,7 @@ class PeerSwap:
         self.down_bytes_per_s = 0.0
         self._report: tuple[float, dict] | None = None  # (monotonic done time, fields)
         self._prefetched = -1
-        self._inflight: tuple[int, object] | None = None  # (version, Future) of note_route's
+        self._inflight: tuple[int, object] | None = None  # (version, Future) of `prefetch`
         self._lock = threading.Lock()
 
     def note_route(self, response) -> None:
@@ -82,7 +82,7 @@ class PeerSwap:
         fut.add_done_callback(done)
 
     def fetching(self, version: int) -> bool:
-        """A background fetch of `version` (started by note_route) is still running: the
+        """A background fetch of `version` (started by `prefetch`) is still running: the
         worker may keep generating on its current version instead of waiting for it."""
         with self._lock:
             inflight = self._inflight
