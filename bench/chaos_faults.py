@@ -8,7 +8,13 @@
   step after it was consumed, so a 0.2 s poll sees every consumption.
 - `corrupt_next_version`: waits for a new manifest under `<store>/manifests/` and flips
   bytes in the largest chunk file of that version at once (the manifest is written last, so
-  the version is then complete and its CRCs already recorded).
+  the version is then complete and its chunk digests already recorded), then reads the
+  corrupted array back (from a private copy of the version, corrupted the same way: the
+  learner may garbage-collect the live one first) through the reader every worker loads
+  with (`WeightStore.read`, which verifies each chunk against the manifest) and records
+  whether it refused. That probe is
+  what makes the fault bite every run: a fast learner may announce the next version before
+  any worker tried the corrupted one, so worker refusals are reported but not guaranteed.
 - `hostile_client`: joins with the join secret and posts forged submissions (wrong prompt
   ids, out-of-vocab tokens, a claimed reward, unknown lease and group ids); returns what the
   controller answered to each.
@@ -18,11 +24,16 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
+import tempfile
 import threading
 import time
 import urllib.error
 import urllib.request
+
+from bridge.store.layout import LAYOUT
+from bridge.store.weight_store import CorruptVersionError, WeightStore
 
 
 class Observer(threading.Thread):
@@ -39,6 +50,7 @@ class Observer(threading.Thread):
         # (epoch, worker_id) -> {version: when first seen at it}
         self.worker_versions: dict[tuple, dict[int, float]] = {}
         self.lease_worker: dict[str, str] = {}  # lease_id -> worker_id
+        self.quarantined: set[tuple] = set()  # (epoch, worker_id)
         self.polls = 0
         self.errors = 0
         # A rerun after kill -9 may move controller.db aside and start a fresh one (group ids
@@ -66,6 +78,7 @@ class Observer(threading.Thread):
             kv = conn.execute("SELECT value FROM kv WHERE key='next_step'").fetchall()
             workers = conn.execute("SELECT worker_id, version FROM workers").fetchall()
             leases = conn.execute("SELECT lease_id, worker_id FROM leases").fetchall()
+            bad = conn.execute("SELECT worker_id FROM quarantine").fetchall()
             conn.execute("COMMIT")
         finally:
             conn.close()
@@ -88,6 +101,7 @@ class Observer(threading.Thread):
             for wid, v in workers:
                 self.worker_versions.setdefault((epoch, wid), {}).setdefault(int(v), now)
             self.lease_worker.update(dict(leases))
+            self.quarantined |= {(epoch, w) for (w,) in bad}
 
     def dump(self, path: str) -> None:
         with self.lock, open(path, "w") as f:
@@ -127,7 +141,7 @@ def corrupt_versions(store_dir: str, count: int, timeout_s: float) -> list[dict]
 
 def corrupt_next_version(store_dir: str, timeout_s: float) -> dict:
     """Flip bytes in a chunk of the next version whose manifest appears; returns a record."""
-    mdir = os.path.join(store_dir, "manifests")
+    mdir = os.path.join(store_dir, LAYOUT.manifests)
     seen = set(os.listdir(mdir)) if os.path.isdir(mdir) else set()
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -138,23 +152,53 @@ def corrupt_next_version(store_dir: str, timeout_s: float) -> dict:
             path = largest_chunk(os.path.join(store_dir, "data", f"{version:012d}"))
             if path is None:
                 return {"version": version, "outcome": "no chunk file found"}
-            with open(path, "r+b") as f:
-                data = bytearray(f.read())
-                mid = len(data) // 2
-                for i in range(mid, min(mid + 16, len(data))):
-                    data[i] ^= 0xFF
-                f.seek(0)
-                f.write(data)
+            chunk = os.path.relpath(path, store_dir)
+            # The probe reads a private copy of the version (its manifest and the array),
+            # corrupted the same way: the learner may garbage-collect the live version
+            # before a probe on a loaded box gets to read it.
+            probe_dir = tempfile.mkdtemp(prefix="chaos_probe_")
+            array_dir = os.path.join(*chunk.split(os.sep)[:3])
+            shutil.copytree(os.path.join(store_dir, array_dir), os.path.join(probe_dir, array_dir))
+            os.makedirs(os.path.join(probe_dir, LAYOUT.manifests))
+            shutil.copy(os.path.join(mdir, new[-1]), os.path.join(probe_dir, LAYOUT.manifests))
+            for target in (path, os.path.join(probe_dir, chunk)):
+                _flip_middle(target)
+            at = time.time()
             with open(os.path.join(mdir, new[-1]), "rb") as f:
                 manifest = f.read()
+            probe = probe_read(probe_dir, version, chunk)
+            shutil.rmtree(probe_dir, ignore_errors=True)
             return {
                 "version": version,
-                "chunk": os.path.relpath(path, store_dir),
-                "at": time.time(),
+                "chunk": chunk,
+                "at": at,
                 "manifest": manifest,
+                "probe": probe,
             }
         time.sleep(0.005)
     return {"version": None, "outcome": "no new version appeared"}
+
+
+def _flip_middle(path: str, count: int = 16) -> None:
+    with open(path, "r+b") as f:
+        data = bytearray(f.read())
+        mid = len(data) // 2
+        for i in range(mid, min(mid + count, len(data))):
+            data[i] ^= 0xFF
+        f.seek(0)
+        f.write(data)
+
+
+def probe_read(store_dir: str, version: int, chunk: str) -> dict:
+    """Read the array holding `chunk` (data/<version>/<array>/c/...) as a worker would."""
+    name = chunk.split(os.sep)[2]
+    try:
+        WeightStore(store_dir).read_all(version, [name])
+    except CorruptVersionError as e:
+        return {"refused": True, "array": name, "error": str(e)[:300]}
+    except Exception as e:  # noqa: BLE001 - anything but a refusal is a finding
+        return {"refused": False, "array": name, "error": f"{type(e).__name__}: {e}"[:300]}
+    return {"refused": False, "array": name, "error": None}
 
 
 def _post(url: str, path: str, body, token: str | None = None, raw: bool = False):

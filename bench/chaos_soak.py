@@ -285,7 +285,12 @@ class Soak:
             self.event(
                 "corrupt_chunk",
                 f"v{rec.get('version')}",
-                f"flipped 16 bytes in {rec['chunk']}" if rec.get("chunk") else rec["outcome"],
+                (
+                    f"flipped 16 bytes in {rec['chunk']}; probe read "
+                    + ("refused" if rec["probe"]["refused"] else "ACCEPTED")
+                )
+                if rec.get("chunk")
+                else rec["outcome"],
             )
         return recs
 

@@ -29,7 +29,6 @@ import argparse
 import collections
 import contextlib
 import json
-import multiprocessing
 import os
 import sqlite3
 import tempfile
@@ -56,7 +55,7 @@ class OpTimer:
         for name in OPS:
             setattr(ctl, name, self._wrap(name, getattr(ctl, name)))
         ctl.scorer.score_group = self._wrap("score", ctl.scorer.score_group)
-        store, tx = ctl.store, ctl.store.tx
+        store, tx = ctl.db, ctl.db.tx
 
         @contextlib.contextmanager
         def timed_tx():
@@ -173,6 +172,10 @@ def run(args: argparse.Namespace) -> dict:
         vocab_size=codec.tok.get_vocab_size(),
         register_burst=max(64, args.workers),  # one IP for the whole simulated fleet
     )
+    if args.kill_at_s > 0:  # the controller in its own process, SIGKILLed mid-run
+        from bench import controller_kill
+
+        return controller_kill.run(args, config, workdir, tok_dir, codec, db_path)
     ctl = Controller(config, db_path, make_task("arithmetic"), codec=codec)
     timer = OpTimer(ctl)
     server = serve_controller(ctl, workdir, ServerOptions())
@@ -195,30 +198,32 @@ def run(args: argparse.Namespace) -> dict:
         k: getattr(args, k)
         for k in ("workers", "duration_s", "ramp_s", "gen_s", "max_groups", "seed", "timeout_s")
     }
-    out = os.path.join(workdir, "clients.json")
     me = psutil.Process()
     cpu0 = me.cpu_times()
     thread = threading.Thread(target=learner, daemon=True)
     thread.start()
     t0 = time.monotonic()
-    child = multiprocessing.get_context("spawn").Process(
-        target=load_client.run_clients, args=(server.url, secret, tok_dir, cfg, out)
+    # --client_procs processes share the fleet (one asyncio process saturates near 1000).
+    procs, outs = load_client.start_client_procs(
+        server.url, secret, tok_dir, cfg, args.client_procs, workdir
     )
-    child.start()
     pool_cpu = 0.0
-    while child.is_alive():
-        child.join(timeout=1.0)
-        pool_cpu = max(pool_cpu, _children_cpu(me, exclude=child.pid))
+    while any(p.is_alive() for p in procs):
+        procs[0].join(timeout=1.0)
+        for p in procs:
+            p.join(timeout=0.0)
+        pool_cpu = max(pool_cpu, _children_cpu(me, exclude={p.pid for p in procs}))
     wall = time.monotonic() - t0
     cpu1 = me.cpu_times()
     stop.set()
     thread.join()
     stats = ctl.stats()
+    group_commit = ctl.db.group_commit.stats()
     server.stop()
     ctl.close()
-    with open(out) as f:
-        clients = json.load(f)
+    clients = load_client.merge([json.load(open(o)) for o in outs])
     result = summarize(args, clients, timer, stats, wall, steps[0])
+    result["group_commit"] = group_commit  # commits per fsync, time on the disk
     result["cpu_s"] = {
         "controller": (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
         "reward_pool": pool_cpu,
@@ -230,10 +235,10 @@ def run(args: argparse.Namespace) -> dict:
     return result
 
 
-def _children_cpu(proc, exclude: int) -> float:
+def _children_cpu(proc, exclude: set[int]) -> float:
     total = 0.0
     for c in proc.children(recursive=True):
-        if c.pid == exclude:
+        if c.pid in exclude:
             continue
         try:
             t = c.cpu_times()
@@ -308,6 +313,7 @@ def print_table(r: dict) -> None:
     for name, o in r["controller_ops"].items():
         print(f"{name:<16}{o['count']:>10}{o['mean_ms']:>9.2f}{o['busy_fraction']:>10.2f}")
     print(f"cpu seconds: {r['cpu_s']}")
+    print(f"group commit: {r.get('group_commit')}; killed: {r.get('killed')}")
     a = r["audit"]
     print(f"audit: {'OK' if a['ok'] else 'FAILED'} {a}")
 
@@ -327,11 +333,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--timeout_s", type=float, default=60.0, help="client request timeout")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default="")
-    return p.parse_args(argv)
+    p.add_argument("--client_procs", type=int, default=0, help="0: one per 700 workers")
+    p.add_argument("--sweep", action="store_true", help="bench/controller_sweep.py")
+    p.add_argument("--kill_at_s", type=float, default=0.0, help="bench/controller_kill.py")
+    p.add_argument("--baseline", default="", help="--sweep: a checkout of the old release")
+    args = p.parse_args(argv)
+    args.client_procs = args.client_procs or max(1, -(-args.workers // 700))
+    return args
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    if args.sweep:
+        from bench import controller_sweep
+
+        return controller_sweep.main(args, argv or [])
     result = run(args)
     print_table(result)
     with open(args.out, "w") as f:

@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import multiprocessing
+import os
 import random
 import re
 import resource
@@ -90,8 +92,11 @@ class Fleet:
         )
         self.deadline = time.monotonic() + cfg["ramp_s"] + cfg["duration_s"]
 
-    async def request(self, endpoint: str, body: dict | None, token: str | None = None):
-        """(status, json): 429s waited out, transport errors retried after a second."""
+    async def request(
+        self, endpoint: str, body: dict | None, token: str | None = None, retried=None
+    ):
+        """(status, json): 429s waited out, transport errors retried after a second (and
+        noted in `retried`: the controller may have done what the lost reply said)."""
         import aiohttp
 
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -103,6 +108,8 @@ class Fleet:
                     status = r.status
             except (aiohttp.ClientError, TimeoutError, ValueError) as e:
                 self.rec.transport_errors[f"{endpoint} {type(e).__name__}"] += 1
+                if retried is not None:
+                    retried.append(type(e).__name__)
                 await asyncio.sleep(1.0)
                 continue
             self.rec.add(endpoint, status, time.perf_counter() - t0)
@@ -115,7 +122,11 @@ class Fleet:
     async def heartbeats(self, token: str, state: dict, interval_s: float, rng) -> None:
         await asyncio.sleep(rng.uniform(0, interval_s))
         while time.monotonic() < self.deadline:
-            await self.request("/v1/heartbeat", {"worker_version": state["version"]}, token)
+            status, r = await self.request(
+                "/v1/heartbeat", {"worker_version": state["version"]}, token
+            )
+            if status == 200 and r.get("heartbeat_interval_s"):  # set by the controller
+                interval_s = r["heartbeat_interval_s"]
             await asyncio.sleep(interval_s * rng.uniform(0.9, 1.1))
 
     async def worker(self, index: int) -> None:
@@ -149,10 +160,14 @@ class Fleet:
             rec.leases += 1
             await asyncio.sleep(cfg["gen_s"] * rng.uniform(0.5, 1.5))
             sub = submission(self.codec, lease, generating_at, rng)
-            status, resp = await self.request("/v1/submit", sub, token)
+            retried: list[str] = []
+            status, resp = await self.request("/v1/submit", sub, token, retried)
             if status == 200:
-                rec.accepted += [(gid, lease["lease_id"]) for gid in resp["accepted"]]
-                rec.submitted.append((time.monotonic() - rec.t0, len(resp["accepted"])))
+                # After a lost reply (the controller was killed), "duplicate" is the
+                # acceptance that reply carried.
+                got = resp["accepted"] + (resp["duplicates"] if retried else [])
+                rec.accepted += [(gid, lease["lease_id"]) for gid in got]
+                rec.submitted.append((time.monotonic() - rec.t0, len(got)))
                 rec.duplicates += len(resp["duplicates"])
                 if resp["swap_to"] is not None:
                     state["version"] = max(state["version"], resp["swap_to"])
@@ -204,3 +219,37 @@ def run_clients(url: str, secret: str, tokenizer_dir: str, cfg: dict, out: str) 
             },
             f,
         )
+
+
+def merge(parts: list[dict]) -> dict:
+    """One result of several client processes (bench.controller_load --client_procs)."""
+    out = {"wall_s": max(p["wall_s"] for p in parts), "cpu_s": sum(p["cpu_s"] for p in parts)}
+    for key in ("latency", "status", "transport_errors", "reasons"):
+        merged = collections.defaultdict(list) if key == "latency" else collections.Counter()
+        for p in parts:
+            for k, v in p[key].items():
+                merged[k] += v
+        out[key] = dict(merged)
+    for key in ("accepted", "submitted"):
+        out[key] = [x for p in parts for x in p[key]]
+    for key in ("duplicates", "leases", "registered"):
+        out[key] = sum(p[key] for p in parts)
+    out["processes"] = len(parts)
+    return out
+
+
+def start_client_procs(url, secret, tok_dir, cfg, n_procs, workdir):
+    """Split cfg's fleet over `n_procs` spawned `run_clients` processes (one asyncio process
+    saturates near 1000 workers); returns (processes, their JSON output paths)."""
+    procs, outs = [], []
+    for i in range(n_procs):
+        n = cfg["workers"] // n_procs + (i < cfg["workers"] % n_procs)
+        outs.append(os.path.join(workdir, f"clients{i}.json"))
+        part = {**cfg, "workers": n, "seed": cfg["seed"] * 1000 + i}
+        procs.append(
+            multiprocessing.get_context("spawn").Process(
+                target=run_clients, args=(url, secret, tok_dir, part, outs[i])
+            )
+        )
+        procs[-1].start()
+    return procs, outs

@@ -1,4 +1,5 @@
-"""Peak host memory of one RL train step vs sequence length, per attention implementation.
+"""Peak host memory of one RL train step vs sequence length, per attention implementation
+and per log-prob path (chunked over the vocabulary, or the full [T, V] logits).
 
 A Qwen3-0.6B-shaped policy (`bridge/model/presets.py`) with random weights runs one full
 RL train step (forward + backward of the GRPO loss, entropy and mismatch metrics, AdamW
@@ -6,16 +7,21 @@ update) on one row of T tokens. Each (implementation, T) point runs in a fresh
 subprocess that reports its own peak RSS (VmHWM), so points do not share allocator state.
 
     python -m bench.memory --out=/tmp/bench_memory.json \
-        [--num_layers=2 --seq_lens=1024,2048,4096,8192 --impls=xla,auto --max_gb=20]
+        [--num_layers=2 --seq_lens=1024,2048,4096,8192 --impls=auto --logprob_chunks=1024,0]
+
+Each arm is (attention implementation, `model.logprob_chunk`); an arm with chunk 0 is named
+`IMPL_full` (the full-logits baseline). Headline: `exponent_auto` (the slope below for the
+chunked "auto" arm), `peak_gb_8k_auto` (its measured peak at T = 8192) and `measured_8k`
+(true only if that point ran rather than being predicted).
 
 Fewer layers than the real 28 by default, for speed: only the attention part grows as
 T^2, and it grows per layer, so the exponent does not depend on the layer count.
 "Attention-attributable" memory is the peak minus the peak at `--floor_len` (params,
 optimizer state, runtime), and its exponent is the least-squares log-log slope over the
-measured T. It still includes the T-linear activations (the [T, V] fp32 logits, 0.6 MB
-per token at V = 151936), so an implementation without T^2 memory fits a slope near 1.
-On a machine that cannot hold those logits at 8k (24 GB shared), `--vocab_size` shrinks
-only the vocab, which changes the T-linear part and leaves attention untouched.
+measured T. It still includes the T-linear activations, so an implementation without T^2
+memory fits a slope near 1. With the full logits ([T, V] fp32, 0.6 MB per token per copy at
+V = 151936) the T-linear part dominates and 8k does not fit 24 GB; the chunked path holds
+O(chunk x V) instead (learner_jax/logprobs.py).
 A point is skipped, and says so, when the implementation's last two points, extrapolated
 with their own exponent (clamped to [1, 2], +15%), would exceed --max_gb or the machine's
 free memory (no OOM of a shared machine); the skipped peak is reported as that prediction.
@@ -43,7 +49,8 @@ flags.DEFINE_string("out", None, "JSON file for the results.")
 flags.DEFINE_integer("num_layers", 2, "Decoder layers (28 = Qwen3-0.6B; 2 for speed).")
 flags.DEFINE_list("seq_lens", ["1024", "2048", "4096", "8192"], "Tokens per row.")
 flags.DEFINE_integer("floor_len", 128, "Short T whose peak is the T-independent floor.")
-flags.DEFINE_list("impls", ["xla", "auto"], "Attention implementations (model.ModelOptions).")
+flags.DEFINE_list("impls", ["auto"], "Attention implementations (model.ModelOptions).")
+flags.DEFINE_list("logprob_chunks", ["1024", "0"], "model.logprob_chunk per arm (0 = full).")
 flags.DEFINE_integer("vocab_size", 0, "Override the vocab (0 = Qwen3's 151936); see above.")
 flags.DEFINE_string("remat", "none", "model.ModelOptions.remat for every point.")
 flags.DEFINE_string("dtype", "float32", "Compute dtype.")
@@ -51,9 +58,10 @@ flags.DEFINE_float("max_gb", 20.0, "Skip points predicted to need more than this
 flags.DEFINE_float("budget_gb", 24.0, "The memory the 'fits' column is checked against.")
 flags.DEFINE_integer("worker_seq_len", 0, "Internal: measure one point in this process.")
 flags.DEFINE_string("worker_impl", "", "Internal: the point's implementation.")
+flags.DEFINE_integer("worker_chunk", 0, "Internal: the point's logprob_chunk.")
 
 
-def measure(impl: str, seq_len: int) -> dict:
+def measure(impl: str, chunk: int, seq_len: int) -> dict:
     """One train step in this process; returns its peak RSS and the resolved attention."""
     cfg = qwen3_0p6b(FLAGS.num_layers)
     if FLAGS.vocab_size:
@@ -64,7 +72,7 @@ def measure(impl: str, seq_len: int) -> dict:
     )
     state = train_state.create_train_state(cfg, opt, mesh, seed=0)
     _, shardings = train_state.state_shardings(cfg, opt, mesh)
-    options = model.ModelOptions(attention=impl, remat=FLAGS.remat)
+    options = model.ModelOptions(attention=impl, remat=FLAGS.remat, logprob_chunk=chunk)
     step_cfg = train_step.StepConfig(
         kind="rl", loss=losses.LossConfig(name="grpo"), dtype=FLAGS.dtype, model_options=options
     )
@@ -88,13 +96,14 @@ def measure(impl: str, seq_len: int) -> dict:
     return {"peak_gb": hwm_kb / 2**20, "loss": loss, "resolved": resolved}
 
 
-def run_point(impl: str, seq_len: int) -> dict:
+def run_point(impl: str, chunk: int, seq_len: int) -> dict:
     cmd = [
         sys.executable,
         "-m",
         "bench.memory",
         f"--worker_seq_len={seq_len}",
         f"--worker_impl={impl}",
+        f"--worker_chunk={chunk}",
         f"--num_layers={FLAGS.num_layers}",
         f"--vocab_size={FLAGS.vocab_size}",
         f"--remat={FLAGS.remat}",
@@ -137,31 +146,34 @@ def predict_over_floor(measured, t) -> float:
 def main(argv):
     del argv
     if FLAGS.worker_seq_len:
-        print("RESULT " + json.dumps(measure(FLAGS.worker_impl, FLAGS.worker_seq_len)))
+        point = measure(FLAGS.worker_impl, FLAGS.worker_chunk, FLAGS.worker_seq_len)
+        print("RESULT " + json.dumps(point))
         return
     if not FLAGS.out:
         raise app.UsageError("--out is required")
     lens = sorted(int(t) for t in FLAGS.seq_lens)
     rows, summary = [], {}
-    for impl in FLAGS.impls:
-        floor = run_point(impl, FLAGS.floor_len)
+    arms = [(i, int(c)) for c in FLAGS.logprob_chunks for i in FLAGS.impls]
+    for impl, chunk in arms:
+        arm = impl if chunk else f"{impl}_full"
+        floor = run_point(impl, chunk, FLAGS.floor_len)
         if "error" in floor:
-            raise RuntimeError(f"{impl} at T={FLAGS.floor_len}: {floor['error']}")
+            raise RuntimeError(f"{arm} at T={FLAGS.floor_len}: {floor['error']}")
         measured = []
         for t in lens:
             predicted = floor["peak_gb"] + predict_over_floor(measured, t)
             limit = min(FLAGS.max_gb, available_gb() - 1.5)
-            row = {"impl": impl, "seq_len": t, "floor_gb": floor["peak_gb"]}
+            row = {"impl": arm, "logprob_chunk": chunk, "seq_len": t, "floor_gb": floor["peak_gb"]}
             if predicted > limit:
                 row.update(skipped=f"predicted {predicted:.1f} GB > limit {limit:.1f} GB")
                 row["peak_gb"] = predicted
             else:
-                row.update(run_point(impl, t))
+                row.update(run_point(impl, chunk, t))
             if "error" not in row and "skipped" not in row:
                 measured.append((t, row["peak_gb"] - floor["peak_gb"]))
             print(json.dumps(row), flush=True)
             rows.append(row)
-        summary[impl] = {
+        summary[arm] = {
             "resolved": floor["resolved"],
             "attention_exponent": slope(*zip(*measured, strict=True)) if measured else math.nan,
             "last_pair_exponent": slope(*zip(*measured[-2:], strict=True))
@@ -169,15 +181,16 @@ def main(argv):
             else math.nan,
             "fits_budget_at_max_len": bool(rows[-1].get("peak_gb", math.inf) < FLAGS.budget_gb),
             "max_len_measured": "skipped" not in rows[-1] and "error" not in rows[-1],
+            "peak_gb_max_len": rows[-1].get("peak_gb", math.nan),
         }
-    print(f"\n{'impl':<8}{'resolved':<12}{'T':>6}{'peak GB':>9}{'over floor':>11}  note")
+    print(f"\n{'arm':<10}{'resolved':<12}{'T':>6}{'peak GB':>9}{'over floor':>11}  note")
     for r in rows:
         res = summary[r["impl"]]["resolved"]
         peak = r.get("peak_gb", math.nan)
         note = r.get("skipped") or r.get("error", "")[:60]
         note = note and (f"(skipped) {note}" if "skipped" in r else note)
         print(
-            f"{r['impl']:<8}{res:<12}{r['seq_len']:>6}{peak:>9.2f}"
+            f"{r['impl']:<10}{res:<12}{r['seq_len']:>6}{peak:>9.2f}"
             f"{peak - r['floor_gb']:>11.2f}  {note}"
         )
     for impl, s in summary.items():
@@ -187,7 +200,14 @@ def main(argv):
             f"T={lens[-1]} fits {FLAGS.budget_gb:g} GB: {s['fits_budget_at_max_len']}"
             + ("" if s["max_len_measured"] else " (predicted, not run)")
         )
+    auto = summary.get("auto", {})
+    headline = {
+        "exponent_auto": auto.get("attention_exponent", math.nan),
+        "peak_gb_8k_auto": auto.get("peak_gb_max_len", math.nan) if lens[-1] == 8192 else None,
+        "measured_8k": bool(lens[-1] == 8192 and auto.get("max_len_measured", False)),
+    }
     result = {
+        "headline": headline,
         "model": "Qwen3-0.6B shapes",
         "num_layers": FLAGS.num_layers,
         "vocab_size": FLAGS.vocab_size or 151936,
@@ -200,6 +220,7 @@ def main(argv):
     }
     with open(FLAGS.out, "w") as f:
         json.dump(result, f, indent=2)
+    print("headline: " + json.dumps(headline))
 
 
 if __name__ == "__main__":

@@ -29,10 +29,10 @@ def call(url: str, path: str, body: dict | None = None) -> dict:
         return json.loads(r.read())
 
 
-def start_relays(n: int, up_mbps: float, tmp: str) -> tuple[list, list[str]]:
+def start_relays(n: int, up_mbps: float, tmp: str, prefix: str = "relay") -> tuple[list, list[str]]:
     procs, files = [], []
     for i in range(n):
-        f = os.path.join(tmp, f"relay{i}.url")
+        f = os.path.join(tmp, f"{prefix}{i}.url")
         cmd = [sys.executable, "-m", "rollout_gpu.relay", f"--up_mbps={up_mbps}", f"--url_file={f}"]
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
         files.append(f)

@@ -2,6 +2,7 @@
 
     python -m bridge.export --checkpoint_dir=WORKDIR/checkpoints [--step=N] \
         --output_dir=DIR [--dtype=bfloat16] [--max_shard_size=2GB] [--model_dir=HF_DIR]
+        [--merge (default) | --adapter_only] [--base_dir=HF_DIR]   (LoRA checkpoints)
 
 Reads only `state/params` of one orbax step (latest by default) as host numpy arrays --
 no optimizer state, no mesh, any number of devices -- converts them with the
@@ -18,7 +19,8 @@ tiny model `learner_jax.model_dir.prepare_model_dir` writes); `--model_dir` over
 Everything is checked (step exists, files present, every parameter's shape matches the
 config) before anything is written; the directory is assembled beside the output and
 renamed into place, so a failed export leaves the output as it was. numpy only at
-module level: orbax (and so jax) is imported inside `restore_params`.
+module level: orbax (and so jax) is imported inside `restore_params`. A LoRA run's checkpoint
+(adapters only) is merged into its base or written as a PEFT adapter (bridge/adapters/merge.py).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from collections.abc import Mapping
 
 import numpy as np
 
+from bridge.adapters import merge as lora_merge
+from bridge.adapters import peft_layout
 from bridge.model import dtypes, hf_files, layouts
 from bridge.model.config import ModelConfig
 
@@ -53,6 +57,8 @@ class ExportOptions:
     max_shard_bytes: int = 2 * 10**9
     model_dir: str | None = None  # HF dir with config + tokenizer; None = found (see above)
     overwrite: bool = False  # replace an existing export (a dir holding config.json)
+    adapter_only: bool = False  # LoRA checkpoint: write the PEFT adapter, not a merged model
+    base_dir: str | None = None  # LoRA: the base HF dir; None = the checkpoint's reference
 
     def __post_init__(self):
         if self.dtype is not None and self.dtype not in dtypes.WEIGHT_DTYPES:
@@ -258,6 +264,16 @@ def export(opts: ExportOptions) -> dict:
     model_dir = find_model_files(opts.checkpoint_dir, opts.model_dir)
     cfg = ModelConfig.from_hf_dir(model_dir)
     params = restore_params(opts.checkpoint_dir, step)
+    if lora_merge.is_adapter_tree(params):  # a LoRA run: merge, or the adapter alone
+        ref = lora_merge.restore_reference(opts.checkpoint_dir, step)
+        if opts.adapter_only:
+            return _export_adapter(opts, step, params, ref)
+        try:
+            params = lora_merge.merged_flax_params(cfg, params, ref, opts.base_dir)
+        except (OSError, ValueError) as e:
+            raise ExportError(f"cannot merge the adapters of step {step}: {e}") from e
+    elif opts.adapter_only:
+        raise ExportError(f"step {step} is a full-weight checkpoint: no adapter to export")
     _check_paths(cfg, params, f"step {step}'s parameters", model_dir)
     dtype = opts.dtype or np.asarray(params["embed"]["embedding"]).dtype.name
     if dtype not in dtypes.WEIGHT_DTYPES:
@@ -287,6 +303,27 @@ def export(opts: ExportOptions) -> dict:
     }
 
 
+def _export_adapter(opts: ExportOptions, step: int, params: Mapping, ref: Mapping) -> dict:
+    """Write the PEFT adapter directory (bridge/adapters/merge.py), atomically."""
+    if os.path.isdir(opts.output_dir) and os.listdir(opts.output_dir):
+        raise ExportError(f"output dir {opts.output_dir} is not empty")
+    tensors = lora_merge.peft_tensors(params)
+    out = os.path.abspath(opts.output_dir)
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}-export-", dir=os.path.dirname(out))
+    try:
+        peft_layout.write_adapter_dir(tmp, tensors, lora_merge.adapter_config_for(ref, tensors))
+        os.chmod(tmp, 0o755)
+        if os.path.isdir(out):
+            os.rmdir(out)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    files = [peft_layout.WEIGHTS_FILE, peft_layout.CONFIG_FILE]
+    size = sum(int(v.nbytes) for v in tensors.values())
+    return {"step": step, "output_dir": out, "dtype": "float32", "files": files, "total_size": size}
+
+
 def parse_size(text: str) -> int:
     """'2GB', '500MB', '1.5GiB', '4096' -> bytes."""
     m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]?)(i?)B?\s*", text.upper().replace("IB", "iB"))
@@ -301,6 +338,8 @@ def main(argv):
     from absl import flags
 
     f = flags.FLAGS
+    if not f.merge and not f.adapter_only:
+        sys.exit("export failed: --nomerge needs --adapter_only (nothing else to write)")
     try:
         result = export(
             ExportOptions(
@@ -311,6 +350,8 @@ def main(argv):
                 max_shard_bytes=parse_size(f.max_shard_size),
                 model_dir=f.model_dir or None,
                 overwrite=f.overwrite,
+                adapter_only=f.adapter_only,
+                base_dir=f.base_dir or None,
             )
         )
     except ExportError as e:
@@ -330,6 +371,9 @@ def _define_flags():
     flags.DEFINE_string("max_shard_size", "2GB", "Largest safetensors shard, e.g. 500MB.")
     flags.DEFINE_string("model_dir", "", "HF dir with config/tokenizer ('' = found).")
     flags.DEFINE_bool("overwrite", False, "Replace an existing export in output_dir.")
+    flags.DEFINE_bool("merge", True, "LoRA checkpoint: merge the adapters into the base.")
+    flags.DEFINE_bool("adapter_only", False, "LoRA checkpoint: write only the PEFT adapter.")
+    flags.DEFINE_string("base_dir", "", "LoRA: base HF dir ('' = the checkpoint's reference).")
 
 
 if __name__ == "__main__":

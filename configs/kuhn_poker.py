@@ -46,8 +46,10 @@ def get_config():
     c.sft.steps = 100
     c.sft.batch_size = 64
     c.sft.micro_batch_size = 64
-    # 5e-3, 1e-3 and 5e-4 climb faster, then fall back onto illegal letters mid-run; 3e-4
-    # climbs steadily (BUILD_NOTES.md).
+    # 3e-4 climbs steadily. Faster rates need optimizer.warmup_steps >= 10: the RL phase
+    # starts Adam cold, and at 1e-3 its first (sign) steps flattened the policy onto illegal
+    # tokens for good (the binary warns). 5e-4 climbed to +0.13, then fell back mid-run
+    # (BUILD_NOTES.md, issue 27: cause 2, open).
     c.optimizer.learning_rate = 3e-4
     c.optimizer.warmup_steps = 0
     c.rollout.eval_period = 5

@@ -45,6 +45,19 @@ def get_config() -> ConfigDict:
     # in T; equal to the reference within 1e-5 fp32). xla = the full [B, N, T, T] reference.
     c.model.attention = "auto"  # auto | xla | dot_product | blockwise (learner_jax/attention.py)
     c.model.remat = "none"  # none | full | a jax.checkpoint_policies name, per decoder layer
+    # Tokens per chunk of the unembedding + log-softmax (learner_jax/logprobs.py); 0 = the full
+    # [B, T, V] logits at once. At a real vocabulary (151,936) and long T use e.g. 1024: memory
+    # O(chunk x V) instead of O(T x V), same numbers.
+    c.model.logprob_chunk = 0
+
+    # LoRA (learner_jax/lora.py): rank 0 = full-weight training; rank > 0 trains only
+    # adapters on target_modules (q, k, v, o, gate, up, down) over a frozen base.
+    c.learner = ConfigDict()
+    c.learner.lora = ConfigDict()
+    c.learner.lora.rank = 0
+    c.learner.lora.alpha = 16.0
+    c.learner.lora.target_modules = ("q", "k", "v", "o", "gate", "up", "down")
+    c.learner.lora.dropout = 0.0
 
     c.mesh = ConfigDict()
     c.mesh.data = 1
@@ -62,6 +75,7 @@ def get_config() -> ConfigDict:
     c.distributed.auto = False  # JAX detects SLURM / Open MPI / TPU pod slices itself
     c.distributed.heartbeat_timeout_s = 20  # a dead peer stops the others after this
     c.distributed.initialization_timeout_s = 300
+    c.distributed.cpu_collectives = "gloo"  # cross-process collectives of CPU computations
 
     c.optimizer = ConfigDict()  # learner_jax/optim.py: clip -> AdamW, warmup + cosine
     # RL peak lr; decays to end_lr_fraction at total_steps. On the 4 x 128 policy 1e-4 takes
@@ -81,7 +95,10 @@ def get_config() -> ConfigDict:
     c.loss.clip_eps_high = 0.28  # clip-higher (DAPO); None = symmetric
     c.loss.is_mode = "truncate"  # off-policy weight: truncate | mask | none
     c.loss.is_cap = 2.0
-    c.loss.kl_coef = 0.0
+    # Off-policy correction, overrides is_mode when set: none | tis | mask | token_mis
+    # (IcePop) | seq_mis | geo_seq (learner_jax/losses.py docstring); is_cap is its c.
+    c.loss.off_policy = config_dict.placeholder(str)
+    c.loss.kl_coef = 0.0  # > 0 is refused: no reference model (run_config.check_loss)
     c.loss.dr_grpo_constant = config_dict.placeholder(float)  # None = padded answer length
 
     c.advantages = ConfigDict()
@@ -145,13 +162,22 @@ def get_config() -> ConfigDict:
     c.rollout = ConfigDict()  # learner_jax/rl/ (serve.py, evals.py, batches.py)
     # Sampling temperature. Workers report vLLM's processed log-probs (the tempered softmax
     # they sampled from) and the learner divides its logits by the same temperature, so any
-    # T > 0 is on-policy (learner_jax/learner.py check_sampling).
+    # T > 0 is on-policy (learner_jax/truncation.py check_rollout).
     c.rollout.temperature = 1.0
-    # Truncated sampling is refused at validation: the learner scores the full tempered
-    # softmax, and top-p/top-k log-probs would be those of a truncated distribution.
+    # Truncated sampling (vLLM's order: logits / T, min-p, top-k, top-p). Workers report the
+    # processed log-probs and the learner scores under the same truncation
+    # (learner_jax/truncation.py), so these are on-policy too.
     c.rollout.top_p = 1.0
     c.rollout.top_k = -1  # -1 (or 0) = off
+    c.rollout.min_p = 0.0
     c.rollout.eval_period = 10  # RL steps between held-out evaluations (0 = start and end)
+    # Held-out evaluation: on the learner (its own greedy decoder) or on the fleet (eval
+    # leases of exactly the version evaluated, learner_jax/rl/fleet_eval.py; the learner
+    # does not wait): eval.n samples per prompt at eval.temperature (0 = greedy).
+    c.eval = ConfigDict()
+    c.eval.on = "learner"  # learner | fleet
+    c.eval.n = 4
+    c.eval.temperature = 0.0
     c.rollout.wait_timeout_s = 900.0  # no batch for this long = the fleet is broken: stop
 
     # The binary's own fleet (learner_jax/local_fleet.py, learner_jax/rl/fleet.py): started
@@ -161,6 +187,10 @@ def get_config() -> ConfigDict:
     # controller.activation on, standby workers are released and one is added when short.
     c.fleet = ConfigDict()
     c.fleet.provisioner = "local"  # "local": processes here | "command": the templates below
+    # skypilot: rented workers, one SkyPilot cluster each, from a profiles JSON (accelerator,
+    # count, use_spot, cloud/region, price cap; configs/fleets/skypilot_l4_a100.json);
+    # local_workers = the profiles' total count. README "Renting a fleet".
+    c.fleet.skypilot_fleet = ""
     # local: worker i takes prices[i % n], throttle_s[i % n], so the default pair is a fast
     # $0.40/h worker and a slow (throttled) $0.15/h one.
     c.fleet.prices = (0.40, 0.15)
@@ -180,7 +210,16 @@ def get_config() -> ConfigDict:
     c.fleet.max_deaths = 3
     c.fleet.death_window_s = 120.0
     c.fleet.follow_period_s = 5.0  # how often the fleet is compared with the controller
-    c.fleet.max_model_len = 0  # engines' prompt + answer limit (0 = 512, raised to fit the batch)
+    # A worker the controller refuses as too slow (controller.refuse_too_slow) for this long
+    # is released (learner_jax/rl/fleet.py; longer than controller.retest_slow_after_s, so it
+    # was re-measured once after its cold first lease; inf = never).
+    c.fleet.standby_release_s = 90.0
+    # Engines' prompt + answer limit (the worker's --max_model_len default); raised to
+    # batch.max_prompt_len + batch.max_answer_len when that is longer.
+    c.fleet.max_model_len = 512
+    # SIGTERM -> kill: a stopped worker finishes or releases its lease within this (the
+    # worker's --grace_s default).
+    c.fleet.grace_s = 30.0
 
     c.bridge = ConfigDict()
     # Weight store the learner publishes to and workers read (bridge/store/weight_store.py): a path,
@@ -198,6 +237,15 @@ def get_config() -> ConfigDict:
     # for a remote one (s3://, gs://), where the store's uplink is the bottleneck.
     c.bridge.broadcast = "auto"
     c.bridge.broadcast_fanout = 2  # tree fan-out
+    # Delta versions (bridge/delta/): publish each version as the elements whose stored bytes
+    # changed since the previous one (a few % of a bf16 model per RL step), a full anchor
+    # every anchor_every versions; a tensor with more than max_density of its elements
+    # changed is stored whole. enabled: "auto" = on for a remote store (s3://, gs://), where
+    # the links are slow; "true" / "false".
+    c.bridge.delta = ConfigDict()
+    c.bridge.delta.enabled = "auto"
+    c.bridge.delta.anchor_every = 16
+    c.bridge.delta.max_density = 0.5
 
     c.controller = ConfigDict()
     c.controller.host = "127.0.0.1"
@@ -233,8 +281,35 @@ def get_config() -> ConfigDict:
     # transiently a second copy of the params).
     c.controller.audit_rescore_every = 10
     c.controller.audit_rescore_rows = 16
-    c.controller.certfile = ""  # TLS: serve https with this certificate and key ('' = http)
-    c.controller.keyfile = ""
+    # Transport: serve HTTPS with this PEM certificate and key ('' = plain HTTP). Over plain
+    # HTTP anyone on the path can rewrite the announced store URL, so workers calling from
+    # a non-loopback address are refused (403) unless allow_plain_http (a trusted LAN only).
+    # Workers trust a self-signed certificate with --tls_ca_file=CERT.
+    c.controller.tls_cert = ""
+    c.controller.tls_key = ""
+    c.controller.allow_plain_http = False
+    # Peers are sent to a worker's relay at the address it called the controller from (never
+    # to another host it names: bridge/broadcast/relay_address.py), except these
+    # comma-separated host names or IPs (a NAT's public name), kept as the worker gives them.
+    c.controller.relay_hosts = ""
+    # The controller in a process of its own (bridge/control/process.py): workers over HTTP,
+    # the learner over loopback, so a long train step never delays a heartbeat.
+    c.controller.own_process = True
+
+    # Prometheus text at GET /metrics on the controller's port (bridge/control/prometheus.py):
+    # fleet gauges and per-endpoint latency histograms. Served to loopback callers only,
+    # unless metrics_token_file names a file whose content a scraper sends as bearer token.
+    c.controller.prometheus = True
+    c.controller.metrics_token_file = ""
+
+    # Metrics sinks besides <workdir>/metrics.jsonl and TensorBoard (learner_jax/wandb_sink.py):
+    # Weights & Biases when project is set; mode "online" | "offline" | "disabled" | '' =
+    # wandb's default (WANDB_MODE). The run id is kept in <workdir>/wandb_run_id (resume).
+    c.metrics = ConfigDict()
+    c.metrics.wandb = ConfigDict()
+    c.metrics.wandb.project = ""
+    c.metrics.wandb.entity = ""
+    c.metrics.wandb.mode = ""
 
     c.log_every = 1
     return c

@@ -1,4 +1,4 @@
-"""Causal self-attention over segment ids, in three interchangeable implementations.
+"""Causal self-attention over segment ids, in four interchangeable implementations.
 
 All take q [B, T, N, H], k and v [B, S, K, H] (S == T, N a multiple of K: grouped-query
 attention without repeating k/v) and `segment_ids` [B, T] (0 = padding), and return
@@ -16,15 +16,20 @@ of the same nonzero segment; scores and softmax are fp32.
   is rematerialized, so forward and backward hold O(T * block) scores, not O(T^2).
   Key blocks wholly above the causal diagonal are skipped with `lax.cond`. When T fits
   one block, `attend` runs the reference instead (one tile is the whole matrix).
+- "splash": the Pallas TPU flash kernel (`splash.py`): causal block sparsity, segment
+  ids and GQA in the kernel, T and H padded to multiples of 128, `shard_map` under a
+  mesh. Off TPU it runs in Pallas interpret mode (for tests; slow).
 
 Padding rows (all keys masked) use the finite fill of "xla": every score is the same
 finite minimum, so the row softmaxes to uniform instead of NaN. "blockwise" averages only
 over the key blocks it does not skip, so padding rows' (meaningless) outputs may differ
-from "xla"; they stay finite, and nothing reads them: real tokens never attend to
-padding keys, and the losses multiply padding positions by a zero mask.
+from "xla" ("splash" attends them to earlier-or-equal padding keys of their row); they
+stay finite, and nothing reads them: real tokens never attend to padding keys, and the
+losses multiply padding positions by a zero mask.
 
-"auto" picks per platform and dtype (`resolve`): cuDNN flash for bf16/fp16 on GPU when
-its static shape limits hold, otherwise "blockwise".
+"auto" picks per platform and dtype (`resolve`): splash on TPU (any dtype, any shape:
+it pads), cuDNN flash for bf16/fp16 on GPU when its static shape limits hold, otherwise
+"blockwise".
 
 Einsum letters: B batch, T query time, S key time, N heads, K kv heads, G query heads per
 kv head, H head dim; blocked: nb number of blocks, Q query block, C key block.
@@ -35,7 +40,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-IMPLEMENTATIONS = ("auto", "xla", "dot_product", "blockwise")
+from learner_jax import splash
+
+IMPLEMENTATIONS = ("auto", "xla", "dot_product", "blockwise", "splash")
 _FILL = float(jnp.finfo(jnp.float32).min)  # finite: a fully masked row stays NaN-free
 
 
@@ -53,6 +60,8 @@ def resolve(impl: str, dtype, head_dim: int, seq_len: int) -> str:
         raise ValueError(f"attention must be one of {IMPLEMENTATIONS}, got {impl!r}")
     if impl != "auto":
         return impl
+    if jax.default_backend() == "tpu":
+        return "splash"
     if _cudnn_ok(dtype, head_dim, seq_len):
         return "dot_product"
     return "blockwise"
@@ -80,6 +89,8 @@ def attend(q, k, v, segment_ids, impl: str = "auto", block_size: int = 512):
     if name == "dot_product":
         cudnn = _cudnn_ok(q.dtype, q.shape[-1], q.shape[1])
         return dot_product_attention(q, k, v, segment_ids, cudnn=cudnn)
+    if name == "splash":
+        return splash.splash_attention(q, k, v, segment_ids, block_size)
     return blockwise_attention(q, k, v, segment_ids, block_size)
 
 

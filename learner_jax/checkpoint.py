@@ -12,6 +12,11 @@ The state is saved as Flax's state dict (nested dicts, optax named tuples includ
 the checkpoint is a plain tree any tool (e.g. `bridge.export`) can read with
 `checkpoint_manager.restore(step)` and no knowledge of our Python classes:
 `state/params` is the Flax parameter tree of `bridge/model/layouts.py`.
+
+A LoRA state (`train_state.TrainState.frozen` set) saves only what trains: `state/params`
+is then the adapter tree and the frozen base is left out; the learner puts a reference to
+the base in the cursor (`lora_base`: the HF directory and its weights' digest,
+learner_jax/lora_state.py). Restoring takes the base from `target.frozen`.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import orbax.checkpoint as ocp
 from flax import serialization
 
 CHECKPOINT_SUBDIR = "checkpoints"
+FROZEN = "frozen"  # TrainState field never saved (the LoRA base)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,7 +94,7 @@ class Checkpointer:
         return self._mngr.save(
             int(step),
             args=ocp.args.Composite(
-                state=ocp.args.StandardSave(serialization.to_state_dict(state)),
+                state=ocp.args.StandardSave(_trained(state)),
                 cursor=ocp.args.JsonSave(cursor),
             ),
             force=True,
@@ -104,7 +110,7 @@ class Checkpointer:
         step = self.latest_step() if step is None else step
         if step is None:
             raise FileNotFoundError(f"no checkpoint in {self.directory}")
-        abstract = jax.tree.map(_abstract, serialization.to_state_dict(target))
+        abstract = jax.tree.map(_abstract, _trained(target))
         restored = self._mngr.restore(
             int(step),
             args=ocp.args.Composite(
@@ -112,8 +118,22 @@ class Checkpointer:
                 cursor=ocp.args.JsonRestore(),
             ),
         )
-        state = serialization.from_state_dict(target, restored["state"])
+        saved = dict(restored["state"])
+        if FROZEN in serialization.to_state_dict(target):  # not saved: the target's own
+            saved[FROZEN] = serialization.to_state_dict(target)[FROZEN]
+        state = serialization.from_state_dict(target, saved)
         return state, dict(restored["cursor"] or {})
+
+    def restore_cursor(self, step: int | None = None) -> dict:
+        """The cursor of `step` (default: latest) alone: what a resume checks before it
+        restores the state (a LoRA run's base reference, learner_jax/lora_state.py)."""
+        step = self.latest_step() if step is None else step
+        if step is None:
+            raise FileNotFoundError(f"no checkpoint in {self.directory}")
+        restored = self._mngr.restore(
+            int(step), args=ocp.args.Composite(cursor=ocp.args.JsonRestore())
+        )
+        return dict(restored["cursor"] or {})
 
     def wait_until_finished(self) -> None:
         self._mngr.wait_until_finished()
@@ -127,6 +147,14 @@ class Checkpointer:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _trained(state: Any) -> dict:
+    """The state dict that is saved: everything but a LoRA state's frozen base."""
+    tree = serialization.to_state_dict(state)
+    if isinstance(tree, dict):
+        tree = {k: v for k, v in tree.items() if k != FROZEN}
+    return tree
 
 
 def _abstract(x):

@@ -151,7 +151,7 @@ def header(config, workdir: str, config_file: str = "") -> str:
         f"  watch    tensorboard --logdir {tb}",
     ]
     if config.total_steps:
-        from learner_jax.rl.serve import broadcast_mode
+        from learner_jax.run_config import broadcast_mode
 
         store = config.bridge.store or os.path.join(workdir, "weights")
         mode = broadcast_mode(config)

@@ -1,5 +1,6 @@
-"""Multi-process learner: JAX's distributed runtime from the config, and the few host-side
-primitives the other modules need (who leads, barriers, per-process rows of a batch).
+"""Multi-process learner: JAX's distributed runtime (`DistributedConfig`, built from the
+config's `distributed` section by `run_config.distributed_config`), and the few host-side
+primitives the other modules need (who leads, barriers).
 
     python -m learner_jax.train --config=configs/tiny_arith.py --workdir=/shared/run \
         --config.distributed.coordinator_address=10.0.0.1:8476 \
@@ -30,7 +31,6 @@ import dataclasses
 import logging
 
 import jax
-import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -60,14 +60,6 @@ class DistributedConfig:
     @property
     def enabled(self) -> bool:
         return self.auto or self.num_processes > 1
-
-    @classmethod
-    def from_config(cls, config) -> DistributedConfig:
-        d = config.get("distributed")
-        if d is None:
-            return cls()
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in d.to_dict().items() if k in fields})
 
 
 _STATE = {"initialized": False}
@@ -120,11 +112,3 @@ def barrier(name: str, timeout_s: float = 600) -> None:
     from jax._src import distributed as _dist  # the client has no public accessor
 
     _dist.global_state.client.wait_at_barrier(name, int(timeout_s * 1000))
-
-
-def local_rows(sharding: jax.sharding.Sharding, shape: tuple[int, ...]) -> np.ndarray:
-    """Sorted global row indices (dim 0) this process's devices hold under `sharding`."""
-    rows = set()
-    for index in sharding.addressable_devices_indices_map(shape).values():
-        rows.update(range(*index[0].indices(shape[0])))
-    return np.array(sorted(rows), np.int64)

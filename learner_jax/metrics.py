@@ -135,8 +135,11 @@ class MetricsWriter:
     in the same workdir; readers take the last line of a step if a step repeats.
     """
 
-    def __init__(self, workdir: str, tensorboard: bool = True):
+    def __init__(self, workdir: str, tensorboard: bool = True, sinks=()):
+        """`sinks`: more writers of each row (`write(row)`, `report(workdir)`, `close()`),
+        e.g. learner_jax/wandb_sink.py's."""
         os.makedirs(workdir, exist_ok=True)
+        self.sinks = list(sinks)
         self.path = os.path.join(workdir, METRICS_FILE)
         self._f = open(self.path, "a")
         self._tb = EventFile(os.path.join(workdir, TB_DIR)) if tensorboard else None
@@ -153,12 +156,21 @@ class MetricsWriter:
                 if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)
             }
             self._tb.scalars(row["step"], nums)
+        for sink in self.sinks:
+            sink.write(row)
         return row
+
+    def report(self, workdir: str) -> None:
+        """Hand the finished report (eval table, plots) to the sinks."""
+        for sink in self.sinks:
+            sink.report(workdir)
 
     def close(self) -> None:
         self._f.close()
         if self._tb is not None:
             self._tb.close()
+        for sink in self.sinks:
+            sink.close()
 
     def __enter__(self):
         return self

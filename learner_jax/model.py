@@ -15,9 +15,10 @@ earlier-or-equal indices of the same nonzero segment. Padding rows attend to not
 finite mask value keeps them NaN-free (their outputs are meaningless, mask them out).
 
 `ModelOptions` chooses how, not what, the model computes: the attention implementation
-(`attention.py`; all agree within fp32 rounding) and per-layer rematerialization
+(`attention.py`; all agree within fp32 rounding), per-layer rematerialization
 (`nn.remat` on each decoder layer: the parameter tree is unchanged, activations inside a
-layer are recomputed in the backward pass instead of stored).
+layer are recomputed in the backward pass instead of stored) and whether per-token
+log-probs come from the full [B, T, V] logits or chunk by chunk (`logprobs.py`).
 """
 
 from __future__ import annotations
@@ -30,8 +31,11 @@ import jax
 import jax.numpy as jnp
 
 from bridge.model.config import ModelConfig
-from learner_jax import attention
+from learner_jax import attention, logprobs
+from learner_jax import lora as lora_lib
+from learner_jax import truncation as truncation_lib
 from learner_jax.attention import attention_mask  # noqa: F401  (public, re-exported)
+from learner_jax.truncation import Truncation
 
 Dtype = Any
 _INIT = nn.initializers.normal(stddev=0.02)
@@ -46,11 +50,14 @@ class ModelOptions:
     remat: 'none' | 'full' (save only each layer's input) | a `jax.checkpoint_policies`
       name such as 'dots_saveable' or 'nothing_saveable'.
     attention_block: query/key block size of 'blockwise'.
+    logprob_chunk: tokens per chunk of the unembedding + log-softmax in `token_stats`
+      (0 = the full [B, T, V] logits at once; see logprobs.py).
     """
 
     attention: str = "auto"
     remat: str = "none"
     attention_block: int = 512
+    logprob_chunk: int = 0
 
     def __post_init__(self):
         if self.attention not in attention.IMPLEMENTATIONS:
@@ -61,6 +68,8 @@ class ModelOptions:
             raise ValueError(f"remat must be {REMAT} or a jax.checkpoint_policies name")
         if self.attention_block < 1:
             raise ValueError(f"attention_block must be >= 1, got {self.attention_block}")
+        if self.logprob_chunk < 0:
+            raise ValueError(f"logprob_chunk must be >= 0 (0 = off), got {self.logprob_chunk}")
 
     def block_class(self):
         """The decoder layer class, wrapped in `nn.remat` as `remat` asks."""
@@ -100,6 +109,7 @@ class Linear(nn.Module):
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
     accum_dtype: Dtype | None = None  # fp32 for the output head, so bf16 logits stay exact
+    lora: lora_lib.LoraConfig | None = None  # adapters when this module's name is a target
 
     @nn.compact
     def __call__(self, x):
@@ -120,6 +130,10 @@ class Linear(nn.Module):
                 self.param_dtype,
             )
             y = y + bias.astype(self.dtype)
+        if self.lora is not None and self.name in self.lora.module_names:
+            y = y + lora_lib.adapter_delta(
+                self, x, self.eqn, self.shape, self.names, self.lora, self.dtype, self.param_dtype
+            )
         return y
 
 
@@ -169,6 +183,7 @@ class Attention(nn.Module):
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
     options: ModelOptions = ModelOptions()
+    lora: lora_lib.LoraConfig | None = None
 
     @nn.compact
     def __call__(self, x, positions, segment_ids):
@@ -183,6 +198,7 @@ class Attention(nn.Module):
                 cfg.attention_bias,
                 dt,
                 pdt,
+                lora=self.lora,
                 name=name,
             )(x)
 
@@ -200,7 +216,14 @@ class Attention(nn.Module):
         out = attention.attend(q, key, v, segment_ids, opts.attention, opts.attention_block)
         out = nn.with_logical_constraint(out, ("batch", "length", "act_heads", None))
         return Linear(
-            "btnh,nhd->btd", (n, h, d), ("heads", "kv", "embed"), False, dt, pdt, name="o_proj"
+            "btnh,nhd->btd",
+            (n, h, d),
+            ("heads", "kv", "embed"),
+            False,
+            dt,
+            pdt,
+            lora=self.lora,
+            name="o_proj",
         )(out)  # [B, T, D]
 
 
@@ -208,6 +231,7 @@ class MLP(nn.Module):
     cfg: ModelConfig
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
+    lora: lora_lib.LoraConfig | None = None
 
     @nn.compact
     def __call__(self, x):
@@ -215,7 +239,7 @@ class MLP(nn.Module):
         d, f = cfg.hidden_size, cfg.intermediate_size
 
         def dense(name, eqn, shape, names):
-            return Linear(eqn, shape, names, False, dt, pdt, name=name)
+            return Linear(eqn, shape, names, False, dt, pdt, lora=self.lora, name=name)
 
         gate = dense("gate_proj", "btd,df->btf", (d, f), ("embed", "mlp"))(x)  # [B, T, F]
         up = dense("up_proj", "btd,df->btf", (d, f), ("embed", "mlp"))(x)  # [B, T, F]
@@ -228,36 +252,42 @@ class Block(nn.Module):
     dtype: Dtype = jnp.float32
     param_dtype: Dtype = jnp.float32
     options: ModelOptions = ModelOptions()
+    lora: lora_lib.LoraConfig | None = None
 
     @nn.compact
     def __call__(self, x, positions, segment_ids):
         cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
         h = RMSNorm("embed", cfg.rms_norm_eps, dt, pdt, name="input_norm")(x)
-        attn = Attention(cfg, dt, pdt, self.options, name="attn")
+        attn = Attention(cfg, dt, pdt, self.options, self.lora, name="attn")
         x = x + attn(h, positions, segment_ids)
         x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
         h = RMSNorm("embed", cfg.rms_norm_eps, dt, pdt, name="post_attn_norm")(x)
-        x = x + MLP(cfg, dt, pdt, name="mlp")(h)
+        x = x + MLP(cfg, dt, pdt, self.lora, name="mlp")(h)
         return nn.with_logical_constraint(x, ("batch", "length", "act_embed"))  # [B, T, D]
 
 
 class Transformer(nn.Module):
-    """tokens, positions, segment_ids [B, T] int32 -> logits [B, T, V] float32."""
+    """tokens, positions, segment_ids [B, T] int32 -> logits [B, T, V] float32, or with
+    `head=False` the final-normed hidden states [B, T, D] (for `logprobs.py`)."""
 
     cfg: ModelConfig
     dtype: Dtype = jnp.float32  # compute dtype
     param_dtype: Dtype = jnp.float32
     options: ModelOptions = ModelOptions()
+    lora: lora_lib.LoraConfig | None = None  # adapters on its target projections (lora.py)
 
     @nn.compact
-    def __call__(self, tokens, positions, segment_ids):
+    def __call__(self, tokens, positions, segment_ids, head: bool = True):
         cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
         embed = Embed(cfg.vocab_size, cfg.hidden_size, dt, pdt, name="embed")
         x = nn.with_logical_constraint(embed(tokens), ("batch", "length", "act_embed"))
         block = self.options.block_class()
         for i in range(cfg.num_layers):
-            x = block(cfg, dt, pdt, self.options, name=f"layers_{i}")(x, positions, segment_ids)
+            layer = block(cfg, dt, pdt, self.options, self.lora, name=f"layers_{i}")
+            x = layer(x, positions, segment_ids)
         x = RMSNorm("embed", cfg.rms_norm_eps, dt, pdt, name="final_norm")(x)
+        if not head:
+            return x  # [B, T, D]
         if cfg.tie_word_embeddings:
             logits = embed.attend(x)
         else:
@@ -277,14 +307,24 @@ class Transformer(nn.Module):
         )
 
 
-def token_logprobs(logits, targets, temperature: float = 1.0):
-    """log p(targets) [B, T] float32 from logits [B, T, V] (log_softmax in fp32), under the
-    tempered softmax(logits / temperature) that a sampler at that temperature draws from."""
-    logits = logits.astype(jnp.float32)
-    if temperature != 1.0:
-        logits = logits / temperature
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    return jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+def token_stats(
+    net: Transformer, params, tokens, positions, segment_ids, targets, temperature=1.0,
+    truncation: Truncation = truncation_lib.NONE, rngs=None,
+):  # fmt: skip
+    """(log p(target), entropy, argmax == target) [B, T] each, under softmax(logits /
+    temperature) after the sampler's `truncation` (learner_jax/truncation.py), from the full
+    logits or chunk by chunk as `net.options.logprob_chunk` says. `rngs` ({'dropout': key})
+    turns on LoRA dropout (lora.py); None scores deterministically."""
+    variables = {"params": params}
+    chunk = net.options.logprob_chunk
+    if not chunk:
+        logits = net.apply(variables, tokens, positions, segment_ids, rngs=rngs)
+        return logprobs.token_stats(logits, targets, temperature, truncation)
+    hidden = net.apply(variables, tokens, positions, segment_ids, head=False, rngs=rngs)
+    weight, eqn = logprobs.head_weight(params, net.cfg.tie_word_embeddings)
+    return logprobs.chunked_token_stats(
+        hidden, weight, eqn, targets, chunk, temperature, dtype=net.dtype, truncation=truncation
+    )
 
 
 def forward_logprobs(
@@ -297,11 +337,16 @@ def forward_logprobs(
     dtype=jnp.float32,
     options: ModelOptions = ModelOptions(),
     temperature: float = 1.0,
+    truncation: Truncation = truncation_lib.NONE,
+    lora: lora_lib.LoraConfig | None = None,
 ):
-    """log p(targets[b, t] | tokens[b, :t+1]) [B, T] at `temperature`; `params` boxed or not."""
-    net = Transformer(cfg, dtype=dtype, options=options)
-    logits = net.apply({"params": params}, tokens, positions, segment_ids)
-    return token_logprobs(logits, targets, temperature)
+    """log p(targets[b, t] | tokens[b, :t+1]) [B, T] at `temperature` and `truncation`;
+    `params` boxed or not (with `lora`: base + adapters, `lora.combine`)."""
+    net = Transformer(cfg, dtype=dtype, options=options, lora=lora)
+    stats = token_stats(
+        net, params, tokens, positions, segment_ids, targets, temperature, truncation
+    )
+    return stats[0]
 
 
 def positions_from_segments(segment_ids):
@@ -314,9 +359,9 @@ def positions_from_segments(segment_ids):
     return jnp.where(segment_ids == 0, 0, idx - start_idx)
 
 
-def _init_boxed(cfg: ModelConfig, rng, param_dtype):
+def _init_boxed(cfg: ModelConfig, rng, param_dtype, lora=None):
     dummy = jnp.ones((1, 1), jnp.int32)
-    model = Transformer(cfg, param_dtype=param_dtype)
+    model = Transformer(cfg, param_dtype=param_dtype, lora=lora)
     return model.init(rng, dummy, jnp.zeros_like(dummy), dummy)["params"]
 
 
@@ -326,6 +371,6 @@ def init_params(cfg: ModelConfig, rng, param_dtype=jnp.float32):
     return jax.jit(lambda r: nn.unbox(_init_boxed(cfg, r, param_dtype)))(rng)
 
 
-def abstract_params(cfg: ModelConfig, param_dtype=jnp.float32):
+def abstract_params(cfg: ModelConfig, param_dtype=jnp.float32, lora=None):
     """ShapeDtypeStructs of the parameters, still boxed with their logical axis names."""
-    return jax.eval_shape(lambda: _init_boxed(cfg, jax.random.key(0), param_dtype))
+    return jax.eval_shape(lambda: _init_boxed(cfg, jax.random.key(0), param_dtype, lora))

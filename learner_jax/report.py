@@ -19,8 +19,9 @@ workdir, matplotlib (Agg) PNGs:
     swap_latency.png  seconds from publish to each worker's swap, per version
     cost.png          cumulative fleet cost (USD) over steps
 
-plus `summary.md` (before/after held-out accuracy, wall time, means, per-worker swap and
-broadcast latency, store bytes per version) and returns its path.
+plus `summary.md` (before/after held-out accuracy, wall time, means, the capacity model's
+predicted vs the measured utilization, per-worker swap and broadcast latency, store bytes
+per version) and returns its path.
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ from absl import app, flags
 from learner_jax.metrics import METRICS_FILE, read_jsonl
 from learner_jax.rl.evals import EVAL_FILE
 from learner_jax.rl.swaps import BROADCAST_FILE, SWAPS_FILE
+
+PROVISION_FILE = "provisioner.jsonl"  # bridge/fleet/provisioner.py's log
 
 
 def live_line(m: dict, end_step: int) -> str:
@@ -158,11 +161,13 @@ def write_report(workdir: str) -> str:
         _plot(os.path.join(workdir, name), draw)
     path = os.path.join(workdir, "summary.md")
     with open(path, "w") as f:
-        f.write(summary(rows, evals, swaps, read_jsonl(os.path.join(workdir, BROADCAST_FILE))))
+        fetches = read_jsonl(os.path.join(workdir, BROADCAST_FILE))
+        provisions = read_jsonl(os.path.join(workdir, PROVISION_FILE))
+        f.write(summary(rows, evals, swaps, fetches, provisions))
     return path
 
 
-def summary(rows: list[dict], evals: list[dict], swaps: dict, fetches=()) -> str:
+def summary(rows: list[dict], evals: list[dict], swaps: dict, fetches=(), provisions=()) -> str:
     by_tag = {}
     for e in evals:
         by_tag[e["tag"]] = e
@@ -207,6 +212,7 @@ def summary(rows: list[dict], evals: list[dict], swaps: dict, fetches=()) -> str
             f"- mismatch/kl, mean over steps with on-policy rows: "
             f"{statistics.fmean(kls) if kls else float('nan'):.2e}",
         ]
+        lines += utilization_lines(rows)
         blocking = [
             r["bridge/publish_blocking_s"] for r in rows if "bridge/publish_blocking_s" in r
         ]
@@ -216,10 +222,19 @@ def summary(rows: list[dict], evals: list[dict], swaps: dict, fetches=()) -> str
                 "on the learner's thread per version, "
                 f"{rows[-1].get('bridge/publish_skipped', 0)} versions skipped (a newer one won)"
             )
+        vbytes = [r["bridge/version_bytes"] for r in rows if "bridge/version_bytes" in r]
+        if vbytes:  # what each published version added to the store (bridge/delta/)
+            dens = [r["bridge/delta_density"] for r in rows if "bridge/delta_density" in r]
+            lines.append(
+                f"- bytes per version: median {statistics.median(vbytes) / 1e6:.3f} MB "
+                f"(max {max(vbytes) / 1e6:.3f} MB) over {len(vbytes)} publishing steps, "
+                f"changed elements median {100 * statistics.median(dens):.2f}%"
+            )
     for label, pts in sorted(swaps.items()):
         secs = [p[1] for p in pts]
         med = statistics.median(secs)
         lines.append(f"- publish -> swap, {label}: median {med:.2f} s over {len(secs)} versions")
+    lines += too_slow_lines(list(provisions))
     lines += broadcast_lines(list(fetches))
     lines += [
         "",
@@ -228,6 +243,49 @@ def summary(rows: list[dict], evals: list[dict], swaps: dict, fetches=()) -> str
         "",
     ]
     return "\n".join(lines)
+
+
+def utilization_lines(rows: list[dict]) -> list[str]:
+    """The capacity model's live predictions (bridge/control/fleet_plan.py: warm measurements
+    only) against the learner utilization of the same steps: means over the steps with a
+    confident prediction (the fleet's speed and T move with the machine's load, so one early
+    prediction is judged against the steps it was made for), and the first one."""
+    conf = [r for r in rows if r.get("capacity/confident")]
+    util = [r["learner/utilization"] for r in rows if r.get("learner/utilization") is not None]
+    if not conf:
+        measured = f"{statistics.fmean(util):.3f}" if util else "-"
+        return [
+            "- predicted vs measured utilization: no confident prediction (too few warm "
+            f"measurements); measured {measured}"
+        ]
+    first, k = conf[0]["capacity/predicted_utilization"], conf[0]["step"]
+    pairs = [
+        (r["capacity/predicted_utilization"], r["learner/utilization"])
+        for r in conf
+        if r.get("learner/utilization") is not None
+    ]
+    predicted = statistics.fmean(p for p, _ in pairs) if pairs else float("nan")
+    measured = statistics.fmean(m for _, m in pairs) if pairs else float("nan")
+    warned = sum(1 for r in rows if r.get("capacity/warning"))
+    return [
+        f"- predicted vs measured utilization: {predicted:.3f} predicted vs {measured:.3f} "
+        f"measured ({100 * (predicted - measured):+.1f} points) over the {len(pairs)} steps "
+        f"with a confident prediction (the first at step {k}: {first:.3f}); capacity warning "
+        f"on {warned} of {len(rows)} steps"
+    ]
+
+
+def too_slow_lines(provisions: list[dict]) -> list[str]:
+    """Workers the fleet released as too slow (learner_jax/rl/fleet.py, provisioner.jsonl):
+    the time they were refused work but paid for."""
+    slow = [e for e in provisions if e.get("event") == "stop" and "idle_s" in e]
+    if not slow:
+        return []
+    names = ", ".join(f"{e['name']} (${e['price_per_hour']:.2f}/h)" for e in slow)
+    return [
+        f"- released as too slow: {len(slow)} worker(s), {names}; paid idle before release "
+        f"{sum(e['idle_s'] for e in slow):.0f} s, ${sum(e['idle_usd'] for e in slow):.4f}"
+    ]
 
 
 def broadcast_lines(fetches: list[dict]) -> list[str]:

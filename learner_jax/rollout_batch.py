@@ -28,6 +28,7 @@ import numpy as np
 
 from bridge.control.protocol import ConsumedGroup
 from learner_jax import advantages as adv_lib
+from learner_jax import diagnostics
 from learner_jax.train_step import Batch, make_batch
 
 
@@ -49,7 +50,7 @@ def groups_to_batch(
     behavior = np.zeros((rows, width - 1), np.float32)
     on_policy = np.zeros((rows,), np.float32)
     rewards = np.zeros((len(groups), group_size), np.float32)
-    versions, lengths, lags = [], [], []
+    versions, lengths, lags, think = [], [], [], []
     for gi, group in enumerate(groups):
         trajs = sorted(group.trajectories, key=lambda t: t.sample_index)
         if len(trajs) != group_size:
@@ -78,6 +79,7 @@ def groups_to_batch(
             versions.extend(t.versions)
             lags.append(current_version - min(t.versions))
             lengths.append(len(c))
+            think.append(t.think_tokens)
     adv, seq_mask = adv_lib.compute_advantages(rewards, adv_cfg)
     batch = make_batch(
         tokens,
@@ -92,9 +94,15 @@ def groups_to_batch(
         "reward/mean": float(rewards.mean()),
         "reward/max": float(rewards.max()),
         "reward/solved_groups": float((rewards.max(axis=1) >= 1.0).mean()),
+        # Samples with the full reward: answer correctness for verifier tasks whose partial
+        # credit (arithmetic's format bonus) stays below 1, which reward/mean mixes in.
+        "reward/correct": float((rewards >= 1.0).mean()),
         "rollout/on_policy_frac": float(on_policy.mean()),
         "rollout/version_mean": float(np.mean(versions)),
         "rollout/completion_len": float(np.mean(lengths)),
+        # completion tokens inside <think>...</think> (reasoning models; 0 without thinking)
+        "rollout/think_len": float(np.mean(think)),
+        **diagnostics.group_stats(rewards, adv),
     }
     # Per-trajectory staleness counts, summed over steps into the report's histogram.
     for lag, count in zip(*np.unique(lags, return_counts=True), strict=True):

@@ -1,21 +1,42 @@
-"""What a config means for the learner: the objects derived from it (optimizers, step
-configs, compute dtype, mesh, sharding rules, prompt format) and every check that can fail
-before the workdir is touched (`validate`, which the training binary calls first).
+"""What a config means for the learner: every typed dataclass built from the ConfigDict
+(optimizers, step configs, checkpointing, the RL parts' settings, the fleet, the
+controller, processes), the mesh, sharding rules, prompt format, and every check that can
+fail before the workdir is touched (`validate`, which the training binary calls first).
 
-One home for these, so the learner (learner_jax/learner.py), the training binary
-(learner_jax/train.py) and tests read a config the same way.
+One home for the translation config -> dataclasses, so the learner (learner_jax/learner.py),
+the training binary (learner_jax/train.py), learner_jax/rl/ and tests read a config the
+same way; library code takes the dataclasses. The defaults of a config key, of the
+dataclass field it fills and of the worker flag it becomes agree
+(tests/learner_jax/learner_config_test.py checks them).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import math
 
 import jax
 
 from bridge.broadcast.topology import resolve_mode
+from bridge.contracts import staleness as staleness_rule
 from bridge.contracts.prompt import PromptFormat
-from learner_jax import losses, model, optim, sharding, train_step
+from learner_jax import (
+    advantages,
+    checkpoint,
+    distributed,
+    evaluate,
+    local_fleet,
+    lora,
+    losses,
+    model,
+    optim,
+    sharding,
+    train_step,
+    truncation,
+)
+from learner_jax.rl import batches, fleet
 
 PHASES = ("sft", "rl")
 
@@ -53,16 +74,22 @@ def step_config(config, phase: str) -> train_step.StepConfig:
     if phase == "sft":
         micro = config.sft.batch_size // config.sft.micro_batch_size
         return train_step.StepConfig(
-            kind="sft", micro_batches=micro, dtype=compute_dtype(config), model_options=options
+            kind="sft",
+            micro_batches=micro,
+            dtype=compute_dtype(config),
+            model_options=options,
+            lora=lora.from_config(config),
         )
     rows = config.batch.groups_per_step * config.batch.samples_per_group
     return train_step.StepConfig(
         kind="rl",
-        loss=losses.LossConfig(**config.loss.to_dict()),
+        loss=loss_config(config),
         micro_batches=rows // config.batch.micro_batch_size,
         dtype=compute_dtype(config),
         model_options=options,
         temperature=float(config.rollout.temperature),
+        truncation=truncation.from_rollout(config.rollout),
+        lora=lora.from_config(config),
     )
 
 
@@ -80,8 +107,12 @@ def compute_dtype(config) -> str:
 
 
 def model_options(config) -> model.ModelOptions:
-    """Attention implementation and rematerialization (learner_jax/attention.py, model.py)."""
-    return model.ModelOptions(attention=config.model.attention, remat=config.model.remat)
+    """Attention, rematerialization and log-prob chunking (attention.py, model.py, logprobs.py)."""
+    return model.ModelOptions(
+        attention=config.model.attention,
+        remat=config.model.remat,
+        logprob_chunk=config.model.logprob_chunk,
+    )
 
 
 def check_batch_sizes(config, mesh) -> None:
@@ -110,43 +141,20 @@ def sharding_rules(config) -> sharding.Rules:
 
 
 def check_rl_schedule(config) -> None:
-    s, kappa = config.staleness, config.publish_every
-    if kappa < 1 or s < 0:
-        raise ValueError(f"need publish_every >= 1 and staleness >= 0, got {kappa}, {s}")
-    if s < kappa - 1:
-        raise ValueError(
-            f"staleness {s} < publish_every - 1 = {kappa - 1}: the learner would wait for "
-            "versions that are never published"
-        )
+    """The staleness / publish_every schedule rule (bridge/contracts/staleness.py)."""
+    error = staleness_rule.schedule_error(config.staleness, config.publish_every)
+    if error:
+        raise ValueError(error)
 
 
-def check_sampling(config) -> None:
-    """Refuse sampling settings whose behaviour log-probs the learner cannot reproduce.
-
-    Workers report vLLM's processed log-probs, log softmax(logits / T) of the distribution
-    they sampled from, and the RL step divides its logits by the same T (train_step.py), so
-    any T > 0 is scored on-policy. Top-p/top-k would make the processed log-probs those of
-    a renormalized, truncated distribution that the learner's full softmax does not match
-    (importance weights and mismatch/kl silently wrong), so they are refused here; so is
-    greedy decoding (T = 0), which has no distribution to correct against.
-    """
-    r = config.rollout
-    t, top_p, top_k = float(r.temperature), float(r.get("top_p", 1.0)), int(r.get("top_k", -1))
-    if not (math.isfinite(t) and 0.0 < t <= 100.0):
+def check_loss(config) -> None:
+    """The RL loop computes no reference policy's log-probs (there is no reference model),
+    so a KL penalty to one cannot run: refused here, not at the first RL step."""
+    if loss_config(config).kl_coef > 0:
         raise ValueError(
-            f"rollout.temperature={t} is not supported: RL needs sampling from a distribution "
-            "(0 < T <= 100); greedy decoding (T=0) has no log-probs to correct against"
-        )
-    if top_p != 1.0:
-        raise ValueError(
-            f"rollout.top_p={top_p} is not supported: the learner scores the full tempered "
-            "softmax, while top-p samples (and vLLM reports log-probs) from the truncated, "
-            "renormalized distribution, so importance weights would be wrong; use top_p=1.0"
-        )
-    if top_k not in (-1, 0):
-        raise ValueError(
-            f"rollout.top_k={top_k} is not supported: the learner scores the full tempered "
-            "softmax, not the top-k truncated one the worker would sample from; use -1 (off)"
+            f"loss.kl_coef={config.loss.kl_coef} is not supported: the KL penalty needs a "
+            "frozen reference policy's log-probs, which this learner does not compute; "
+            "set loss.kl_coef=0"
         )
 
 
@@ -168,7 +176,24 @@ def check_packing(config) -> None:
 
 
 def prompt_format(config, task=None) -> PromptFormat:
-    """The run's prompt format: config.prompt where it sets a format, else the task's own."""
+    """The run's prompt format: config.prompt where it sets a format, else the task's own;
+    `task.thinking` on/off sets the chat template's enable_thinking (auto: the template's
+    default; bridge/contracts/thinking.py)."""
+    from bridge.contracts import thinking
+
+    fmt = _configured_format(config, task)
+    mode = thinking.prompt_thinking(str(config.task.get("thinking", "auto")))
+    if not mode:
+        return fmt
+    if fmt.kind != "chat":
+        raise ValueError(
+            f"task.thinking={mode!r} needs the chat format (the switch is the chat "
+            f"template's enable_thinking); the prompt format is {fmt.kind!r}"
+        )
+    return dataclasses.replace(fmt, thinking=mode)
+
+
+def _configured_format(config, task=None) -> PromptFormat:
     p = config.get("prompt")
     if p is None or not p.get("format"):
         if p is not None and (p.get("system") or p.get("thinking")):
@@ -184,10 +209,16 @@ def validate(config) -> None:
     """Every config error that can be found without touching the workdir, raised early."""
     check_batch_sizes(config, make_mesh(config))
     sharding_rules(config)
+    lora.from_config(config)  # learner.lora.*
     check_rl_schedule(config)
-    check_sampling(config)
+    truncation.check_rollout(config.rollout)
+    check_loss(config)
     prompt_format(config)
     check_packing(config)
+    distributed_config(config)
+    fleet_config(config)
+    checkpoint_config(config)
+    advantage_config(config)
     resolve_mode(config.bridge.broadcast, "file")  # an unknown mode fails here
     for phase in PHASES:
         optimizer_config(config, phase)
@@ -204,3 +235,132 @@ def make_mesh(config):
         logging.warning("mesh %s uses %d of %d devices", shape, n, len(devices))
         devices = devices[:n]
     return sharding.make_mesh(shape, devices)
+
+
+# -- config sections -> the dataclasses the parts take ----------------------------------------
+
+
+def _fields(cls, section, **rename) -> dict:
+    """The keys of `section` that name fields of `cls` (`rename`: field=key)."""
+    d = section.to_dict() if hasattr(section, "to_dict") else dict(section)
+    names = {f.name for f in dataclasses.fields(cls)}
+    out = {k: v for k, v in d.items() if k in names}
+    out.update({field: d[key] for field, key in rename.items() if key in d})
+    return out
+
+
+def loss_config(config) -> losses.LossConfig:
+    return losses.LossConfig(**config.loss.to_dict())
+
+
+def advantage_config(config) -> advantages.AdvantageConfig:
+    return advantages.AdvantageConfig(**_fields(advantages.AdvantageConfig, config.advantages))
+
+
+def checkpoint_config(config) -> checkpoint.CheckpointConfig:
+    return checkpoint.CheckpointConfig(**_fields(checkpoint.CheckpointConfig, config.checkpoint))
+
+
+def distributed_config(config) -> distributed.DistributedConfig:
+    """`config.distributed` (absent = one process)."""
+    d = config.get("distributed")
+    cls = distributed.DistributedConfig
+    return cls() if d is None else cls(**_fields(cls, d))
+
+
+def batch_shape(config) -> batches.BatchShape:
+    b = config.batch
+    return batches.BatchShape(
+        b.groups_per_step, b.samples_per_group, b.max_prompt_len, b.max_answer_len
+    )
+
+
+def eval_config(config) -> evaluate.EvalConfig:
+    b = config.batch
+    return evaluate.EvalConfig(b.max_prompt_len, b.max_answer_len, dtype=compute_dtype(config))
+
+
+def fleet_config(config) -> local_fleet.FleetConfig:
+    """`config.fleet`, with the engines' `max_model_len` raised to fit the batch's longest
+    sequence (prompt + answer) when the configured one is shorter."""
+    known = _fields(local_fleet.FleetConfig, config.fleet)
+    for key in ("prices", "throttle_s"):
+        if key in known:
+            known[key] = tuple(float(x) for x in known[key])
+    cfg = local_fleet.FleetConfig(**known)
+    need = config.batch.max_prompt_len + config.batch.max_answer_len
+    return dataclasses.replace(cfg, max_model_len=max(cfg.max_model_len, need))
+
+
+def follow_config(config, fleet_cfg: local_fleet.FleetConfig) -> fleet.FollowConfig:
+    lim = local_fleet.limits(fleet_cfg, config.local_workers)
+    return fleet.FollowConfig(
+        activation=config.controller.activation,
+        period_s=fleet_cfg.follow_period_s,
+        max_deaths=fleet_cfg.max_deaths,
+        death_window_s=fleet_cfg.death_window_s,
+        standby_release_s=fleet_cfg.standby_release_s,
+        max_workers=lim.max_workers,
+        max_usd_per_hour=lim.max_usd_per_hour,
+        wait_s=fleet_cfg.grace_s + 5.0,  # SIGTERM'd local workers are killed at grace + 5
+    )
+
+
+def controller_config(config, vocab_size: int, eos_id: int):
+    """The hosted controller's settings (bridge/control/config.py): `config.controller`'s
+    keys of the same name, the batch shape, sampling and the weight broadcast."""
+    from bridge.control.config import ControllerConfig
+    from bridge.control.protocol import SamplingParams
+
+    b, r = config.batch, config.rollout
+    return ControllerConfig(
+        **_fields(ControllerConfig, config.controller),
+        staleness=config.staleness,
+        groups_per_step=b.groups_per_step,
+        group_size=b.samples_per_group,
+        vocab_size=vocab_size,
+        sampling=SamplingParams(
+            temperature=float(r.temperature),
+            top_p=float(r.get("top_p", 1.0)),
+            top_k=int(r.get("top_k", -1)),
+            min_p=float(r.get("min_p", 0.0)),
+            max_tokens=b.max_answer_len,
+            stop_token_ids=[eos_id],
+        ),
+        # a multi-turn episode (model and environment tokens) fits one learner row too
+        max_completion_tokens=b.max_answer_len,
+        max_prompt_tokens=b.max_prompt_len,
+        seed=config.seed,
+        broadcast=broadcast_mode(config),
+        broadcast_fanout=config.bridge.broadcast_fanout,
+    )
+
+
+def broadcast_mode(config) -> str:
+    """`bridge.broadcast` with "auto" resolved against the run's store ('' = the workdir's)."""
+    from bridge.store.weight_store import parse_spec
+
+    spec = str(config.bridge.store or "")
+    if not spec:  # <workdir>/weights
+        return resolve_mode(config.bridge.broadcast, "file")
+    driver = parse_spec(json.loads(spec) if spec.startswith("{") else spec)["driver"]
+    return resolve_mode(config.bridge.broadcast, driver)
+
+
+def server_options(config):
+    """The controller's HTTP service (bridge/control/service.py): `controller.tls_cert` and
+    `controller.tls_key` ('' = plain HTTP, which non-loopback workers are refused unless
+    `controller.allow_plain_http`)."""
+    from bridge.control.service import ServerOptions
+
+    c = config.controller
+    return ServerOptions(
+        host=c.host,
+        port=c.port,
+        certfile=c.tls_cert or None,
+        keyfile=c.tls_key or None,
+        allow_plain_http=bool(c.allow_plain_http),
+        relay_hosts=tuple(h.strip() for h in c.relay_hosts.split(",") if h.strip()),
+        prometheus=bool(c.get("prometheus", True)),
+        metrics_token_file=c.get("metrics_token_file", "") or None,
+    )

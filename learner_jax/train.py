@@ -11,7 +11,9 @@
   4. wire the RL parts (`learner_jax/rl/`): controller + HTTP service, swap watcher,
      weight store + publisher, held-out evaluation, fleet (provisioners + follower), batch
      source, Ctrl-C
-  5. the RL loop: one update per batch until `config.total_steps` RL updates are done
+  5. the RL loop: one update per batch until `config.total_steps` RL updates are done;
+     after each, the parts' after-step hooks in order (`rl/hooks.py`: publish, audit,
+     evaluate, fleet), so the loop itself knows none of them
   6. shut the parts down in reverse order, evaluate once more, write the report
 
 Ctrl-C during RL finishes the step, checkpoints and shuts down in that order; rerunning the
@@ -23,21 +25,21 @@ header, progress bars, warnings and a summary; the complete log is `<workdir>/tr
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import json
 import logging
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 from absl import app, flags
 from ml_collections import config_flags
 
-from learner_jax import console, distributed, report, train_step
+from learner_jax import console, diagnostics, distributed, report, run_config, train_step
 from learner_jax.learner import Learner
 from learner_jax.model_dir import check_tiny_model_dir
-from learner_jax.run_config import compute_dtype, prompt_format, validate
+from learner_jax.rl.hooks import AfterStep, after_step
+from learner_jax.run_config import prompt_format, validate
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a configs/NAME.py file.", lock_config=True
@@ -67,7 +69,9 @@ def make_task(config):
     """The config's task from the bridge registry."""
     from bridge import tasks
 
-    options = {k: v for k, v in config.task.to_dict().items() if k != "name"}
+    # task.thinking / task.eval_file are the run's (prompt format, evaluation), not options
+    run_keys = ("name", "thinking", "eval_file")
+    options = {k: v for k, v in config.task.to_dict().items() if k not in run_keys}
     return tasks.make_task(config.task.name, **options)
 
 
@@ -103,17 +107,14 @@ def run_sft(learner: Learner, task) -> None:
             bar.update(learner.step, line)
 
 
-def run_rl(
-    learner: Learner,
-    items: Iterable[RLItem],
-    on_step: Callable[[Learner, dict], dict | None] | None = None,
-) -> None:
+def run_rl(learner: Learner, items: Iterable[RLItem], hooks: Sequence[AfterStep] = ()) -> None:
     """RL phase: one update per item until `config.total_steps` RL updates are done.
 
     Each item carries the batch, the fleet's metrics for it (policy_version, reward/mean,
     staleness/..., merged into the metrics line) and the trajectory source's cursor, which
-    is checkpointed so a resumed run continues the stream where it stopped. `on_step`
-    runs after every update (publishing, evaluation) and may add metrics.
+    is checkpointed so a resumed run continues the stream where it stopped. `hooks`
+    (learner_jax/rl/hooks.py: publishing, audit, evaluation, the fleet) run in order after
+    every update and may add metrics.
     """
     learner.start_rl()
     config, start = learner.config, learner.cursor["rl_start_step"]
@@ -131,8 +132,7 @@ def run_rl(
             metrics = learner.train_step(batch, wait_s=time.perf_counter() - t0)
             learner.cursor["rl"] = cursor
             metrics.update(fleet)
-            if on_step is not None:
-                metrics.update(on_step(learner, metrics) or {})
+            metrics.update(after_step(hooks, learner, metrics))
             row = learner.log(metrics)
             learner.save()
             last_acc = row.get("eval/accuracy", last_acc)
@@ -143,13 +143,13 @@ def run_rl(
 def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file: str = ""):
     """Everything main() does. `items` replaces the fleet's batches (tests)."""
     from bridge.contracts.prompt import TextCodec
-    from bridge.control import audit
-    from bridge.control.service import ServerOptions, serve_controller
-    from learner_jax import advantages, evaluate, local_fleet
+    from learner_jax import evaluate, local_fleet
     from learner_jax.rl import (
         batches,
         evals,
         fleet,
+        fleet_eval,
+        hooks,
         interrupt,
         mirror,
         rescore,
@@ -160,8 +160,10 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
 
     # 1. Config: every check that needs no workdir first, then the files. With several
     # processes (config.distributed) they connect first: the mesh spans all their devices.
-    distributed.initialize(distributed.DistributedConfig.from_config(config))
+    distributed.initialize(run_config.distributed_config(config))
     validate(config)
+    if config.total_steps > 0 and distributed.is_leader():  # before any work
+        diagnostics.warn_cold_adam(config.optimizer.learning_rate, config.optimizer.warmup_steps)
     check_tiny_model_dir(config, workdir)  # resuming another model's workdir fails here too
     if distributed.is_leader():  # one writer per shared workdir file
         write_config(config, workdir)
@@ -186,29 +188,27 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         if not distributed.is_leader():  # processes 1..P-1 mirror process 0's RL loop
             follow_rl(learner, task)
             return learner
+        leader = None  # process 0 of several: announces every collective to the others
         if distributed.multi_process():
-            learner.mirror = mirror.Leader(learner)
-            stack.push(_end_followers(learner.mirror))
+            leader = learner.mirror = mirror.Leader(learner)
+            stack.push(_end_followers(leader))
 
         # 4. The RL parts; `parts` closes them in reverse order of creation.
         parts = stack.enter_context(contextlib.ExitStack())
         codec = TextCodec(learner.hf_dir, prompt_format(config, task))
-        vocab = learner.model_cfg.vocab_size
         end = learner.cursor["rl_start_step"] + config.total_steps
         store = weights.open_store(config.bridge.store, workdir, learner.step)
-        rl_cursor = learner.cursor.get("rl")
-        ctl = serve.open_controller(config, workdir, task, codec, vocab, rl_cursor, learner.step)
-        parts.callback(ctl.close)
         c = config.controller
-        server = serve_controller(
-            ctl,
-            workdir,
-            ServerOptions(
-                host=c.host, port=c.port, certfile=c.certfile or None, keyfile=c.keyfile or None
-            ),
-            c.token_file or None,
+        token_file = c.token_file or None
+        ctl, server, closers = serve.start_controller(  # own_process: off the learner's GIL
+            run_config.controller_config(config, learner.model_cfg.vocab_size, codec.eos_id),
+            (workdir, task, codec),
+            (learner.cursor.get("rl"), learner.step),
+            (run_config.server_options(config), token_file),
+            own_process=c.get("own_process", False),
         )
-        parts.callback(server.stop)
+        for close in closers:
+            parts.callback(close)
         watcher = swaps.SwapWatcher(ctl, os.path.join(workdir, swaps.SWAPS_FILE))
         parts.callback(watcher.stop)
         publisher = weights.WeightPublisher(
@@ -219,62 +219,55 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             keep=config.staleness + 2,
             # Across processes the publish's collectives must keep their place among the
             # train steps' (the followers replay them in order): publish synchronously.
-            background=config.bridge.async_publish and not distributed.multi_process(),
+            background=config.bridge.async_publish and leader is None,
             seed=config.seed,
             vocab_size=codec.tok.get_vocab_size(),
             bos_id=codec.bos_id,
             on_announce=watcher.published,
+            mirror=leader,
+            delta=weights.delta_publisher(config, store),
         )
         parts.callback(publisher.close)
         publisher.publish(learner.step)  # synchronous: workers need a first version to start
-        b = config.batch
-        evaluator = _evaluator(learner, task, codec)
         eval_log = evals.EvalLog(
-            evaluator,
+            _evaluator(learner, task, codec),
             learner,
             workdir,
             end=end,
             period=config.rollout.eval_period,
             # The exact expected reward (Kuhn) runs on process 0 alone: one process only.
             exact=None
-            if distributed.multi_process()
-            else evaluate.exact_evaluator(learner.model_cfg, codec, task, compute_dtype(config)),
+            if leader is not None
+            else evaluate.exact_evaluator(
+                learner.model_cfg, codec, task, run_config.compute_dtype(config)
+            ),
+            mirror=leader,
         )
-        before = eval_log.ensure("before")
-        logging.info(
-            "held-out accuracy before RL: %.3f (step %d)",
-            before["accuracy"],
-            before["step"],
-            extra=console.SHOW,
-        )
+        on_learner = fleet_eval.eval_place(config) == "learner"  # else: the workers evaluate
+        if on_learner:
+            before = eval_log.ensure("before")
+            logging.info(
+                "held-out accuracy before RL: %.3f (step %d)",
+                before["accuracy"],
+                before["step"],
+                extra=console.SHOW,
+            )
         # The fleet: provisioners start `local_workers` workers (local processes or the
         # fleet's command templates); the follower replaces dead ones and, with activation
         # on, releases standby workers and adds one when the active fleet is short.
-        fleet_cfg = local_fleet.FleetConfig.from_config(config.fleet)
-        if b.max_prompt_len + b.max_answer_len > 512:  # past the worker's default engine
-            need = max(fleet_cfg.max_model_len, b.max_prompt_len + b.max_answer_len)
-            fleet_cfg = dataclasses.replace(fleet_cfg, max_model_len=need)
+        fleet_cfg = run_config.fleet_config(config)
         provs = local_fleet.make_provisioners(
             fleet_cfg,
             workdir,
             server.url,
-            c.token_file or os.path.join(workdir, "join_token"),
+            token_file or os.path.join(workdir, "join_token"),
             config.seed,
             config.local_workers,
         )
-        lim = local_fleet.limits(fleet_cfg, config.local_workers)
         follower = fleet.FleetFollower(
             ctl.status,
             provs,
-            fleet.FollowConfig(
-                activation=c.activation,
-                period_s=fleet_cfg.follow_period_s,
-                max_deaths=fleet_cfg.max_deaths,
-                death_window_s=fleet_cfg.death_window_s,
-                max_workers=lim.max_workers,
-                max_usd_per_hour=lim.max_usd_per_hour,
-                wait_s=fleet_cfg.grace_s + 5.0,
-            ),
+            run_config.follow_config(config, fleet_cfg),
             os.path.join(workdir, "workers"),
         )
         # Closed after the run-over drain below (parts close in reverse): stop and wait.
@@ -293,13 +286,8 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         )
         source = batches.BatchSource(
             ctl,
-            batches.BatchShape(
-                b.groups_per_step, b.samples_per_group, b.max_prompt_len, b.max_answer_len
-            ),
-            advantages.AdvantageConfig(
-                name=config.advantages.name,
-                filter_equal_groups=config.advantages.filter_equal_groups,
-            ),
+            run_config.batch_shape(config),
+            run_config.advantage_config(config),
             codec.pad_id,
             lambda: learner.step,
             timeout_s=config.rollout.wait_timeout_s,
@@ -307,59 +295,39 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             check_fleet=follower.check,
             where=os.path.join(workdir, "workers"),
         )
-
         # Process 0 alone runs the re-score, so with several processes it stays on its own
         # devices (a computation on the global mesh would wait for the others forever).
         rescorer = rescore.VersionRescorer(
             store,
             learner.model_cfg,
-            None if distributed.multi_process() else learner.mesh,
+            None if leader is not None else learner.mesh,
             learner.rules,
             every=c.audit_rescore_every,
             max_rows=c.audit_rescore_rows,
             seed=config.seed,
         )
-
-        def on_step(learner: Learner, metrics: dict) -> dict:
-            out = {"time/wall": time.time(), **publisher.after_step(learner.rl_steps)}
-            out["policy_version"] = ctl.announcement().version
-            # T and the publish time for the controller's capacity model (not the step period,
-            # which includes waiting for data).
-            ctl.report_learner(metrics["time/step_s"], out.get("bridge/publish_s"))
-            # Audit each worker's behaviour log-probs against the learner's own on the rows
-            # the learner's pre-update version sampled (the step recomputed them anyway).
-            r = learner.last_rows
-            ctl.audit(  # a worker past the thresholds is quarantined (and logged) there
-                audit.row_sums_to_worker_stats(
-                    source.last_row_workers,
-                    r["tokens"] > 0,
-                    r["k3"],
-                    r["logratio"],
-                    r["tokens"],
-                    version=learner.step - 1,
-                )
-            )
-            # Rows tagged with older versions: a sampled re-score under that version.
-            if older := rescorer.maybe(learner.rl_steps, source.last_groups, learner.step - 1):
-                ctl.audit(older)
-                out.update(rescorer.last)
-            if (acc := eval_log.maybe()) is not None:
-                out["eval/accuracy"] = acc
-                out.update(eval_log.extras)  # eval/expected_reward (exactly evaluable tasks)
-            follower.check()  # replace dead workers, follow activation (every period_s)
-            source.checkpointed(learner.ckpt.latest_step())
-            return out
-
-        # 5. The RL loop.
-        run_rl(learner, source, on_step)
+        # 5. The RL loop, and what runs after each of its updates, in this order.
+        run_rl(
+            learner,
+            source,
+            [
+                hooks.Publish(publisher, ctl),
+                hooks.Audit(ctl, source, rescorer),
+                fleet_eval.evaluation_hook(config, ctl, task, eval_log, workdir, end),
+                hooks.Fleet(follower, source),
+            ],
+        )
         # 6. Tell the workers the run is over (finished or Ctrl-C; not on a crash, whose
         # rerun they can rejoin) and give polling ones a moment to hear it and exit 0; then
         # workers, publisher, watcher, server and controller stop; then the closing numbers.
         ctl.end_run("interrupted" if ctrl_c.requested() else "finished")
         ctl.wait_run_over_seen(timeout_s=max(10.0, 3 * ctl.config.heartbeat_interval_s))
         parts.close()
-        eval_log.final()
+        if on_learner:
+            eval_log.final()
         path = report.write_report(workdir)
+        if learner.metrics is not None:  # W&B: the eval table and the plots
+            learner.metrics.report(workdir)
         with open(path) as fh:
             print("\n" + fh.read().strip(), flush=True)
         print(f"report: {path}", flush=True)
@@ -369,14 +337,8 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
 def _evaluator(learner, task, codec):
     from learner_jax import evaluate
 
-    b = learner.config.batch
     return evaluate.Evaluator(
-        learner.model_cfg,
-        codec,
-        task,
-        evaluate.EvalConfig(
-            b.max_prompt_len, b.max_answer_len, dtype=compute_dtype(learner.config)
-        ),
+        learner.model_cfg, codec, task, run_config.eval_config(learner.config)
     )
 
 
@@ -393,10 +355,12 @@ def follow_rl(learner: Learner, task) -> None:
 
     def publish_fn(version: int, write: bool, spec: dict) -> None:
         if write:
-            weights.write_version(WeightStore(spec), version, learner, learner.state.params, canary)
+            weights.write_version(
+                WeightStore(spec), version, learner, learner.policy_params, canary
+            )
 
     def eval_fn() -> None:
-        evaluator.completions(learner.state.params, learner.mesh, learner.rules)
+        evaluator.completions(learner.policy_params, learner.mesh, learner.rules)
 
     # A launcher's Ctrl-C reaches every process (srun, mpirun, a shell's process group):
     # process 0 finishes its step, checkpoints (with us) and then ends the run; dying here

@@ -36,10 +36,13 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from bridge.contracts.k3 import k3
+from bridge.control import audit
 from bridge.model.config import ModelConfig
-from learner_jax import losses, model, packing, sharding
+from learner_jax import diagnostics, losses, model, packing, sharding
+from learner_jax import lora as lora_lib
+from learner_jax import truncation as truncation_lib
 from learner_jax.train_state import TrainState
+from learner_jax.truncation import Truncation
 
 # Which count normalizes each loss (see losses.py "Aggregations"): the micro-batch weight.
 _NORMALIZER = {"grpo": "sequences", "dr_grpo": "sequences", "gspo": "sequences", "dapo": "tokens"}
@@ -127,6 +130,10 @@ class StepConfig:
     # RL: the sampling temperature. Log-probs are of softmax(logits / temperature), the
     # distribution the workers sampled from and report (vLLM processed_logprobs).
     temperature: float = 1.0
+    # RL: the sampler's min-p / top-k / top-p, applied after the temperature (truncation.py)
+    truncation: Truncation = truncation_lib.NONE
+    # LoRA (lora.py): the state's params are the adapters, `state.frozen` the base
+    lora: lora_lib.LoraConfig | None = None
 
     def __post_init__(self):
         if not self.temperature > 0:
@@ -156,27 +163,28 @@ def _row_counts(mb: Batch) -> tuple[jax.Array, jax.Array]:
 
 def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
     """(params, micro-batch) -> (loss, (weighted metrics, summed metrics))."""
-    net = model.Transformer(cfg, dtype=jnp.dtype(step_cfg.dtype), options=step_cfg.model_options)
+    net = model.Transformer(
+        cfg, dtype=jnp.dtype(step_cfg.dtype), options=step_cfg.model_options, lora=step_cfg.lora
+    )
 
-    def per_token(params, tokens, positions, segment_ids, targets):
+    def per_token(params, tokens, positions, segment_ids, targets, rngs=None):
         """(log p(target), entropy, argmax == target) per input token, [rows, len] each."""
-        logits = net.apply({"params": params}, tokens, positions, segment_ids)
-        if step_cfg.kind == "rl" and step_cfg.temperature != 1.0:  # SFT: the model itself
-            logits = logits / step_cfg.temperature  # [B, T, V] fp32
-        logp_all = jax.nn.log_softmax(logits, axis=-1)  # [B, T, V] fp32
-        logp = jnp.take_along_axis(logp_all, targets[..., None], axis=-1)[..., 0]  # [B, T]
-        entropy = -(jnp.exp(logp_all) * logp_all).sum(-1)  # [B, T]
-        correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
-        return logp, entropy, correct
+        rl = step_cfg.kind == "rl"  # SFT: the model's own distribution
+        temperature, truncation = (
+            (step_cfg.temperature, step_cfg.truncation) if rl else (1.0, truncation_lib.NONE)
+        )
+        return model.token_stats(
+            net, params, tokens, positions, segment_ids, targets, temperature, truncation, rngs
+        )
 
-    def fn(params, mb: Batch):
+    def fn(params, mb: Batch, rngs=None):
         if mb.pack is None:
             logp, entropy, correct = per_token(
-                params, mb.tokens, mb.positions, mb.segment_ids, mb.targets
+                params, mb.tokens, mb.positions, mb.segment_ids, mb.targets, rngs
             )
         else:  # packed rows in, the [B, T] layout out: everything below is unchanged
             p = mb.pack
-            packed = per_token(params, p.tokens, p.positions, p.segment_ids, p.targets)
+            packed = per_token(params, p.tokens, p.positions, p.segment_ids, p.targets, rngs)
             t = mb.tokens.shape[1]
             logp, entropy, correct = (packing.unpack(x, p, t) for x in packed)
         m = mb.loss_mask * mb.seq_mask[:, None]  # [B, T]
@@ -201,15 +209,14 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
         # mismatch/kl: k3 estimate of KL(behavior || learner) on rows the learner's current
         # version sampled; anything above float noise is an engine/learner numerics gap.
         mm = m * mb.on_policy[:, None]
-        d = jnp.where(mm > 0, prox - mb.behavior_logp, 0.0)
-        row_k3 = (k3(d, xp=jnp) * mm).sum(axis=1)  # [B]
+        row_k3, row_lr, row_n = audit.row_sums(prox, mb.behavior_logp, mm, xp=jnp)  # [B]
         sums["mismatch/kl"] = row_k3.sum()
-        sums["mismatch/tokens"] = mm.sum()
+        sums["mismatch/tokens"] = row_n.sum()
         # Per-row sums for the controller's per-worker audit of behaviour log-probs
         # (bridge/control/audit.py); the step returns them in batch row order.
         sums[ROWS + "k3"] = row_k3
-        sums[ROWS + "logratio"] = (-d * mm).sum(axis=1)
-        sums[ROWS + "tokens"] = mm.sum(axis=1)
+        sums[ROWS + "logratio"] = row_lr
+        sums[ROWS + "tokens"] = row_n
         metrics.pop("tokens", None)
         return loss, (metrics, sums)
 
@@ -241,12 +248,21 @@ def _combine(name: str, values: jax.Array, loss_w: jax.Array, token_w: jax.Array
     return (values * token_w).sum()
 
 
+def _dropout_rngs(step_cfg: StepConfig, state: TrainState, i):
+    """LoRA dropout's RNG for micro-batch `i` of this step; None (deterministic) without."""
+    if step_cfg.lora is None or step_cfg.lora.dropout == 0:
+        return None
+    key = jax.random.fold_in(jax.random.wrap_key_data(state.rng), state.step)
+    return {"dropout": jax.random.fold_in(key, i)}
+
+
 def make_step_fn(cfg: ModelConfig, optimizer: optax.GradientTransformation, step_cfg: StepConfig):
     """The unjitted step (state, batch) -> (state, metrics); see `jit_step`."""
     objective = _objective(cfg, step_cfg)
 
-    def weighted(params, mb, w):
-        loss, aux = objective(params, mb)
+    def weighted(params, mb, w, frozen, rngs):
+        # LoRA: params are the adapters, differentiated; the frozen base is not.
+        loss, aux = objective(lora_lib.combine(frozen, params), mb, rngs)
         return loss * w, aux
 
     grad_fn = jax.value_and_grad(weighted, has_aux=True)
@@ -263,12 +279,14 @@ def make_step_fn(cfg: ModelConfig, optimizer: optax.GradientTransformation, step
         token_w = toks / jnp.maximum(toks.sum(), 1.0)
 
         def body(grads, xs):
-            mb, w = xs
-            (_, (metrics, sums)), g = grad_fn(state.params, mb, w)
+            mb, w, i = xs
+            rngs = _dropout_rngs(step_cfg, state, i)
+            (_, (metrics, sums)), g = grad_fn(state.params, mb, w, state.frozen, rngs)
             return jax.tree.map(jnp.add, grads, g), (metrics, sums)
 
         zeros = jax.tree.map(jnp.zeros_like, state.params)
-        grads, (metrics, sums) = jax.lax.scan(body, zeros, (micro, loss_w))
+        xs = (micro, loss_w, jnp.arange(k))
+        grads, (metrics, sums) = jax.lax.scan(body, zeros, xs)
         out = {name: _combine(name, v, loss_w, token_w) for name, v in metrics.items()}
         rows = {n: _unsplit(sums.pop(n)) for n in list(sums) if n.startswith(ROWS)}
         sums = {name: v.sum() for name, v in sums.items()}
@@ -282,6 +300,7 @@ def make_step_fn(cfg: ModelConfig, optimizer: optax.GradientTransformation, step
             out["mismatch/kl"] = sums["mismatch/kl"] / jnp.maximum(sums["mismatch/tokens"], 1.0)
             out["mismatch/tokens"] = sums["mismatch/tokens"]
         out["grad_norm"] = optax.tree.norm(grads)
+        out.update(diagnostics.grad_norms_by_layer(grads))  # where a collapse starts
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         out["update_norm"] = optax.tree.norm(updates)
@@ -325,7 +344,7 @@ def put_batch(batch: Batch, mesh: Mesh, rules: Sequence = sharding.DEFAULT_RULES
 
     Across processes (a mesh spanning hosts) each process transfers only the rows its own
     devices hold: `batch` has the global shape, and rows no local device holds are never
-    read (a follower process may leave them zero, learner_jax/rl/batch_relay.py).
+    read (a follower process leaves them zero, learner_jax/rl/mirror.py).
     """
     out_sharding = batch_sharding(mesh, rules)
     if jax.process_count() == 1:

@@ -38,14 +38,15 @@ class GenerationError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class SampleRequest:
-    """`n` samples continuing one prompt. `top_k` <= 0 is off; `seed` None draws from the
-    engine's own generator (seeded when the engine starts)."""
+    """`n` samples continuing one prompt. `top_k` <= 0 and `min_p` 0 are off; `seed` None
+    draws from the engine's own generator (seeded when the engine starts)."""
 
     prompt_token_ids: Sequence[int]
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
+    min_p: float = 0.0
     max_tokens: int = 16
     stop_token_ids: Sequence[int] = ()
     seed: int | None = None

@@ -19,6 +19,12 @@ tokens log-prob 0.0 and mask 0 (the learner trains on mask-1 tokens only).
 An episode ends when the environment says done ("stop"), or at `max_turns` model turns or
 when the token budget cannot hold another observation and turn ("length"). The step
 rewards the worker's environment computes are not sent: the controller replays.
+
+Hidden state (issue 23 item 8): the controller's leases carry no seed (`EpisodeSpec.seed`
+-1; a poker seed is the deal). The observations then come from the controller, one
+POST /v1/episode per turn for all live episodes of the lease (`observe`, the model turns
+so far as token ids; bridge/control/episode_steps.py). A spec with a seed (tests, older
+controllers) is still played on a local environment.
 """
 
 from __future__ import annotations
@@ -29,7 +35,7 @@ import math
 import sys
 from collections.abc import Callable, Sequence
 
-from bridge.control.protocol import GroupResult, PromptGroup, WorkerTrajectory
+from bridge.control.protocol import EpisodeTurns, GroupResult, PromptGroup, WorkerTrajectory
 from bridge.tasks.env import Environment, make_env
 from rollout_gpu.engine import GenerationError, RolloutEngine, SampleRequest
 
@@ -38,8 +44,9 @@ from rollout_gpu.engine import GenerationError, RolloutEngine, SampleRequest
 class _Episode:
     group: PromptGroup
     index: int
-    env: Environment
+    env: Environment | None  # None: the controller keeps it (observe)
     tokens: list[int] = dataclasses.field(default_factory=list)  # completion so far
+    turn_ids: list[list[int]] = dataclasses.field(default_factory=list)  # model turns
     mask: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
     turns: int = 0
@@ -77,6 +84,7 @@ def _request(ep: _Episode) -> SampleRequest:
         temperature=s.temperature,
         top_p=s.top_p,
         top_k=s.top_k,
+        min_p=s.min_p,
         max_tokens=min(s.max_tokens, ep.room()),
         stop_token_ids=list(s.stop_token_ids),
     )
@@ -89,6 +97,8 @@ def _start(engine: RolloutEngine, group: PromptGroup) -> list[_Episode]:
             f"group {group.group_id}: prompt of {len(group.prompt_token_ids)} tokens + an "
             f"episode of {spec.max_tokens} exceeds max_model_len {engine.max_model_len}"
         )
+    if spec.seed < 0:  # hidden: the controller answers each observation
+        return [_Episode(group, i, None) for i in range(group.n)]
     try:
         if spec.module and spec.module not in sys.modules:  # an env outside bridge.tasks
             importlib.import_module(spec.module)
@@ -98,6 +108,21 @@ def _start(engine: RolloutEngine, group: PromptGroup) -> list[_Episode]:
     for ep in episodes:
         ep.env.reset(spec.seed)
     return episodes
+
+
+def _observe_remote(episodes: list[_Episode], observe) -> list[tuple[str, bool]]:
+    """(observation, done) of each episode from the controller, one call for all."""
+    if observe is None:
+        raise GenerationError("a leased episode without a seed needs the controller (observe)")
+    req = [EpisodeTurns(group_id=ep.group.group_id, sample_index=ep.index, turns=ep.turn_ids)
+           for ep in episodes]  # fmt: skip
+    try:
+        got = observe(req).observations
+    except Exception as e:  # noqa: BLE001 - refused or unreachable: release the lease
+        raise GenerationError(f"the controller gave no observation: {e}") from e
+    if len(got) != len(episodes):
+        raise GenerationError(f"the controller answered {len(got)} of {len(episodes)} episodes")
+    return [(o.observation, o.done) for o in got]
 
 
 def _take_turn(engine: RolloutEngine, ep: _Episode, sample, version: int) -> None:
@@ -114,11 +139,19 @@ def _take_turn(engine: RolloutEngine, ep: _Episode, sample, version: int) -> Non
     ep.mask += [1] * len(ids)
     ep.logprobs += lps
     ep.turns += 1
-    tok = _Codec(engine.tokenizer)
+    ep.turn_ids.append(ids)
+    if ep.env is None:
+        return  # the controller's observation comes with the lease's others (observe)
     try:
-        obs, _, done = ep.env.step(tok.decode(ids))
+        obs, _, done = ep.env.step(_Codec(engine.tokenizer).decode(ids))
     except Exception as e:  # noqa: BLE001 - the environment is task code
         raise GenerationError(f"{where}: environment step failed: {e}") from e
+    _take_observation(engine, ep, obs, done)
+
+
+def _take_observation(engine: RolloutEngine, ep: _Episode, obs: str, done: bool) -> None:
+    where = f"group {ep.group.group_id} episode {ep.index} turn {ep.turns}"
+    tok = _Codec(engine.tokenizer)
     if done:
         ep.finish = "stop"
         return
@@ -139,8 +172,11 @@ def generate_episodes(
     groups: Sequence[PromptGroup],
     version: int,
     should_abort: Callable[[], bool] = lambda: False,
+    observe: Callable | None = None,
 ) -> list[GroupResult]:
-    """Play every group's n episodes, all of a lease's turns batched per engine call."""
+    """Play every group's n episodes, all of a lease's turns batched per engine call;
+    `observe(list[EpisodeTurns]) -> EpisodeStepResponse`: the controller's observations
+    (POST /v1/episode of the lease) for episodes leased without a seed."""
     per_group = [_start(engine, g) for g in groups]
     live = [ep for eps in per_group for ep in eps]
     while live:
@@ -151,6 +187,10 @@ def generate_episodes(
             if len(samples) != 1:
                 raise GenerationError(f"engine returned {len(samples)} samples for n=1")
             _take_turn(engine, ep, samples[0], version)
+        remote = [ep for ep in live if ep.env is None]
+        if remote:
+            for ep, (obs, done) in zip(remote, _observe_remote(remote, observe), strict=True):
+                _take_observation(engine, ep, obs, done)
         live = [ep for ep in live if ep.finish is None]
     return [
         GroupResult(

@@ -74,6 +74,7 @@ def sample_request(group: PromptGroup, ids: Sequence[int]) -> SampleRequest:
         temperature=s.temperature,
         top_p=s.top_p,
         top_k=s.top_k,
+        min_p=s.min_p,
         max_tokens=s.max_tokens,
         stop_token_ids=list(s.stop_token_ids),
     )
@@ -112,15 +113,18 @@ def generate_groups(
     groups: Sequence[PromptGroup],
     version: int,
     should_abort: Callable[[], bool] = lambda: False,
+    observe: Callable | None = None,
 ) -> list[GroupResult]:
     """Sample and package every group (all or nothing: raises on the first problem).
-    Groups with an `EpisodeSpec` are multi-turn episodes (rollout_gpu/episodes.py)."""
+    Groups with an `EpisodeSpec` are multi-turn episodes (rollout_gpu/episodes.py; their
+    observations from `observe`, the controller's POST /v1/episode for this lease)."""
     if any(g.episode is not None for g in groups):
         from rollout_gpu.episodes import generate_episodes
 
         multi = [g for g in groups if g.episode is not None]
         single = [g for g in groups if g.episode is None]
-        done = {r.group_id: r for r in generate_episodes(engine, multi, version, should_abort)}
+        episodes = generate_episodes(engine, multi, version, should_abort, observe)
+        done = {r.group_id: r for r in episodes}
         if single:
             done.update(
                 (r.group_id, r) for r in generate_groups(engine, single, version, should_abort)

@@ -3,7 +3,7 @@
 Sources are tried in order for each chunk: the parent relay, the fallback relays the
 controller named (grandparent first), and last the weight store itself (the root of
 trust; today's only source). Every chunk is checked against the manifest's per-chunk
-CRC-32s (bridge/broadcast/chunks.py) the moment it arrives; only verified chunks enter the
+BLAKE3 digests (bridge/broadcast/chunks.py) the moment it arrives; only verified chunks enter the
 local cache, so only verified chunks are ever relayed onward.
 
   * a chunk that fails its check is fetched again from the next source and the source is
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -29,6 +30,7 @@ from typing import Any
 import aiohttp
 
 from bridge.broadcast import chunks as chunks_lib
+from bridge.store.layout import LAYOUT
 from bridge.store.weight_store import Manifest, WeightStore
 
 BAD_LIMIT = 2  # corrupt chunks from one source before it is dropped for the version
@@ -165,7 +167,7 @@ async def fetch_version(
             return raw
         raise FetchError(f"version {version}: {key}: no source could serve it")
 
-    mkey = chunks_lib.manifest_key(version)
+    mkey = LAYOUT.manifest_key(version)
     if manifest_sha256:
         check = lambda raw: raw is not None and chunks_lib.manifest_sha256(raw) == manifest_sha256
         manifest_bytes = await get(mkey, check, readers)
@@ -202,6 +204,15 @@ async def fetch_version(
 
 
 def sources_for(parent_url: str | None, fallback_urls: Sequence[str], store: Mapping | str) -> list:
-    """The order the controller's instructions imply: parent, fallbacks, then the store."""
-    out = [u for u in (parent_url, *fallback_urls) if u]
-    return [*dict.fromkeys(out), store]
+    """The order the controller's instructions imply: parent, fallbacks, then the store.
+
+    A peer URL is only ever a relay (issue 23 item 4): one that is not http(s) (`file://`,
+    an object-store URL, a bare path) is dropped here, so `Source.parse` never reads it as
+    a weight store; only `store` (the announcement's) may be one."""
+    out = []
+    for u in dict.fromkeys(u for u in (parent_url, *fallback_urls) if u):
+        if isinstance(u, str) and u.startswith(("http://", "https://")):
+            out.append(u)
+        else:
+            logging.warning("peer source %.200r is not an http(s) relay URL: ignored", u)
+    return [*out, store]

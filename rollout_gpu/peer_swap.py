@@ -1,6 +1,8 @@
 """A rollout worker's side of the peer-assisted broadcast: its relay, its route, its reports.
 
-The worker owns one `PeerSwap` (`--relay`, on by default in the binary). Every heartbeat
+The worker builds one `PeerSwap` (`--relay`, on by default in the binary) and hands it to
+its `WeightVersions` (rollout_gpu/versions.py), which decides when to swap and asks this
+module only what the relay is doing (`fetching`) and where to read from. Every heartbeat
 and lease response says where to fetch the next version from (protocol `_Route`:
 broadcast_mode, relay_parent, relay_fallbacks); `store_for(announcement)` then returns the
 store object `weight_swap.load_version` reads:

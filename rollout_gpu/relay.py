@@ -14,13 +14,17 @@ read-through mirror of the store for the versions it holds):
     GET  /status            versions held, bytes served, measured rates
     POST /fetch, /forget    standalone only (`control=True`): {"version", "sources"}
 
-A chunk enters the relay's cache only after it matched the manifest's per-chunk CRC
+A chunk enters the relay's cache only after it matched the manifest's per-chunk digest
 (rollout_gpu/peer_fetch.py), and is checked again when served, so bytes corrupted in
 this relay's memory are dropped and refetched rather than passed on. zarr.json metadata
 is rebuilt locally from the manifest, never copied from a peer. The cache is a
 WeightStore (a `memory` kvstore by default) whose manifest is written last, so the
 worker swaps from it through the unchanged verified path (`weight_swap.load_version`).
-Uploads go through a token bucket (`up_bytes_per_s`), used by the bench to model links.
+Uploads go through a token bucket (`up_bytes_per_s`, rollout_gpu/uplink.py), used by the
+bench to model links.
+
+Hostile peers: parameters checked first (bridge/broadcast/relay_params.py, else 400); a
+response gets `max_send_s` (uplink.send); past `max_clients` /kv requests in flight: 429.
 """
 
 from __future__ import annotations
@@ -39,29 +43,16 @@ from absl import app, flags, logging
 from aiohttp import web
 
 from bridge.broadcast import chunks as chunks_lib
+from bridge.broadcast import relay_params as params
+from bridge.control.log_text import log_safe
 from bridge.store import weight_store as ws
-from rollout_gpu import peer_fetch
+from bridge.store.layout import LAYOUT
+from rollout_gpu import peer_fetch, uplink
+from rollout_gpu.uplink import PIECE, TokenBucket
 
-PIECE = 256 << 10  # bytes per token-bucket take and write: smaller costs CPU per byte
+__all__ = ["PIECE", "Relay", "TokenBucket"]
+
 MAX_WAIT_S = 30.0
-
-
-class TokenBucket:
-    """Upload rate limit shared by every response of one relay (one event loop)."""
-
-    def __init__(self, rate: float, burst: float = 4 * PIECE):
-        self.rate, self.burst = rate, burst
-        self.tokens, self.t = burst, time.monotonic()
-
-    async def take(self, n: int) -> None:
-        while True:
-            now = time.monotonic()
-            self.tokens = min(self.burst, self.tokens + (now - self.t) * self.rate)
-            self.t = now
-            if self.tokens >= n:
-                self.tokens -= n
-                return
-            await asyncio.sleep((n - self.tokens) / self.rate)
 
 
 @dataclasses.dataclass
@@ -92,11 +83,14 @@ class Relay:
         control: bool = False,
         advertise_url: str | None = None,
         tamper: Callable[[str, bytes], bytes] | None = None,
+        max_send_s: float = 30.0,
+        max_clients: int = 64,
     ):
         self.mirror = ws.WeightStore(mirror or f"memory://relay-{uuid.uuid4().hex}")
         self.host, self.port, self.control = host, port, control
         self.keep_versions, self.stall_s, self.concurrency = keep_versions, stall_s, concurrency
         self.advertise_url, self.tamper = advertise_url, tamper
+        self.max_send_s, self.max_clients, self.clients = max_send_s, max_clients, 0
         self.bucket = TokenBucket(up_bytes_per_s, up_burst_bytes) if up_bytes_per_s > 0 else None
         self.versions: dict[int, _Version] = {}
         self.results: dict[int, peer_fetch.FetchResult] = {}
@@ -210,14 +204,14 @@ class Relay:
     async def begin(self, version, manifest_bytes, manifest, plan) -> None:
         await asyncio.gather(
             *(
-                ts.open(
+                self.mirror.open_array(
+                    version,
+                    name,
                     {
-                        **self.mirror._array_spec(version, name),
                         "metadata": chunks_lib.zarr_metadata(manifest, name),
                         "create": True,
                         "delete_existing": True,
                     },
-                    context=ws._CONTEXT,
                 )
                 for name in manifest.arrays
             )
@@ -236,7 +230,7 @@ class Relay:
 
     async def finish(self, version: int) -> None:
         st = self.versions[version]
-        await self.mirror.kv.write(chunks_lib.manifest_key(version), st.manifest_bytes)
+        await self.mirror.kv.write(LAYOUT.manifest_key(version), st.manifest_bytes)
         st.complete, st.completed_at = True, time.time()
         self._notify()
         complete = sorted(v for v, s in self.versions.items() if s.complete)
@@ -246,9 +240,9 @@ class Relay:
     async def _drop(self, version: int) -> None:
         self.versions.pop(version, None)
         self.results.pop(version, None)
-        kv, key = self.mirror.kv, chunks_lib.version_key(version)
-        await kv.delete_range(ts.KvStore.KeyRange(f"data/{key}/", f"data/{key}0"))
-        await kv.write(chunks_lib.manifest_key(version), None)
+        kv = self.mirror.kv
+        await kv.delete_range(ts.KvStore.KeyRange(*LAYOUT.data_range(version, version + 1)))
+        await kv.write(LAYOUT.manifest_key(version), None)
 
     def _notify(self) -> None:
         self._changed.set()  # wakes every waiter holding this event
@@ -257,7 +251,7 @@ class Relay:
     # -- serving ------------------------------------------------------------------------
     async def _lookup(self, key: str) -> tuple[int, bytes | None]:
         """(HTTP status, body) for a key now; status 0 = not here yet."""
-        version = chunks_lib.key_version(key)
+        version = LAYOUT.version_of(key)
         st = self.versions.get(version) if version is not None else None
         if version is None:
             return 404, None
@@ -265,7 +259,7 @@ class Relay:
             return 0, None
         if st.failed:
             return 502, None
-        if key == chunks_lib.manifest_key(version):
+        if key == LAYOUT.manifest_key(version):
             return 200, st.manifest_bytes
         if key.endswith("/zarr.json"):
             r = await self.mirror.kv.read(key)
@@ -277,20 +271,29 @@ class Relay:
         raw = (await self.mirror.kv.read(key)).value
         if not chunks_lib.chunk_ok(st.plan[key], raw):  # rotted here: never pass it on
             # Children fall back; the next fetch of the version starts it over.
-            logging.error("relay: cached chunk %s fails its CRC; dropping the version", key)
+            logging.error("relay: cached chunk %s fails its digest; dropping the version", key)
             st.failed, st.complete = f"cached chunk {key} corrupt", False
             if version in self._tasks:
                 self._tasks[version].cancel()
-            await self.mirror.kv.write(chunks_lib.manifest_key(version), None)
+            await self.mirror.kv.write(LAYOUT.manifest_key(version), None)
             return 502, None
         return 200, raw
 
     async def _get(self, request: web.Request) -> web.StreamResponse:
-        key = request.match_info["key"]
         try:
-            wait = min(float(request.query.get("wait", 0)), MAX_WAIT_S)
-        except ValueError:
-            return web.Response(status=400, text="wait must be a number")
+            key = params.key(request.match_info["key"])
+            wait = params.wait_s(request.query.get("wait"), MAX_WAIT_S)
+        except params.BadParam as e:
+            return web.Response(status=400, text=str(e))
+        if self.clients >= self.max_clients:
+            return web.Response(status=429, headers={"Retry-After": "1"})
+        self.clients += 1
+        try:
+            return await self._answer(request, key, wait)
+        finally:
+            self.clients -= 1
+
+    async def _answer(self, request: web.Request, key: str, wait: float):
         deadline = time.monotonic() + wait
         while True:
             status, body = await self._lookup(key)
@@ -302,7 +305,7 @@ class Relay:
             except TimeoutError:
                 pass
         if status == 0:
-            st = self.versions.get(chunks_lib.key_version(key))
+            st = self.versions.get(LAYOUT.version_of(key))
             have = len(st.have) + len(st.absent) if st else 0
             return web.Response(status=503, headers={"X-Relay-Have": str(have)})
         if status != 200:
@@ -312,26 +315,10 @@ class Relay:
         return await self._send(request, body)
 
     async def _send(self, request: web.Request, body: bytes) -> web.StreamResponse:
-        resp = web.StreamResponse(headers={"Content-Length": str(len(body))})
-        await resp.prepare(request)
-        # One response at a time has the whole uplink (FIFO): sharing it among a child's
-        # k outstanding requests would make each chunk arrive k times later, and the chain's
-        # per-hop delay is that arrival time. A reader that stalls loses its turn.
-        async with self._uplink:
-            t0 = time.monotonic()
-            view = memoryview(body)
-            try:
-                for i in range(0, len(body), PIECE):
-                    piece = view[i : i + PIECE]
-                    if self.bucket is not None:
-                        await self.bucket.take(len(piece))
-                    async with asyncio.timeout(self.stall_s):
-                        await resp.write(piece)
-                    self.bytes_up += len(piece)
-            finally:
-                self.busy_s += time.monotonic() - t0
-        await resp.write_eof()
-        return resp
+        def tally(sent: int, seconds: float) -> None:
+            self.bytes_up, self.busy_s = self.bytes_up + sent, self.busy_s + seconds
+
+        return await uplink.send(request, body, self._uplink, self.bucket, self.max_send_s, tally)
 
     def status(self) -> dict:
         versions = {
@@ -352,26 +339,32 @@ class Relay:
             "results": results,
             "bytes_up": self.bytes_up,
             "up_bytes_per_s": self.up_bytes_per_s,
+            "clients": self.clients,
         }
 
     async def _status(self, request: web.Request) -> web.Response:
         return web.json_response(self.status())
 
+    async def _body(self, request: web.Request, parse):
+        try:
+            return parse(await request.json())
+        except ValueError as e:  # BadParam, or not JSON at all
+            raise web.HTTPBadRequest(text=str(e)[:200]) from None
+
     async def _post_fetch(self, request: web.Request) -> web.Response:
-        body = await request.json()
-        version = int(body["version"])
+        version, sources, sha = await self._body(request, params.fetch_body)
 
         async def run():
             try:
-                await self._fetch(version, body["sources"], body.get("manifest_sha256"))
+                await self._fetch(version, sources, sha)
             except Exception as e:  # noqa: BLE001 - recorded in status; logged here
-                logging.error("relay: fetch of version %d failed: %s", version, e)
+                logging.error("relay: fetch of version %d failed: %s", version, log_safe(e))
 
         asyncio.ensure_future(run())
         return web.json_response({"ok": True}, status=202)
 
     async def _forget(self, request: web.Request) -> web.Response:
-        await self._drop(int((await request.json())["version"]))
+        await self._drop(await self._body(request, params.version))
         return web.json_response({"ok": True})
 
 

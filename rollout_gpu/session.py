@@ -12,7 +12,9 @@ answering and one when it answers again, not one per retry; past `max_no_contact
 an answer calls raise `ControllerGone`. While stopping, no retry outlives the grace time.
 `standing` holds what heartbeats and leases say: standby (`active=false`) or run over.
 
-`rollout_gpu/worker.py: RolloutWorker` builds on it with the engine and the lease loop.
+Version news (announcements, relay routes) from every reply goes to the worker's
+`WeightVersions` (rollout_gpu/versions.py), its one owner; the session only carries it.
+`rollout_gpu/worker.py: RolloutWorker` holds a session and drives the lease loop.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from bridge.control.client import ControllerClient, ControllerError
 from bridge.control.join_secret import read_secret
 from bridge.control.protocol import Heartbeat, VersionAnnouncement, WorkerProfile
 from rollout_gpu.lifecycle import Contact, Standing, backoff_delay
+from rollout_gpu.versions import WeightVersions
 
 
 class FatalError(RuntimeError):
@@ -52,9 +55,9 @@ class WorkerOptions:
     tls_verify: Any = True  # True, False or a CA bundle path
     token_file: str = ""  # re-read at each (re-)registration: follows a secret rotation
     cache_dir: str = os.path.expanduser("~/.cache/echo2/models")  # the store's model files
-    # Weight relay for peers (rollout_gpu/peer_swap.py); relay_url: the address peers reach
-    # it at (default http://relay_host:port, right only for workers on one machine).
-    relay: bool = False
+    # Weight relay for peers (rollout_gpu/peer_swap.py, built by the worker); relay_url: the
+    # address peers reach it at (default http://relay_host:port, right only on one machine).
+    relay: bool = True  # as the --relay flag: a worker serves its chunks to peers
     relay_host: str = "127.0.0.1"
     relay_port: int = 0
     relay_url: str = ""
@@ -85,10 +88,11 @@ class Throughput:
 
 
 class ControllerSession:
-    def __init__(self, options: WorkerOptions):
+    def __init__(self, options: WorkerOptions, versions: WeightVersions | None = None):
+        """`versions`: where version news goes and what heartbeats report (the worker's)."""
         self.opts = options
+        self.versions = versions if versions is not None else WeightVersions()
         self.meter = Throughput(options.rate_window_s)
-        self.announcement = VersionAnnouncement(version=-1)
         self.client: ControllerClient | None = None
         self.worker_id = ""
         self.heartbeat_interval_s = 5.0
@@ -100,16 +104,10 @@ class ControllerSession:
         self._hb_thread: threading.Thread | None = None
         self.contact = Contact(options.controller, options.max_no_contact_s)
         self.standing = Standing(on_run_over=self.stop.set)
-        self.peers = None
-        if options.relay:
-            from rollout_gpu.peer_swap import PeerSwap
-
-            self.peers = PeerSwap(options.relay_host, options.relay_port, options.relay_url)
 
     @property
-    def version(self) -> int:
-        """The version the worker serves (-1: none yet); reported in every heartbeat."""
-        return -1
+    def announcement(self) -> VersionAnnouncement:
+        return self.versions.announced
 
     def request_stop(self, *_) -> None:
         if self._stop_at is None:
@@ -139,8 +137,12 @@ class ControllerSession:
             delay = min(delay, max(0.0, self._stop_at + self.opts.grace_s - time.monotonic()))
         if until_stop:
             self.stop.wait(delay)
-        elif patient:
-            time.sleep(delay)  # even when stopping: a lease in flight still needs its submit
+        elif patient:  # even when stopping: a lease in flight still needs its submit
+            end = time.monotonic() + delay
+            # ... but a SIGTERM mid-sleep cuts it to the grace time (the watchdog's limit).
+            if self.stop.wait(delay) and self._stop_at is not None:
+                end = min(end, self._stop_at + self.opts.grace_s)
+            time.sleep(max(0.0, end - time.monotonic()))
         else:
             self._hb_stop.wait(delay)
         return True
@@ -172,7 +174,7 @@ class ControllerSession:
         self.client = client
         self.worker_id = reg.worker_id
         self.heartbeat_interval_s = reg.heartbeat_interval_s
-        self.announcement = reg.announcement  # authoritative, even if older (a new controller)
+        self.versions.reset(reg.announcement)
         logging.info(
             "joined %s as %s (heartbeat %.1fs, lease ttl %.1fs, newest version %d)",
             self.opts.controller,
@@ -222,29 +224,20 @@ class ControllerSession:
                 raise ConnectionError(f"{method}: controller unreachable ({why})")
             attempt += 1
 
-    def note(self, announcement: VersionAnnouncement) -> None:
-        # Newest by publication time, not by number: a learner rerun after a crash republishes
-        # from its checkpoint, so a LOWER number announced later replaces a rolled-back one.
-        if (announcement.published_at, announcement.version) >= (
-            self.announcement.published_at,
-            self.announcement.version,
-        ):
-            self.announcement = announcement
-
     # -- heartbeats ------------------------------------------------------------------------
     def heartbeat_once(self) -> None:
         tokens_per_s, samples_per_s = self.meter.rates()
         hb = Heartbeat(
-            worker_version=self.version,
+            worker_version=self.versions.loaded,
             samples_per_s=samples_per_s,
             tokens_per_s=tokens_per_s,
             active_sequences=self.active_sequences,
-            **(self.peers.heartbeat_fields() if self.peers else {}),
+            **(peers.heartbeat_fields() if (peers := self.versions.peers) else {}),
         )
         r = self.call("heartbeat", hb, patient=False)
-        if self.peers:  # first: the main loop must find a new version's fetch under way
-            self.peers.note_route(r)
-        self.note(r.announcement)
+        if r.heartbeat_interval_s:  # the controller spaces heartbeats out as the fleet grows
+            self.heartbeat_interval_s = min(max(r.heartbeat_interval_s, 0.1), 300.0)
+        self.versions.hear(r)
         self.standing.update(active=r.active, run_over=r.run_over)
 
     def _heartbeat_loop(self) -> None:
@@ -264,3 +257,13 @@ class ControllerSession:
         self._hb_stop.set()
         if self._hb_thread is not None:
             self._hb_thread.join(timeout=5)
+
+    def leave(self) -> None:
+        """Stop heartbeats and tell the controller (it requeues anything still held)."""
+        self.stop_heartbeats()
+        if self.client is not None and not self.contact.expired():
+            try:
+                self.call("leave", patient=False)
+            except (ControllerError, ConnectionError) as e:
+                logging.warning("leave failed (leases will expire instead): %s", e)
+            self.client.close()

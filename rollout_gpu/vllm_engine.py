@@ -8,7 +8,8 @@ on a GPU the defaults are what you want.
 
 Log-probs: `SamplingParams(logprobs=0)` returns the sampled token's log-prob, and the
 engine runs with `logprobs_mode="processed_logprobs"`: log-softmax of the logits after
-the sampler's processing (temperature; top-k/top-p, which the learner's config refuses),
+the sampler's processing (temperature, min-p, top-k, top-p: learner_jax/truncation.py
+applies the same to the learner's logits),
 i.e. of the distribution the token was sampled from (vLLM v1 sampler: `Sampler.sample`
 -> `TopKTopPSampler.forward_cpu/forward_native`). Prompt log-probs skip the sampler's
 processors in every mode (gpu_model_runner `_get_prompt_logprobs_dict`), so the canary
@@ -194,6 +195,7 @@ def _params(r: SampleRequest):
         temperature=r.temperature,
         top_p=r.top_p,
         top_k=r.top_k if r.top_k > 0 else 0,  # 0 = off in vLLM
+        min_p=r.min_p,
         max_tokens=r.max_tokens,
         stop_token_ids=[int(t) for t in r.stop_token_ids],
         logprobs=0,

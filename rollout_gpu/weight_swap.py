@@ -1,6 +1,8 @@
 """Transactional hot swap of a published weight version into a running rollout engine.
 
-`load_version` = read the version from the weight store (every checksum verified) ->
+`load_version` = read the version from the weight store (every checksum verified; a delta
+version is rebuilt from the version served, or its anchor, by bridge/delta/reconstruct.py,
+and only the engine modules it changed are reloaded: `reload_names`) ->
 validate names, shapes, dtypes and finiteness against the engine's architecture ->
 `RolloutEngine.load_weights` in place -> per-version canary (`rollout_gpu/canary.py`).
 Any refusal leaves the engine serving the previous version; the error names the cause.
@@ -22,14 +24,18 @@ version; it makes rollback independent of store GC.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging as pylogging
 from collections.abc import Mapping
 
 import numpy as np
 
+from bridge.delta.reconstruct import reconstruct
 from bridge.model import layouts
 from bridge.model.config import ModelConfig
 from bridge.model.dtypes import WEIGHT_DTYPES
+from bridge.store.manifest import CorruptVersionError
 from rollout_gpu import canary as canary_lib
 from rollout_gpu.engine import RolloutEngine
 
@@ -123,9 +129,12 @@ def swap_weights(
     tensors: Mapping[str, np.ndarray],
     expected_shapes: Mapping[str, tuple[int, ...]] | None = None,
     current: EngineVersion | None = None,
+    changed: set[str] | None = None,
 ) -> None:
     """Validate `tensors` (HF name -> array) completely, then reload them in place.
 
+    `changed` (a delta version's tensors that differ from `current`'s): only the engine
+    modules holding one of them are reloaded (`reload_names`), the rest keep their memory.
     Refusals raise WeightSwapError before the engine is touched. If the load raises,
     the engine is restored to `current` (default: its initial weights) and ReloadFailed
     is raised with the cause chained.
@@ -133,10 +142,56 @@ def swap_weights(
     if expected_shapes is None:
         expected_shapes = expected_hf_shapes(engine)
     validate_tensors(tensors, expected_shapes)
+    names = list(expected_shapes)
+    if changed is not None and current is not None and current.version is not None:
+        names = reload_names(changed, names)
+        if not names:
+            return
     # Same order as the engine's parameter table: the engine buffers per layer until a layer
     # is complete, so grouping by layer keeps the extra memory to one layer at a time.
-    ordered = [(name, to_torch(tensors[name])) for name in expected_shapes]
-    _reload_or_restore(engine, ordered, current or EngineVersion())
+    ordered = [(name, to_torch(tensors[name])) for name in names]
+    with _quiet_untouched_layers(len(names) < len(expected_shapes)):
+        _reload_or_restore(engine, ordered, current or EngineVersion())
+
+
+# HF tensors vLLM fuses into one module (its models' `packed_modules_mapping`).
+_FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
+          "gate_proj": "gate_up_proj", "up_proj": "gate_up_proj"}  # fmt: skip
+
+
+def engine_module(name: str) -> str:
+    """The engine module an HF tensor loads into ("...self_attn.k_proj.weight" ->
+    "...self_attn.qkv_proj")."""
+    module, _, _ = name.rpartition(".")
+    parent, _, leaf = module.rpartition(".")
+    return f"{parent}.{_FUSED.get(leaf, leaf)}"
+
+
+def reload_names(changed: set[str], names: list[str]) -> list[str]:
+    """The tensors (in `names` order) of every engine module holding a changed tensor.
+
+    vLLM's reload re-materializes a module that receives any tensor and fills it from what it
+    received: a module given only some of its tensors (k_proj of a fused qkv_proj) keeps
+    uninitialized memory for the rest (vllm_engine.py). So modules go whole or not at all;
+    a module that gets nothing keeps its storage, i.e. the current version's values."""
+    modules = {engine_module(n) for n in changed}
+    return [n for n in names if engine_module(n) in modules]
+
+
+@contextlib.contextmanager
+def _quiet_untouched_layers(partial: bool):
+    """vLLM warns "Failed to load weights" for every module a reload does not touch, which
+    a delta swap does on purpose: silence that one logger while it runs."""
+    if not partial:
+        yield
+        return
+    log = pylogging.getLogger("vllm.model_executor.model_loader.reload.layerwise")
+    level = log.level
+    log.setLevel(pylogging.ERROR)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
 
 
 def _reload_or_restore(engine: RolloutEngine, weights, current: EngineVersion) -> None:
@@ -200,8 +255,21 @@ def load_version(
     extra = dict(getattr(manifest, "extra", None) or {})
     if require_canary and "canary" not in extra:
         raise WeightSwapError(f"version {version} has no canary in its manifest")
-    tensors = store.read_all(version)  # verifies every checksum before returning
-    swap_weights(engine, tensors, layouts.hf_shapes(cfg), current)
+    changed = None
+    if getattr(manifest, "delta", None) is None:
+        tensors = store.read_all(version)  # verifies every checksum before returning
+    else:  # patches on the version served, or its anchor: every rebuilt tensor verified
+        have = None if current.tensors is None else (current.version, current.tensors)
+        try:
+            got = reconstruct(store, version, have=have)
+        except CorruptVersionError:
+            if have is None:
+                raise
+            # Our copy is not the store's version of that number (a rerun learner republished
+            # it) or is damaged: the anchor path does not use it, and is verified the same way.
+            got = reconstruct(store, version)
+        tensors, changed = got.tensors, got.changed
+    swap_weights(engine, tensors, layouts.hf_shapes(cfg), current, changed)
     result = None
     if "canary" in extra:
         both_fp32 = manifest.dtype == "float32" and engine.dtype == "float32"

@@ -17,16 +17,19 @@ instead (and its weights, until the first swap).
 Loop (`RolloutWorker.run`): join -> load the newest announced version -> take a lease ->
 generate n samples per prompt from the leased prompt token ids with per-token log-probs
 (rollout_gpu/generate.py) -> submit; swap weights between leases when a response
-says `swap_to`, so all tokens of a lease carry the one version that generated them.
-Registration, retried calls and heartbeats are `rollout_gpu/session.py`.
+brings a newer version, so all tokens of a lease carry the one version that generated them.
+The worker is composed of three owners: `ControllerSession` (rollout_gpu/session.py:
+registration, retried calls, heartbeats, the stop state), `WeightVersions`
+(rollout_gpu/versions.py: loaded, fetching, swap-ready and refused versions) and the engine.
 
 Failure handling: an unreachable controller is retried and a 401 re-registers (see
 session.py). A generation that fails, or a submission the controller refuses, is logged
-and the lease released with the reason: the worker keeps
-going and never submits a partial group. SIGTERM/SIGINT: take no new lease, finish the
-current one if it completes within `--grace_s`, else abort it and release it; then
-leave (the controller requeues anything still held) and exit 0. The process ends within
-grace + 3 s whatever the controller's state; a second signal ends it at once.
+and the lease released with the reason: the worker keeps going and never submits a
+partial group. SIGTERM/SIGINT: take no new lease (checked before every lease request, so a
+signal during warm-up or a swap is not answered with one), finish the current one if it
+completes within `--grace_s`, else abort it and release it; then leave (the controller
+requeues anything still held) and exit 0. The process ends within grace + 3 s whatever
+the controller's state; a second signal ends it at once.
 
 Lifecycle (rollout_gpu/lifecycle.py): the controller says "run over" when training ends
 -> abort, leave, exit 0. It says standby (`active=false`) -> take no leases, heartbeats
@@ -47,17 +50,17 @@ from collections.abc import Callable
 from absl import app, flags, logging
 
 from bridge.control.client import ControllerError
-from bridge.control.protocol import Lease, LeaseRequest, Submission, WorkerProfile
+from bridge.control.protocol import EpisodeStep, Lease, LeaseRequest, Submission, WorkerProfile
 from rollout_gpu import generate as gen
 from rollout_gpu import lifecycle
 from rollout_gpu.engine import RolloutEngine
 from rollout_gpu.session import ControllerSession, FatalError, Throughput, WorkerOptions
-from rollout_gpu.weight_swap import EngineVersion, load_version
+from rollout_gpu.versions import WeightVersions
 
 __all__ = ["FatalError", "RolloutWorker", "Throughput", "WorkerOptions"]
 
 
-class RolloutWorker(ControllerSession):
+class RolloutWorker:
     def __init__(
         self,
         options: WorkerOptions,
@@ -68,22 +71,34 @@ class RolloutWorker(ControllerSession):
         model files are known (a worker started without a local model directory)."""
         if (engine is None) == (make_engine is None):
             raise ValueError("pass exactly one of engine and make_engine")
-        super().__init__(options)
+        self.opts = options
+        peers = None
+        if options.relay:
+            from rollout_gpu.peer_swap import PeerSwap
+
+            peers = PeerSwap(options.relay_host, options.relay_port, options.relay_url)
+        self.versions = WeightVersions(peers)  # the one owner of loaded / fetching / swap
+        self.session = ControllerSession(options, self.versions)
         self.engine, self._make_engine = engine, make_engine
         if engine is not None:
             gen.check_logprobs_mode(engine)
-        self.current = EngineVersion()
-        self._unloadable: dict[int, tuple[float, float]] = {}  # version -> (backoff, retry at)
         self._last_said: str | None = None  # the last waiting condition logged
-        self._swap_now = False  # the controller said "behind": stop overlapping, swap
         self._warmed = False
         self.leases_done = 0
 
     @property
     def version(self) -> int:
-        return -1 if self.current.version is None else self.current.version
+        return self.versions.loaded
 
-    # -- versions --------------------------------------------------------------------------
+    @property
+    def stop(self):
+        """Set by a SIGTERM (`request_stop`) or the run's end: take no new lease."""
+        return self.session.stop
+
+    def request_stop(self, *_) -> None:
+        self.session.request_stop()
+
+    # -- engine ----------------------------------------------------------------------------
     def start_engine(self) -> bool:
         """Builds the engine from the store's model files once a store is announced."""
         from bridge.store import model_files
@@ -91,7 +106,7 @@ class RolloutWorker(ControllerSession):
 
         if self.engine is not None:
             return True
-        store = self.announcement.store
+        store = self.versions.announced.store
         if store is None:
             self._say_once("waiting for the learner's first version (it names the store)")
             return False
@@ -115,94 +130,40 @@ class RolloutWorker(ControllerSession):
             self._last_said = message
             logging.warning("%s", message)
 
-    def ensure_version(self) -> bool:
-        """Swap to the newest announced version if the engine is behind; True if the worker
-        can take work: it serves the newest, its relay is still fetching the newest, or the
-        newest failed to load (in the last two it works on its own version and says so in
-        its lease requests; a failed load is retried with backoff)."""
-        from bridge.store.weight_store import WeightStore
-
-        ann = self.announcement
-        if ann.version < 0 or ann.version == self.current.version:
-            self._swap_now = False
-            return ann.version >= 0
-        if ann.store is None:
-            logging.error("version %d is announced without a weight store", ann.version)
-            return False
-        failed = self._unloadable.get(ann.version)
-        if failed is not None and time.monotonic() < failed[1]:
-            return self.current.version is not None
-        if self.peers is not None and self.current.version is not None:
-            self.peers.prefetch(ann)  # heard of it in a submit reply: no fetch under way yet
-        if self._fetching(ann.version) and not self._swap_now:
-            # The relay fetches it in the background (peer_swap.note_route): keep generating
-            # on the current version meanwhile, as the lease request says (fetching_version),
-            # and swap from the relay's verified copy once it is in. Waiting here instead
-            # idled the worker for its whole broadcast hop.
-            return True
-        self._swap_now = False
+    def warm_up(self) -> None:
+        """One tiny generation before the first lease. vLLM's first sampling call with
+        log-probs builds its sampler path (~18 s on these CPUs with processed log-probs),
+        holding the GIL: the heartbeat thread could not renew the first lease, which then
+        expired while its work was being generated."""
+        if self._warmed:
+            return
+        self._warmed = True
         t0 = time.monotonic()
-        try:
-            # Through the peer relay when the controller routes one (rollout_gpu/peer_swap.py).
-            store = self.peers.store_for(ann) if self.peers else WeightStore(ann.store)
-            canary = load_version(self.engine, store, ann.version, self.current)
-        except Exception as e:  # noqa: BLE001 - the engine keeps serving the previous version
-            # A verified-corrupt or unreadable version: retry after 5 s, doubling to 60 s,
-            # instead of re-reading it at every poll.
-            wait = min(60.0, 2 * failed[0]) if failed else 5.0
-            self._unloadable = {ann.version: (wait, time.monotonic() + wait)}
-            logging.error(
-                "could not load version %d: %s: %s (retry in %.0f s; generating on version %s "
-                "meanwhile)",
-                ann.version,
-                type(e).__name__,
-                e,
-                wait,
-                self.current.version,
-            )
-            return self.current.version is not None
-        self._unloadable = {}
-        logging.info(
-            "now serving version %d (swap %.2fs%s)",
-            ann.version,
-            time.monotonic() - t0,
-            f", canary {canary.detail}" if canary else "",
-        )
-        return True
-
-    def _fetching(self, version: int) -> bool:
-        """`version` is being fetched in the background while the engine serves another."""
-        return (
-            self.peers is not None
-            and self.current.version is not None
-            and self.peers.fetching(version)
-        )
+        self.engine.generate([gen.warm_up_request()])
+        logging.info("engine warmed up in %.1fs", time.monotonic() - t0)
 
     # -- leases ----------------------------------------------------------------------------
     def take_lease(self) -> Lease | None:
-        newest = self.announcement.version
-        req = LeaseRequest(
-            worker_version=self.version,
-            max_groups=self._max_groups(),
-            unloadable_version=max(self._unloadable, default=-1),
-            fetching_version=newest if newest != self.version and self._fetching(newest) else -1,
-        )
+        if self.stop.is_set():
+            # Checked here, before every request, not only at the top of the loop: a SIGTERM
+            # that lands during warm-up or a swap (seconds each) must not be answered with a
+            # fresh lease.
+            return None
+        req = LeaseRequest(max_groups=self._max_groups(), **self.versions.lease_claims())
         try:
-            r = self.call("lease", req, until_stop=True)
+            r = self.session.call("lease", req, until_stop=True)
         except lifecycle.ControllerGone:
             raise
         except ConnectionError:  # stopping while the controller is away: no new work anyway
             return None
-        if self.peers:  # before `note`, as in heartbeats (session.py)
-            self.peers.note_route(r)
-        self.note(r.announcement)
+        self.versions.hear(r)
         if r.reason in ("run_over", "inactive"):
-            self.standing.update(active=r.reason != "inactive", run_over=r.reason == "run_over")
+            self.session.standing.update(
+                active=r.reason != "inactive", run_over=r.reason == "run_over"
+            )
             return None
         if r.reason == "behind":  # no waiting: swap, or claim the fetch just started
-            # Refused although it said it was fetching the newest (too far behind): wait for
-            # the fetch and swap. A plain "behind" only brought news of a new version.
-            self._swap_now = req.fetching_version >= 0
+            self.versions.behind(claimed_fetching=req.fetching_version >= 0)
         elif r.lease is None:
             self.stop.wait(max(r.retry_after_s, 0.05))
         return r.lease
@@ -213,34 +174,40 @@ class RolloutWorker(ControllerSession):
 
     def run_lease(self, lease: Lease) -> bool:
         """Generate and submit one lease; False if it was released instead."""
+        session = self.session
         deadline = time.monotonic() + self.opts.throttle_s
-        while time.monotonic() < deadline and not self.past_grace():
-            self._hb_stop.wait(min(0.1, max(0.0, deadline - time.monotonic())))
+        while time.monotonic() < deadline and not session.past_grace():
+            time.sleep(min(0.1, max(0.0, deadline - time.monotonic())))
         t0 = time.monotonic()
-        self.active_sequences = sum(g.n for g in lease.groups)
+        session.active_sequences = sum(g.n for g in lease.groups)
         try:
-            results = gen.generate_groups(self.engine, lease.groups, self.version, self._abort)
+            observe = lambda eps: session.call(  # a multi-turn lease's observations
+                "episode", EpisodeStep(lease_id=lease.lease_id, episodes=eps)
+            )
+            results = gen.generate_groups(
+                self.engine, lease.groups, self.version, self._abort, observe
+            )
         except gen.GenerationAborted:
             return self.release(lease, "worker shutting down")
         except gen.GenerationError as e:
             logging.error("lease %s: %s", lease.lease_id, e)
             return self.release(lease, f"{type(e).__name__}: {e}")
         finally:
-            self.active_sequences = 0
+            session.active_sequences = 0
         trajs = [t for r in results for t in r.trajectories]
         # Generated tokens only: a multi-turn episode's observation tokens (mask 0) come
         # from the environment, and counting them overstated a poker worker's speed.
         tokens = sum(sum(t.mask) for t in trajs)
-        self.meter.add(tokens, len(trajs))
+        session.meter.add(tokens, len(trajs))
         try:
-            resp = self.call("submit", Submission(lease_id=lease.lease_id, groups=results))
+            resp = session.call("submit", Submission(lease_id=lease.lease_id, groups=results))
         except ControllerError as e:
             logging.error("lease %s: submission refused: %s", lease.lease_id, e)
             return self.release(lease, f"submission refused: {e.detail}")
         except ConnectionError as e:  # gave up (past the grace period): the lease expires
             logging.error("lease %s: not submitted: %s", lease.lease_id, e)
             return False
-        self.note(resp.announcement)
+        self.versions.note(resp.announcement)
         self.leases_done += 1
         logging.info(
             "lease %d: %d groups, %d samples, %d tokens in %.2fs at version %d "
@@ -258,26 +225,29 @@ class RolloutWorker(ControllerSession):
 
     def _abort(self) -> bool:
         """Stop generating: past the grace time, or the run is over (nobody wants it)."""
-        return self.past_grace() or self.standing.run_over
+        return self.session.past_grace() or self.session.standing.run_over
 
     def release(self, lease: Lease, reason: str) -> bool:
         logging.info("releasing lease %s: %s", lease.lease_id, reason)
         try:
-            self.call("release", lease.lease_id, reason[:1000], patient=not self.stop.is_set())
+            self.session.call(
+                "release", lease.lease_id, reason[:1000], patient=not self.stop.is_set()
+            )
         except (ControllerError, ConnectionError) as e:
             logging.warning("could not release lease %s (it will expire): %s", lease.lease_id, e)
         return False
 
     # -- main loop -------------------------------------------------------------------------
     def run(self) -> int:
-        self.join()
-        self.start_heartbeats()
+        session = self.session
+        session.join()
+        session.start_heartbeats()
         try:
             while not self.stop.is_set():
                 if self.opts.max_leases and self.leases_done >= self.opts.max_leases:
                     break
-                self.contact.check()  # raises ControllerGone past the no-contact limit
-                if not self.standing.active:
+                session.contact.check()  # raises ControllerGone past the no-contact limit
+                if not session.standing.active:
                     if self.opts.on_standby == "exit":
                         logging.info("on standby and --on_standby=exit: leaving, exit 0")
                         break
@@ -285,7 +255,7 @@ class RolloutWorker(ControllerSession):
                     # flips `standing.active` back (or a signal sets `stop`).
                     self.stop.wait(0.5)
                     continue
-                if not self.start_engine() or not self.ensure_version():
+                if not self.start_engine() or not self.versions.ensure(self.engine):
                     self.stop.wait(self.opts.backoff_s)
                     continue
                 self.warm_up()
@@ -296,26 +266,8 @@ class RolloutWorker(ControllerSession):
             self.shutdown()
         return self.leases_done
 
-    def warm_up(self) -> None:
-        """One tiny generation before the first lease. vLLM's first sampling call with
-        log-probs builds its sampler path (~18 s on these CPUs with processed log-probs),
-        holding the GIL: the heartbeat thread could not renew the first lease, which then
-        expired while its work was being generated."""
-        if self._warmed:
-            return
-        self._warmed = True
-        t0 = time.monotonic()
-        self.engine.generate([gen.warm_up_request()])
-        logging.info("engine warmed up in %.1fs", time.monotonic() - t0)
-
     def shutdown(self) -> None:
-        self.stop_heartbeats()
-        if self.client is not None and not self.contact.expired():
-            try:
-                self.call("leave", patient=False)
-            except (ControllerError, ConnectionError) as e:
-                logging.warning("leave failed (leases will expire instead): %s", e)
-            self.client.close()
+        self.session.leave()
         logging.info("left after %d leases", self.leases_done)
 
 

@@ -53,6 +53,9 @@ def test_chaos_soak_audit(tmp_path):
         assert 400 <= a["status"] < 500, a
     checks = soak["audit"]["checks"]
     assert checks["exactly_once"]["lineage_steps"] >= 5
-    assert checks["no_corrupt_version_served"]["refusals"] >= 1, checks["no_corrupt_version_served"]
+    served = checks["no_corrupt_version_served"]
+    # The probe read (the workers' verified reader) bites every run; worker refusals show
+    # only when a worker tried the version before the next one was announced.
+    assert served["probe_refusals"] == len(served["corrupted_versions"]) >= 1, served
     failed = {k: v for k, v in checks.items() if not v["ok"]}
     assert not failed, failed

@@ -83,7 +83,7 @@ def submit_all(ctl, wid, lease, versions=(0, 0, 0)):
 
 
 def dump(ctl):
-    return list(ctl.store.conn.iterdump())
+    return list(ctl.db.conn.iterdump())
 
 
 # The worker profile of the HTTP tests (JSON, as a worker sends it).
@@ -99,3 +99,24 @@ def register(client, secret):
     r = client.post("/v1/register", json={"join_secret": secret, "profile": PROFILE})
     assert r.status_code == 200, r.text
     return {"Authorization": f"Bearer {r.json()['token']}"}
+
+
+def submission_json(lease: dict) -> dict:
+    """A /v1/submit body answering every group of a lease (as JSON from /v1/lease) with
+    the same 3-token completion per sample."""
+    groups = []
+    for g in lease["groups"]:
+        trajs = [
+            dict(
+                prompt_id=g["prompt_id"],
+                sample_index=i,
+                prompt_token_ids=g["prompt_token_ids"],
+                completion_token_ids=[12, 13, 2],
+                logprobs=[-0.1, -2.0, -0.3],
+                versions=[0, 0, 0],
+                finish_reason="stop",
+            )
+            for i in range(g["n"])
+        ]
+        groups.append({"group_id": g["group_id"], "trajectories": trajs})
+    return {"lease_id": lease["lease_id"], "groups": groups}

@@ -7,11 +7,19 @@ bytes from the store vs peers, sources that served corrupt bytes or died). The c
 answers every heartbeat and lease with the worker's parent relay and fallbacks (topology.py).
 
 Trust: a report is a worker's claim. A corrupt-bytes report counts once per (reporter,
-version, source); a relay named by `bad_limit` such reports is excluded (it keeps
-receiving versions but never relays again), so one lying child can at worst move its
-parent to a leaf. Dead-parent reports only mark the parent suspect until its next
-heartbeat: a relay that is really gone stops heartbeating and is dropped after
-`worker_timeout_s`.
+version, source), and only for a published version and a source this controller routed
+that reporter to for that version (issue 23 item 2: a worker cannot accuse a relay it never
+fetched from); a relay named by `bad_limit` distinct reporters is excluded (it keeps
+receiving versions but never relays again), so one lying child alone excludes no one.
+Dead-parent reports only mark the parent suspect until its next heartbeat: a relay that
+is really gone stops heartbeating and is dropped after `worker_timeout_s`.
+
+Placement by measured delivery (topology.rank_rate): a report's bytes from peers over its
+fetch time is what the reporter received while routed to its parent; the parent's
+`delivered_bytes_per_s` is the best of its children's for the newest version they
+reported (0 when a child routed to it got nothing from peers). A worker's declared uplink
+only caps that, so declaring a huge uplink buys the chain root for at most the versions
+before its children have measured it.
 
 Metrics (for the newest version every live reporting worker has fetched, measured on
 the controller's clock: completion = heartbeat arrival - fetched_ago_s; workers that
@@ -48,6 +56,9 @@ class BroadcastState:
         self.reporters: set[str] = set()  # workers that fetch through PeerSwap (report)
         self.corrupt_reports = 0
         self._rebuild_for: int = -1
+        # (worker, version) -> every relay URL routed to it for that version (parent first)
+        self.routed: dict[tuple[str, int], list[str]] = {}
+        self.delivery: dict[str, tuple[int, float]] = {}  # parent -> (version, bytes/s)
 
     @property
     def mode(self) -> str:
@@ -59,6 +70,8 @@ class BroadcastState:
             for old in sorted(self.published)[:-_MAX_VERSIONS]:
                 for d in (self.published, self.done, self.store_bytes, self.peer_bytes):
                     d.pop(old, None)
+            oldest = min(self.published)
+            self.routed = {k: v for k, v in self.routed.items() if k[1] >= oldest}
 
     def heartbeat(self, worker_id: str, hb, now: float) -> None:
         """Record a heartbeat's broadcast fields (protocol.Heartbeat)."""
@@ -78,22 +91,40 @@ class BroadcastState:
             if rep is None:
                 return
             self.reporters.add(worker_id)
-            if rep.version in self.published:
-                self.done[rep.version].setdefault(worker_id, now - rep.fetched_ago_s)
-                self.store_bytes[rep.version][worker_id] = rep.bytes_from_store
-                self.peer_bytes[rep.version][worker_id] = rep.bytes_from_peers
+            if rep.version not in self.published:
+                return  # a version never published: nothing in it counts
+            self.done[rep.version].setdefault(worker_id, now - rep.fetched_ago_s)
+            self.store_bytes[rep.version][worker_id] = rep.bytes_from_store
+            self.peer_bytes[rep.version][worker_id] = rep.bytes_from_peers
+            routed = self.routed.get((worker_id, rep.version), [])
+            if routed and rep.fetch_s > 0:
+                self._delivered(self.by_url.get(routed[0]), rep)
             for bad in rep.bad_sources:
                 bad_id = self.by_url.get(bad.source)
                 if bad_id is None or bad_id == worker_id:
                     continue
+                if bad.kind == "corrupt" and bad.source not in routed:
+                    continue  # it never fetched that version from there
                 if bad.kind == "corrupt":
                     if (worker_id, rep.version) not in self.corrupt[bad_id]:
                         self.corrupt[bad_id].add((worker_id, rep.version))
                         self.corrupt_reports += 1
-                    if len(self.corrupt[bad_id]) >= self.bad_limit:
+                    # Distinct reporters: one worker alone cannot exclude a relay.
+                    if len({r for r, _ in self.corrupt[bad_id]}) >= self.bad_limit:
                         self.topology.exclude(bad_id)
                 else:
                     self.suspect.add(bad_id)
+
+    def _delivered(self, parent: str | None, rep) -> None:
+        """Credit the reporter's measured receive rate to the parent it was routed to."""
+        node = self.topology.nodes.get(parent) if parent else None
+        if node is None:
+            return
+        rate = rep.bytes_from_peers / rep.fetch_s
+        v, best = self.delivery.get(parent, (-1, 0.0))
+        if rep.version > v or (rep.version == v and rate > best):
+            self.delivery[parent] = (rep.version, rate)
+            node.delivered_bytes_per_s = rate
 
     def leave(self, worker_id: str) -> None:
         with self.lock:
@@ -101,6 +132,7 @@ class BroadcastState:
 
     def _forget(self, worker_id: str) -> None:
         self.topology.remove(worker_id)
+        self.delivery.pop(worker_id, None)
         self.reporters.discard(worker_id)
         self.last_seen.pop(worker_id, None)
         self.suspect.discard(worker_id)
@@ -123,6 +155,8 @@ class BroadcastState:
             p = self.topology.placement(worker_id)
             urls = [u for u in (p.parent_url, *p.fallback_urls) if u]
             ok = [u for u in urls if self.by_url.get(u) not in self.suspect]
+            given = self.routed.setdefault((worker_id, newest_version), [])
+            given += [u for u in ok if u not in given][: 8 - len(given)]
             return {
                 "broadcast_mode": self.mode,
                 "relay_parent": ok[0] if ok else None,

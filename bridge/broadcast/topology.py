@@ -9,8 +9,9 @@ Modes (config key `bridge.broadcast`; "auto", the demo's default, is resolved by
          node's uplink is split f ways: about f(M + depth*c)/B
 
 Placement is an order of nodes laid out in heap order under the store (the virtual root).
-`rebuild` sorts by measured uplink, fastest first, so fast uplinks sit near the root where
-they feed the most; `join` appends (a new node lands at a leaf and moves no one); `remove`
+`rebuild` sorts by delivery measured at the children (a declared uplink only an upper
+bound, `rank_rate`), fastest first, so fast uplinks sit near the root where they feed the
+most; `join` appends (a new node lands at a leaf and moves no one); `remove`
 drops a node from the order, so in a chain its child now hangs from its grandparent.
 Every placement lists fallbacks (grandparent, great-grandparent ... ) and the store is
 always the last resort. Nodes excluded for serving bad bytes never relay to anyone: they
@@ -20,6 +21,7 @@ hang as extra leaves under the last healthy node.
 from __future__ import annotations
 
 import dataclasses
+import statistics
 
 MODES = ("store", "chain", "tree")
 CONFIG_MODES = ("auto", *MODES)
@@ -48,8 +50,24 @@ MAX_FALLBACKS = 2  # relays before the store; each one more is one more stalled 
 class Node:
     node_id: str
     relay_url: str = ""
-    up_bytes_per_s: float = 0.0  # measured; 0 = unknown
+    up_bytes_per_s: float = 0.0  # the worker's own figure: only an upper bound; 0 = unknown
     down_bytes_per_s: float = 0.0
+    # What its children measured receiving while routed to it (bridge/broadcast/state.py);
+    # None = not measured yet, 0.0 = measured to deliver nothing.
+    delivered_bytes_per_s: float | None = None
+
+
+def rank_rate(node: Node, typical: float | None) -> float:
+    """The uplink a node is placed by (issue 23 item 2): what its children measured, its
+    own declaration only an upper bound. Unmeasured: its declaration, capped at the fleet's
+    typical measured delivery once there is one (so a huge declaration buys no more than an
+    average relay until it is measured, one version later)."""
+    declared = node.up_bytes_per_s if node.up_bytes_per_s > 0 else float("inf")
+    if node.delivered_bytes_per_s is not None:
+        return min(declared, node.delivered_bytes_per_s)
+    if typical is None:
+        return node.up_bytes_per_s
+    return min(declared, typical)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +113,14 @@ class Topology:
             self.excluded.add(node_id)
 
     def rebuild(self) -> None:
-        """Re-sort by measured uplink, fastest first (stable: ties keep join order)."""
-        self.order.sort(key=lambda n: -self.nodes[n].up_bytes_per_s)
+        """Re-sort by `rank_rate`, fastest first (stable: ties keep join order)."""
+        measured = [
+            n.delivered_bytes_per_s
+            for n in self.nodes.values()
+            if n.delivered_bytes_per_s is not None
+        ]
+        typical = statistics.median(measured) if measured else None
+        self.order.sort(key=lambda n: -rank_rate(self.nodes[n], typical))
 
     # -- placement ----------------------------------------------------------------------
     def _parent_index(self, i: int) -> int | None:

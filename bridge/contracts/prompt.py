@@ -11,11 +11,13 @@
   `thinking` sets the template's `enable_thinking` (Qwen3's switch): "on"/"off", or ""
   to leave it undefined (the template's default; Qwen3 thinks by default).
 
-The controller (trusted side) and the learner tokenize with `TextCodec` (the `tokenizers`
-library on the HF directory's tokenizer.json); a worker's HF tokenizer goes through the
-same `format_prompt_ids` (`rollout_gpu/generate.py prompt_token_ids`), so a prompt means
-the same ids on both sides. Jinja2 is rendered directly (as transformers does), so bridge
-imports neither torch nor transformers.
+The controller (trusted side) builds every prompt's ids with `TextCodec` (the `tokenizers`
+library on the HF directory's tokenizer.json) and sends them in the lease
+(bridge/control/lease_content.py): workers never tokenize a prompt. The learner encodes
+with the same codec (SFT, evaluation). `rollout_gpu/generate.py prompt_token_ids` runs the
+same `format_prompt_ids` on an HF tokenizer; tests/bridge/contracts/prompt_format_test.py
+uses it to show that transformers' tokenizer gives the same ids. Jinja2 is rendered
+directly (as transformers does), so bridge imports neither torch nor transformers.
 """
 
 from __future__ import annotations
@@ -185,7 +187,7 @@ class TextCodec:
         return self.tok.encode(text, add_special_tokens=False).ids
 
     def encode_prompt(self, text: str) -> list[int]:
-        """Prompt ids in this codec's format (`format_prompt_ids`), as workers would build them."""
+        """Prompt ids in this codec's format (`format_prompt_ids`): what a lease carries."""
         return format_prompt_ids(
             text, self.fmt, self.encode, self.bos_id, self.chat_template, self.special_tokens
         )

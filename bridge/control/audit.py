@@ -21,8 +21,11 @@ above `kl_threshold` or a mean |log-ratio| above `logratio_threshold` quarantine
 token is revoked (every call answers 401), its leases end and its buffered, not yet
 consumed groups are requeued (counted in `audit/dropped_groups`), `fleet/quarantined`
 counts it and a warning names the worker and the numbers. Groups it already trained on
-stay trained on. A worker holding the join secret can register again under a new id; it
-then starts from zero evidence and is caught again after `min_tokens`.
+stay trained on. The sums and the quarantine live in the controller's database (`audit`
+and `quarantine` tables), so a controller restart keeps both. A quarantine also bars who
+registered the worker (bridge/control/identity.py): its per-worker credential, or the
+remote host that presented the shared secret, registers no more; only the operator's own
+loopback workers are never barred.
 
 Defaults, measured (tests/rollout_gpu/audit_test.py; BUILD_NOTES.md): against the fp32
 learner an honest vLLM engine on the tiny model scores a mean k3 of 2e-14 per token in fp32
@@ -72,15 +75,20 @@ def rows_to_worker_stats(
     mixed versions), behaviour_logp / learner_logp / mask [B, T] aligned the same way (the
     learner's target-aligned arrays: `Batch.behavior_logp`, its own log p(targets) and
     `Batch.loss_mask`). Rows of padding or of groups without a worker id are skipped."""
-    versions = np.asarray(versions)
-    mask = np.asarray(mask, np.float64)
-    d = np.asarray(learner_logp, np.float64) - np.asarray(behaviour_logp, np.float64)
-    d = np.where(mask > 0, d, 0.0)  # [B, T]
-    row_k3 = (k3(d) * mask).sum(axis=1)
-    row_lr = (-d * mask).sum(axis=1)
-    row_n = mask.sum(axis=1)
-    on = versions == current_version
+    f64 = lambda x: np.asarray(x, np.float64)
+    row_k3, row_lr, row_n = row_sums(f64(learner_logp), f64(behaviour_logp), f64(mask))
+    on = np.asarray(versions) == current_version
     return row_sums_to_worker_stats(worker_ids, on, row_k3, row_lr, row_n, current_version)
+
+
+def row_sums(learner_logp, behaviour_logp, mask, xp=np):
+    """Per-row audit sums of [B, T] target-aligned log-probs over the tokens where
+    `mask` > 0: (sum of k3(learner - behaviour), sum of the log-ratio behaviour - learner,
+    token count), each [B]. The one definition of what the audit adds up: the jitted train
+    step calls it with `xp=jax.numpy` (its dtype), the re-score and `rows_to_worker_stats`
+    with numpy in float64. Positions outside the mask count 0, whatever they hold."""
+    d = xp.where(mask > 0, learner_logp - behaviour_logp, 0.0)  # [B, T]
+    return (k3(d, xp=xp) * mask).sum(axis=1), (-d * mask).sum(axis=1), mask.sum(axis=1)
 
 
 def row_sums_to_worker_stats(
@@ -107,11 +115,18 @@ def row_workers(groups, group_size: int) -> list[str]:
 
 
 class WorkerAudit:
-    """Token-decayed per-worker sums; `add` returns the workers now past a threshold."""
+    """Token-decayed per-worker sums, kept in the controller's database (`audit` table, so a
+    restart keeps the evidence); `add` says why a worker is now past a threshold. The
+    caller holds the database's transaction."""
 
-    def __init__(self, config: AuditConfig):
-        self.config = config
-        self._s: dict[str, dict[str, float]] = {}
+    def __init__(self, config: AuditConfig, db):
+        self.config, self.db = config, db
+
+    @classmethod
+    def from_config(cls, c, db) -> WorkerAudit:
+        """From the controller's config (its audit_* keys)."""
+        thresholds = (c.audit_kl_threshold, c.audit_logratio_threshold)
+        return cls(AuditConfig(*thresholds, c.audit_min_tokens, c.audit_window_tokens), db)
 
     def add(self, stat: AuditStat) -> str | None:
         """Fold in one stat; returns why the worker must be quarantined, else None."""
@@ -120,12 +135,13 @@ class WorkerAudit:
             math.isfinite(stat.sum_k3) and math.isfinite(stat.sum_logratio)
         ):
             return None if stat.tokens <= 0 else "non-finite audit numbers"
-        s = self._s.setdefault(stat.worker_id, dict(k3=0.0, lr=0.0, n=0.0, total=0.0))
+        s = self.db.audit_sums(stat.worker_id) or dict(k3=0.0, lr=0.0, n=0.0, total=0.0)
         keep = math.exp(-stat.tokens / c.window_tokens)
         s["k3"] = keep * s["k3"] + stat.sum_k3
         s["lr"] = keep * s["lr"] + stat.sum_logratio
         s["n"] = keep * s["n"] + stat.tokens
         s["total"] += stat.tokens
+        self.db.put_audit_sums(stat.worker_id, s)
         kl, lr = s["k3"] / s["n"], s["lr"] / s["n"]
         if s["total"] < c.min_tokens:
             return None
@@ -138,12 +154,38 @@ class WorkerAudit:
             )
         return None
 
+    def fold(self, stats, now: float) -> list[str]:
+        """`add` each stat and `quarantine` every worker now past a threshold (once);
+        returns the workers quarantined now."""
+        out: list[str] = []
+        already = self.db.quarantined()
+        for st in stats:
+            why = self.add(st)
+            w = st.worker_id
+            if why and self.db.worker(w) is not None and w not in already and w not in out:
+                quarantine(self.db, w, why, now)
+                out.append(w)
+        self.db.incr("audit/tokens", sum(st.tokens for st in stats))
+        return out
+
     def score(self, worker_id: str) -> dict:
         """{'kl', 'logratio', 'tokens'} of a worker (zeros before any audit)."""
-        s = self._s.get(worker_id)
+        s = self.db.audit_sums(worker_id)
         if not s or s["n"] <= 0:
             return {"kl": 0.0, "logratio": 0.0, "tokens": 0.0}
         return {"kl": s["k3"] / s["n"], "logratio": s["lr"] / s["n"], "tokens": s["total"]}
+
+
+def vouches(db, worker_id: str, min_tokens: int) -> bool:
+    """Whether the audit vouches for `worker_id`'s work (issue 23 item 9): once the run
+    audits at all, a worker's measured throughput counts for activation (fleet_plan.py)
+    only after `min_tokens` of its own tokens passed the audit, so a $0 worker returning
+    junk fast cannot put the honest fleet on standby before it is judged. A run that
+    audits nothing (the audit off, tests of other parts) vouches for everyone."""
+    if not db.get("audit/tokens", 0):
+        return True
+    s = db.audit_sums(worker_id)
+    return s is not None and s["total"] >= min_tokens
 
 
 def quarantine(db, worker_id: str, why: str, now: float) -> int:
@@ -153,11 +195,7 @@ def quarantine(db, worker_id: str, why: str, now: float) -> int:
         db.end_lease(lease_id, "released")
     dropped = db.buffered_of_worker(worker_id)
     db.requeue(dropped)
-    # A revoked token hashes to nothing: authenticate fails (401) from now on.
-    db.update_worker(worker_id, token_hash=f"quarantined:{worker_id}", enabled=0, left_at=now)
-    record = db.get("quarantine", {})
-    record[worker_id] = {"at": now, "why": why, "dropped_groups": len(dropped)}
-    db.put("quarantine", record)
+    db.quarantine_worker(worker_id, now, why, len(dropped))  # token revoked, persisted
     db.incr("fleet/quarantined")
     db.incr("audit/dropped_groups", len(dropped))
     logging.warning(

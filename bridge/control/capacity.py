@@ -56,18 +56,47 @@ effectively sees a new version every kappa_eff = max(kappa, ceil(period / T)) up
 and both formulas use kappa_eff: S >= max(kappa, ceil(period / T)) + ceil(latency / T),
 a fit to the simulation. The default period 0 keeps kappa (the live controller does not
 know the period; the local file store's is negligible).
+
+A fleet of unequal workers (issue 32): L + T / rho assumes every worker delivers with the
+same delay. Worker i (delay d_i = its swap + one lease, rate mu_i) returns rollouts of a new
+version from d_i on, so the first R are back at the smallest tau with
+sum_i mu_i * max(0, tau - d_i) >= R (`arrival_s`; one worker: d + R / mu = L + T / rho).
+Judged by the slowest worker instead, a 30-step run of the demo config (a fast worker and a
+throttled one, the fleet short: rho 0.65) was predicted 0.49 against 0.65 measured: the fast
+worker alone brings the first R back long before the throttled one's first lease.
+
+Warm measurements only (issue 32). The live model (fleet_plan.py) is fed measurements whose
+first ones are not the steady state: the learner's first update includes the train step's
+XLA compile (3.8 s against 0.25 s later on the 2-core box), a worker's first lease vLLM's
+first-call kernel compile, its first two swaps the engine start and the first weight
+reload (20 s and more). Fed those, the demo's first verdict was "utilization 60%, raise S to
+5" for a run that then held 0.76-0.98 at S = 2. `Warmup` names what is cold and how many
+warm samples a verdict needs; `WarmSamples` keeps one quantity's warm samples and
+estimates it by their median (one slow checkpoint step or a loaded-box hiccup does not move
+it). Estimates fall back to the cold samples while no warm one exists (the metrics and
+activation need a number from the first lease on), but advice is given only when the
+prediction is `confident`: every input has at least `min_warm` warm samples.
 """
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
+import statistics
+
+from bridge.contracts import staleness as staleness_rule
+
+# The freshness bound is a lower bound within 0.03 of the simulation (module docstring): a
+# predicted stall smaller than that is no reason to advise (a 30-step run of the demo config
+# raised `capacity/warning` for a predicted utilization of 0.9999).
+FRESH_SLACK = 0.03
 
 
 @dataclasses.dataclass(frozen=True)
 class CapacityReport:
     """`fresh_ok`: S >= min_staleness, or the fleet's spare throughput covers the gap (the
-    freshness bound of predicted_utilization is 1)."""
+    freshness bound of predicted_utilization is 1, within FRESH_SLACK)."""
 
     required_rollouts_per_s: float
     active_rollouts_per_s: float
@@ -120,6 +149,19 @@ def min_staleness(
     return kappa + max(0, math.ceil(latency_s / step_s - 1e-9))
 
 
+def arrival_s(workers, rollouts: float) -> float:
+    """When the first `rollouts` of a new version are back from `workers`, (delay_i, mu_i)
+    pairs: the smallest tau with sum_i mu_i * max(0, tau - delay_i) >= rollouts (module
+    docstring); inf when no worker produces."""
+    t, done, rate = 0.0, 0.0, 0.0
+    for delay, mu in sorted((d, mu) for d, mu in workers if mu > 0):
+        if rate > 0 and done + rate * (delay - t) >= rollouts:
+            break
+        done += rate * max(0.0, delay - t)
+        t, rate = max(t, delay), rate + mu
+    return t + (rollouts - done) / rate if rate > 0 else math.inf
+
+
 def predicted_utilization(
     active_rollouts_per_s: float,
     rollouts_per_step: float,
@@ -128,17 +170,22 @@ def predicted_utilization(
     publish_every: int,
     latency_s: float,
     broadcast_period_s: float = 0.0,
+    first_rollouts_s: float | None = None,
 ) -> float:
     """Fraction of wall time the learner trains: the lower of the rate bound rho and the
-    freshness bound (module docstring; a lower bound of the simulated utilization)."""
+    freshness bound (module docstring; a lower bound of the simulated utilization).
+    `first_rollouts_s`: when the first R rollouts of a version are back after its publish
+    (`arrival_s` plus T_pub, for an unequal fleet); default latency + T / rho."""
     rho = active_rollouts_per_s * step_s / max(rollouts_per_step, 1e-12)
     if rho <= 0:
         return 0.0
     kappa = effective_publish_every(publish_every, step_s, broadcast_period_s)
     # Stalls in v + 1 .. k1 (updates = k1 mod kappa); at least k1's own when S + 1 < kappa_eff
     # (skipped versions: the learner waits for the next one that arrives).
-    stalls = max(1, (staleness + 1) // kappa)
-    stall = (latency_s + step_s / rho - (staleness + 1 - kappa) * step_s) / stalls
+    usable = staleness_rule.usable_steps(staleness)  # S + 1 steps may consume one version
+    stalls = max(1, usable // kappa)
+    first = latency_s + step_s / rho if first_rollouts_s is None else first_rollouts_s
+    stall = (first - (usable - kappa) * step_s) / stalls
     fresh = kappa * step_s / (kappa * step_s + max(0.0, stall))
     return min(1.0, rho, fresh)
 
@@ -151,7 +198,10 @@ def report(
     publish_every: int,
     latency_s: float,
     broadcast_period_s: float = 0.0,
+    first_rollouts_s: float | None = None,
 ) -> CapacityReport:
+    """`first_rollouts_s` (see `predicted_utilization`) moves the prediction only; the
+    verdicts keep the exact-fleet bound on `latency_s`."""
     required = required_rollouts_per_s(rollouts_per_step, step_s)
     s_min = min_staleness(publish_every, step_s, latency_s, broadcast_period_s)
     return CapacityReport(
@@ -165,6 +215,7 @@ def report(
             publish_every,
             latency_s,
             broadcast_period_s,
+            first_rollouts_s,
         ),
         min_staleness=s_min,
         rate_ok=active_rollouts_per_s >= required,
@@ -180,5 +231,43 @@ def report(
             latency_s,
             broadcast_period_s,
         )
-        >= 1.0 - 1e-9,
+        >= 1.0 - FRESH_SLACK,
     )
+
+
+@dataclasses.dataclass(frozen=True)
+class Warmup:
+    """What the live model leaves out as cold, and when its verdict is confident."""
+
+    cold_steps: int = 1  # learner reports: the first includes the train step's XLA compile
+    cold_leases: int = 1  # per worker: the first lease includes vLLM's kernel compile
+    cold_swaps: int = 2  # per worker: the initial load (engine start) and the first reload
+    min_warm: int = 3  # warm samples of T and of each counted worker's leases and swaps
+    keep: int = 16  # warm samples kept per quantity (recent enough to track change)
+
+
+class WarmSamples:
+    """One measured quantity: the first `cold` samples (and any flagged cold) left out, the
+    last `keep` warm ones kept; `estimate()` is their median, else the last cold sample."""
+
+    def __init__(self, cold: int, keep: int = 16):
+        self.cold, self.seen = cold, 0
+        self.warm: collections.deque = collections.deque(maxlen=keep)
+        self.last_cold: float | None = None
+
+    def add(self, sample: float, cold: bool = False) -> bool:
+        """Record a sample; True if it counts as warm."""
+        self.seen += 1
+        if cold or self.seen <= self.cold:
+            self.last_cold = sample
+            return False
+        self.warm.append(sample)
+        return True
+
+    def __len__(self) -> int:
+        return len(self.warm)
+
+    def estimate(self) -> float | None:
+        if self.warm:
+            return statistics.median(self.warm)
+        return self.last_cold

@@ -21,6 +21,8 @@ from typing import Any
 
 from bridge.control.protocol import (
     Ack,
+    EpisodeStep,
+    EpisodeStepResponse,
     Heartbeat,
     HeartbeatResponse,
     LeaseRequest,
@@ -96,6 +98,10 @@ class ControllerClient:
 
     def submit(self, sub: Submission) -> SubmitResponse:
         return SubmitResponse.model_validate(self._post("/v1/submit", sub))
+
+    def episode(self, step: EpisodeStep) -> EpisodeStepResponse:
+        """The next observation of each live episode of a lease (POST /v1/episode)."""
+        return EpisodeStepResponse.model_validate(self._post("/v1/episode", step))
 
     def release(self, lease_id: str, reason: str = "") -> Ack:
         return Ack.model_validate(

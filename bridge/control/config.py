@@ -21,7 +21,11 @@ class ControllerConfig:
     vocab_size: int = 128
     max_prompt_tokens: int = 256
     lease_ttl_s: float = 60.0
-    heartbeat_interval_s: float = 5.0
+    heartbeat_interval_s: float = 5.0  # the shortest; grows with the fleet (see next)
+    # Fleet-wide heartbeats/s the controller aims at: the interval it tells workers is
+    # live workers / this, within [heartbeat_interval_s, worker_timeout_s / 3], so load
+    # grows with work (leases, submissions), not with idle workers. 0: always the shortest.
+    heartbeat_budget_per_s: float = 50.0
     worker_timeout_s: float = 30.0
     max_groups_per_lease: int = 16
     max_version_lag: int = 0  # m above

@@ -11,8 +11,15 @@ whose `state` moves
 
 Accepted trajectories live in `payload` (JSON) until the learner has checkpointed the step
 that consumed them (`forget_consumed`), so a learner restored from an older checkpoint can
-take them again (`revert_consumed_after`). `synchronous=FULL`: an accepted submission
-survives a power cut, not only a process crash.
+take them again (`revert_consumed_after`).
+
+Group commit (issue 25): `synchronous=NORMAL` (a COMMIT writes the WAL, no fsync) and
+`sync()` after the transaction, outside the controller's lock: the first caller fsyncs the
+WAL for every commit made so far and the callers that arrive meanwhile wait for it or the
+next, so N submissions in a few ms cost one fsync (`GroupCommit`). What the controller
+acknowledges (a lease, an acceptance, a registration) is on disk before its reply, as with
+`synchronous=FULL`; a heartbeat does not wait for the disk at all. Reads that need no
+transaction (authentication) go through a per-thread read-only connection, off the lock.
 """
 
 from __future__ import annotations
@@ -20,7 +27,10 @@ from __future__ import annotations
 import contextlib
 import json
 import sqlite3
+import threading
 from typing import Any
+
+from bridge.control.group_commit import GroupCommit
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS workers (
@@ -44,6 +54,12 @@ CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS fleet (
   worker_id TEXT PRIMARY KEY, standby INTEGER NOT NULL DEFAULT 0,
   changed_at REAL NOT NULL DEFAULT 0, standby_s REAL NOT NULL DEFAULT 0, rollouts_per_s REAL);
+CREATE TABLE IF NOT EXISTS audit (
+  worker_id TEXT PRIMARY KEY, k3 REAL NOT NULL, lr REAL NOT NULL, n REAL NOT NULL,
+  total REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS quarantine (
+  worker_id TEXT PRIMARY KEY, at REAL NOT NULL, why TEXT NOT NULL,
+  dropped_groups INTEGER NOT NULL);
 """
 
 
@@ -56,10 +72,19 @@ class ControllerDB:
         self.conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         self.conn.row_factory = sqlite3.Row
         self.conn.execute("PRAGMA journal_mode=WAL")
-        self.conn.execute("PRAGMA synchronous=FULL")
+        self.conn.execute("PRAGMA synchronous=NORMAL")  # durability: sync() (group commit)
         self.conn.executescript(_SCHEMA)
+        self.group_commit = GroupCommit(path + "-wal")
+        self._readers = threading.local()
+        self._reader_list: list[sqlite3.Connection] = []  # closed with the store
+        self._reader_list_lock = threading.Lock()
 
     def close(self) -> None:
+        self.group_commit.close()
+        with self._reader_list_lock:
+            for conn in self._reader_list:
+                conn.close()
+            self._reader_list.clear()
         self.conn.close()
 
     @contextlib.contextmanager
@@ -74,6 +99,23 @@ class ControllerDB:
             self.conn.execute("ROLLBACK")
             raise
         self.conn.execute("COMMIT")
+        self.group_commit.committed()
+
+    def sync(self) -> None:
+        """Block until every transaction committed so far is on disk (one fsync for all
+        the callers that arrive meanwhile). Call outside the controller's lock."""
+        self.group_commit.wait(self.group_commit.last_commit())
+
+    def reader(self) -> sqlite3.Connection:
+        """This thread's read-only connection: committed state, no lock, no transaction."""
+        conn = getattr(self._readers, "conn", None)
+        if conn is None:
+            conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+            conn.row_factory = sqlite3.Row
+            self._readers.conn = conn
+            with self._reader_list_lock:
+                self._reader_list.append(conn)
+        return conn
 
     def q(self, sql: str, args: tuple | list = ()) -> list[sqlite3.Row]:
         """Rows of one read query. The controller uses the named methods below; tests use
@@ -130,13 +172,15 @@ class ControllerDB:
         )
 
     def buffer_group(
-        self, group_id: int, trajectories: list[dict], min_version: int, now: float
+        self, group_id: int, trajectories: list[dict] | str, min_version: int, now: float
     ) -> None:
-        """Accept a group's trajectories (JSON in `payload`): it waits for the learner."""
+        """Accept a group's trajectories (JSON in `payload`, or already JSON text): it
+        waits for the learner."""
+        payload = trajectories if isinstance(trajectories, str) else json.dumps(trajectories)
         self._x(
             "UPDATE groups SET state='buffered', payload=?, min_version=?, accepted_at=?"
             " WHERE group_id=?",
-            (json.dumps(trajectories), min_version, now, group_id),
+            (payload, min_version, now, group_id),
         )
 
     def oldest_buffered(self, limit: int) -> list[sqlite3.Row]:
@@ -147,13 +191,18 @@ class ControllerDB:
             (limit,),
         )
 
-    def stale_buffered(self, step: int, staleness: int) -> list[int]:
-        """Buffered groups whose stalest trajectory is too old for learner step `step`."""
+    def stale_buffered(self, oldest_fresh: int) -> list[int]:
+        """Buffered groups whose stalest trajectory is older than `oldest_fresh`
+        (bridge/contracts/staleness.py: `oldest_fresh(step, S)`)."""
         rows = self.q(
-            "SELECT group_id FROM groups WHERE state='buffered' AND ? - min_version > ?",
-            (step, staleness),
+            "SELECT group_id FROM groups WHERE state='buffered' AND min_version < ?",
+            (oldest_fresh,),
         )
         return [r["group_id"] for r in rows]
+
+    def oldest_buffered_version(self) -> int | None:
+        """The oldest version any buffered group holds (None: the buffer is empty)."""
+        return self.q("SELECT MIN(min_version) AS v FROM groups WHERE state='buffered'")[0]["v"]
 
     def buffered_of_worker(self, worker_id: str) -> list[int]:
         """Buffered (accepted, not yet consumed) groups that `worker_id` generated."""
@@ -252,9 +301,13 @@ class ControllerDB:
     def worker_by_token(self, token_hash: str, with_last_seen: bool = False):
         """The id of the worker (not left) whose token hashes to `token_hash`;
         `with_last_seen`: (id, last_seen), for the token's lifetime (limits.py)."""
-        rows = self.q(
-            "SELECT worker_id, last_seen FROM workers WHERE token_hash=? AND left_at IS NULL",
-            (token_hash,),
+        rows = (
+            self.reader()
+            .execute(  # committed rows only: safe off the lock
+                "SELECT worker_id, last_seen FROM workers WHERE token_hash=? AND left_at IS NULL",
+                (token_hash,),
+            )
+            .fetchall()
         )
         if not rows:
             return None
@@ -298,3 +351,31 @@ class ControllerDB:
             " ON CONFLICT(worker_id) DO UPDATE SET rollouts_per_s=excluded.rollouts_per_s",
             (worker_id, rollouts_per_s),
         )
+
+    # -- behaviour audit and quarantine (bridge/control/audit.py) ------------------------
+    # In the database, not in memory: a controller restart must neither forget a worker's
+    # evidence nor let a quarantined worker back in.
+    def audit_sums(self, worker_id: str) -> dict[str, float] | None:
+        """The token-decayed sums {k3, lr, n, total} of `worker_id`, None before any."""
+        rows = self.q("SELECT k3, lr, n, total FROM audit WHERE worker_id=?", (worker_id,))
+        return dict(rows[0]) if rows else None
+
+    def put_audit_sums(self, worker_id: str, sums: dict[str, float]) -> None:
+        self._x(
+            "INSERT OR REPLACE INTO audit(worker_id, k3, lr, n, total) VALUES (?, ?, ?, ?, ?)",
+            (worker_id, sums["k3"], sums["lr"], sums["n"], sums["total"]),
+        )
+
+    def quarantine_worker(self, worker_id: str, at: float, why: str, dropped: int) -> None:
+        """Record the quarantine and revoke the token: a revoked token hashes to nothing, so
+        authentication fails (401) from now on; the worker counts as left and disabled."""
+        self._x(
+            "INSERT OR REPLACE INTO quarantine(worker_id, at, why, dropped_groups)"
+            " VALUES (?, ?, ?, ?)",
+            (worker_id, at, why, dropped),
+        )
+        self.update_worker(worker_id, token_hash=f"quarantined:{worker_id}", enabled=0, left_at=at)
+
+    def quarantined(self) -> dict[str, sqlite3.Row]:
+        """worker_id -> (at, why, dropped_groups) of every quarantined worker."""
+        return {r["worker_id"]: r for r in self.q("SELECT * FROM quarantine")}

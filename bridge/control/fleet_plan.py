@@ -9,8 +9,15 @@ Inputs, all measured on the controller's clock; nothing here takes a worker's wo
 heartbeats' self-reported samples_per_s are not used: a worker claiming to be fast would be
 activated and billed, and its own meter counts idle time as slowness):
 - T, the learner's train time per update, from `Controller.report_learner(step_s=...)`
-  (moving average). Until the learner reports, the step period lease_timing measures, which
-  includes the learner's waits and so understates the requirement while the fleet is short.
+  (median of the warm reports, capacity.Warmup: the first includes the XLA compile). Until
+  the learner reports, the step period lease_timing measures, which includes the learner's
+  waits and so understates the requirement while the fleet is short.
+- O, the learner's mean time per update outside train steps and waits (publishing,
+  evaluation, checkpoints), from `report_learner(overhead_s=...)`. The learner consumes one
+  batch per T + O, so the requirement and the freshness bound use that cycle, and the
+  predicted utilization (train time only, like `learner/utilization`) is the cycle's busy
+  fraction times T / (T + O). Before issue 32's fix the prediction left O out and ran ~10
+  points high on the demo (evaluations and checkpoints).
 - R = groups_per_step * group_size rollouts per update; S = `staleness`.
 - kappa = the difference between consecutive published versions (version = update count).
 - T_pub from `report_learner(publish_s=...)` on publishing steps (0 or None: none this step).
@@ -18,16 +25,21 @@ activated and billed, and its own meter counts idle time as slowness):
   mu_i = rollouts / the time it held at least one of them (the union of the intervals), so
   time spent waiting for admission is not slowness and concurrent leases count once;
   T_gen,i = their mean duration; swap_i = publish of a version -> the first contact where
-  the worker reports it (an overestimate by up to one heartbeat interval).
+  the worker reports it (an overestimate by up to one heartbeat interval), the median of
+  its warm swaps. Cold (capacity.Warmup) and left out of the capacity model while warm ones
+  exist: a worker's first lease (vLLM's kernel compile), any lease during which it swapped,
+  its first two swaps (engine start, first reload). Activation and the status table keep
+  the rate over every lease (a worker is measured, and can be put on standby, from its
+  first lease on).
 - latency = T_pub + max over active workers not refused as too slow of (swap_i + T_gen,i):
-  the last rollout of a version comes from the slowest worker that still gets work.
+  the last rollout of a version comes from the slowest worker that still gets work. The
+  active throughput sums the same workers: a refused one makes nothing usable.
 
-Capacity metrics appear once T is known. `capacity/warning` is 1 when the rate or the
-freshness condition fails; the rate is judged only once every active worker is measured
-(an unmeasured one would look like missing capacity). The log names the fix
-(`CapacityReport.advice`) when the verdict gets worse (a new cause, or a larger S needed),
-at most once a minute, and repeats an unchanged verdict every 10 minutes: a per-minute
-repeat of the same advice filled the demo's console without saying anything new.
+Capacity metrics appear once T is known. `capacity/confident` is 1 once T and every
+counted worker's leases and swaps have `Warmup.min_warm` warm samples (and every active
+worker is measured); before that no verdict is given. `capacity/warning` is 1 when the
+prediction is confident and the rate or the freshness condition fails. What the console says
+about it: bridge/control/capacity_advice.py.
 
 Activation (`activation=True`): the active set is re-solved on join, leave and quarantine
 and at most every `activation_period_s` on heartbeats (measured speeds and T change
@@ -49,14 +61,14 @@ import dataclasses
 import json
 import logging
 import math
+import statistics
 
-from bridge.control import activation, capacity
+from bridge.control import activation, audit, capacity, capacity_advice
 
 _EMA = 0.3  # weight of the newest sample in the moving averages
 _LEASES_KEPT = 16  # per worker: enough to smooth one slow lease, recent enough to track change
-_WARN_EVERY_S = 60.0  # at most one capacity warning a minute
-_WARN_REPEAT_S = 600.0  # the same verdict again after this long
 _VERSIONS_KEPT = 64  # publish times remembered for the swap latency
+_OVERHEADS_KEPT = 64  # learner overheads averaged: spans several evaluation periods
 
 
 def _ema(old: float | None, new: float) -> float:
@@ -87,24 +99,43 @@ class FleetPlan:
     """Measurements, capacity metrics and the active set; called under the controller's lock
     inside its transaction."""
 
-    def __init__(self, config, db, timing, clock):
+    def __init__(self, config, db, timing, clock, warmup: capacity.Warmup | None = None):
         self.config, self.db, self.timing, self.clock = config, db, timing, clock
-        self.step_s: float | None = None
+        self.warmup = warmup = warmup or capacity.Warmup()
+        self._steps = capacity.WarmSamples(warmup.cold_steps, warmup.keep)
+        self._overheads: collections.deque = collections.deque(maxlen=_OVERHEADS_KEPT)
         self.publish_s: float | None = None
         self.publish_every = 1
         self._last_version: int | None = None
         self._published: dict[int, float] = {}
-        self._leases: dict[str, collections.deque] = {}
-        self._swap_s: dict[str, float] = {}
+        self._leases: dict[str, collections.deque] = {}  # every lease, the fallback
+        self._warm_leases: dict[str, collections.deque] = {}
+        self._done: dict[str, int] = {}  # completed leases per worker
+        self._swaps: dict[str, capacity.WarmSamples] = {}  # publish -> first seen on it
+        self._swap_at: dict[str, collections.deque] = {}  # when each swap was first seen
+        self.confident = False
         self._solved_at = -math.inf
-        self._warned_at = -math.inf
-        self._warned_causes: frozenset[str] = frozenset()
-        self._warned_staleness = 0  # the largest min_staleness a warning named
+        self.advice = capacity_advice.Advice(config.staleness)
 
     # -- measurements --------------------------------------------------------------------
-    def learner_reported(self, step_s: float | None, publish_s: float | None) -> None:
+    @property
+    def step_s(self) -> float | None:
+        return self._steps.estimate()
+
+    @property
+    def overhead_s(self) -> float:
+        """O: the learner's mean time per update outside train steps and waits (the mean,
+        not the median: evaluations and checkpoints are rare long spikes that the learner
+        pays on average)."""
+        return statistics.fmean(self._overheads) if self._overheads else 0.0
+
+    def learner_reported(
+        self, step_s: float | None, publish_s: float | None, overhead_s: float | None = None
+    ) -> None:
         if step_s is not None and step_s > 0:
-            self.step_s = _ema(self.step_s, step_s)
+            self._steps.add(step_s)
+        if overhead_s is not None and overhead_s >= 0:
+            self._overheads.append(overhead_s)
         if publish_s is not None and publish_s > 0:
             self.publish_s = _ema(self.publish_s, publish_s)
 
@@ -119,18 +150,48 @@ class FleetPlan:
 
     def swapped(self, worker_id: str, version: int, now: float) -> None:
         """`worker_id` reported `version` for the first time."""
+        self._swap_at.setdefault(worker_id, collections.deque(maxlen=_LEASES_KEPT)).append(now)
         at = self._published.get(version)
         if at is not None:
-            self._swap_s[worker_id] = _ema(self._swap_s.get(worker_id), max(0.0, now - at))
+            w = self.warmup
+            swaps = self._swaps.setdefault(worker_id, capacity.WarmSamples(w.cold_swaps, w.keep))
+            swaps.add(max(0.0, now - at))
 
     def lease_done(self, worker_id: str, issued_at: float, now: float, rollouts: int) -> None:
-        leases = self._leases.setdefault(worker_id, collections.deque(maxlen=_LEASES_KEPT))
-        leases.append((issued_at, now, rollouts))
-        self.db.set_rollout_rate(worker_id, busy_rate(leases)[0])
+        done = self._done[worker_id] = self._done.get(worker_id, 0) + 1
+        # Cold: the first leases (compile), or one during which the worker swapped weights.
+        cold = done <= self.warmup.cold_leases or any(
+            issued_at < t <= now for t in self._swap_at.get(worker_id, ())
+        )
+        lease = (issued_at, now, rollouts)
+        for store, keep in ((self._leases, True), (self._warm_leases, not cold)):
+            if keep:
+                store.setdefault(worker_id, collections.deque(maxlen=_LEASES_KEPT)).append(lease)
+        # Activation and the status table keep every lease's rate (a worker is measured from
+        # its first lease on); the capacity model uses the warm ones (`_mu`).
+        self.db.set_rollout_rate(worker_id, busy_rate(self._leases[worker_id])[0])
+
+    def _lease_sample(self, worker_id: str):
+        """The worker's warm leases, else (none warm yet) all of them."""
+        return self._warm_leases.get(worker_id) or self._leases[worker_id]
+
+    def _mu(self, rows: dict, worker_id: str) -> float | None:
+        """mu_i from the warm leases, else the stored rate (None: unmeasured)."""
+        warm = self._warm_leases.get(worker_id)
+        return busy_rate(warm)[0] if warm else _col(rows, worker_id, "rollouts_per_s")
+
+    def _swap_s(self, worker_id: str) -> float:
+        swaps = self._swaps.get(worker_id)
+        return (swaps.estimate() if swaps is not None else None) or 0.0
+
+    def _warm_enough(self, worker_id: str) -> bool:
+        n = self.warmup.min_warm
+        swaps = self._swaps.get(worker_id)
+        return len(self._warm_leases.get(worker_id, ())) >= n and len(swaps or ()) >= n
 
     def forget(self, worker_id: str) -> None:
-        self._leases.pop(worker_id, None)
-        self._swap_s.pop(worker_id, None)
+        for part in (self._leases, self._warm_leases, self._done, self._swaps, self._swap_at):
+            part.pop(worker_id, None)
 
     def train_step_s(self) -> float | None:
         """T: the learner's report, else the measured period; None while unknown (or 0)."""
@@ -164,14 +225,19 @@ class FleetPlan:
             return None
         self._solved_at = now
         rows, standby = self.db.fleet_rows(), self._standby()
+        vouched = lambda w: audit.vouches(self.db, w, c.audit_min_tokens)  # audited work only
         offers = [
             activation.Offer(
-                w["worker_id"], _price(w), _col(rows, w["worker_id"], "rollouts_per_s")
+                w["worker_id"],
+                _price(w),
+                _col(rows, w["worker_id"], "rollouts_per_s") if vouched(w["worker_id"]) else None,
             )
             for w in self._alive(now)
         ]
         previous = [o.worker_id for o in offers if o.worker_id not in standby]
-        required = capacity.required_rollouts_per_s(c.groups_per_step * c.group_size, step_s)
+        required = capacity.required_rollouts_per_s(
+            c.groups_per_step * c.group_size, step_s + self.overhead_s
+        )
         d = activation.decide(offers, required, c.activation_margin, previous=previous)
         changed = [
             o.worker_id for o in offers if (o.worker_id in d.standby) != (o.worker_id in standby)
@@ -235,55 +301,60 @@ class FleetPlan:
         c, step_s = self.config, self.train_step_s()
         if step_s is None:
             return {}
-        mus = [_col(rows, w, "rollouts_per_s") for w in active]
+        mus = [self._mu(rows, w) for w in active]
         unmeasured = any(mu is None for mu in mus)
-        delays = [
-            (self._swap_s.get(w, 0.0) + busy_rate(self._leases[w])[1], mu or 0.0)
+        counted = [
+            (w, mu)
             for w, mu in zip(active, mus, strict=True)
             if w in self._leases and w not in self.timing.too_slow
         ]
+        delays = [
+            (self._swap_s(w) + busy_rate(self._lease_sample(w))[1], mu or 0.0) for w, mu in counted
+        ]
+        # A verdict only on warm inputs: T's, and every counted worker's leases and swaps.
+        self.confident = (
+            len(self._steps) >= self.warmup.min_warm
+            and not unmeasured
+            and bool(counted)
+            and all(self._warm_enough(w) for w, _ in counted)
+        )
         rollouts_per_step = c.groups_per_step * c.group_size
+        # The learner's cycle is T + O (it consumes a batch per cycle); utilization counts
+        # train time only, T / (T + O) of a fully fed cycle.
+        train_s, step_s = step_s, step_s + self.overhead_s
         latency = (self.publish_s or 0.0) + _covering_delay(delays, rollouts_per_step / step_s)
+        # A worker refused as too slow makes nothing the learner can use (lease_timing.py).
+        usable = [
+            mu or 0.0 for w, mu in zip(active, mus, strict=True) if w not in self.timing.too_slow
+        ]
+        # The first R rollouts of a version come from the fastest-returning workers first.
+        first = (self.publish_s or 0.0) + capacity.arrival_s(delays, rollouts_per_step)
         rep = capacity.report(
-            sum(mu or 0.0 for mu in mus),
+            sum(usable),
             rollouts_per_step,
             step_s,
             c.staleness,
             self.publish_every,
             latency,
+            first_rollouts_s=first if math.isfinite(first) else None,
+        )
+        rep = dataclasses.replace(
+            rep, predicted_utilization=rep.predicted_utilization * train_s / step_s
         )
         # An unmeasured active worker makes the fleet look short: no verdict on the rate yet.
         judged = dataclasses.replace(rep, rate_ok=rep.rate_ok or unmeasured)
-        self._warn(judged, now)
+        self.advice.say(judged, now, self.confident, train_s, latency, step_s - train_s)
         return {
             "capacity/required_rollouts_per_s": rep.required_rollouts_per_s,
             "capacity/active_rollouts_per_s": rep.active_rollouts_per_s,
             "capacity/predicted_utilization": rep.predicted_utilization,
             "capacity/min_staleness": rep.min_staleness,
-            "capacity/train_step_s": step_s,
+            "capacity/train_step_s": train_s,
+            "capacity/learner_overhead_s": step_s - train_s,
             "capacity/latency_s": latency,
-            "capacity/warning": int(not (judged.rate_ok and judged.fresh_ok)),
+            "capacity/confident": int(self.confident),
+            "capacity/warning": int(self.confident and not (judged.rate_ok and judged.fresh_ok)),
         }
-
-    def _warn(self, rep: capacity.CapacityReport, now: float) -> None:
-        checks = (("rate", rep.rate_ok), ("fresh", rep.fresh_ok))
-        causes = frozenset(k for k, ok in checks if not ok)
-        if not causes:
-            return
-        worse = bool(causes - self._warned_causes) or (
-            "fresh" in causes and rep.min_staleness > self._warned_staleness
-        )
-        since = now - self._warned_at
-        if since < _WARN_EVERY_S or (not worse and since < _WARN_REPEAT_S):
-            return
-        self._warned_at, self._warned_causes = now, self._warned_causes | causes
-        if "fresh" in causes:
-            self._warned_staleness = max(self._warned_staleness, rep.min_staleness)
-        logging.warning(
-            "capacity: the learner will wait (predicted utilization %.0f%%): %s",
-            100 * rep.predicted_utilization,
-            rep.advice(self.config.staleness),
-        )
 
 
 def _covering_delay(delays: list[tuple[float, float]], required: float) -> float:

@@ -1,7 +1,7 @@
 """The fleet at a glance: what `GET /v1/status` answers and `python -m bridge.status` prints.
 
-`fleet_status(ctl)` reads the controller's tables (in the caller's transaction) into one
-JSON-able dict:
+`fleet_status(db, config, ...)` reads the controller's tables (in the caller's transaction,
+under the controller's lock) into one JSON-able dict:
 
     {"run":     {"step", "policy_version", "staleness_bound", "staleness_now", "spend_usd",
                  "spend_usd_per_hour", "run_over", "workers": {state: count}},
@@ -18,6 +18,7 @@ bridge/control/lease_timing.py), `active`.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Collection
 
 STATES = ("active", "standby", "too_slow", "quarantined", "gone")
 
@@ -35,14 +36,23 @@ def worker_state(row, now: float, timeout_s: float, too_slow=(), active=None) ->
     return "active"
 
 
-def fleet_status(ctl, stats: dict) -> dict:
-    """The status of controller `ctl` (call under its lock); `stats` are its flat stats."""
-    now, db, c = ctl.clock(), ctl.store, ctl.config
-    too_slow = set(getattr(ctl.timing, "too_slow", ()))
-    active = getattr(ctl, "_active", None)
+def fleet_status(
+    db,
+    config,
+    now: float,
+    stats: dict,
+    *,
+    policy_version: int,
+    too_slow: Collection[str],
+    active: Callable[[str], bool],
+) -> dict:
+    """The fleet's status from the controller's database `db` (bridge/control/db.py) and
+    config; `stats` are the controller's flat stats, `too_slow` the workers lease_timing.py
+    refused last, `active(worker_id)` the activation decision."""
+    c, too_slow = config, set(too_slow)
     # Standby time is billed at a fraction of the price (bridge/control/fleet_plan.py).
-    rows = db.fleet_rows() if hasattr(db, "fleet_rows") else {}
-    off = 1.0 - getattr(c, "standby_price_fraction", 1.0)
+    rows = db.fleet_rows()
+    off = 1.0 - c.standby_price_fraction
     workers = []
     for w in db.workers():
         profile = json.loads(w["profile"])
@@ -63,11 +73,11 @@ def fleet_status(ctl, stats: dict) -> dict:
             }
         )
     step = db.get("next_step", 0)
-    oldest = db.q("SELECT MIN(min_version) AS v FROM groups WHERE state='buffered'")[0]["v"]
+    oldest = db.oldest_buffered_version()
     counts = {s: sum(1 for w in workers if w["state"] == s) for s in STATES}
     run = {
         "step": step,
-        "policy_version": ctl._announcement().version,
+        "policy_version": policy_version,
         "staleness_bound": c.staleness,
         # What the oldest waiting group would have if the learner took it now.
         "staleness_now": None if oldest is None else step - oldest,

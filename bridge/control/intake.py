@@ -1,112 +1,150 @@
 """A submission's way in, in two locked phases around reward scoring (controller.py).
 
-`check_submission` (under the controller's lock) validates every group against the lease,
-the configured limits and the prompt ids the controller builds itself
-(bridge/control/validation.py) and changes nothing but the worker's liveness. The caller
-then scores the fresh groups with the lock released (bridge/control/rewards.py), and
-`accept` (under the lock again) buffers the scored groups atomically. A checked submission
-renews its worker's leases past the worst-case scoring time (one timeout per completion),
-so scoring never expires them; a lease that ended anyway (released, the worker quarantined)
-is refused with 409 (its groups were requeued); a group
+`Intake` is a part of `Controller`, built from the database, the config, the clock and the
+lease content it checks against; it never references the controller. `check` (under the
+controller's lock) validates every group against the lease, the configured limits and the
+prompt ids the controller builds itself (bridge/control/validation.py) and the version the
+lease was taken at (a token tagged older than it is refused) and changes nothing but lease
+deadlines. The caller then scores the fresh groups with the lock released
+(bridge/control/rewards.py), and `accept` (under the lock again) buffers the scored groups
+atomically. A checked submission renews its worker's leases past the worst-case scoring
+time (one timeout per completion), so scoring never expires them; a lease that ended anyway
+(released, the worker quarantined) is refused with 409 (its groups were requeued); a group
 buffered meanwhile by a concurrent resubmission of the same lease counts as a duplicate.
-`ctl` is the `Controller`; these are its methods, kept here to keep controller.py small.
+`accept` returns what the caller feeds to the lease timing and the fleet plan when the
+lease is complete (`LeaseDone`).
 """
 
 from __future__ import annotations
 
-from bridge.control.protocol import Submission, SubmitResponse
+import dataclasses
+from collections.abc import Callable
+
+import pydantic
+
+from bridge.contracts import staleness as staleness_rule
+from bridge.control.config import ControllerConfig
+from bridge.control.db import ControllerDB
+from bridge.control.lease_content import LeaseContent
+from bridge.control.protocol import Submission, Trajectory
 from bridge.control.validation import SubmissionError, check_group
 from bridge.tasks import Prompt
 
-
-def check_submission(ctl, worker_id: str, sub: Submission):
-    """(fresh groups, group_id -> Prompt); raises SubmissionError before any change."""
-    c, now = ctl.config, ctl.clock()
-    ctl.store.expire_leases(now)
-    ctl._touch(worker_id)
-    lease = ctl._own_lease(worker_id, sub.lease_id)
-    rows = {r["group_id"]: r for r in ctl.store.groups_of_lease(sub.lease_id)}
-    ids = [g.group_id for g in sub.groups]
-    if len(set(ids)) != len(ids):
-        raise SubmissionError("a group id appears twice in the submission")
-    newest = ctl._announcement().version
-    fresh, prompts = [], {}
-    for g in sub.groups:
-        row = rows.get(g.group_id)
-        if row is None:
-            raise SubmissionError(
-                f"group {g.group_id} is not (or no longer) part of lease "
-                f"{sub.lease_id!r} (state {lease['state']}); it was requeued",
-                409,
-            )
-        if row["state"] in ("buffered", "consumed"):
-            continue  # a duplicate, reported by accept
-        check_group(
-            g,
-            prompt_id=row["prompt_id"],
-            n=c.group_size,
-            sampling=ctl.content.sampling,
-            vocab_size=c.vocab_size,
-            max_prompt_tokens=c.max_prompt_tokens,
-            newest_version=newest,
-            prompt_token_ids=ctl.content.prompt_ids(row["prompt"]),
-            episode=ctl.content.episode(row["answer"]),
-        )
-        fresh.append(g)
-        prompts[g.group_id] = Prompt(row["prompt_id"], row["prompt"], row["answer"])
-    if fresh:  # contact renews the leases, and scoring time must not expire them
-        scoring_s = sum(len(g.trajectories) for g in fresh) * max(c.reward_timeout_s, 0.0)
-        ctl.store.renew_leases(worker_id, now + c.lease_ttl_s + scoring_s)
-    return fresh, prompts
+_TRAJECTORIES = pydantic.TypeAdapter(list[Trajectory])  # a group's payload, as JSON
 
 
-def accept(ctl, worker_id: str, sub: Submission, scored) -> SubmitResponse:
-    """Buffer the scored groups still leased to `sub` (the lease may have expired while
-    they were scored: 409); the rest of `sub` are duplicates."""
-    c, now = ctl.config, ctl.clock()
-    ctl.store.expire_leases(now)
-    lease = ctl._own_lease(worker_id, sub.lease_id)
-    rows = {r["group_id"]: r for r in ctl.store.groups_of_lease(sub.lease_id)}
-    fresh = []
-    for gid, trajs, errors in scored:
-        state = rows[gid]["state"] if gid in rows else "requeued"
-        if state == "leased":
-            fresh.append((gid, trajs, errors))
-        elif state not in ("buffered", "consumed"):  # not a concurrent resubmission's
-            raise SubmissionError(
-                f"group {gid}: lease {sub.lease_id!r} ended while its rewards were "
-                f"computed (state {lease['state']}); it was requeued",
-                409,
-            )
-    for gid, trajs, _ in fresh:
-        ctl.store.buffer_group(
-            gid, [t.model_dump() for t in trajs], min(t.min_version for t in trajs), now
-        )
-    if fresh:
-        ctl.store.incr("groups/accepted", len(fresh))
-        ctl.store.incr("trajectories/accepted", c.group_size * len(fresh))
-        ctl.store.incr("reward/errors", sum(e for _, _, e in fresh))
-        ctl.store.incr("reward/timeouts", sum(
-            t.reward_error.startswith("RewardTimeout") for _, ts, _ in fresh for t in ts
-        ))  # fmt: skip
-    accepted = {gid for gid, _, _ in fresh}
-    dups = [g.group_id for g in sub.groups if g.group_id not in accepted]
-    ctl.store.incr("groups/duplicate", len(dups))
-    if lease["state"] == "active" and not any(
-        r["state"] == "leased" for r in ctl.store.groups_of_lease(sub.lease_id)
+def own_lease(db: ControllerDB, worker_id: str, lease_id: str):
+    """The lease row, if it exists and belongs to `worker_id` (else 404 / 403)."""
+    lease = db.lease(lease_id)
+    if lease is None:
+        raise SubmissionError(f"unknown lease {lease_id!r}", 404)
+    if lease["worker_id"] != worker_id:
+        raise SubmissionError(f"lease {lease_id!r} belongs to another worker", 403)
+    return lease
+
+
+@dataclasses.dataclass(frozen=True)
+class LeaseDone:
+    """Every group of a lease is in: its issue time, whether any came back too stale to be
+    used (lease_timing's evidence), and how many rollouts it brought (fleet_plan's)."""
+
+    issued_at: float
+    late: bool
+    rollouts: int
+
+
+class Intake:
+    def __init__(
+        self,
+        db: ControllerDB,
+        config: ControllerConfig,
+        clock: Callable[[], float],
+        content: LeaseContent,
     ):
-        ctl.store.set_lease_state(sub.lease_id, "done")
-        step = ctl.store.get("next_step", 0)
-        late = any(step - min(t.min_version for t in ts) > c.staleness
-                   for _, ts, _ in fresh)  # fmt: skip
-        ctl.timing.lease_done(worker_id, lease["created_at"], now, late)
-        # Every group of the lease is in now: its rollouts over its issue -> done time.
-        done = len(ctl.store.groups_of_lease(sub.lease_id))
-        ctl.fleet.lease_done(worker_id, lease["created_at"], now, done * c.group_size)
-    ctl._new_work.notify_all()
-    return SubmitResponse(
-        accepted=[gid for gid, _, _ in fresh],
-        duplicates=dups,
-        announcement=ctl._announcement(),
-        swap_to=ctl._swap_to(ctl.store.worker(worker_id)["version"]),
-    )
+        self.db, self.config, self.clock, self.content = db, config, clock, content
+
+    def check(self, worker_id: str, sub: Submission, newest: int):
+        """(fresh groups, group_id -> Prompt); raises SubmissionError before any change.
+        `newest`: the newest published version (no token may claim a newer one)."""
+        c, now, db = self.config, self.clock(), self.db
+        lease = own_lease(db, worker_id, sub.lease_id)
+        rows = {r["group_id"]: r for r in db.groups_of_lease(sub.lease_id)}
+        ids = [g.group_id for g in sub.groups]
+        if len(set(ids)) != len(ids):
+            raise SubmissionError("a group id appears twice in the submission")
+        fresh, prompts = [], {}
+        for g in sub.groups:
+            row = rows.get(g.group_id)
+            if row is None:
+                raise SubmissionError(
+                    f"group {g.group_id} is not (or no longer) part of lease "
+                    f"{sub.lease_id!r} (state {lease['state']}); it was requeued",
+                    409,
+                )
+            if row["state"] in ("buffered", "consumed"):
+                continue  # a duplicate, reported by accept
+            check_group(
+                g,
+                prompt_id=row["prompt_id"],
+                n=c.group_size,
+                sampling=self.content.sampling,
+                vocab_size=c.vocab_size,
+                max_prompt_tokens=c.max_prompt_tokens,
+                newest_version=newest,
+                lease_version=db.get(f"lease_version/{sub.lease_id}"),
+                prompt_token_ids=self.content.prompt_ids(row["prompt"]),
+                episode=self.content.episode(row["answer"]),
+            )
+            fresh.append(g)
+            prompts[g.group_id] = Prompt(row["prompt_id"], row["prompt"], row["answer"])
+        if fresh:  # contact renews the leases, and scoring time must not expire them
+            scoring_s = sum(len(g.trajectories) for g in fresh) * max(c.reward_timeout_s, 0.0)
+            db.renew_leases(worker_id, now + c.lease_ttl_s + scoring_s)
+        return fresh, prompts
+
+    def accept(self, worker_id: str, sub: Submission, scored):
+        """Buffer the scored groups still leased to `sub` (the lease may have expired while
+        they were scored: 409); the rest of `sub` are duplicates. Returns (accepted group
+        ids, duplicate group ids, LeaseDone or None)."""
+        c, now, db = self.config, self.clock(), self.db
+        db.expire_leases(now)
+        lease = own_lease(db, worker_id, sub.lease_id)
+        rows = {r["group_id"]: r for r in db.groups_of_lease(sub.lease_id)}
+        fresh = []
+        for gid, trajs, errors in scored:
+            state = rows[gid]["state"] if gid in rows else "requeued"
+            if state == "leased":
+                fresh.append((gid, trajs, errors))
+            elif state not in ("buffered", "consumed"):  # not a concurrent resubmission's
+                raise SubmissionError(
+                    f"group {gid}: lease {sub.lease_id!r} ended while its rewards were "
+                    f"computed (state {lease['state']}); it was requeued",
+                    409,
+                )
+        for gid, trajs, _ in fresh:
+            payload = _TRAJECTORIES.dump_json(trajs).decode()  # Rust: ~10x model_dump+json
+            db.buffer_group(gid, payload, min(t.min_version for t in trajs), now)
+        if fresh:
+            db.incr("groups/accepted", len(fresh))
+            db.incr("trajectories/accepted", c.group_size * len(fresh))
+            db.incr("reward/errors", sum(e for _, _, e in fresh))
+            db.incr("reward/timeouts", sum(
+                t.reward_error.startswith("RewardTimeout") for _, ts, _ in fresh for t in ts
+            ))  # fmt: skip
+        accepted = [gid for gid, _, _ in fresh]
+        dups = [g.group_id for g in sub.groups if g.group_id not in set(accepted)]
+        db.incr("groups/duplicate", len(dups))
+        done = None
+        if lease["state"] == "active" and not any(
+            r["state"] == "leased" for r in db.groups_of_lease(sub.lease_id)
+        ):
+            db.set_lease_state(sub.lease_id, "done")
+            step = db.get("next_step", 0)
+            late = not all(
+                staleness_rule.is_fresh(min(t.min_version for t in ts), step, c.staleness)
+                for _, ts, _ in fresh
+            )
+            # Every group of the lease is in now: its rollouts over its issue -> done time.
+            rollouts = len(db.groups_of_lease(sub.lease_id)) * c.group_size
+            done = LeaseDone(lease["created_at"], late, rollouts)
+        return accepted, dups, done

@@ -104,6 +104,13 @@ class JoinSecret:
             )
             return True
 
+    def accepted(self) -> list[str]:
+        """The secrets a registration may present now: the current one and those replaced
+        within their grace (per-worker credentials are minted from these, identity.py)."""
+        self.refresh()
+        now = self.clock()
+        return [self._current] + [s for s, until in list(self._previous) if until > now]
+
     def matches(self, candidate: str) -> bool:
         """Constant-time against every accepted secret (no early exit on a match)."""
         self.refresh()

@@ -6,8 +6,8 @@ clock, the lease timing it reports the learner's pace to, and the prompt stream.
 controller keeps the learner's entry points (`take_batch`, `wait_batch`, the cursor) and
 delegates here; it adds the fleet metrics to each batch's stats.
 
-Bounded staleness S: version v = parameters after v updates; learner step t may use a
-trajectory only if t - v <= S for its oldest token. Before each batch, buffered groups that
+Bounded staleness S (the rule: bridge/contracts/staleness.py): learner step t may use a
+trajectory only while its oldest token's version is fresh. Before each batch, buffered groups that
 already break this are dropped (counted in `staleness/dropped`, cumulative over the run)
 and their prompts requeued; a group is judged by its stalest trajectory, since GRPO needs
 it whole. Batches take the oldest version first (the earliest deadline: a group of version
@@ -27,6 +27,7 @@ import json
 import threading
 from collections.abc import Callable
 
+from bridge.contracts import staleness as staleness_rule
 from bridge.control.db import ControllerDB
 from bridge.control.lease_timing import LeaseTiming
 from bridge.control.prompt_stream import PromptStream
@@ -56,7 +57,7 @@ class LearnerSide:
     def drop_stale(self, step: int) -> int:
         """Requeue buffered groups too stale for learner step `step`; returns how many."""
         with self._op():
-            stale = self.db.stale_buffered(step, self.staleness)
+            stale = self.db.stale_buffered(staleness_rule.oldest_fresh(step, self.staleness))
             if stale:
                 self.db.requeue(stale)
                 self.db.incr("staleness/dropped", len(stale))

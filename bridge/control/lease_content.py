@@ -40,7 +40,9 @@ class LeaseContent:
 
     def episode(self, answer: str) -> EpisodeSpec | None:
         """What a worker needs to play a multi-turn task's prompt (None: single-turn). The
-        seed is an environment task's `answer` (bridge/tasks/env.py: EnvTask)."""
+        seed (an environment task's `answer`, bridge/tasks/env.py: EnvTask) is hidden
+        state, a poker deal: it stays here, and the worker gets each observation from
+        POST /v1/episode (episode_steps.py; issue 23 item 8)."""
         t = self.task
         if not isinstance(t, EnvTask):
             return None
@@ -49,7 +51,7 @@ class LeaseContent:
             env=t.env_name,
             module=type(t.env).__module__,
             options=t.env_options,
-            seed=int(answer),
+            seed=-1,
             max_turns=t.max_turns,
             max_tokens=c.max_completion_tokens or c.sampling.max_tokens,
         )

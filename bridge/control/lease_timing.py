@@ -1,12 +1,9 @@
 """Freshness-aware leasing: give a worker only work it can return before it goes stale.
 
 This is the paper's freshness condition (PAPER.md, capacity model) applied per worker and
-measured live. A group leased now to a worker at version v may be consumed up to step
-v + S. The learner takes one batch per step period T; the batch for step v + S is taken
-about (v + S - t + 1) * T after the previous batch, t being the learner's next step. So a
-lease issued now must come back within
-
-    window = (v + S - t + 1) * T - (now - last_batch)
+measured live. A lease issued now at version v must come back within the deadline of
+bridge/contracts/staleness.py (`lease_window_s`: the batches left for v times the step
+period T, less the time since the last batch).
 
 T is measured by the controller (moving average of the time between batches; while the
 learner waits for data the current wait counts too, so T grows when the fleet is short and
@@ -22,13 +19,19 @@ A latency estimate older than `retest_after_s` is forgotten, so a refused worker
 lease now and then and is measured again (it may have become faster, or the learner
 slower). Before the first measurements (of T or of the worker) nothing is refused.
 In memory only: after a controller restart everything is measured again.
+
+The refusal is said once per worker, with its price (issue 32: the demo said it at every
+re-measuring, telling the user to do by hand what the fleet can do): a worker the training
+binary started is put on standby and released by the fleet follower after
+`standby_release_s` (learner_jax/rl/fleet.py); one started by hand is the operator's to stop.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
+
+from bridge.contracts import staleness as staleness_rule
 
 _EMA = 0.3  # weight of the newest sample in the moving averages
 
@@ -47,7 +50,7 @@ class _Latency:
 class LeaseTiming:
     def __init__(self, staleness: int, retest_after_s: float, refuse: bool = True):
         self.staleness, self.retest_after_s, self.refuse = staleness, retest_after_s, refuse
-        self._warned: dict[str, float] = {}  # worker -> when it was last reported slow
+        self._warned: set[str] = set()  # workers whose refusal was said (once each)
         self.step_period_s: float | None = None
         self.last_batch_at: float | None = None
         self.latency: dict[str, _Latency] = {}
@@ -69,7 +72,9 @@ class LeaseTiming:
             return None
         since = now - self.last_batch_at
         period = max(self.step_period_s, since)
-        return (worker_version + self.staleness - next_step + 1) * period - since
+        return staleness_rule.lease_window_s(
+            worker_version, next_step, self.staleness, period, since
+        )
 
     def fresh_enough(self, worker_id: str, worker_version: int, next_step: int, now: float):
         """(ok, latency, window): False only on a recent late lease and a too-long latency."""
@@ -81,22 +86,32 @@ class LeaseTiming:
         (self.too_slow.discard if ok else self.too_slow.add)(worker_id)
         return ok, (lat.seconds if lat else None), window
 
-    def admit(self, worker_id: str, worker_version: int, next_step: int, now: float) -> bool:
-        """`fresh_enough`, warning about a too-slow worker; always True if not `refuse`."""
+    def admit(
+        self,
+        worker_id: str,
+        worker_version: int,
+        next_step: int,
+        now: float,
+        price_per_hour: float = 0.0,
+    ) -> bool:
+        """`fresh_enough`, warning once about a too-slow worker; True if not `refuse`."""
         ok, latency, window = self.fresh_enough(worker_id, worker_version, next_step, now)
-        # A borderline worker flips between fits and does not fit within a step: say it once
-        # per re-measuring period, not at every flip.
-        if not ok and now - self._warned.get(worker_id, -math.inf) > self.retest_after_s:
-            self._warned[worker_id] = now
+        # Said once per worker: a borderline worker flips at every step, and a refused one is
+        # re-measured every retest_after_s; the status table and the live line keep count.
+        if not ok and worker_id not in self._warned:
+            self._warned.add(worker_id)
             logging.warning(
                 "worker %s %s: its leases take %.2fs but must be back within %.2fs "
-                "(staleness %d at the learner's current pace). It is still billed; raise "
-                "staleness or stop it (re-measured every %.0fs).",
+                "(staleness %d at the learner's current pace), and it is billed $%.2f/h "
+                "meanwhile. A worker this run started is released after "
+                "fleet.standby_release_s; one started by hand: raise staleness or stop it "
+                "(re-measured every %.0fs; said once).",
                 worker_id,
                 "gets no work for now" if self.refuse else "returns work too late",
                 latency,
                 window,
                 self.staleness,
+                price_per_hour,
                 self.retest_after_s,
             )
         return ok or not self.refuse

@@ -140,30 +140,60 @@ class HeartbeatResponse(_Route):
     active: bool = Field(default=True, description="false: the fleet does not need you now")
     run_over: bool = Field(default=False, description="true: training ended; leave and exit")
     renewed_leases: list[str] = Field(default_factory=list)
+    heartbeat_interval_s: float | None = Field(
+        default=None, description="heartbeat again after this long (grows with the fleet)"
+    )
 
 
 class SamplingParams(_Model):
     temperature: float = Field(default=1.0, ge=0.0, le=100.0)
     top_p: float = Field(default=1.0, gt=0.0, le=1.0)
     top_k: int = Field(default=-1, ge=-1)
+    min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     max_tokens: int = Field(default=16, ge=1, le=_MAX_TOKENS)
     stop_token_ids: list[int] = Field(default_factory=list, max_length=64)
 
 
 class EpisodeSpec(_Model):
-    """A multi-turn episode to play from the prompt (bridge/tasks/env.py): the worker runs
-    the environment `env` built with `options` from `seed` to produce the observations,
-    at most `max_turns` model turns of `SamplingParams.max_tokens` tokens each and at most
-    `max_tokens` completion tokens in all (model and environment tokens together)."""
+    """A multi-turn episode to play from the prompt (bridge/tasks/env.py): at most
+    `max_turns` model turns of `SamplingParams.max_tokens` tokens each and at most
+    `max_tokens` completion tokens in all (model and environment tokens together). The
+    controller's leases say `seed` -1: the seed (a poker deal) stays on the controller and
+    each observation comes from POST /v1/episode, turn by turn (issue 23 item 8). With a
+    seed >= 0 the worker runs the environment `env` built with `options` itself."""
 
     env: str = Field(max_length=128)
     module: str = Field(
         default="", max_length=256, description="import it first: it registers `env`"
     )
     options: dict[str, Any] = Field(default_factory=dict)
-    seed: int = Field(ge=0, lt=1 << 62)
+    seed: int = Field(default=-1, ge=-1, lt=1 << 62, description="-1: hidden (POST /v1/episode)")
     max_turns: int = Field(ge=1, le=1024)
     max_tokens: int = Field(ge=1, le=_MAX_TOKENS)
+
+
+class EpisodeTurns(_Model):
+    """One leased episode's model turns so far, token ids exactly as sampled."""
+
+    group_id: int
+    sample_index: int = Field(ge=0, le=1 << 16)
+    turns: list[list[int]] = Field(min_length=1, max_length=1024)
+
+
+class EpisodeStep(_Model):
+    """POST /v1/episode: the next observation of each episode, after its last turn."""
+
+    lease_id: str = Field(max_length=128)
+    episodes: list[EpisodeTurns] = Field(min_length=1, max_length=4096)
+
+
+class EpisodeObservation(_Model):
+    observation: str = Field(default="", description="empty once the episode is done")
+    done: bool
+
+
+class EpisodeStepResponse(_Model):
+    observations: list[EpisodeObservation] = Field(description="in the request's order")
 
 
 class PromptGroup(_Model):
@@ -285,6 +315,7 @@ class Trajectory(WorkerTrajectory):
 
     reward: float
     reward_error: str = Field(default="", description="why scoring failed (reward is then 0)")
+    think_tokens: int = Field(default=0, ge=0, description="completion tokens spent thinking")
 
 
 class GroupResult(_Model):

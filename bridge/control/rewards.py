@@ -4,9 +4,22 @@
     trajs, errors = scorer.score_group(prompt, worker_trajectories)
 
 A worker sends completion token ids only; the text the reward sees is those ids decoded
-with the run's tokenizer, special tokens skipped (`TextCodec.decode`), and the reference
-answer never leaves the controller's database. A worker's own opinion of its reward is not
-even on the wire (bridge/control/protocol.py).
+with the run's tokenizer (`ScoringText`), and the reference answer never leaves the
+controller's database.
+
+Hidden tokens (issue 23 item 7). The model's vocabulary is padded past the tokenizer's (the
+tiny model: 128 ids, 99 tokens), and a decoder that skips special tokens or unknown ids
+would read "4<pad>2" as "42": a token the reward cannot see could join or split an answer.
+So a single-turn completion may hold only ids the tokenizer knows, that
+are not special and that decode to something, except one stop token at its end (EOS, or
+PAD where the run stops on it). Any other completion scores `REWARD_ON_ERROR` with
+`reward_error` "HiddenToken: ..." (counted in `reward/hidden_tokens` and against the worker
+by the service, `WorkerRegistry.count_hidden`; not in `reward/errors`, which counts a reward
+function that failed). Scored 0 rather than refused: an honest
+policy samples padded ids too (an untrained tiny model spreads 29/128 of its mass over
+them), and a 0 teaches it not to, while a refusal would requeue the prompt forever.
+
+A worker's own opinion of its reward is not even on the wire (bridge/control/protocol.py).
 
 Reward functions are user code (a `task.reward_fn` file, math-verify on a pathological
 string), so none runs in the HTTP request's thread unguarded: each call goes to the
@@ -40,6 +53,8 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
+from bridge.contracts import thinking
+from bridge.control.log_text import log_safe
 from bridge.control.protocol import Trajectory, WorkerTrajectory
 from bridge.control.validation import SubmissionError
 from bridge.tasks import EnvTask, Prompt, RewardError, Task, cached_task, score
@@ -49,9 +64,70 @@ REWARD_ON_ERROR = 0.0
 
 
 class Codec(Protocol):
+    """bridge.contracts.prompt.TextCodec: `tok` is its `tokenizers.Tokenizer`."""
+
+    tok: object
+    eos_id: int
+    pad_id: int
+
     def encode_prompt(self, text: str) -> list[int]: ...
 
     def decode(self, ids) -> str: ...
+
+
+class HiddenToken(RewardError):
+    """A completion holds a token the reward would not see (module docstring)."""
+
+
+class ScoringText:
+    """The text a reward sees: ids decoded with nothing skipped, once no id is hidden."""
+
+    def __init__(self, codec: Codec):
+        self.tok = codec.tok
+        self.stops = {i for i in (codec.eos_id, codec.pad_id) if i is not None}
+        added = self.tok.get_added_tokens_decoder()
+        self.special = {i for i, t in added.items() if t.special}
+        self._why: dict[int, str] = {}  # id -> why hidden ('' = visible); ids are few
+
+    def hidden(self, i: int) -> str:
+        """Why id `i` is invisible to a reward, or ''."""
+        why = self._why.get(i)
+        if why is None:
+            if self.tok.id_to_token(i) is None:
+                why = "outside the tokenizer's vocabulary"
+            elif i in self.special:
+                why = "a special token"
+            elif not self.tok.decode([i], skip_special_tokens=False):
+                why = "decodes to nothing"
+            else:
+                why = ""
+            self._why[i] = why
+        return why
+
+    def text(self, ids) -> str:
+        """The decoded text; HiddenToken unless every id (but a final stop) is visible."""
+        ids = [int(i) for i in ids]
+        body = ids[:-1] if ids and ids[-1] in self.stops else ids
+        for pos, i in enumerate(body):
+            if why := self.hidden(i):
+                raise HiddenToken(f"completion token {pos} (id {i}) is {why}")
+        return self.tok.decode(body, skip_special_tokens=False)
+
+    def count_hidden(self, trajectories: Sequence[WorkerTrajectory]) -> int:
+        """How many of `trajectories` hold a hidden token in a model turn."""
+        n = 0
+        for t in trajectories:
+            try:
+                for m, ids in t.segments():
+                    if m == 1:
+                        self.text(ids)
+            except HiddenToken:
+                n += 1
+        return n
+
+
+class UnterminatedThinking(RewardError):
+    """A think block that never closed: no answer (bridge/contracts/thinking.py)."""
 
 
 class CallPool(Protocol):
@@ -80,7 +156,25 @@ class RewardScorer:
         self, task: Task, codec: Codec, timeout_s: float = 5.0, pool: CallPool | None = None
     ):
         self.task, self.codec, self.timeout_s = task, codec, float(timeout_s)
+        self.decoder = ScoringText(codec)
         self._pool = pool
+        # Reasoning models (task.thinking): the answer is the text after the last </think>.
+        fmt, template = getattr(codec, "fmt", None), getattr(codec, "chat_template", None)
+        self.thinks = thinking.scores_after_think(fmt, template)
+        self._close_id = codec.tok.token_to_id(thinking.CLOSE) if self.thinks else None
+
+    def answer(self, t: WorkerTrajectory, text: str) -> tuple[str, int]:
+        """(the text the reward sees, thinking tokens) of one decoded completion;
+        UnterminatedThinking when its think block never closed."""
+        if not self.thinks:
+            return text, 0
+        prompt = self.codec.tok.decode(list(t.prompt_token_ids), skip_special_tokens=False)
+        opened = thinking.opens_thinking(prompt)
+        parts = thinking.split(text, opened)
+        n = thinking.think_tokens(t.completion_token_ids, parts, self._close_id, self.codec.encode)
+        if not parts.terminated:
+            raise UnterminatedThinking(f"no {thinking.CLOSE} after {n} thinking tokens")
+        return parts.answer, n
 
     @property
     def pool(self) -> CallPool:
@@ -123,6 +217,10 @@ class RewardScorer:
         be exactly the replay's observations as this side encodes them, else 422 (the
         worker made them up). RewardError when the environment itself fails."""
         segments = t.segments()
+        # Actions are read as the environment's own parser reads them (an unreadable action
+        # gets the environment's invalid-action rule). Not the hidden-token rule: scoring 0
+        # would be a gain where rewards are negative (a lost hand is -2), so a hidden id in a
+        # model turn is only counted against the worker (service.py).
         actions = [self.codec.decode(ids) for m, ids in segments if m == 1]
         shown = [ids for m, ids in segments if m == 0]
         reward, observations, done = self.replay(prompt, actions)
@@ -151,14 +249,25 @@ class RewardScorer:
         out, errors = [], 0
         episodic = isinstance(self.task, EnvTask)
         for t in trajectories:
+            think = 0
             try:
                 if episodic:
                     value, why = self.episode_reward(group_id, prompt, t), ""
                 else:
-                    text = self.codec.decode(t.completion_token_ids)
+                    text = self.decoder.text(t.completion_token_ids)
+                    text, think = self.answer(t, text)
                     value, why = self.reward(prompt, text), ""
+            except UnterminatedThinking as e:  # the policy's own doing: 0, not a failure
+                value, why = REWARD_ON_ERROR, f"UnterminatedThinking: {e}"
+                think = len(t.completion_token_ids)
+            except HiddenToken as e:
+                # An honest policy samples a hidden id now and then (an untrained model,
+                # the padded vocabulary): scored 0 and counted by the service
+                # (reward/hidden_tokens), not a reward failure nor a console warning.
+                value, why = REWARD_ON_ERROR, log_safe(f"HiddenToken: {e}", 1000)
             except RewardError as e:
-                value, why = REWARD_ON_ERROR, f"{type(e).__name__}: {e}"[:1000]
+                # The reward's message may quote the completion: escaped for the log.
+                value, why = REWARD_ON_ERROR, log_safe(f"{type(e).__name__}: {e}", 1000)
                 if not errors:
                     logging.warning(
                         "group %d sample %d: reward failed (scored %.1f): %s",
@@ -168,5 +277,7 @@ class RewardScorer:
                         why,
                     )
                 errors += 1
-            out.append(Trajectory(**t.model_dump(), reward=value, reward_error=why))
+            out.append(
+                Trajectory(**t.model_dump(), reward=value, reward_error=why, think_tokens=think)
+            )
         return out, errors

@@ -13,6 +13,7 @@ Part of `Controller` (bridge/control/controller.py): callers hold its lock and t
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from bridge.control import fleet_status
@@ -21,22 +22,22 @@ from bridge.control.db import ControllerDB
 
 
 class RunEnd:
-    def __init__(self, store: ControllerDB, config: ControllerConfig, clock: Callable[[], float]):
-        self.store, self.config, self.clock = store, config, clock
+    def __init__(self, db: ControllerDB, config: ControllerConfig, clock: Callable[[], float]):
+        self.db, self.config, self.clock = db, config, clock
         self._told: set[str] = set()  # workers answered run_over since the end
 
     def clear(self) -> None:
-        if self.store.get("run_over") is not None:
-            self.store.put("run_over", None)
+        if self.db.get("run_over") is not None:
+            self.db.put("run_over", None)
 
     def end(self, reason: str) -> None:
-        if self.store.get("run_over") is None:
-            self.store.put("run_over", {"at": self.clock(), "reason": reason})
+        if self.db.get("run_over") is None:
+            self.db.put("run_over", {"at": self.clock(), "reason": reason})
             logging.info("run over (%s): telling the workers to leave", reason)
 
     def tell(self, worker_id: str) -> bool:
         """Whether the run is over; remembers that `worker_id` was told."""
-        if self.store.get("run_over") is None:
+        if self.db.get("run_over") is None:
             return False
         self._told.add(worker_id)
         return True
@@ -49,6 +50,16 @@ class RunEnd:
         timeout_s = min(c.worker_timeout_s, 3 * c.heartbeat_interval_s + 1)
         return all(
             w["worker_id"] in self._told
-            for w in self.store.workers()
+            for w in self.db.workers()
             if fleet_status.worker_state(w, now, timeout_s) not in ("gone", "quarantined")
         )
+
+
+def wait_all_told(all_told: Callable[[], bool], timeout_s: float) -> bool:
+    """Poll `all_told` until true or `timeout_s` passes (wall clock)."""
+    deadline = time.monotonic() + timeout_s
+    while not all_told():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
+    return True

@@ -11,38 +11,57 @@ The training binary starts it next to the learner:
 Security: POST /v1/register takes the join secret (constant-time compare) and hands out a
 per-worker bearer token; the controller stores only its SHA-256. A middleware answers
 401 on every other path without a valid token before any body is parsed, and 413 for a
-body over `max_body_bytes` (411 when a body has no Content-Length). GET /v1/status
+body over `max_body_bytes` (411 when a body has no Content-Length; counted as it arrives
+whatever its framing, JSON depth and size bounded: http_guard.py). GET /v1/status
 (read-only) also takes the join secret as bearer, for `python -m bridge.status`. For WAN use pass
 `certfile`/`keyfile` and the server speaks HTTPS. Abuse limits (bridge/control/limits.py):
 429 + Retry-After past a per-worker (per client IP for /v1/register) request rate, checked
 before any body is parsed. The join secret is re-read when its file changes, the old one
 accepted for a grace period (bridge/control/join_secret.py). The schema is public at /openapi.json;
 the interactive docs pages are off (they would be unauthenticated endpoints).
+
+Transport (issue 23 item 12): over plain HTTP anyone on the path can rewrite the announced
+store URL (and read the tokens), so a plain-HTTP request from a non-loopback address is
+refused (403, before any body is parsed) unless `allow_plain_http` (the training binary's
+`controller.allow_plain_http`); serve HTTPS with `controller.tls_cert`/`controller.tls_key`.
+A worker's advertised relay URL becomes the address it called from (or an allow-listed
+host, `relay_hosts`; bridge/broadcast/relay_address.py). Worker-supplied strings are logged
+escaped (bridge/control/log_text.py); a completion holding a token the reward cannot see
+counts against its worker (`WorkerRegistry.count_hidden`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import logging
 import os
 import secrets
 import socket
 import threading
 import time
 
+import pydantic
 import uvicorn
-from fastapi import FastAPI, HTTPException, Request, Security
+from fastapi import FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.security import HTTPBearer
 
-from bridge.broadcast.relay_address import reachable_relay_url
-from bridge.control import limits
+from bridge.broadcast.relay_address import advertised_relay_url, is_loopback
+from bridge.control import limits, prometheus
 from bridge.control.controller import Controller
+from bridge.control.episode_steps import EpisodeSteps
+from bridge.control.http_bounds import bounded_protocol
+from bridge.control.http_guard import HttpGuard, json_body, with_schemas
+from bridge.control.identity import identity_of
 from bridge.control.join_secret import JoinSecret
+from bridge.control.log_text import log_safe
 from bridge.control.protocol import (
     Ack,
+    EpisodeStep,
+    EpisodeStepResponse,
     Heartbeat,
     HeartbeatResponse,
     LeaseRequest,
@@ -69,7 +88,15 @@ class ServerOptions:
     certfile: str | None = None
     keyfile: str | None = None
     max_body_bytes: int = 16 << 20
+    max_json_depth: int = 32  # nesting, checked on the raw bytes (http_guard.py)
+    max_json_elements: int = 4_000_000  # values in one body, likewise
+    header_timeout_s: float = 10.0  # a request's headers must arrive within (http_bounds.py)
+    max_connections_per_peer: int = 64  # open connections per client address (not loopback)
     advertise_host: str | None = None  # the host in the published url; default: the bind host
+    allow_plain_http: bool = False  # serve non-loopback workers without TLS (unsafe on a WAN)
+    relay_hosts: tuple[str, ...] = ()  # relay URL hosts kept as claimed (NAT names)
+    prometheus: bool = True  # GET /metrics (bridge/control/prometheus.py)
+    metrics_token_file: str | None = None  # bearer for non-loopback scrapers; None: loopback only
 
 
 def load_or_create_join_secret(workdir: str, token_file: str | None = None) -> str:
@@ -92,27 +119,26 @@ def load_or_create_join_secret(workdir: str, token_file: str | None = None) -> s
     return secret
 
 
-def _bearer(request: Request) -> str | None:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" and token.strip() else None
-
-
-def _too_many(wait_s: float) -> JSONResponse:
-    return JSONResponse(
+def _too_many(wait_s: float) -> tuple[int, dict, dict]:
+    return (
+        429,
         {"detail": "rate limited", "retry_after_s": round(wait_s, 3)},
-        status_code=429,
-        headers={"Retry-After": limits.retry_after_header(wait_s)},
+        {"Retry-After": limits.retry_after_header(wait_s)},
     )
 
 
 def make_app(
-    controller: Controller, join_secret: str | JoinSecret, max_body_bytes: int = 16 << 20
+    controller: Controller,
+    join_secret: str | JoinSecret,
+    max_body_bytes: int = 16 << 20,
+    *,
+    allow_plain_http: bool = False,
+    relay_hosts: tuple[str, ...] = (),
+    max_json_depth: int = 32,
+    max_json_elements: int = 4_000_000,
 ) -> FastAPI:
     secret = join_secret if isinstance(join_secret, JoinSecret) else JoinSecret(join_secret)
-
-    def _is_secret(request: Request) -> bool:
-        token = _bearer(request)
-        return token is not None and secret.matches(token)
+    refused_relays: set[tuple[str, str]] = set()  # (worker, URL) already logged
 
     app = FastAPI(
         title="echo2 controller",
@@ -121,43 +147,46 @@ def make_app(
         docs_url=None,
         redoc_url=None,
     )
-    # Declares the scheme in the schema; the middleware below does the enforcement.
-    auth = [Security(HTTPBearer(auto_error=False))]
+    # The bearer scheme is declared in the schema (http_guard.with_schemas) and enforced by
+    # the guard; as a per-request FastAPI dependency it cost ~8% of the CPU under load.
+    auth: list = []
 
-    @app.middleware("http")
-    async def guard(request: Request, call_next):
-        length = request.headers.get("content-length")
-        if length is None and "chunked" in request.headers.get("transfer-encoding", ""):
-            return JSONResponse({"detail": "Content-Length required"}, status_code=411)
-        if length is not None:
-            if not length.isdigit():
-                return JSONResponse({"detail": "bad Content-Length"}, status_code=400)
-            if int(length) > max_body_bytes:
-                return JSONResponse(
-                    {"detail": f"body of {length} bytes exceeds {max_body_bytes}"},
-                    status_code=413,
-                )
-        path, ip = request.url.path, request.client.host if request.client else ""
+    loopback = functools.lru_cache(maxsize=4096)(is_loopback)  # ipaddress parsing: 5% CPU
+
+    async def check(scope: dict, headers: dict):
+        """The service's policy, before any body is read (bridge/control/http_guard.py)."""
+        path, client = scope["path"], scope.get("client")
+        ip = client[0] if client else ""
+        plain = scope.get("scheme", "http") != "https"
+        if plain and not allow_plain_http and path != "/openapi.json" and not loopback(ip):
+            detail = (
+                "plain HTTP from a non-loopback address: the announced store could be "
+                "rewritten on the way; serve TLS (controller.tls_cert, controller.tls_key) "
+                "or set controller.allow_plain_http"
+            )
+            return 403, {"detail": detail}, {}
+        scheme, _, token = headers.get("authorization", "").partition(" ")
+        token = token.strip() if scheme.lower() == "bearer" and token.strip() else None
+        state = scope.setdefault("state", {})
         if path == "/v1/register":  # no token yet: limited per client IP
             if (wait := controller.limits.check(ip, path, registration=True)) > 0:
                 return _too_many(wait)
-        if path in OPERATOR_PATHS and request.method == "GET" and _is_secret(request):
-            request.state.worker_id = None
+        if path in OPERATOR_PATHS and scope["method"] == "GET" and token and secret.matches(token):
+            state["worker_id"] = None
             if (wait := controller.limits.check(f"operator@{ip}", path)) > 0:
                 return _too_many(wait)
         elif path not in PUBLIC_PATHS:
-            token = _bearer(request)
-            worker = await run_in_threadpool(controller.authenticate, token) if token else None
-            if worker is None:
-                return JSONResponse(
-                    {"detail": "missing or invalid worker token"},
-                    status_code=401,
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-            request.state.worker_id = worker
+            # A read of committed rows on the loop's own connection (db.reader): no lock.
+            worker = controller.authenticate(token) if token else None
+            if worker is None:  # failures are rate limited per client IP, like registrations
+                if (wait := controller.limits.check(ip, "unauthenticated", True)) > 0:
+                    return _too_many(wait)
+                detail = {"detail": "missing or invalid worker token"}
+                return 401, detail, {"WWW-Authenticate": "Bearer"}
+            state["worker_id"] = worker
             if (wait := controller.limits.check(worker, path)) > 0:
                 return _too_many(wait)
-        return await call_next(request)
+        return None
 
     @app.exception_handler(RequestValidationError)
     async def malformed(request: Request, e: RequestValidationError):
@@ -170,38 +199,81 @@ def make_app(
         return JSONResponse({"detail": str(e)}, status_code=e.status)
 
     @app.post("/v1/register", response_model=RegisterResponse)
-    def register(req: RegisterRequest) -> RegisterResponse:
-        if not secret.matches(req.join_secret):
+    def register(req: RegisterRequest, request: Request) -> RegisterResponse:
+        ip = request.client.host if request.client else None
+        identity = identity_of(req.join_secret, secret.accepted(), ip)  # identity.py
+        if identity is None:
             raise HTTPException(403, "wrong join secret")
-        worker_id, token = controller.register(req.profile)
+        worker_id, token = controller.register(req.profile, identity)
         c = controller.config
         return RegisterResponse(
             worker_id=worker_id,
             token=token,
-            heartbeat_interval_s=c.heartbeat_interval_s,
+            heartbeat_interval_s=controller.heartbeat_interval(),
             lease_ttl_s=c.lease_ttl_s,
             announcement=controller.announcement(),
         )
 
     @app.post("/v1/heartbeat", response_model=HeartbeatResponse, dependencies=auth)
     def heartbeat(hb: Heartbeat, request: Request) -> HeartbeatResponse:
-        caller = request.client.host if request.client else None
-        url = reachable_relay_url(hb.relay_url, caller)
+        caller, worker = request.client.host if request.client else None, request.state.worker_id
+        url, why = advertised_relay_url(hb.relay_url, caller, relay_hosts)
+        if not url and why and (worker, hb.relay_url) not in refused_relays:
+            if len(refused_relays) < 10_000:  # once per worker and URL
+                refused_relays.add((worker, hb.relay_url))
+            logging.warning(
+                "worker %s: relay URL %s refused (%s); it relays to no one",
+                worker,
+                log_safe(hb.relay_url),
+                log_safe(why),
+            )
         if url != hb.relay_url:
             hb = hb.model_copy(update={"relay_url": url})
-        return controller.heartbeat(request.state.worker_id, hb)
+        return controller.heartbeat(worker, hb)
 
     @app.post("/v1/lease", response_model=LeaseResponse, dependencies=auth)
     def lease(req: LeaseRequest, request: Request) -> LeaseResponse:
         return controller.lease(request.state.worker_id, req)
 
-    @app.post("/v1/submit", response_model=SubmitResponse, dependencies=auth)
-    def submit(sub: Submission, request: Request) -> SubmitResponse:
-        return controller.submit(request.state.worker_id, sub)
+    @app.post(
+        "/v1/submit",
+        response_model=SubmitResponse,
+        dependencies=auth,
+        openapi_extra={"requestBody": json_body("Submission")},
+    )
+    async def submit(request: Request) -> SubmitResponse:
+        # The body (up to max_body_bytes) is parsed on a pool thread, not on the event loop:
+        # a big submission does not stall other workers' heartbeats (issue 23 item 10).
+        body = await request.body()
+        return await run_in_threadpool(_submit, request.state.worker_id, body)
+
+    def _submit(worker: str, body: bytes) -> SubmitResponse:
+        try:
+            sub = Submission.model_validate_json(body)  # pydantic-core's parser: measured
+        except pydantic.ValidationError as e:
+            errors = [{**x, "loc": ("body", *x["loc"])} for x in e.errors()]
+            raise RequestValidationError(errors) from None
+        resp = controller.submit(worker, sub)
+        if controller.scorer is not None and resp.accepted:  # hidden tokens scored 0: count
+            new = set(resp.accepted)
+            trajs = [t for g in sub.groups if g.group_id in new for t in g.trajectories]
+            if n := controller.scorer.decoder.count_hidden(trajs):
+                with controller.lock, controller.db.tx():
+                    controller.workers.count_hidden(worker, n)
+        return resp
+
+    steps = EpisodeSteps.of(controller)  # observations turn by turn (episode_steps.py)
+
+    @app.post("/v1/episode", response_model=EpisodeStepResponse, dependencies=auth)
+    def episode(req: EpisodeStep, request: Request) -> EpisodeStepResponse:
+        return steps.observe(request.state.worker_id, req)
 
     @app.post("/v1/release", response_model=Ack, dependencies=auth)
     def release(rel: Release, request: Request) -> Ack:
-        ok = controller.release(request.state.worker_id, rel.lease_id, rel.reason)
+        if log_safe(rel.lease_id) != rel.lease_id:  # not an id this controller issued
+            raise SubmissionError(f"unknown lease {log_safe(rel.lease_id)!r}", 404)
+        # The worker's own words reach the controller's log: escaped, one line.
+        ok = controller.release(request.state.worker_id, rel.lease_id, log_safe(rel.reason, 1024))
         return Ack(ok=ok, detail="" if ok else "lease was no longer active")
 
     @app.post("/v1/leave", response_model=Ack, dependencies=auth)
@@ -217,6 +289,14 @@ def make_app(
     def status() -> dict:
         return controller.status()
 
+    app.add_middleware(
+        HttpGuard,
+        check=check,
+        max_body_bytes=max_body_bytes,
+        max_json_depth=max_json_depth,
+        max_json_elements=max_json_elements,
+    )
+    app.openapi = with_schemas(app, Submission, public=PUBLIC_PATHS)
     return app
 
 
@@ -227,7 +307,22 @@ class ControllerServer:
         self, controller: Controller, join_secret: str | JoinSecret, options: ServerOptions
     ):
         self.options = options
-        self.app = make_app(controller, join_secret, options.max_body_bytes)
+        self.app = make_app(
+            controller,
+            join_secret,
+            options.max_body_bytes,
+            allow_plain_http=options.allow_plain_http,
+            relay_hosts=tuple(options.relay_hosts),
+            max_json_depth=options.max_json_depth,
+            max_json_elements=options.max_json_elements,
+        )
+        if options.prometheus:
+            prometheus.install(
+                self.app,
+                controller.status,
+                token_file=options.metrics_token_file,
+                allow_plain_http=options.allow_plain_http,
+            )
         self._server: uvicorn.Server | None = None
         self._thread: threading.Thread | None = None
         self.url = ""
@@ -248,7 +343,14 @@ class ControllerServer:
             lifespan="off",
             ssl_certfile=o.certfile,
             ssl_keyfile=o.keyfile,
+            http=bounded_protocol(o.header_timeout_s, o.max_connections_per_peer),
         )
+        if not o.certfile and not o.allow_plain_http and not is_loopback(o.host):
+            logging.warning(
+                "controller on %s without TLS: non-loopback workers will be refused (403); "
+                "set controller.tls_cert/tls_key, or controller.allow_plain_http",
+                o.host,
+            )
         self._server = uvicorn.Server(config)
         self._thread = threading.Thread(
             target=self._server.run, kwargs={"sockets": [sock]}, daemon=True, name="controller"

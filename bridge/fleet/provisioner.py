@@ -134,7 +134,8 @@ class Provisioner(abc.ABC):
             )
         return started
 
-    def stop(self, handle: WorkerHandle, reason: str) -> None:
+    def stop(self, handle: WorkerHandle, reason: str, **fields: Any) -> None:
+        """Release `handle`; `fields` go into its log line (e.g. the paid idle time)."""
         if handle.done:
             return
         self._release(handle)
@@ -145,6 +146,7 @@ class Provisioner(abc.ABC):
             reason=reason,
             price_per_hour=handle.price_per_hour,
             cost_usd=handle.cost_usd(),
+            **fields,
         )
 
     def alive(self) -> list[WorkerHandle]:

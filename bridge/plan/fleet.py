@@ -2,7 +2,7 @@
 
     {"learner": {"step_s", "rollouts_per_step", "publish_s", "price_per_hour",
                  ["uplink_mb_s"], ["rollouts_per_s"]},
-     "model_bytes", "staleness", "publish_every", "steps", ["margin"],
+     "model_bytes", ["version_bytes"], "staleness", "publish_every", "steps", ["margin"],
      ["broadcast": "store"|"chain"|"tree"], ["fanout"], ["chunk_mb"],
      "workers": [{"name", "count", "price_per_hour", "rollouts_per_s", "bandwidth_mb_s",
                   ["preempt_per_hour"], ["lease_s"], ["restart_s"]}, ...],
@@ -10,6 +10,9 @@
      ["admission": "held"|"controller"], ["max_version_lag"], ["seed"]}
 
 Units: seconds, bytes for `model_bytes`, MB/s (1e6 bytes) for bandwidths, USD per hour.
+`version_bytes` is what one new version puts on each link (delta versions, bridge/delta/:
+the run's measured `bridge/version_bytes`; default `model_bytes`); a worker that restarts
+or joins still fetches `model_bytes` (an anchor).
 `lease_s` is how long one lease (one group of `group_size` rollouts) takes on a worker, the
 per-sequence decode latency of a long rollout; a worker with throughput mu then runs
 round(mu * lease_s / group_size) leases at once. 0 (the default) means one lease at a time,
@@ -25,6 +28,8 @@ import dataclasses
 import json
 import math
 from typing import Any
+
+from bridge.contracts import staleness as staleness_rule
 
 
 class FleetError(ValueError):
@@ -72,6 +77,12 @@ class Fleet:
     admission: str = "held"
     max_version_lag: int = 0
     seed: int = 0
+    version_bytes: float | None = None  # None: every version is a full copy (model_bytes)
+
+    @property
+    def wire_bytes(self) -> float:
+        """Bytes one new version moves over each link (a delta's, or the whole model)."""
+        return self.model_bytes if self.version_bytes is None else self.version_bytes
 
     def replace(self, **kw) -> Fleet:
         return dataclasses.replace(self, **kw)
@@ -103,6 +114,7 @@ _WORKER = {
 }
 _TOP = {
     "model_bytes": ("pos", True),
+    "version_bytes": ("pos", False),
     "staleness": ("int", True),
     "publish_every": ("posint", True),
     "steps": ("posint", True),
@@ -175,13 +187,9 @@ def parse(raw: Any) -> Fleet:
         raise FleetError(f"broadcast: must be one of {BROADCAST_MODES}, got {top['broadcast']!r}")
     if top.get("admission", "held") not in ADMISSION_MODES:
         raise FleetError(f"admission: must be one of {ADMISSION_MODES}, got {top['admission']!r}")
-    if top["staleness"] < top["publish_every"] - 1:
-        # Only multiples of kappa are published, so step t can count on no version newer
-        # than t - (kappa - 1): with a smaller S some step never gets a fresh batch.
-        raise FleetError(
-            f"staleness: must be >= publish_every - 1 = {top['publish_every'] - 1}, "
-            f"got {top['staleness']} (the learner would wait forever)"
-        )
+    error = staleness_rule.schedule_error(top["staleness"], top["publish_every"])
+    if error:  # the learner's own check (bridge/contracts/staleness.py)
+        raise FleetError(f"staleness: {error}")
     if top.get("standby_price_fraction", 0.0) > 1:
         raise FleetError("standby_price_fraction: must be <= 1")
     return Fleet(learner=learner, workers=workers, **top)

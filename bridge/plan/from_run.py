@@ -55,6 +55,7 @@ import statistics
 
 from bridge.plan import fleet as fleet_lib
 from bridge.plan import planner
+from bridge.store.layout import LAYOUT
 
 # An all-active plan: a margin no fleet covers makes activation.decide keep every worker.
 _ALL_ACTIVE_MARGIN = 1e9
@@ -73,11 +74,18 @@ def _rl_rows(workdir: str) -> list[dict]:
 
 def _model_bytes(workdir: str, config: dict) -> float:
     store = config.get("bridge", {}).get("store") or os.path.join(workdir, "weights")
-    manifests = sorted(glob.glob(os.path.join(store, "manifests", "*.json")))
+    manifests = sorted(glob.glob(os.path.join(store, LAYOUT.manifests, "*.json")))
     if not manifests:
-        raise FileNotFoundError(f"no weight manifest under {store}/manifests")
+        raise FileNotFoundError(f"no weight manifest under {store}/{LAYOUT.manifests}")
     with open(manifests[-1]) as f:
         return float(json.load(f)["total_bytes"])
+
+
+def _version_bytes(rows: list[dict]) -> dict:
+    """{"version_bytes": median measured bytes per version} when the run published deltas
+    (`bridge/version_bytes` below the full size), else {} (every version was full)."""
+    vb = [r["bridge/version_bytes"] for r in rows if r.get("bridge/version_bytes")]
+    return {"version_bytes": float(statistics.median(vb))} if vb else {}
 
 
 def _swap_delays(workdir: str) -> dict[str, float]:
@@ -183,6 +191,7 @@ def fleet_from_run(workdir: str) -> dict:
             "price_per_hour": 0.0,
         },
         "model_bytes": model_bytes,
+        **_version_bytes(rows),
         "staleness": config["staleness"],
         "publish_every": config["publish_every"],
         "steps": len(rows),

@@ -81,6 +81,7 @@ def sim_config(fleet: Fleet) -> simulate.SimConfig:
         rollouts_per_step=L.rollouts_per_step,
         publish_s=L.publish_s,
         model_bytes=fleet.model_bytes,
+        version_bytes=fleet.version_bytes,
         staleness=fleet.staleness,
         publish_every=fleet.publish_every,
         steps=fleet.steps,
@@ -100,7 +101,7 @@ def latency_s(fleet: Fleet, specs: list[simulate.WorkerSpec]) -> tuple[float, fl
     bw = [s.bandwidth_mb_s for s in specs]
     ds = links.delays(
         fleet.broadcast,
-        fleet.model_bytes,
+        fleet.wire_bytes,  # a new version: a delta's bytes when versions are deltas
         bw,
         fleet.learner.uplink_mb_s,
         fleet.chunk_mb,
@@ -116,11 +117,11 @@ def broadcast_period_s(fleet: Fleet, specs: list[simulate.WorkerSpec]) -> float:
     kappa_eff = max(kappa, ceil(period / T)) when versions must be skipped."""
     bw = [s.bandwidth_mb_s for s in specs]
     ds = links.delays(
-        fleet.broadcast, fleet.model_bytes, bw, fleet.learner.uplink_mb_s, fleet.chunk_mb,
+        fleet.broadcast, fleet.wire_bytes, bw, fleet.learner.uplink_mb_s, fleet.chunk_mb,
         fleet.fanout,
     )  # fmt: skip
     return links.period(
-        fleet.broadcast, fleet.model_bytes, bw, fleet.learner.uplink_mb_s, fleet.fanout, ds
+        fleet.broadcast, fleet.wire_bytes, bw, fleet.learner.uplink_mb_s, fleet.fanout, ds
     )
 
 

@@ -1,8 +1,9 @@
 """Discrete-event simulation (simpy) of one ECHO-2 run: learner, rollout fleet, broadcast.
 
 Versions as in the code base: version v = params after v updates; learner step t trains
-on a batch of G = ceil(R / group_size) groups, each generated with a version x >= t - S
-(older buffered groups are dropped and counted, as `LearnerSide.drop_stale` does), taken
+on a batch of G = ceil(R / group_size) groups, each generated with a version fresh at t
+(bridge/contracts/staleness.py; older buffered groups are dropped and counted, as
+`LearnerSide.drop_stale` does), taken
 oldest version first, then by arrival. Each update takes step_s; after update v, if
 v % kappa == 0, version v is published publish_s later (off the learner's critical path:
 the learner keeps training while it is written) and then broadcast to the workers that
@@ -15,13 +16,13 @@ A worker runs `slots` leases at once, each one group taking lease_dur = group_si
 without it every worker runs in lock-step with the learner, a phase-locking no real fleet
 shows), generated with the version it held at lease start. Admission, checked at every lease
 request with t = the learner's next step:
-- "held" (default): leased + buffered < (S + 1 - (t - x)) * G for the worker's own version
-  x: the controller's bound applied to the version the rollout will carry, so a worker keeps
-  working on its old version while a broadcast is in flight, exactly what the capacity
-  model assumes. The controller does this for a worker whose relay fetches the newest
-  version in the background (`bridge.broadcast` chain/tree, LeaseRequest.fetching_version);
+- "held" (default): leased + buffered below `staleness.admission_capacity` at the worker's
+  own version x: the controller's bound applied to the version the rollout will carry, so a
+  worker keeps working on its old version while a broadcast is in flight, exactly what the
+  capacity model assumes. The controller does this for a worker whose relay fetches the
+  newest version in the background (`bridge.broadcast` chain/tree, LeaseRequest.fetching_version);
 - "controller": a worker more than m = max_version_lag behind the newest published P gets
-  no work until its download ends, and leased + buffered < (S + 1 - (t - P) - m) * G: what
+  no work until its download ends, and leased + buffered below the capacity at P - m: what
   the controller does for a worker reading the store directly (`store` broadcast), whose
   download is its swap.
 Preemptions are a Poisson process per worker: leases in flight are lost, the worker is back
@@ -40,6 +41,7 @@ import math
 import numpy as np
 import simpy
 
+from bridge.contracts import staleness as staleness_rule
 from bridge.plan import links
 
 
@@ -71,6 +73,7 @@ class SimConfig:
     fanout: int = 4
     group_size: int = 8
     admission: str = "held"
+    version_bytes: float | None = None  # one new version on the wire (None: model_bytes)
     max_version_lag: int = 0
     lease_jitter: float = 0.25  # lease time ~ U[1 - j, 1 + j] * lease_dur
     seed: int = 0
@@ -134,7 +137,7 @@ class Simulation:
 
     # -- learner --------------------------------------------------------------------------
     def _drop_stale(self, step: int) -> None:
-        keep = [g for g in self.buffer if g[0] >= step - self.cfg.staleness]
+        keep = [g for g in self.buffer if staleness_rule.is_fresh(g[0], step, self.cfg.staleness)]
         if len(keep) < len(self.buffer):
             self.dropped += len(self.buffer) - len(keep)
             self.buffer = keep
@@ -178,9 +181,10 @@ class Simulation:
                 yield self.published
             done = version = self.newest
             ups = [w for w in self.workers if w.up]
+            wire = c.model_bytes if c.version_bytes is None else c.version_bytes
             ds = links.delays(
                 c.broadcast,
-                c.model_bytes,
+                wire,
                 [w.spec.bandwidth_mb_s for w in ups],
                 c.uplink_mb_s,
                 c.chunk_mb,
@@ -189,9 +193,7 @@ class Simulation:
             for w, d in zip(ups, ds, strict=True):
                 self.env.process(self.deliver(w, version, d, w.incarnation))
             bw = [w.spec.bandwidth_mb_s for w in ups]
-            yield self.env.timeout(
-                links.period(c.broadcast, c.model_bytes, bw, c.uplink_mb_s, c.fanout, ds)
-            )
+            yield self.env.timeout(links.period(c.broadcast, wire, bw, c.uplink_mb_s, c.fanout, ds))
 
     def deliver(self, w: _Worker, version: int, delay: float, incarnation: int):
         yield self.env.timeout(delay)
@@ -202,14 +204,12 @@ class Simulation:
 
     # -- workers --------------------------------------------------------------------------
     def _admit(self, x: int) -> bool:
-        c, t, held = self.cfg, self.next_step, self.leased + len(self.buffer)
+        c, held = self.cfg, self.leased + len(self.buffer)
         if c.admission == "controller":
             if self.newest - x > c.max_version_lag:
                 return False
-            cap = (c.staleness + 1 - (t - self.newest) - c.max_version_lag) * self.groups_per_step
-        else:
-            cap = (c.staleness + 1 - (t - x)) * self.groups_per_step
-        return held < cap
+            x = self.newest - c.max_version_lag  # the conservative bound of any lag <= m
+        return staleness_rule.admits(held, x, self.next_step, c.staleness, self.groups_per_step)
 
     def slot(self, w: _Worker):
         while True:

@@ -10,7 +10,7 @@ uses JAX's coordination service, `learner_jax/publish.py`):
     barrier
     every:   write_part(store, version, process, sources, dtype)
                                                     write this process's pieces, digest each
-                                                    chunk, record the CRCs in a part file
+                                                    chunk, record the digests in a part file
     barrier
     leader:  commit(store, version, ...)            read every part, check the parts cover
                                                     each array exactly once, write the
@@ -19,11 +19,16 @@ uses JAX's coordination service, `learner_jax/publish.py`):
 Readers see nothing until the manifest exists, exactly as for a single-process publish
 (`WeightStore.publish`): the same array layout, chunk grid and checksums, so readers and
 the relay cannot tell the two apart. Part files live in the version's data directory
-(`data/{version}/.parts/{process}.json`), so garbage collection and crash-debris cleanup
-remove them with the data; they stay as the record of who wrote which chunk.
+(`LAYOUT.part_key`: `data/{version}/.parts/{process}.json`), so garbage collection and
+crash-debris cleanup remove them with the data; they stay as the record of who wrote which
+chunk.
 
 A chunk must come from one piece (chunks align to shards, `chunk_digest.chunk_shape`): one
 assembled from pieces of two processes cannot be digested by either, and is refused.
+
+Versions written here are always full (anchors): a delta (bridge/delta/) diffs whole
+tensors, which no process of a sharded learner holds; with `bridge.delta.enabled` a
+multi-process learner still publishes full versions and its DeltaPublisher forgets its base.
 """
 
 from __future__ import annotations
@@ -33,33 +38,14 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-import numpy as np
-import tensorstore as ts
-
 from bridge.model import dtypes
-from bridge.store import chunk_digest
 from bridge.store.chunk_digest import ChunkWriter, chunk_boxes, chunk_shape, combine_digests
-from bridge.store.weight_store import (
-    _ABSENT,
-    _CONTEXT,
-    _FLOAT_DTYPES,
-    ArrayInfo,
-    Manifest,
-    ShardedSource,
-    VersionExistsError,
-    WeightStore,
-    _key,
-    new_manifest,
-)
-
-PARTS_DIR = ".parts"
+from bridge.store.layout import LAYOUT
+from bridge.store.manifest import ArrayInfo, Manifest, new_manifest
+from bridge.store.weight_store import ShardedSource, WeightStore, stored_piece
 
 # name -> (HF shape, shard block shape); every process computes the same from its sources.
 Layout = Mapping[str, tuple[tuple[int, ...], tuple[int, ...] | None]]
-
-
-def _part_key(version: int, process: int) -> str:
-    return f"data/{_key(version)}/{PARTS_DIR}/{process:05d}.json"
 
 
 def _chunks(shape, block, dtype: str) -> tuple[int, ...]:
@@ -68,21 +54,15 @@ def _chunks(shape, block, dtype: str) -> tuple[int, ...]:
 
 def begin(store: WeightStore, version: int, layout: Layout, dtype: str) -> None:
     """Leader, before anyone writes: check the version is new, clear debris, create arrays."""
-    if dtype not in dtypes.WEIGHT_DTYPES:
-        raise ValueError(f"store dtype {dtype!r} not in {sorted(dtypes.WEIGHT_DTYPES)}")
-    if not isinstance(version, int) or version < 0:
-        raise ValueError(f"version must be an int >= 0, got {version!r}")
     if not layout:
         raise ValueError("nothing to publish")
-    store._check_new(version)
-    store._delete_data(version, version + 1)
+    store.begin_version(version, dtype)
     futures = []
     for name, (shape, block) in layout.items():
         if not name or "/" in name or not shape:
             raise ValueError(f"array {name!r} of shape {shape} cannot be published")
-        metadata = chunk_digest.zarr3_metadata(shape, dtype, _chunks(shape, block, dtype))
-        spec = {**store._array_spec(version, name), "metadata": metadata, "create": True}
-        futures.append(ts.open(spec, context=_CONTEXT))
+        chunks = _chunks(shape, block, dtype)
+        futures.append(store.create_array(version, name, shape, dtype, chunks))
     for f in futures:
         f.result()
 
@@ -103,16 +83,10 @@ def write_part(
     pending = []
     for name, source in sources:
         chunks = _chunks(source.shape, source.block_shape, dtype)
-        array = ts.open(
-            {**store._array_spec(version, name), "open": True}, context=_CONTEXT, write=True
-        ).result()
+        array = store.open_array(version, name, {"open": True}, write=True).result()
         writer = ChunkWriter(name, tuple(source.shape), chunks)
         for index, piece in source.pieces:
-            piece = np.asarray(piece)
-            if piece.dtype not in _FLOAT_DTYPES:
-                raise ValueError(f"{name}: dtype {piece.dtype} is not a float weight")
-            piece = piece.astype(dtypes.WEIGHT_DTYPES[dtype], copy=False)
-            for idx, data in writer.add(tuple(index), piece):
+            for idx, data in writer.add(tuple(index), stored_piece(name, piece, dtype)):
                 pending.append(array[idx].write(data))
         if writer.partial:
             raise ValueError(
@@ -122,21 +96,21 @@ def write_part(
         part[name] = {
             "shape": list(source.shape),
             "chunks": list(chunks),
-            "crcs": [[*pos, crc] for pos, crc in sorted(writer.digests.items())],
+            "digests": [[*pos, digest] for pos, digest in sorted(writer.digests.items())],
         }
     for f in pending:
         f.result()
     # Written after its chunks: a part file says "these chunks are on storage".
     body = json.dumps({"process": process, "arrays": part}).encode()
-    store.kv.write(_part_key(version, process), body).result()
-    return {n: [c[:-1] for c in p["crcs"]] for n, p in part.items()}
+    store.kv.write(LAYOUT.part_key(version, process), body).result()
+    return {n: [c[:-1] for c in p["digests"]] for n, p in part.items()}
 
 
 def read_parts(store: WeightStore, version: int, num_processes: int) -> list[dict]:
     """Every process's part file of `version` (raises naming the missing ones)."""
     parts, missing = [], []
     for p in range(num_processes):
-        r = store.kv.read(_part_key(version, p)).result()
+        r = store.kv.read(LAYOUT.part_key(version, p)).result()
         if r.state != "value":
             missing.append(p)
         else:
@@ -161,15 +135,15 @@ def commit(
     for name in parts[0]["arrays"]:
         first = parts[0]["arrays"][name]
         shape, chunks = tuple(first["shape"]), tuple(first["chunks"])
-        digests: dict[tuple[int, ...], int] = {}
+        digests: dict[tuple[int, ...], str] = {}
         for part in parts:
             arr = part["arrays"].get(name)
             if arr is None or tuple(arr["shape"]) != shape or tuple(arr["chunks"]) != chunks:
                 raise ValueError(f"{name}: process {part['process']} disagrees on its layout")
-            for *pos, crc in arr["crcs"]:
+            for *pos, digest in arr["digests"]:
                 if tuple(pos) in digests:
                     raise ValueError(f"{name}: chunk {pos} written by two processes")
-                digests[tuple(pos)] = crc
+                digests[tuple(pos)] = digest
         expected = {pos for pos, _ in chunk_boxes(shape, chunks)}
         if set(digests) != expected:
             raise ValueError(
@@ -181,17 +155,10 @@ def commit(
             dtype=dtype,
             chunks=chunks,
             checksum=combine_digests(digests),
-            chunk_crcs=tuple(digests[p] for p in sorted(digests)),
+            chunk_digests=tuple(digests[p] for p in sorted(digests)),
             nbytes=math.prod(shape) * dtypes.itemsize(dtype),
         )
     names = [set(p["arrays"]) for p in parts]
     if any(n != names[0] for n in names):
         raise ValueError(f"version {version}: processes published different array sets")
-    manifest = new_manifest(version, step, dtype, model_config, infos, extra)
-    store._check_new(version)
-    gen = store.kv.write(
-        f"manifests/{_key(version)}.json", manifest.to_json(), if_equal=_ABSENT
-    ).result()
-    if not gen.generation:
-        raise VersionExistsError(f"version {version} was published concurrently")
-    return manifest
+    return store.write_manifest(new_manifest(version, step, dtype, model_config, infos, extra))

@@ -1,24 +1,20 @@
 """Versioned, immutable weight store on a tensorstore kvstore (numpy + tensorstore + pydantic).
 
 The learner publishes one version per `publish_every` steps; rollout workers list, fetch and
-verify versions. One code path serves the `file`, `memory`, `s3` and `gcs` kvstores.
-
-Layout under the store root (version numbers zero-padded so key order = numeric order):
-  manifests/{version:012d}.json          written last, create-if-absent: a version exists
-                                         iff its manifest does
-  data/{version:012d}/{hf_name}/         one zarr3 array per HF tensor (zarr.json, c/i/j)
-
-Manifests live under their own prefix so `versions()` lists O(#versions) keys, not every
-chunk (that listing is a paged LIST on S3/GCS).
+verify versions. One code path serves the `file`, `memory`, `s3` and `gcs` kvstores. Where
+each key lives (manifests/{version}.json written last, create-if-absent; data/{version}/
+{hf_name}/ one zarr3 array per HF tensor) is `bridge/store/layout.py: LAYOUT`.
 
 A sharded jax.Array arrives as a `ShardedSource` of its addressable shards in HF layout
 (`learner_jax/publish.py`). Chunks are aligned to the shard shape, so the writer digests
 each shard as it passes, never gathering a tensor, and on a multi-host learner no chunk
-would be written by two hosts. Checksums (`bridge/store/chunk_digest.py`): per-chunk CRC-32s of
-the stored bytes combined by SHA-256 in chunk order; readers recompute them from what
-they read and raise `CorruptVersionError` naming the array on any mismatch. The manifest
-also lists each array's CRCs (`chunk_crcs`), so a peer relay can verify every chunk on its
-own as it arrives (bridge/broadcast/chunks.py).
+would be written by two hosts (`sharded_publish.py` uses the public steps below:
+`begin_version`, `create_array`, `open_array`, `stored_piece`, `write_manifest`).
+Checksums (`bridge/store/chunk_digest.py`): per-chunk BLAKE3 digests of the stored bytes
+combined by SHA-256 in chunk order; readers recompute them from what they read and raise
+`CorruptVersionError` naming the array on any mismatch (or on a manifest checksummed by
+another algorithm). The manifest also lists each array's chunk digests (`chunk_digests`),
+so a peer relay can verify every chunk on its own as it arrives (bridge/broadcast/chunks.py).
 """
 
 from __future__ import annotations
@@ -27,7 +23,6 @@ import collections
 import dataclasses
 import math
 import os
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 from urllib.parse import urlparse
@@ -36,14 +31,22 @@ import numpy as np
 import pydantic
 import tensorstore as ts
 
-from bridge.model import dtypes, layouts
-from bridge.model.config import ModelConfig
+from bridge.model import dtypes
 from bridge.store.chunk_digest import (
     CHECKSUM_ALGORITHM,
     ChunkWriter,
     array_checksum,
     chunk_shape,
     zarr3_metadata,
+)
+from bridge.store.layout import LAYOUT
+from bridge.store.manifest import (
+    ArrayInfo,
+    CorruptVersionError,
+    Manifest,
+    VersionExistsError,
+    VersionNotFoundError,
+    new_manifest,
 )
 
 INFLIGHT_BYTES = 512 << 20  # bound on written-but-uncommitted bytes held alive
@@ -53,51 +56,6 @@ DRIVERS = ("file", "memory", "s3", "gcs")
 _CONTEXT = ts.Context()
 _FLOAT_DTYPES = [np.dtype(t) for t in (*dtypes.WEIGHT_DTYPES.values(), np.float64)]
 _ABSENT = b"\x02"  # tensorstore's "no value" generation: makes a write create-if-absent
-_MAX_VERSION = 10**12 - 1  # the largest version _key writes in 12 digits
-
-
-class CorruptVersionError(ValueError):
-    """A published version whose data does not match its manifest."""
-
-
-class VersionNotFoundError(LookupError):
-    """No manifest for this version (never published, still being written, or collected)."""
-
-
-class VersionExistsError(ValueError):
-    """Published versions are immutable."""
-
-
-class ArrayInfo(pydantic.BaseModel):
-    model_config = pydantic.ConfigDict(frozen=True)
-
-    shape: tuple[int, ...]
-    dtype: str
-    chunks: tuple[int, ...]
-    checksum: str
-    nbytes: int
-    # Per-chunk CRC-32s in chunk order (what `checksum` is the SHA-256 of): they let a peer
-    # relay verify each chunk on arrival (bridge/broadcast/chunks.py). None in old manifests.
-    chunk_crcs: tuple[int, ...] | None = None
-
-
-class Manifest(pydantic.BaseModel):
-    # The HF config is serialized under "model_config" (the issue's name); pydantic reserves
-    # that attribute name, so in Python it is `hf_config`.
-    model_config = pydantic.ConfigDict(frozen=True, populate_by_name=True)
-
-    version: int
-    step: int
-    created_at: float
-    dtype: str
-    total_bytes: int
-    hf_config: dict[str, Any] = pydantic.Field(alias="model_config")
-    arrays: dict[str, ArrayInfo]
-    extra: dict[str, Any] = {}
-    checksum_algorithm: str = CHECKSUM_ALGORITHM
-
-    def to_json(self) -> bytes:
-        return self.model_dump_json(by_alias=True, indent=1).encode()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,22 +104,12 @@ def parse_spec(spec: str | Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def new_manifest(version, step, dtype, model_config, infos, extra) -> Manifest:
-    """The manifest of a version whose arrays (`infos`, name -> ArrayInfo) are all written."""
-    return Manifest(
-        version=version,
-        step=step,
-        created_at=time.time(),
-        dtype=dtype,
-        total_bytes=sum(i.nbytes for i in infos.values()),
-        model_config=dict(model_config),
-        arrays=infos,
-        extra=dict(extra or {}),
-    )
-
-
-def _key(version: int) -> str:
-    return f"{version:012d}"
+def stored_piece(name: str, piece, dtype: str) -> np.ndarray:
+    """A piece of tensor `name` as the store holds it (refuses non-float weights)."""
+    piece = np.asarray(piece)
+    if piece.dtype not in _FLOAT_DTYPES:
+        raise ValueError(f"{name}: dtype {piece.dtype} is not a float weight")
+    return piece.astype(dtypes.WEIGHT_DTYPES[dtype], copy=False)
 
 
 def _ahead(items: Iterable, start, depth: int, pending=None) -> Iterator[tuple[Any, Any]]:
@@ -191,27 +139,34 @@ class WeightStore:
             self._kv = ts.KvStore.open(self.spec, context=_CONTEXT).result()
         return self._kv
 
-    def _array_spec(self, version: int, name: str) -> dict[str, Any]:
-        kv = {**self.spec, "path": f"{self.spec['path']}data/{_key(version)}/{name}/"}
+    def array_spec(self, version: int, name: str) -> dict[str, Any]:
+        """The zarr3 tensorstore spec of one array of a version."""
+        kv = {**self.spec, "path": self.spec["path"] + LAYOUT.array_prefix(version, name)}
         return {"driver": "zarr3", "kvstore": kv}
+
+    def open_array(self, version: int, name: str, spec: Mapping[str, Any], **kwargs):
+        """A future of the opened array (`spec` adds open/create/metadata options)."""
+        return ts.open({**self.array_spec(version, name), **spec}, context=_CONTEXT, **kwargs)
+
+    def create_array(self, version: int, name: str, shape, dtype: str, chunks):
+        """A future of a newly created, empty array in the store's codec and chunk grid."""
+        metadata = zarr3_metadata(shape, dtype, chunks)
+        return self.open_array(version, name, {"metadata": metadata, "create": True})
 
     # -- listing ------------------------------------------------------------------------
     def versions(self) -> list[int]:
         """Published versions (those whose manifest exists), ascending."""
-        rng = ts.KvStore.KeyRange(inclusive_min="manifests/", exclusive_max="manifests0")
-        out = []
-        for key in self.kv.list(rng, strip_prefix_length=len("manifests/")).result():
-            stem = key.decode()
-            if stem.endswith(".json") and stem[:-5].isdigit():
-                out.append(int(stem[:-5]))
-        return sorted(out)
+        rng = ts.KvStore.KeyRange(*LAYOUT.manifest_range())
+        keys = self.kv.list(rng, strip_prefix_length=len(LAYOUT.manifests)).result()
+        listed = (LAYOUT.listed_version(key.decode()) for key in keys)
+        return sorted(v for v in listed if v is not None)
 
     def latest(self) -> int | None:
         v = self.versions()
         return v[-1] if v else None
 
     def manifest(self, version: int) -> Manifest:
-        r = self.kv.read(f"manifests/{_key(version)}.json").result()
+        r = self.kv.read(LAYOUT.manifest_key(version)).result()
         if r.state != "value":
             raise VersionNotFoundError(
                 f"version {version} has no manifest in {self.spec} (not published, still "
@@ -233,12 +188,7 @@ class WeightStore:
         extra: Mapping[str, Any] | None = None,
     ) -> Manifest:
         """Write every array (concurrently), then the manifest. Returns the manifest."""
-        if dtype not in dtypes.WEIGHT_DTYPES:
-            raise ValueError(f"store dtype {dtype!r} not in {sorted(dtypes.WEIGHT_DTYPES)}")
-        if not isinstance(version, int) or version < 0:
-            raise ValueError(f"version must be an int >= 0, got {version!r}")
-        self._check_new(version)
-        self._delete_data(version, version + 1)  # debris of a crashed publish of it
+        self.begin_version(version, dtype)
         infos: dict[str, ArrayInfo] = {}
         inflight: collections.deque = collections.deque()
         inflight_bytes, published_elsewhere = 0, False
@@ -250,10 +200,7 @@ class WeightStore:
                 store = open_future.result()
                 writer = ChunkWriter(name, store.shape, chunks)
                 for index, piece in source.pieces:
-                    piece = np.asarray(piece)
-                    if piece.dtype not in _FLOAT_DTYPES:
-                        raise ValueError(f"{name}: dtype {piece.dtype} is not a float weight")
-                    piece = piece.astype(dtypes.WEIGHT_DTYPES[dtype], copy=False)
+                    piece = stored_piece(name, piece, dtype)
                     for idx, data in writer.add(tuple(index), piece):
                         inflight.append((store[idx].write(data), data.nbytes))
                         inflight_bytes += data.nbytes
@@ -266,7 +213,7 @@ class WeightStore:
                     dtype=dtype,
                     chunks=chunks,
                     checksum=writer.checksum(),
-                    chunk_crcs=tuple(writer.digests[p] for p in sorted(writer.digests)),
+                    chunk_digests=tuple(writer.digests[p] for p in sorted(writer.digests)),
                     nbytes=math.prod(writer.shape) * dtypes.itemsize(dtype),
                 )
             while inflight:
@@ -274,14 +221,11 @@ class WeightStore:
             if not infos:
                 raise ValueError("nothing to publish")
             manifest = new_manifest(version, step, dtype, model_config, infos, extra)
-            self._check_new(version)  # a newer version may have appeared meanwhile
-            gen = self.kv.write(
-                f"manifests/{_key(version)}.json", manifest.to_json(), if_equal=_ABSENT
-            ).result()
-            if not gen.generation:
+            try:
+                return self.write_manifest(manifest)
+            except VersionExistsError:
                 published_elsewhere = True  # its data is not ours to delete
-                raise VersionExistsError(f"version {version} was published concurrently")
-            return manifest
+                raise
         except BaseException:
             # Let pending writes land, so none recreates a key after the cleanup.
             for fut in [f for f, _ in inflight] + [item[1][2] for item in opening]:
@@ -292,6 +236,23 @@ class WeightStore:
             if not published_elsewhere:
                 self._delete_data(version, version + 1)
             raise
+
+    def begin_version(self, version: int, dtype: str) -> None:
+        """Before writing a version: check it is new and clear debris of a crashed publish."""
+        if dtype not in dtypes.WEIGHT_DTYPES:
+            raise ValueError(f"store dtype {dtype!r} not in {sorted(dtypes.WEIGHT_DTYPES)}")
+        if not isinstance(version, int) or version < 0:
+            raise ValueError(f"version must be an int >= 0, got {version!r}")
+        self._check_new(version)
+        self._delete_data(version, version + 1)
+
+    def write_manifest(self, manifest: Manifest) -> Manifest:
+        """Publish a version whose arrays are all written: its manifest, create-if-absent."""
+        self._check_new(manifest.version)  # a newer version may have appeared meanwhile
+        key = LAYOUT.manifest_key(manifest.version)
+        if not self.kv.write(key, manifest.to_json(), if_equal=_ABSENT).result().generation:
+            raise VersionExistsError(f"version {manifest.version} was published concurrently")
+        return manifest
 
     def _create(self, version: int, dtype: str, names: set, item):
         """Starts creating the zarr3 array of one tensor; returns (source, chunks, future)."""
@@ -310,9 +271,7 @@ class WeightStore:
         if not shape:
             raise ValueError(f"{name}: scalars are not weights")
         chunks = chunk_shape(shape, dtypes.itemsize(dtype), block)
-        metadata = zarr3_metadata(shape, dtype, chunks)
-        spec = {**self._array_spec(version, name), "metadata": metadata, "create": True}
-        return source, chunks, ts.open(spec, context=_CONTEXT)
+        return source, chunks, self.create_array(version, name, shape, dtype, chunks)
 
     def _check_new(self, version: int) -> None:
         existing = self.versions()
@@ -325,18 +284,34 @@ class WeightStore:
     def read(
         self, version: int, names: Iterable[str] | None = None, depth: int = 8
     ) -> Iterator[tuple[str, np.ndarray]]:
-        """Yield (name, array) in manifest order, each verified against the manifest.
+        """Yield (name, array) in manifest order, each verified against the manifest; a delta
+        version is rebuilt from its anchor first (bridge/delta/reconstruct.py)."""
+        if self.manifest(version).is_full:
+            yield from self.read_stored(version, names, depth)
+            return
+        from bridge.delta.reconstruct import reconstruct
+
+        yield from reconstruct(self, version, names).tensors.items()
+
+    def read_stored(
+        self, version: int, names: Iterable[str] | None = None, depth: int = 8
+    ) -> Iterator[tuple[str, np.ndarray]]:
+        """Yield (name, array) of the arrays stored under `version`, each verified.
 
         Opens run 32 arrays ahead and reads `depth` arrays ahead, so I/O overlaps with
         checksumming.
         """
         manifest = self.manifest(version)
+        if manifest.checksum_algorithm != CHECKSUM_ALGORITHM:  # e.g. CRC-32s of old stores
+            raise CorruptVersionError(
+                f"version {version}: checksums are {manifest.checksum_algorithm!r}, this "
+                f"reader verifies {CHECKSUM_ALGORITHM!r} only (republish the version)"
+            )
         names = list(manifest.arrays if names is None else names)
         unknown = [n for n in names if n not in manifest.arrays]
         if unknown:
             raise KeyError(f"version {version} has no arrays {unknown[:5]}")
-        array_spec = lambda n: {**self._array_spec(version, n), "open": True}
-        opened = _ahead(names, lambda n: ts.open(array_spec(n), context=_CONTEXT, read=True), 32)
+        opened = _ahead(names, lambda n: self.open_array(version, n, {"open": True}, read=True), 32)
         reads = _ahead(opened, lambda item: self._read_checked(version, manifest, *item), depth)
         for (name, _), future in reads:
             try:
@@ -369,16 +344,19 @@ class WeightStore:
 
     # -- garbage collection ------------------------------------------------------------
     def gc(self, keep: int) -> list[int]:
-        """Delete all but the newest `keep` versions; returns the deleted versions."""
+        """Delete all but the newest `keep` versions and the chain they are rebuilt from;
+        returns the deleted versions."""
         if not isinstance(keep, int) or keep < 1:
             raise ValueError(f"gc keeps at least 1 version, got keep={keep!r}")
         existing = self.versions()
-        doomed = existing[:-keep]
+        # A kept delta version needs its chain back to its anchor (bridge/delta/): keep it.
+        floor = self.manifest(existing[-keep]).anchor if len(existing) > keep else 0
+        doomed = [v for v in existing[:-keep] if v < floor]
         for v in doomed:  # manifest first: a half-deleted version is never visible
-            self.kv.write(f"manifests/{_key(v)}.json", None).result()
+            self.kv.write(LAYOUT.manifest_key(v), None).result()
         if doomed:
             # Also removes debris of crashed publishes older than the oldest kept version.
-            self._delete_data(0, existing[-keep])
+            self._delete_data(0, floor)
         return doomed
 
     def drop_newer(self, version: int) -> list[int]:
@@ -386,16 +364,14 @@ class WeightStore:
         checkpoint, which the rerun republishes with other weights); returns them."""
         doomed = [v for v in self.versions() if v > version]
         for v in doomed:  # manifest first: a half-deleted version is never visible
-            self.kv.write(f"manifests/{_key(v)}.json", None).result()
+            self.kv.write(LAYOUT.manifest_key(v), None).result()
         if doomed:
-            self._delete_data(version + 1, _MAX_VERSION)
+            self._delete_data(version + 1, LAYOUT.max_version)
         return doomed
 
     def _delete_data(self, lo: int, hi: int) -> None:
-        rng = ts.KvStore.KeyRange(
-            inclusive_min=f"data/{_key(lo)}", exclusive_max=f"data/{_key(hi)}"
-        )
-        self.kv.delete_range(rng).result()
+        """Delete the arrays of versions lo <= v < hi (their manifests must be gone first)."""
+        self.kv.delete_range(ts.KvStore.KeyRange(*LAYOUT.data_range(lo, hi))).result()
 
 
 def _verify(version: int, name: str, info: ArrayInfo, data: np.ndarray) -> np.ndarray:
@@ -411,10 +387,3 @@ def _verify(version: int, name: str, info: ArrayInfo, data: np.ndarray) -> np.nd
             f"stale chunk): got {got[:16]}, manifest {info.checksum[:16]}"
         )
     return data
-
-
-def hf_arrays_from_flax(
-    cfg: ModelConfig, params_numpy: Mapping
-) -> Iterator[tuple[str, np.ndarray]]:
-    """(HF name, HF-layout array) for host numpy Flax params, ready for `publish`."""
-    return layouts.flax_to_hf(cfg, params_numpy)

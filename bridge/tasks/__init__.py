@@ -19,6 +19,7 @@ replaced by options: `reward_fn="PATH.py:NAME"` in verl's convention, `reward="m
 
 from bridge.tasks import (  # noqa: F401  (registers the plugins)
     arithmetic,
+    eval_file,
     gsm8k,
     holdem,
     kuhn_poker,

@@ -163,8 +163,9 @@ class EnvTask(Task):
     turn; the run's `batch.max_answer_len` bounds the whole episode), `eval_size` (held-out
     episodes, seeds from their own label so they never appear in training), `env_options`
     (a dict passed to the environment's constructor); any other option goes to the
-    environment too. Prompt ids are `<env>/<seed>`; `answer` holds the seed (the trusted
-    side's copy; the lease carries the seed in its `EpisodeSpec`).
+    environment too. Prompt ids are `<env>/<digest of the seed>`; `answer` holds the seed,
+    which only the trusted side sees: leases carry no seed, and workers get each observation
+    from the controller (bridge/control/episode_steps.py).
     """
 
     def __init__(
@@ -187,8 +188,15 @@ class EnvTask(Task):
     def new_env(self) -> Environment:
         return make_env(self.env_name, **self.env_options)
 
+    def prompt_id(self, seed: int) -> str:
+        """`<env>/<digest of the seed>`: a prompt id goes to workers, the seed (the deal)
+        must not (issue 23 item 8; the trusted side keeps it in `answer`)."""
+        return (
+            f"{self.env_name}/{hashlib.sha256(f'{self.env_name}/{seed}'.encode()).hexdigest()[:16]}"
+        )
+
     def _prompt(self, seed: int) -> Prompt:
-        return Prompt(f"{self.env_name}/{seed}", self.env.reset(seed), str(seed))
+        return Prompt(self.prompt_id(seed), self.env.reset(seed), str(seed))
 
     def train_prompts(self, seed: int) -> Iterator[Prompt]:
         rng = random.Random(f"{self.env_name}/train/{seed}")

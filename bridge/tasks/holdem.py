@@ -2,7 +2,7 @@
 
 One hand per episode: blinds 1/2, bets 2 (pre-flop, flop) and 4 (turn, river), at most 4
 bets a street, stacks of 100; reward = the model's net chips for the hand (pokerkit's
-payoffs, which sum to zero over both players: tests/bridge/tasks/holdem_test.py).
+payoffs, which sum to zero over both players: tests/bridge/tasks/env_test.py).
 
 Seeding. pokerkit draws cards with the global `random` unless told which cards to deal,
 so nothing is left to it: the episode seed shuffles a 52-card deck with

@@ -23,7 +23,7 @@ can read its action probabilities off one forward pass (exact when a turn is one
 
 The fixed opponent (`OPPONENT`) always bluffs with a J, never bets a Q and calls a bet with
 a Q half the time: exploitable, so the best response earns +0.25 chips per hand (exact,
-tests/bridge/tasks/kuhn_poker_test.py), always check/call earns 0, the uniform policy over
+tests/bridge/tasks/env_test.py), always check/call earns 0, the uniform policy over
 {c, b, f} -0.37 and a policy that never says a legal action -1.
 """
 

@@ -8,7 +8,9 @@
     rescore.py    the audit's sampled re-score of rows tagged with older versions
     interrupt.py  Ctrl-C finishes the step; a second one aborts
     mirror.py     several processes: process 0 drives, the others replay its collectives
+    hooks.py      the `AfterStep` protocol the RL loop calls after each update, and the
+                  adapters that put the parts above behind it
 
-No part imports another: what one needs from another (the controller, a callback) is
-handed in by the training binary.
+No part imports another: what one needs from another (the controller, a callback, the
+process-0 `mirror.Leader`) is handed in by the training binary.
 """

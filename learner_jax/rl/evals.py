@@ -26,11 +26,14 @@ EVAL_FILE = "eval.jsonl"
 
 
 class EvalLog:
-    def __init__(self, evaluator, learner, workdir: str, *, end: int, period: int, exact=None):
+    def __init__(
+        self, evaluator, learner, workdir: str, *, end: int, period: int, exact=None, mirror=None
+    ):
         """`exact`: an `evaluate.ExactEvaluator` (tasks with an exact expected reward, e.g.
         Kuhn poker): each row then also has `expected_reward` and `optimum`, and
-        `extras` the matching `eval/` metrics of the newest evaluation."""
-        self.evaluator, self.learner, self.exact = evaluator, learner, exact
+        `extras` the matching `eval/` metrics of the newest evaluation. `mirror`: process
+        0's `mirror.Leader` in a multi-process run (the others join each decode)."""
+        self.evaluator, self.learner, self.exact, self.mirror = evaluator, learner, exact, mirror
         self.extras: dict[str, float] = {}
         self.path = os.path.join(workdir, EVAL_FILE)
         self.rl_start, self.end, self.period = learner.cursor["rl_start_step"], end, period
@@ -41,18 +44,20 @@ class EvalLog:
 
     def run(self, tag: str) -> float:
         t0, lrn = time.perf_counter(), self.learner
-        if getattr(lrn, "mirror", None) is not None:
-            lrn.mirror.eval()  # the other processes join the decode (learner_jax/rl/mirror.py)
-        acc = self.evaluator.accuracy(lrn.state.params, lrn.mesh, lrn.rules)
+        if self.mirror is not None:
+            self.mirror.eval()  # the other processes join the decode (learner_jax/rl/mirror.py)
+        acc = self.evaluator.accuracy(lrn.policy_params, lrn.mesh, lrn.rules)
         row = {"tag": tag, "step": lrn.step, "accuracy": acc, "time": time.time()}
         if self.exact is not None:
             row["expected_reward"] = self.exact.expected_reward(
-                lrn.state.params, lrn.mesh, lrn.rules
+                lrn.policy_params, lrn.mesh, lrn.rules
             )
             row["optimum"] = self.exact.optimum
+            row.update(self.exact.policy_stats(lrn.policy_params, lrn.mesh, lrn.rules))
             self.extras = {
                 "eval/expected_reward": row["expected_reward"],
                 "eval/optimum_reward": row["optimum"],
+                **{k: v for k, v in row.items() if k.startswith("eval/")},
             }
             logging.info(
                 "exact expected reward %.4f (optimum %.4f) at step %d",

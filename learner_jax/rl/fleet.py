@@ -9,11 +9,22 @@ per provisioner:
 - dead workers (exited, or reported gone/quarantined) are replaced ("...: replace dead");
 - with activation on, workers the controller put on standby are released
   ("activation: standby": nobody pays for a machine that gets no leases), and when the
-  capacity model says the active fleet is short (required > active rollouts/s; not on a
-  freshness-only `capacity/warning`, which more workers do not fix) one worker is started
+  capacity model says the active fleet is short (required > active rollouts/s on a
+  confident prediction; not on a freshness-only `capacity/warning`, which more workers do
+  not fix) one worker is started
   ("activation: short") if the limits allow, the cheapest kind first, never in a pass that
   released standby workers, then no other until every started worker has joined and
-  `short_cooldown_s` passed (the new worker must be measured before judging again).
+  `short_cooldown_s` passed (the new worker must be measured before judging again);
+- a worker the controller has refused as too slow (state `too_slow`, lease_timing.py: its
+  leases come back after its work went stale) for `standby_release_s` is put on standby and
+  released like any idle worker ("too slow: standby"), activation on or off: it gets no
+  work but is billed. The default (90 s) outlasts the controller's re-measuring period
+  (`retest_slow_after_s`, 60 s), so the refusal that releases it rests on at least one lease
+  after its first (cold: vLLM's compile). A re-measuring lease shows it briefly not refused;
+  only `3 * period_s` without a refusal (it became useful: the learner slowed) starts the
+  count again. Its stop line in provisioner.jsonl carries the paid idle time (`idle_s`,
+  `idle_usd`, from the first pass that saw it refused), which the run summary adds up. A
+  hand-started worker has no provisioner: lease_timing.py says it once, with its price.
 Every start and stop goes through a provisioner, so `<workdir>/provisioner.jsonl` has it
 with its reason and cost.
 
@@ -48,6 +59,8 @@ class FollowConfig:
     max_workers: int = 8  # over all provisioners
     max_usd_per_hour: float = math.inf  # over all provisioners
     wait_s: float = 20.0  # close(): how long to wait for local processes to exit
+    # A worker refused as too slow this long is released (inf = never; see the docstring).
+    standby_release_s: float = 90.0
 
 
 class FleetFollower:
@@ -64,7 +77,9 @@ class FleetFollower:
         self._last = -math.inf
         self._last_short = -math.inf
         self._deaths = [collections.deque() for _ in provs]
+        self._slow: dict[str, list[float]] = {}  # name -> [first, last] pass it was refused
         self.replaced = self.released = self.added = 0
+        self.slow_released, self.slow_idle_s, self.slow_idle_usd = 0, 0.0, 0.0
 
     def _log_path(self, name: str) -> str:
         return os.path.join(self.log_dir, f"{name}.log")
@@ -99,9 +114,46 @@ class FleetFollower:
                 )
             self.replaced += len(r.started)
             self._crash_loop(k, r.dead, now)
+        released += self._release_too_slow(state, now)
         # Not in a pass that released standby workers: the decision just found a surplus.
         if self.cfg.activation and not released:
             self._follow_short(status, state, now)
+
+    def _release_too_slow(self, state: dict, now: float) -> int:
+        """Release provisioned workers refused as too slow for `standby_release_s`."""
+        for name, seen in state.items():
+            if seen == "too_slow":
+                self._slow.setdefault(name, [now, now])[1] = now
+        for name in [
+            n for n, (_, last) in self._slow.items() if now - last > 3 * self.cfg.period_s
+        ]:
+            del self._slow[name]  # not refused for three passes: it is useful again
+        stopped = 0
+        for prov in self.provs:
+            for h in prov.alive():
+                if state.get(h.name) != "too_slow" or h.name not in self._slow:
+                    continue
+                idle = now - self._slow[h.name][0]
+                if idle < self.cfg.standby_release_s:
+                    continue
+                usd = h.price_per_hour * idle / 3600.0
+                prov.stop(h, "too slow: standby", idle_s=idle, idle_usd=usd)
+                del self._slow[h.name]
+                log.info(
+                    "fleet: released worker %s ($%.2f/h): refused as too slow for %.0fs, "
+                    "$%.4f paid for no work (a larger staleness would let it help)",
+                    h.name,
+                    h.price_per_hour,
+                    idle,
+                    usd,
+                    extra={"console": True},
+                )
+                stopped += 1
+                self.slow_released += 1
+                self.slow_idle_s += idle
+                self.slow_idle_usd += usd
+        self.released += stopped
+        return stopped
 
     def _crash_loop(self, k: int, dead, now: float) -> None:
         deaths = self._deaths[k]
@@ -121,7 +173,10 @@ class FleetFollower:
         # which more workers do not fix; starting on it undid standby releases in the demo.
         required = status.get("capacity/required_rollouts_per_s")
         active = status.get("capacity/active_rollouts_per_s")
-        short = required is not None and active is not None and required > active
+        # Only on a confident prediction (warm measurements, fleet_plan.py): a cold T (the
+        # first update's compile) or a cold first lease says nothing about the steady state.
+        confident = status.get("capacity/confident", 1)
+        short = confident and required is not None and active is not None and required > active
         if not short or now - self._last_short < self.cfg.short_cooldown_s:
             return
         alive = [h for p in self.provs for h in p.alive()]

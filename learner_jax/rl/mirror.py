@@ -15,7 +15,8 @@ commands in order:
     save     an orbax checkpoint (every process writes its own shards)
     end      the run is over
 
-    learner.mirror = mirror.Leader(learner)           # process 0
+    leader = learner.mirror = mirror.Leader(learner)  # process 0; the publisher and the
+                                                      # evaluation log take it too (mirror=)
     mirror.follow(learner, publish_fn, eval_fn)       # processes 1..P-1
 
 A follower that loses process 0 does not wait forever: the coordination service's

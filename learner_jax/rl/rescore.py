@@ -7,15 +7,17 @@
 The train step audits exactly the rows its own version sampled (bridge/control/audit.py):
 the learner's log-probs are of its current parameters, so only those rows compare like
 with like. A worker that tags every token with an older version would never be audited.
-Every `every` RL steps this reads ONE older version that the batch's rows carry back from
-the weight store (the newest S + 2 versions are kept there: every version a fresh row can
-carry), converts it to Flax params on the learner's mesh, and recomputes the log-probs of
-up to `max_rows` rows sampled wholly by that version (the oldest such version, seeded
-choice of rows). The per-worker k3 / log-ratio sums go to the same `ctl.audit` as the
-train step's.
+Every `every` RL steps this reads back from the weight store EVERY version the batch's
+other rows carry (the newest S + 2 versions are kept there: every version a fresh row can
+carry; issue 23 item 5: a lie about any but the oldest tag escaped when only the oldest was
+read), converts each to Flax params on the learner's mesh, and recomputes the log-probs of
+up to `max_rows` rows holding tokens of that version (seeded choice of rows), scoring only
+the tokens tagged with it: a mixed row (a swap mid-generation; the train step skips it) is
+audited token by token, each under the version it claims. The per-worker k3 / log-ratio
+sums go to the same `ctl.audit` as the train step's.
 
-Cost: one version read from the store plus one forward over `max_rows` rows per `every`
-steps, and transiently a second copy of the params in the learner's memory (for models
+Cost: up to S + 1 version reads from the store plus one forward over `max_rows` rows each,
+per `every` steps, and transiently a second copy of the params in the learner's memory (for models
 near the accelerator's limit, raise `every` or set it to 0 to turn the re-score off). The
 store's copy is the published one (param_dtype), the exact bytes the workers load, so an
 honest bf16 worker scores the same as against its own weights.
@@ -29,7 +31,6 @@ import time
 import jax
 import numpy as np
 
-from bridge.contracts.k3 import k3
 from bridge.control import audit
 from bridge.model import layouts
 from bridge.model.config import ModelConfig
@@ -50,31 +51,37 @@ class VersionRescorer:
         self.last: dict = {}
 
     def maybe(self, rl_step: int, groups, current_version: int) -> list[audit.AuditStat]:
-        """Audit stats of a re-scored older version, on every `every`-th RL step."""
+        """Audit stats of a re-score of every version the batch's tokens carry (the train
+        step audits the rows wholly of `current_version`), on every `every`-th RL step."""
         if not self.every or rl_step % self.every:
             return []
         rows = [
             (g.worker_id, t)
             for g in groups
             for t in g.trajectories
-            if g.worker_id and len(set(t.versions)) == 1 and t.versions[0] < current_version
+            if g.worker_id and set(t.versions) != {current_version}
         ]
         have = set(self.store.versions())
-        versions = sorted({t.versions[0] for _, t in rows} & have)
-        if not versions:
-            return []
-        version = versions[0]  # the oldest: the longest a lie about it could last
-        rows = [(w, t) for w, t in rows if t.versions[0] == version]
-        pick = self.rng.choice(len(rows), size=min(self.max_rows, len(rows)), replace=False)
-        t0 = time.perf_counter()
-        try:
-            stats = self.rescore(version, [rows[i] for i in sorted(pick)])
-        except Exception as e:  # noqa: BLE001 - gc'd or corrupt meanwhile: skip, never fail the run
-            logging.warning("audit re-score of version %d skipped: %s", version, e)
+        # Every tag, not only the oldest: a lie about any version but the oldest would
+        # otherwise never be looked at. Mixed rows (a swap mid-generation) are scored per
+        # token, each under the version it claims.
+        versions = sorted({v for _, t in rows for v in t.versions} & have)
+        t0, stats, picked = time.perf_counter(), [], 0
+        for version in versions:
+            of_v = [(w, t) for w, t in rows if version in t.versions]
+            pick = self.rng.choice(len(of_v), size=min(self.max_rows, len(of_v)), replace=False)
+            try:
+                stats += self.rescore(version, [of_v[i] for i in sorted(pick)])
+            except Exception as e:  # noqa: BLE001 - gc'd or corrupt meanwhile: skip, never fail the run
+                logging.warning("audit re-score of version %d skipped: %s", version, e)
+                continue
+            picked += len(pick)
+        if not picked:
             return []
         self.last = {
-            "audit/rescored_rows": float(len(pick)),
-            "audit/rescored_version_lag": float(current_version - version),
+            "audit/rescored_rows": float(picked),
+            "audit/rescored_versions": float(len(versions)),
+            "audit/rescored_version_lag": float(current_version - versions[0]),
             "audit/rescore_s": time.perf_counter() - t0,
         }
         return stats
@@ -114,22 +121,19 @@ class VersionRescorer:
             # logprobs[j] scores completion token j, predicted at position len(p) + j - 1.
             behaviour[i, len(p) - 1 : len(p) + len(c) - 1] = t.logprobs
             # Model tokens only: an episode's observation tokens (mask 0) have no behaviour
-            # log-prob to audit.
-            mask[i, len(p) - 1 : len(p) + len(c) - 1] = t.mask
+            # log-prob to audit; and only the tokens tagged with `version`.
+            of_version = np.asarray(t.versions) == version
+            mask[i, len(p) - 1 : len(p) + len(c) - 1] = np.asarray(t.mask) * of_version
         pos = np.broadcast_to(np.arange(width - 1, dtype=np.int32), (n, width - 1))
-        learner = np.asarray(
-            self._logprobs(params, tokens[:, :-1], pos, seg[:, :-1], tokens[:, 1:]), np.float32
-        )
-        d = np.where(mask > 0, learner - behaviour, 0.0)
-        row_k3 = (k3(d.astype(np.float64)) * mask).sum(axis=1)
+        learner = self._logprobs(params, tokens[:, :-1], pos, seg[:, :-1], tokens[:, 1:])
+        f64 = lambda x: np.asarray(x, np.float64)
         k = len(rows)  # the padding rows after them have an all-zero mask
+        row_k3, row_lr, row_n = (
+            x[:k] for x in audit.row_sums(f64(learner), f64(behaviour), f64(mask))
+        )
+        ones = np.ones(k, bool)
         stats = audit.row_sums_to_worker_stats(
-            [w for w, _ in rows],
-            np.ones(k, bool),
-            row_k3[:k],
-            (-d * mask).sum(axis=1)[:k],
-            mask.sum(axis=1)[:k],
-            version=version,
+            [w for w, _ in rows], ones, row_k3, row_lr, row_n, version=version
         )
         logging.debug("re-scored %d rows of version %d: %s", k, version, stats)
         return stats

@@ -12,7 +12,11 @@ version carries the learner-side canary (log-probs of fixed probe sequences,
 With `background=True` (`bridge.async_publish`) `after_step` hands a copy of the params to
 `BackgroundPublisher` and returns at once; the copy is needed because the next train step
 donates the state's buffers. The store keeps `keep` versions (S + 2): a worker may still
-be reading the oldest one a trajectory is allowed to come from.
+be reading the oldest one a trajectory is allowed to come from (plus, with delta versions,
+the chain back to its anchor: WeightStore.gc). With `delta` (`bridge.delta.*`,
+`delta_publisher`) versions are published as patches on the previous one
+(bridge/delta/publisher.py); each publishing step reports `bridge/version_bytes` and
+`bridge/delta_density`.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bridge.contracts import canary as canary_lib
+from bridge.delta.publisher import DeltaPublisher
 from bridge.store import model_files
 from bridge.store.weight_store import WeightStore
 from learner_jax import model, publish
@@ -93,18 +98,37 @@ class Canary:
         return canary_lib.canary_payload(self._probes, list(lps))
 
 
-def write_version(store: WeightStore, version: int, learner, params, canary: Canary) -> None:
+def delta_publisher(config, store: WeightStore) -> DeltaPublisher | None:
+    """`bridge.delta.*` -> the run's DeltaPublisher, or None (every version full).
+
+    `enabled`: "auto" = on for a remote store (s3, gcs: slow links, where bytes per version
+    decide what staleness can hold), off for a local one (a file store on this machine reads
+    a full version faster than it rebuilds a chain); "true"/"false" (or a bool) force it."""
+    d = config.bridge.delta
+    enabled = str(d.enabled).strip().lower()
+    if enabled not in ("auto", "true", "false", "1", "0", "on", "off"):
+        raise ValueError(f"bridge.delta.enabled must be auto|true|false, got {d.enabled!r}")
+    if enabled == "auto":
+        on = store.spec["driver"] in ("s3", "gcs")
+    else:
+        on = enabled in ("true", "1", "on")
+    return DeltaPublisher(store, int(d.anchor_every), float(d.max_density)) if on else None
+
+
+def write_version(
+    store: WeightStore, version: int, learner, params, canary: Canary, delta=None
+) -> None:
     """Write `params` as `version` with its canary (every process calls this together when
-    the learner spans several: each writes its own shards)."""
-    publish.publish_params(
-        store,
-        version,
-        version,
-        learner.model_cfg,
-        params,
-        dtype=str(learner.param_dtype),
-        extra={"canary": canary(params)},
-    )
+    the learner spans several: each writes its own shards). With `delta` (one process only:
+    it diffs whole tensors) the version is a delta on the previous one or an anchor."""
+    cfg, dtype, extra = learner.model_cfg, str(learner.param_dtype), {"canary": canary(params)}
+    if delta is not None and jax.process_count() == 1:
+        sources = publish.hf_sources(cfg, params)
+        delta.publish(version, version, sources, cfg.to_hf_dict(), dtype, extra)
+        return
+    publish.publish_params(store, version, version, cfg, params, dtype=dtype, extra=extra)
+    if delta is not None:
+        delta.forget()  # a multi-process publish is full: the next one must not diff
 
 
 class WeightPublisher:
@@ -112,6 +136,8 @@ class WeightPublisher:
 
     `announce(version, store_spec)` tells the fleet (the controller's `publish`) and returns
     the announcement; `on_announce(announcement)` is told of each one (the swap watcher).
+    `mirror`: process 0's `mirror.Leader` in a multi-process run (the others write their
+    own shards of each version with it).
     """
 
     def __init__(
@@ -127,8 +153,11 @@ class WeightPublisher:
         vocab_size: int,
         bos_id: int,
         on_announce: Callable | None = None,
+        mirror=None,
+        delta: DeltaPublisher | None = None,
     ):
-        self.store, self.announce, self.learner = store, announce, learner
+        self.store, self.announce, self.learner, self.mirror = store, announce, learner, mirror
+        self.delta, self.version_metrics = delta, {}
         self.every, self.keep, self.on_announce = every, keep, on_announce
         # Config + tokenizer beside the versions: a remote worker needs no local model copy.
         model_files.publish(store, learner.hf_dir)
@@ -143,17 +172,28 @@ class WeightPublisher:
         its own snapshot (the learner has moved on by then)."""
         t0 = time.perf_counter()
         if params is None:
-            params = self.learner.state.params
+            params = self.learner.policy_params
         write = version not in self.store.versions()
-        if getattr(self.learner, "mirror", None) is not None:  # the other processes join in
-            self.learner.mirror.publish(version, write, self.store.spec)
+        if self.mirror is not None:  # the other processes join in
+            self.mirror.publish(version, write, self.store.spec)
         if write:
-            write_version(self.store, version, self.learner, params, self.canary)
+            write_version(self.store, version, self.learner, params, self.canary, self.delta)
+            self.version_metrics = self._version_metrics(version)
         ann = self.announce(version, self.store.spec)
         if self.on_announce is not None:
             self.on_announce(ann)
         self.store.gc(keep=self.keep)
         return time.perf_counter() - t0
+
+    def _version_metrics(self, version: int) -> dict:
+        """`bridge/version_bytes` (what the version added to the store: a delta's patches,
+        or a full copy) and `bridge/delta_density` (fraction of elements changed vs the
+        previous version; 1.0 when it was not compared)."""
+        last = self.delta.last if self.delta is not None else None
+        if last is not None and last.version == version:
+            return {"bridge/version_bytes": last.stored_bytes, "bridge/delta_density": last.density}
+        nbytes = self.store.manifest(version).stored_bytes
+        return {"bridge/version_bytes": nbytes, "bridge/delta_density": 1.0}
 
     def after_step(self, rl_steps: int) -> dict:
         """Publish the learner's current version if this RL step is a publishing one."""
@@ -163,13 +203,13 @@ class WeightPublisher:
         version = self.learner.step
         if self._background is None:
             out["bridge/publish_s"] = self.publish(version)
-            return out
+            return {**out, **self.version_metrics}
         t0 = time.perf_counter()
-        self._background.submit(version, self._snapshot(self.learner.state.params))
+        self._background.submit(version, self._snapshot(self.learner.policy_params))
         out["bridge/publish_blocking_s"] = time.perf_counter() - t0
         out["bridge/publish_s"] = self._background.last_s  # the newest one finished
         out["bridge/publish_skipped"] = self._background.skipped
-        return out
+        return {**out, **self.version_metrics}  # the newest finished version's
 
     def close(self, timeout: float = 120) -> None:
         """Let the background thread finish what is pending (a failure is logged)."""

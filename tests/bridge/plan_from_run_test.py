@@ -15,6 +15,7 @@ worker for its whole publish -> serving delay); planned "held" (from_run.py): 0.
 
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -80,3 +81,34 @@ def test_plan_of_a_real_run_predicts_its_utilization_and_cost(tmp_path):
     assert cmp["same_active_count"]
     assert abs(cmp["error"]["utilization"]) < 0.25
     assert abs(cmp["error"]["cost_per_step"]) < 0.25
+    live_capacity_advice_agrees_with_the_run(rows, run.stderr, workdir)
+
+
+LIVE_POINTS = 0.15
+
+
+def live_capacity_advice_agrees_with_the_run(rows, console, workdir):
+    """Issue 32 on the same run: the controller's confident predictions (warm measurements
+    only, bridge/control/fleet_plan.py) are within LIVE_POINTS of the utilization measured on
+    the same steps (means; one early prediction cannot foresee the shared box's load moving T
+    and the workers' speed later in the run), and no capacity warning on the console names a
+    utilization that the run's own measurement beats by more than LIVE_POINTS.
+
+    The goal is 10 points; 15 are allowed. Before the model counted the learner's own time
+    per update (fleet_plan.py's O) 4 runs measured +2.7, -7.1, -0.9 and +12.7 points; with it,
+    +0.3 (0.714 vs 0.711, load average 6) and +10.5 (0.802 vs 0.696, a clean-clone CI run
+    alone on the box, T 0.22 s, O 0.02 s: the overprediction there is not the overhead, and
+    is not explained yet). 15 points still fails a prediction made from cold leases (0.03-0.7
+    against ~0.7 measured before issue 32)."""
+    confident = [r for r in rows if r.get("capacity/confident")]
+    assert confident, "no confident capacity prediction in a 30-step run"
+    predicted = statistics.fmean(r["capacity/predicted_utilization"] for r in confident)
+    measured = statistics.fmean(r["learner/utilization"] for r in confident)
+    said = [line for line in console.splitlines() if "capacity:" in line]
+    print(f"capacity: predicted {predicted:.3f}, measured {measured:.3f} on {len(confident)}")
+    print("\n".join(said))
+    assert abs(predicted - measured) <= LIVE_POINTS, (predicted, measured)
+    warned = [int(p) for p in re.findall(r"will wait \(predicted utilization (\d+)%", console)]
+    assert all(p / 100 >= measured - LIVE_POINTS for p in warned), (warned, measured)
+    summary = open(os.path.join(workdir, "summary.md")).read()
+    assert f"- predicted vs measured utilization: {predicted:.3f} predicted vs" in summary

@@ -8,6 +8,7 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from float_tolerance import assert_close_at_scale
 
 from learner_jax import attention
 
@@ -51,15 +52,18 @@ def test_outputs_and_gradients_match_reference(name):
     out = jax.jit(impls()[name])(q, k, v, seg)
     assert out.shape == (B, T, N, H) and out.dtype == jnp.float32
     assert np.isfinite(np.asarray(out)).all()  # the all-padding row too
-    np.testing.assert_allclose(np.asarray(out)[real], np.asarray(ref)[real], atol=1e-5, rtol=0)
+    assert_close_at_scale(np.asarray(out)[real], np.asarray(ref)[real])
     (l_ref, g_ref), (l_out, g_out) = (
         loss(attention.xla_attention)(q, k, v),
         loss(impls()[name])(q, k, v),
     )
-    assert abs(float(l_out) - float(l_ref)) <= 1e-5 * abs(float(l_ref))
+    # The loss sums ~B*T*N*H terms of random sign: its rounding is of the size of their l2
+    # norm (a random walk), not of the (cancelling) result.
+    terms = np.asarray(ref) * w
+    assert_close_at_scale(l_out, l_ref, scale=np.sqrt((terms**2).sum()), err_msg="loss")
     for a, b in zip(g_out, g_ref, strict=True):
         assert np.isfinite(np.asarray(a)).all()
-        assert float(jnp.abs(a - b).max()) <= 1e-5 * float(jnp.abs(b).max())
+        assert_close_at_scale(a, b, err_msg=name)
 
 
 def test_bf16_blockwise_close_to_reference():

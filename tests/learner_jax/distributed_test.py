@@ -5,13 +5,13 @@ import jax
 import numpy as np
 import pytest
 
-from learner_jax import config_file, distributed, train_step
+from learner_jax import config_file, distributed, run_config, train_step
 from learner_jax.rl import mirror
 
 
 def test_unset_keys_mean_one_process_and_initialize_is_a_no_op():
     config = config_file.load_config("configs/tiny_arith.py")
-    cfg = distributed.DistributedConfig.from_config(config)
+    cfg = run_config.distributed_config(config)
     assert not cfg.enabled
     distributed.initialize(cfg)  # nothing to connect to: returns at once
     assert jax.process_count() == 1 and distributed.is_leader()

@@ -79,8 +79,11 @@ def test_rl_schedule_checked_before_anything_runs():
 @pytest.mark.parametrize(
     "key, value, match",
     [
-        ("top_p", 0.9, r"rollout.top_p=0.9 is not supported.*truncated"),
-        ("top_k", 20, r"rollout.top_k=20 is not supported"),
+        ("top_p", 0.0, r"rollout.top_p=0.0 is not supported.*\(0, 1\]"),
+        ("top_p", 1.5, r"rollout.top_p=1.5 is not supported"),
+        ("top_k", 1, r"rollout.top_k=1 is not supported.*greedy"),
+        ("top_k", -2, r"rollout.top_k=-2 is not supported"),
+        ("min_p", 1.0, r"rollout.min_p=1.0 is not supported.*greedy"),
         ("temperature", 0.0, r"rollout.temperature=0.0 is not supported.*greedy"),
     ],
 )
@@ -89,6 +92,8 @@ def test_sampling_the_learner_cannot_score_is_refused(key, value, match):
 
     c = tiny_arith()
     c.rollout.temperature = 0.7  # below 1 is fine: the learner scores logits / T
+    # truncation too: the learner applies the sampler's (learner_jax/truncation.py)
+    c.rollout.top_p, c.rollout.top_k, c.rollout.min_p = 0.9, 20, 0.05
     validate(c)
     setattr(c.rollout, key, value)
     with pytest.raises(ValueError, match=match):
@@ -97,11 +102,31 @@ def test_sampling_the_learner_cannot_score_is_refused(key, value, match):
 
 def test_rl_step_config_carries_the_sampling_temperature():
     from learner_jax.run_config import step_config
+    from learner_jax.truncation import Truncation
 
     c = tiny_arith()
     c.rollout.temperature = 0.6
     assert step_config(c, "rl").temperature == 0.6
     assert step_config(c, "sft").temperature == 1.0  # SFT trains the model itself
+    c.rollout.top_p, c.rollout.top_k, c.rollout.min_p = 0.9, 20, 0.05
+    assert step_config(c, "rl").truncation == Truncation(top_p=0.9, top_k=20, min_p=0.05)
+
+
+def test_task_thinking_sets_enable_thinking_on_the_chat_format():
+    from bridge.contracts.prompt import PromptFormat
+    from learner_jax.run_config import prompt_format
+
+    c = tiny_arith()
+    c.task.thinking = "auto"  # the template's default: nothing set
+    assert prompt_format(c) == PromptFormat()
+    c.task.thinking = "on"
+    with pytest.raises(ValueError, match="task.thinking='on' needs the chat format"):
+        prompt_format(c)
+    c.prompt.format = "chat"
+    assert prompt_format(c) == PromptFormat("chat", thinking="on")
+    c.task.thinking = "sometimes"
+    with pytest.raises(ValueError, match="task.thinking must be one of"):
+        prompt_format(c)
 
 
 def test_prompt_format_from_config_or_task():
@@ -159,8 +184,7 @@ def test_packing_config_is_checked():
 
 
 def test_broadcast_auto_follows_the_store_and_a_bad_mode_fails_validation():
-    from learner_jax.rl.serve import broadcast_mode
-    from learner_jax.run_config import validate
+    from learner_jax.run_config import broadcast_mode, validate
 
     c = tiny_arith()
     assert c.bridge.broadcast == "auto" and broadcast_mode(c) == "store"  # <workdir>/weights
@@ -171,3 +195,113 @@ def test_broadcast_auto_follows_the_store_and_a_bad_mode_fails_validation():
     c.bridge.broadcast = "relays"
     with pytest.raises(ValueError, match="bridge.broadcast"):
         validate(c)
+
+
+def test_kl_penalty_is_refused_at_validation():
+    from learner_jax.run_config import validate
+
+    c = tiny_arith()
+    c.loss.kl_coef = 0.1  # the RL loop has no reference model to compute ref_logp with
+    with pytest.raises(ValueError, match=r"loss.kl_coef=0.1 is not supported.*reference"):
+        validate(c)
+
+
+def test_fleet_engines_fit_the_batch():
+    from learner_jax.run_config import fleet_config
+
+    c = tiny_arith()
+    assert fleet_config(c).max_model_len == 512  # the worker's own default
+    c.batch.max_prompt_len, c.batch.max_answer_len = 1000, 24
+    assert fleet_config(c).max_model_len == 1024
+
+
+# Config defaults that deliberately differ from their dataclass's, and why. Every other
+# (section, key) below must agree, so a default changed in one layer fails here.
+DELIBERATE = {
+    # The demo fleet: a fast $0.40/h worker and a slow, throttled $0.15/h one; a bare
+    # FleetConfig is one kind of free, unthrottled worker.
+    ("fleet", "prices"): "demo",
+    ("fleet", "throttle_s"): "demo",
+    # The demo checkpoints every 20 of its 300 steps; long runs keep the library's 100.
+    ("checkpoint", "interval"): "demo",
+    # The optimizer and loss dataclasses default to the published algorithms (Adam's
+    # b2 0.999, GRPO's symmetric clip, lr 1e-6); the tiny demo model trains with its own.
+    ("optimizer", "learning_rate"): "demo",
+    ("optimizer", "warmup_steps"): "demo",
+    ("optimizer", "b2"): "demo",
+    ("loss", "clip_eps_high"): "demo",
+}
+
+
+RESOLVED = {"max_workers": None, "max_usd_per_hour": None}
+
+
+def _dataclass_pairs():
+    from bridge.control.config import ControllerConfig
+    from learner_jax import advantages, checkpoint, distributed, local_fleet, losses, optim
+    from learner_jax.rl.fleet import FollowConfig
+
+    return [
+        ("fleet", local_fleet.FleetConfig, {}),
+        # FollowConfig's limits are resolved (fleet.max_workers 0 = local_workers, 0 $/h =
+        # no limit = inf), so only its other fields mean what the config keys mean.
+        ("fleet", FollowConfig, {"period_s": "follow_period_s", **RESOLVED}),
+        ("distributed", distributed.DistributedConfig, {}),
+        ("controller", ControllerConfig, {}),
+        ("checkpoint", checkpoint.CheckpointConfig, {}),
+        ("loss", losses.LossConfig, {}),
+        ("advantages", advantages.AdvantageConfig, {}),
+        ("optimizer", optim.OptimizerConfig, {}),
+    ]
+
+
+def test_config_defaults_equal_the_dataclass_defaults():
+    import dataclasses
+
+    c = tiny_arith()
+    checked = 0
+    for section, cls, rename in _dataclass_pairs():
+        for f in dataclasses.fields(cls):
+            key = rename.get(f.name, f.name)
+            if key is None or key not in c[section] or f.default is dataclasses.MISSING:
+                continue
+            if (section, key) in DELIBERATE:
+                assert c[section][key] != f.default, f"{section}.{key} agrees now: undo DELIBERATE"
+                continue
+            want = c[section][key]
+            want = tuple(want) if isinstance(want, list) else want
+            assert want == f.default, (section, key, want, cls.__name__, f.default)
+            checked += 1
+    assert checked >= 40  # the pairs above really overlap (a renamed section would not)
+
+
+def test_fleet_defaults_equal_the_worker_flags():
+    """config.fleet key == FleetConfig default == `python -m rollout_gpu.worker` flag default,
+    read from absl's FLAGS in a fresh interpreter (the worker's flags must not meet the
+    learner's or a bench's in this one)."""
+    import dataclasses
+    import subprocess
+    import sys
+
+    from learner_jax import local_fleet
+
+    pairs = {  # FleetConfig field -> worker flag
+        "max_model_len": "max_model_len",
+        "max_num_seqs": "max_num_seqs",
+        "grace_s": "grace_s",
+        "kvcache_gib": "cpu_kvcache_gib",
+        "price_per_hour": "price_per_hour",
+    }
+    code = (
+        "import json; from absl import flags; import rollout_gpu.worker; "
+        f"print(json.dumps({{k: flags.FLAGS[k].default for k in {list(pairs.values())}}}))"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=root, capture_output=True, text=True, check=True
+    )
+    flags = json.loads(out.stdout.strip().splitlines()[-1])
+    c = tiny_arith()
+    defaults = {f.name: f.default for f in dataclasses.fields(local_fleet.FleetConfig)}
+    for field, flag in pairs.items():
+        assert c.fleet[field] == defaults[field] == flags[flag], (field, flag, flags[flag])

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from float_tolerance import assert_close_at_scale
 
 from learner_jax import advantages, losses
 
@@ -29,12 +30,33 @@ def np_grpo_adv(rewards):
     return ((r - r.mean(1, keepdims=True)) / (r.std(1, keepdims=True) + 1e-6)).reshape(-1)
 
 
-def np_weight(w, cfg):
-    if cfg.is_mode == "truncate":
-        return min(w, cfg.is_cap)
-    if cfg.is_mode == "mask":
-        return w if w <= cfg.is_cap else 0.0
+def np_weight(w, mode, cap):
+    """One off-policy weight from its raw ratio w (module docstring of losses.py)."""
+    if mode in ("tis", "geo_seq"):
+        return min(w, cap)
+    if mode == "mask":
+        return w if w <= cap else 0.0
+    if mode in ("token_mis", "seq_mis"):
+        return w if 1.0 / cap <= w <= cap else 0.0
+    assert mode == "none"
     return 1.0
+
+
+def np_token_weights(prox, behav, m, cfg):
+    """W [B, T] of the token-level losses, token by token or sequence by sequence."""
+    mode, cap = cfg.correction, cfg.is_cap
+    w = np.zeros_like(prox)
+    for b in range(prox.shape[0]):
+        toks = [t for t in range(prox.shape[1]) if m[b, t]]
+        if mode in ("seq_mis", "geo_seq"):
+            log_rho = sum(prox[b, t] - behav[b, t] for t in toks)
+            log_seq = log_rho / max(len(toks), 1) if mode == "geo_seq" else log_rho
+            for t in toks:
+                w[b, t] = np_weight(np.exp(log_seq), mode, cap)
+        else:
+            for t in toks:
+                w[b, t] = np_weight(np.exp(prox[b, t] - behav[b, t]), mode, cap)
+    return w
 
 
 def np_surrogate(r, a, cfg):
@@ -66,7 +88,13 @@ def np_loss(logp, inp, cfg):
                 continue
             toks = [t for t in range(nt) if m[b, t]]
             s = np.exp(sum(logp[b, t] - prox[b, t] for t in toks) / n[b])
-            w = np_weight(np.exp(sum(prox[b, t] - behav[b, t] for t in toks) / n[b]), cfg)
+            log_rho = sum(prox[b, t] - behav[b, t] for t in toks)
+            mode = cfg.correction
+            if mode == "seq_mis":  # the sequence's full likelihood ratio
+                w = np_weight(np.exp(log_rho), mode, cfg.is_cap)
+            else:  # GSPO's geometric mean; 'geo_seq' truncates it like 'tis'
+                mode = "tis" if mode == "geo_seq" else mode
+                w = np_weight(np.exp(log_rho / n[b]), mode, cfg.is_cap)
             pg, dpg = np_surrogate(s, adv[b], cfg)
             loss += w * pg / k_seqs
             for t in toks:
@@ -76,6 +104,7 @@ def np_loss(logp, inp, cfg):
                     loss += beta * (np.exp(d) - d - 1) / n[b] / k_seqs
                     grad[b, t] += beta * (1 - np.exp(d)) / n[b] / k_seqs
         return loss, grad
+    weights = np_token_weights(prox, behav, m, cfg)
     for b in range(nb):
         for t in range(nt):
             if not m[b, t]:
@@ -88,7 +117,7 @@ def np_loss(logp, inp, cfg):
             else:  # dapo
                 coef = 1.0 / m.sum()
             r = np.exp(logp[b, t] - prox[b, t])
-            w = np_weight(np.exp(prox[b, t] - behav[b, t]), cfg)
+            w = weights[b, t]
             pg, dpg = np_surrogate(r, adv[b], cfg)
             loss += coef * w * pg
             grad[b, t] += coef * w * dpg * r
@@ -213,6 +242,67 @@ def test_loss_matches_numpy(name, mode, kl, filt):
     assert "kl" in metrics and metrics["kl"] > 0
 
 
+OFF_POLICY_CASES = [
+    (name, mode, filt)
+    for name in ("grpo", "dr_grpo", "dapo", "gspo")
+    for mode in ("tis", "token_mis", "seq_mis", "geo_seq")
+    for filt in (False, True)
+]
+
+
+@pytest.mark.parametrize("name,mode,filt", OFF_POLICY_CASES)
+def test_off_policy_corrections_match_numpy(name, mode, filt):
+    """`off_policy`: two-sided masks (token, sequence) and the geometric-mean sequence
+    weight, against the numpy loop; the batch has weights beyond both ends of [1/c, c]."""
+    seed = 8
+    _, _, rewards = make_inputs(seed)
+    seq_mask = filter_mask(rewards) if filt else None
+    logp, inp, _ = make_inputs(seed, spread=0.6 if name == "gspo" else 0.25, seq_mask=seq_mask)
+    cfg = losses.LossConfig(
+        name=name,
+        clip_eps_high=0.28 if name == "dapo" else None,
+        off_policy=mode,
+        # geometric means spread less than token or full-sequence ratios
+        is_cap=1.25 if mode == "geo_seq" or (name == "gspo" and mode != "seq_mis") else 2.0,
+    )  # no KL term: it would put gradient on the masked tokens too
+    loss, grad, metrics = jax_value_and_grad(logp, inp, cfg)
+    ref_loss, ref_grad = np_loss(np.asarray(logp), inp, cfg)
+    np.testing.assert_allclose(loss, ref_loss, atol=1e-5, rtol=0)
+    np.testing.assert_allclose(grad, ref_grad, atol=1e-5, rtol=0)
+    assert np.abs(ref_grad).max() > 1e-3
+    # Raw weights on both sides of [1/c, c]; a fraction (not all, not none) dropped or cut.
+    assert metrics["is_weight/max"] > cfg.is_cap and metrics["is_weight/min"] < 1 / cfg.is_cap
+    cut = "is_weight/masked_frac" if mode in ("token_mis", "seq_mis") else "is_weight/clipped_frac"
+    assert 0.0 < metrics[cut] < 1.0
+    if name != "gspo":  # the token losses: which tokens carry gradient
+        m = np.asarray(inp.loss_mask) * (1.0 if seq_mask is None else seq_mask[:, None])
+        w = np_token_weights(
+            np.asarray(inp.prox_logp, np.float64), np.asarray(inp.behavior_logp, np.float64), m, cfg
+        )
+        if mode in ("token_mis", "seq_mis"):  # masked tokens (sequences) get no gradient
+            dropped = (m > 0) & (w == 0)
+            assert dropped.any() and np.all(grad[dropped] == 0)
+        if mode in ("seq_mis", "geo_seq"):  # one weight per sequence
+            for b in np.nonzero(m.sum(1))[0]:
+                assert np.ptp(w[b][m[b] > 0]) == 0
+
+
+def test_off_policy_names_and_is_mode():
+    """is_mode is the older spelling of three of the corrections; both at once is refused."""
+    for is_mode, name in (("truncate", "tis"), ("mask", "mask"), ("none", "none")):
+        assert losses.LossConfig(is_mode=is_mode).correction == name
+        assert losses.LossConfig(off_policy=name).correction == name
+    logp, inp, _ = make_inputs(9)
+    for is_mode, name in (("truncate", "tis"), ("mask", "mask"), ("none", "none")):
+        a = jax_value_and_grad(logp, inp, losses.LossConfig(is_mode=is_mode))
+        b = jax_value_and_grad(logp, inp, losses.LossConfig(off_policy=name))
+        assert a[0] == b[0] and np.array_equal(a[1], b[1])
+    with pytest.raises(ValueError, match="off_policy must be one of"):
+        losses.LossConfig(off_policy="icepop2")
+    with pytest.raises(ValueError, match="not both"):
+        losses.LossConfig(is_mode="mask", off_policy="token_mis")
+
+
 def test_padding_values_do_not_matter():
     logp, inp, _ = make_inputs(4)
     cfg = losses.LossConfig(name="grpo", kl_coef=0.1)
@@ -253,7 +343,9 @@ def test_equal_reward_groups_filter_only_changes_normalizer():
     idx = np.nonzero(keep)[0]
     sub = jax.tree.map(lambda x: x[idx], inp)
     loss_s, grad_s, _ = jax_value_and_grad(logp[idx], sub, cfg)
-    assert loss_f == pytest.approx(loss_s, abs=1e-6)
+    # Sums over other shapes (other order): rounding of the terms' size, |A| * ratio.
+    scale = 2 * np.abs(np.asarray(inp.advantages)).max()
+    assert_close_at_scale(loss_f, loss_s, scale=scale, err_msg="loss")
     np.testing.assert_allclose(grad_f[idx], grad_s, atol=1e-7)
     assert np.all(grad_f[keep == 0] == 0)
 

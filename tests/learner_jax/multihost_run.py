@@ -41,6 +41,8 @@ def _items(path: str, workdir: str, pause_before: int):
             print(f"pausing before batch {i}", flush=True)
             time.sleep(600)
         fields = {k[len(f"{i}/") :]: data[k] for k in data.files if k.startswith(f"{i}/")}
+        # The test waits for this line (not a sleep) before it kills the other process.
+        print(f"taking batch {i}", flush=True)
         yield train_step.Batch(**fields), {"policy_version": i}, {"next": i + 1}
         i += 1
 
@@ -64,7 +66,7 @@ def main() -> None:
     from jax.experimental import multihost_utils
 
     from bridge.contracts.prompt import TextCodec
-    from learner_jax import config_file, distributed, train
+    from learner_jax import config_file, distributed, run_config, train
     from learner_jax.rl import weights
 
     config = config_file.load_config(os.path.join(ROOT, "configs", "test_tiny.py"))
@@ -82,8 +84,11 @@ def main() -> None:
         config.distributed.process_id = args.process_id
         config.distributed.heartbeat_timeout_s = 5
     if args.die_after_init or args.block_after_init:
-        distributed.initialize(distributed.DistributedConfig.from_config(config))
+        distributed.initialize(run_config.distributed_config(config))
         print(f"process {jax.process_index()} connected", flush=True)
+        # Every process has said so before process 0 dies (else process 1's error poll may
+        # kill it before its print: the test reads that line).
+        distributed.barrier("all_connected", timeout_s=300)
         if args.die_after_init:
             os._exit(3)
         distributed.barrier("never_reached", timeout_s=600)

@@ -34,6 +34,7 @@ import pytest
 
 from bridge.control.protocol import ConsumedGroup, Trajectory
 from bridge.store.chunk_digest import chunk_boxes
+from bridge.store.layout import LAYOUT
 from bridge.store.weight_store import WeightStore
 
 pytestmark = pytest.mark.slow
@@ -110,10 +111,25 @@ def _reward(task_score: float, token_ids) -> float:
     return task_score + len(set(token_ids)) / max(len(token_ids), 1)
 
 
-def _free_port() -> int:
+# A lost peer is detected by the coordination service's heartbeat timeout (multihost_run.py
+# sets 5 s); a process still alive after 18 of them hangs, the failure these tests catch.
+HEARTBEAT_S = 5
+HANG_S = 18 * HEARTBEAT_S
+
+
+@pytest.fixture
+def coordinator_port():
+    """A loopback port reserved for the coordinator until the test is done with it.
+
+    The socket is bound (port 0, the kernel's choice) but never listens, with SO_REUSEPORT:
+    the coordinator's gRPC server, which binds with SO_REUSEPORT too, can take the same port,
+    while no other process can bind it or be handed it as an ephemeral port meanwhile (a
+    bind-close-reuse free port races every other test on the machine).
+    """
     with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
 
 
 def _launch(workdir, out, hf_dir, batches, devices, extra=(), log=None, **flags):
@@ -130,8 +146,8 @@ def _launch(workdir, out, hf_dir, batches, devices, extra=(), log=None, **flags)
     return subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def _launch_pair(tmp, tag, hf_dir, batches, pause=None):
-    port, procs, logs = _free_port(), [], []
+def _launch_pair(tmp, tag, hf_dir, batches, port, pause=None):
+    procs, logs = [], []
     for pid in (0, 1):
         logs.append(str(tmp / f"{tag}.{pid}.log"))
         extra = [f"--pause_before={pause}"] if pause is not None and pid == 1 else []
@@ -164,7 +180,7 @@ def _losses(workdir):
 
 @pytest.mark.vllm
 def test_two_processes_equal_one_and_survive_a_kill(
-    batches_file, tiny_model_dir, vllm_engine, tmp_path
+    batches_file, tiny_model_dir, vllm_engine, tmp_path, coordinator_port
 ):
     from rollout_gpu import weight_swap
 
@@ -182,23 +198,31 @@ def test_two_processes_equal_one_and_survive_a_kill(
     _wait_ok(ref, ref_log)
 
     # 1. Process 1 stalls before batch 2 (steps 1-2 done and checkpointed); kill it.
-    procs, logs = _launch_pair(tmp_path, "killed", tiny_model_dir, batches_file, pause=2)
+    procs, logs = _launch_pair(
+        tmp_path, "killed", tiny_model_dir, batches_file, coordinator_port, pause=2
+    )
+    # Polled state, not a sleep: process 1 is stalled before batch 2 and process 0 has
+    # taken batch 2, so it is entering step 3, whose collectives wait on process 1.
     deadline = time.monotonic() + 300
-    while "pausing before batch 2" not in open(logs[1]).read():
+    while not (
+        "pausing before batch 2" in open(logs[1]).read()
+        and "taking batch 2" in open(logs[0]).read()
+    ):
         assert time.monotonic() < deadline and procs[0].poll() is None, open(logs[0]).read()
         time.sleep(0.5)
-    time.sleep(2)  # process 0 is now inside step 3, waiting on process 1's devices
     procs[1].send_signal(signal.SIGKILL)
     killed = time.monotonic()
-    rc = procs[0].wait(timeout=90)
+    # Detection is the heartbeat timeout's job: the survivor must exit (not hang), and say
+    # why; the time is printed, bounded only by a generous multiple of that timeout.
+    rc = procs[0].wait(timeout=HANG_S)
     took = time.monotonic() - killed
     text = open(logs[0]).read()
-    print(f"survivor exited {rc} after {took:.1f} s")
-    assert rc != 0 and took < 60, (rc, took, text[-3000:])
+    print(f"survivor exited {rc} after {took:.1f} s (heartbeat timeout {HEARTBEAT_S} s)")
+    assert rc != 0, (rc, took, text[-3000:])
     assert re.search(r"stopped sending heartbeats|heartbeat timeout", text), text[-3000:]
 
     # 2. Restart both on the same workdir: they resume from step 2 and finish.
-    procs, logs = _launch_pair(tmp_path, "resumed", tiny_model_dir, batches_file)
+    procs, logs = _launch_pair(tmp_path, "resumed", tiny_model_dir, batches_file, coordinator_port)
     for proc, log in zip(procs, logs, strict=True):
         _wait_ok(proc, log)
 
@@ -232,16 +256,16 @@ def test_two_processes_equal_one_and_survive_a_kill(
     manifest = store.manifest(STEPS)
     parts = {}
     for pid in (0, 1):
-        key = f"data/{STEPS:012d}/.parts/{pid:05d}.json"
+        key = LAYOUT.part_key(STEPS, pid)
         parts[pid] = json.loads(store.kv.read(key).result().value)["arrays"]
     local = {p: json.load(open(f"{tmp_path}/multi_out.{p}.json"))["local"] for p in (0, 1)}
     for name, info in manifest.arrays.items():
-        written = {p: {tuple(c[:-1]) for c in parts[p][name]["crcs"]} for p in (0, 1)}
+        written = {p: {tuple(c[:-1]) for c in parts[p][name]["digests"]} for p in (0, 1)}
         assert not written[0] & written[1], name
         assert written[0] | written[1] == {pos for pos, _ in chunk_boxes(info.shape, info.chunks)}
         for p in (0, 1):
             assert written[p] <= {tuple(c) for c in local[p][name]}, (name, p)
-    assert all(sum(len(parts[p][n]["crcs"]) for n in parts[p]) > 0 for p in (0, 1))
+    assert all(sum(len(parts[p][n]["digests"]) for n in parts[p]) > 0 for p in (0, 1))
 
     # The worker side: the vLLM engine swaps the version in; its canary must pass.
     current = weight_swap.EngineVersion()
@@ -277,10 +301,10 @@ BINARY_ARGS = [
 
 
 @pytest.mark.vllm
-def test_binary_runs_as_two_processes_with_a_vllm_worker(tmp_path):
+def test_binary_runs_as_two_processes_with_a_vllm_worker(tmp_path, coordinator_port):
     """`python -m learner_jax.train` x 2: SFT, then RL fed by a real vLLM worker that joins
     process 0's controller and swaps in every version the two processes publish."""
-    workdir, port, procs, logs = tmp_path / "run", _free_port(), [], []
+    workdir, port, procs, logs = tmp_path / "run", coordinator_port, [], []
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     env.update(
         XLA_FLAGS="--xla_force_host_platform_device_count=4",
@@ -314,9 +338,9 @@ def test_binary_runs_as_two_processes_with_a_vllm_worker(tmp_path):
     assert store.latest() == 5
     for version in store.versions():  # every version: both processes wrote chunks
         for pid in (0, 1):
-            key = f"data/{version:012d}/.parts/{pid:05d}.json"
+            key = LAYOUT.part_key(version, pid)
             part = json.loads(store.kv.read(key).result().value)["arrays"]
-            assert sum(len(a["crcs"]) for a in part.values()) > 0, (version, pid)
+            assert sum(len(a["digests"]) for a in part.values()) > 0, (version, pid)
     worker_log = "".join(p.read_text() for p in (workdir / "workers").glob("*.log"))
     served = {int(v) for v in re.findall(r"now serving version (\d+) \(swap", worker_log)}
     # Every version was written by both processes; the worker's swaps passed their canary.
@@ -324,10 +348,10 @@ def test_binary_runs_as_two_processes_with_a_vllm_worker(tmp_path):
     assert "float32 canary" in worker_log
 
 
-def test_losing_process_0_stops_the_other(tmp_path):
+def test_losing_process_0_stops_the_other(tmp_path, coordinator_port):
     """The coordinator's host dies: the other process, blocked waiting on it, exits non-zero
     with JAX's message instead of hanging (the opposite case of the kill above)."""
-    port, procs, logs = _free_port(), [], []
+    port, procs, logs = coordinator_port, [], []
     for pid, flag in ((0, "--die_after_init"), (1, "--block_after_init")):
         logs.append(tmp_path / f"p{pid}.log")
         procs.append(
@@ -346,9 +370,9 @@ def test_losing_process_0_stops_the_other(tmp_path):
         )
     assert procs[0].wait(timeout=300) == 3, logs[0].read_text()[-3000:]
     died = time.monotonic()
-    rc = procs[1].wait(timeout=90)
+    rc = procs[1].wait(timeout=HANG_S)
     took, text = time.monotonic() - died, logs[1].read_text()
     print(f"process 1 exited {rc} {took:.1f} s after process 0 died")
     assert "process 1 connected" in text
-    assert rc != 0 and took < 60, (rc, took, text[-3000:])
+    assert rc != 0, (rc, took, text[-3000:])
     assert "JAX distributed service detected fatal errors" in text, text[-3000:]

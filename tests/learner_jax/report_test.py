@@ -33,6 +33,8 @@ def test_report_from_run_files(tmp_path):
                 "time/wall": 1000.0 + 2 * i,
                 "bridge/publish_blocking_s": 0.001 * (i + 1),
                 "bridge/publish_skipped": i // 10,
+                "bridge/version_bytes": 40_000 + 1000 * i,  # delta versions (bridge/delta/)
+                "bridge/delta_density": 0.02,
             }
         )
     rows.append(dict(rows[-1], **{"reward/mean": 0.9}))  # a resumed run repeats step 29
@@ -92,6 +94,9 @@ def test_report_from_run_files(tmp_path):
     assert "w-b ($0.15/h): median 2.00 s over 1 versions" in text
     assert "in the background: median 0.01" in text  # of 0.001..0.020 s
     assert "1 versions skipped" in text
+    # 40k..59k bytes over steps 10..29 (the repeated step counted once): median 50 kB.
+    assert "bytes per version: median 0.050 MB (max 0.059 MB) over 20 publishing steps" in text
+    assert "changed elements median 2.00%" in text
     for name in ("reward.png", "utilization.png", "staleness.png", "swap_latency.png", "cost.png"):
         with open(os.path.join(wd, name), "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n", name
@@ -125,3 +130,36 @@ def test_live_line():
     )
     fresh = {**short, "capacity/active_rollouts_per_s": 600.0}
     assert report.live_line({"step": 1, **fresh}, 2).endswith("| capacity: needs S>=4 (see log)")
+
+
+def test_summary_reports_predicted_vs_measured_utilization():
+    def row(step, util, **cap):
+        return {"step": step, "reward/mean": 0.5, "learner/utilization": util, **cap}
+
+    # Steps 1-2 cold (numbers shown, no verdict); confident from step 3 on.
+    rows = [row(1, 0.1, **{"capacity/predicted_utilization": 0.4})]
+    rows.append(row(2, 0.9, **{"capacity/predicted_utilization": 0.5}))
+    rows += [
+        row(s, 0.8, **{"capacity/predicted_utilization": 0.75, "capacity/confident": 1})
+        for s in range(3, 7)
+    ]
+    rows[-1]["capacity/warning"] = 1
+    text = report.summary(rows, [], {})
+    assert (
+        "- predicted vs measured utilization: 0.750 predicted vs 0.800 measured (-5.0 points) "
+        "over the 4 steps with a confident prediction (the first at step 3: 0.750); capacity "
+        "warning on 1 of 6 steps"
+    ) in text
+    stops = [
+        {"event": "stop", "name": "w1", "reason": "too slow: standby", "price_per_hour": 0.15,
+         "cost_usd": 0.01, "idle_s": 90.0, "idle_usd": 0.00375},
+        {"event": "stop", "name": "w0", "reason": "learner shutting down", "price_per_hour": 0.4},
+    ]  # fmt: skip
+    assert (
+        "- released as too slow: 1 worker(s), w1 ($0.15/h); paid idle before release 90 s, "
+        "$0.0037" in report.summary(rows, [], {}, (), stops)
+    )
+    none = report.summary(rows[:2], [], {})
+    assert (
+        "utilization: no confident prediction (too few warm measurements); measured 0.500" in none
+    )

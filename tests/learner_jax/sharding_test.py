@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from float_tolerance import assert_close_at_scale
 from jax.sharding import PartitionSpec as P
 
 from bridge.model import tiny_model
@@ -107,7 +108,7 @@ def test_sharded_blockwise_attention_equals_single_device_reference():
     assert out.sharding.spec == P(("data", "fsdp"), None, "tensor")
     out = np.asarray(out)
     assert np.isfinite(out).all() and ref[seg > 0].std() > 0.5
-    np.testing.assert_allclose(out[seg > 0], ref[seg > 0], atol=1e-5, rtol=0)
+    assert_close_at_scale(out[seg > 0], ref[seg > 0])  # rounding of the logits' scale
 
 
 def test_indivisible_dims_are_replicated():

@@ -127,6 +127,34 @@ def test_sft_then_rl_phase_in_process(tmp_path):
     assert cursor["rl"] == {"next_prompt": 16}
 
 
+def test_after_step_hooks_run_in_order_and_their_metrics_are_logged(tmp_path):
+    """The RL loop knows its parts only as `AfterStep` hooks (learner_jax/rl/hooks.py): each
+    runs after every update, sees the new step and what the hooks before it returned."""
+    from learner_jax.learner import Learner
+
+    config = tiny_test_config()
+    config.sft.steps, config.total_steps = 0, 2
+    calls = []
+
+    class Hook:
+        def __init__(self, name):
+            self.name = name
+
+        def after_step(self, learner, metrics):
+            seen = sorted(k for k in metrics if k.startswith("hook/"))
+            calls.append((self.name, learner.step, seen))
+            return {f"hook/{self.name}": float(learner.step)}
+
+    learner = Learner(config, str(tmp_path))
+    try:
+        train.run_rl(learner, _rl_items(5, 8, 12, 100), [Hook("a"), Hook("b")])
+    finally:
+        learner.close()
+    assert calls == [("a", 1, []), ("b", 1, ["hook/a"]), ("a", 2, []), ("b", 2, ["hook/a"])]
+    rows = metrics_lib.read_metrics(str(tmp_path))
+    assert [(r["step"], r["hook/a"], r["hook/b"]) for r in rows] == [(1, 1, 1), (2, 2, 2)]
+
+
 def test_batch_sizes_checked_before_compile():
     config = tiny_test_config()
     config.sft.micro_batch_size = 3

@@ -68,7 +68,16 @@ def test_holdem_episodes_on_vllm_are_exact_and_replayed_on_the_trusted_side(
         tmp_path, tiny_model_dir, task, 2, 3, sampling=sampling, max_completion_tokens=150
     )
     assert all(g.sampling.max_tokens == 2 and g.episode.env == "holdem" for g in lease.groups)
-    results = generate_groups(vllm_engine, lease.groups, version=0)
+    # Observations from the controller, turn by turn (the lease hides the seed, issue 23
+    # item 8); the independent replay below takes the seeds from its database.
+    from bridge.control.episode_steps import EpisodeSteps
+    from bridge.control.protocol import EpisodeStep
+
+    assert all(g.episode.seed == -1 for g in lease.groups)
+    steps = EpisodeSteps.of(ctl)
+    observe = lambda eps: steps.observe(wid, EpisodeStep(lease_id=lease.lease_id, episodes=eps))
+    results = generate_groups(vllm_engine, lease.groups, version=0, observe=observe)
+    seeds = {r["group_id"]: int(r["answer"]) for r in ctl.db.groups_in("leased")}
 
     worker_rewards, turns = {}, []
     for group, result in zip(lease.groups, results, strict=True):
@@ -79,13 +88,13 @@ def test_holdem_episodes_on_vllm_are_exact_and_replayed_on_the_trusted_side(
             assert segs[0][0] == 1 and segs[-1][0] == 1
             actions = [tok.decode(ids, skip_special_tokens=True) for m, ids in segs if m == 1]
             turns.append(len(actions))
-            ep = replay(make_env("holdem", invalid="call"), group.episode.seed, actions)
+            ep = replay(make_env("holdem", invalid="call"), seeds[group.group_id], actions)
             shown = [tok.decode(ids) for m, ids in segs if m == 0]
             assert shown == ep.observations[: len(shown)]  # the environment's own words
             assert (t.finish_reason == "stop") == ep.done
             if ep.done:
                 env = make_env("holdem", invalid="call")
-                replay(env, group.episode.seed, actions)
+                replay(env, seeds[group.group_id], actions)
                 assert sum(env.payoffs) == 0 and ep.reward == env.payoffs[env.seat]
             worker_rewards[(result.group_id, t.sample_index)] = ep.reward
             # The model's tokens are exactly as sampled: vLLM scores the same log-probs for
@@ -147,15 +156,22 @@ def test_a_reward_file_loaded_by_path_is_what_reward_mean_reports(
     )
     # The user's function, called here on the completion text decoded independently, with
     # the task's reference answer (which only the trusted side holds).
+    # A completion with a special or padded-vocab id before its final stop scores 0 by the
+    # trusted side's hidden-token rule (bridge/control/rewards.py), before any reward runs.
     answers = {g.group_id: g.answer for g in batch}
+
+    def reference(ids, answer):
+        stops = (tok.eos_token_id, tok.pad_token_id)  # one final stop may end it
+        body = ids[:-1] if ids and ids[-1] in stops else ids
+        if any(i >= len(tok) or i in tok.all_special_ids for i in body):
+            return 0.0
+        return mine.compute_score("arithmetic", tok.decode(body), answer)["score"]
+
     expected = [
-        mine.compute_score(
-            "arithmetic", tok.decode(t.completion_token_ids, skip_special_tokens=True),
-            answers[g.group_id],
-        )["score"]
+        reference(list(t.completion_token_ids), answers[g.group_id])
         for g in batch
         for t in g.trajectories
-    ]  # fmt: skip
+    ]
     assert len(set(expected)) > 1  # the scores vary, so the equality below means something
     assert stats["reward/mean"] == pytest.approx(float(np.mean(expected)), abs=1e-6)
     ctl.close()

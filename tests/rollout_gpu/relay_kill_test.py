@@ -1,6 +1,8 @@
 """kill -9 of the middle relay process of a chain, mid-broadcast: every other receiver still
-completes with verified bytes, in at most twice the fault-free time (real relay processes,
-`python -m rollout_gpu.relay`, throttled links; no vLLM)."""
+completes with verified bytes, routed around the dead relay rather than restarted from the
+origin: the origin serves about one copy, not one per survivor (real relay processes,
+`python -m rollout_gpu.relay`, throttled links; no vLLM). Bytes, not a wall-clock ratio
+to a fault-free run, are what is compared: a loaded machine stretches both runs unevenly."""
 
 import os
 import signal
@@ -11,6 +13,7 @@ import pytest
 import tensorstore as ts
 
 from bench import relay_procs as bench
+from bridge.store.layout import LAYOUT
 from bridge.store.weight_store import WeightStore
 from rollout_gpu.peer_fetch import sources_for
 
@@ -64,15 +67,19 @@ def test_kill_9_of_the_middle_relay_mid_broadcast(tmp_path):
                 time.sleep(0.05)
         clean_s, _ = _broadcast(origin, relays, 1)
         assert clean_s < 3 * m1 / (MB_PER_S * 1e6), clean_s  # pipelined, not 3 copies
-        faulty_s, states = _broadcast(origin, relays, 2, kill=(0, procs[1]))
+        origin_up = bench.call(origin, "/status")["bytes_up"]
+        _, states = _broadcast(origin, relays, 2, kill=(0, procs[1]))
         assert set(states) == {urls[2], urls[3]}  # both receivers after the killed relay
-        assert faulty_s <= 2 * clean_s, (faulty_s, clean_s)
+        # The killed relay's share (a few chunks ahead of its child) plus the rest once to its
+        # child: about one copy. Restarting every survivor from the origin would be two.
+        origin_up = bench.call(origin, "/status")["bytes_up"] - origin_up
+        assert origin_up < 1.5 * m1, (origin_up, m1)
         # What the survivors serve is the store's bytes: read one array back through each
         # survivor as tensorstore's own http kvstore and compare with the store.
         want = store.read_all(2)
         for u in states:
             name = sorted(want)[0]
-            spec = {"driver": "http", "base_url": u + "/kv/", "path": f"data/{2:012d}/{name}/"}
+            spec = {"driver": "http", "base_url": u + "/kv/", "path": LAYOUT.array_prefix(2, name)}
             got = ts.open({"driver": "zarr3", "kvstore": spec}, open=True).result().read().result()
             assert np.array_equal(got.view(np.uint16), want[name].view(np.uint16)), u
         # The receiver whose parent died reported it and took over from its grandparent.

@@ -10,6 +10,7 @@ import pytest
 import tensorstore as ts
 
 from bridge.store import chunk_digest
+from bridge.store.layout import LAYOUT
 from bridge.store.weight_store import WeightStore
 from rollout_gpu.peer_fetch import sources_for
 from rollout_gpu.relay import Relay
@@ -170,7 +171,7 @@ def test_origin_serves_one_copy_for_a_chain(store, relays):
     chain_fetch(chain, origin.url)
     keys = [k.decode() for k in store.kv.list().result()]
     stored = sum(len(store.kv.read(k).result().value) for k in keys if "/c/" in k)  # padded
-    manifest = len(store.kv.read(f"manifests/{VERSION:012d}.json").result().value)
+    manifest = len(store.kv.read(LAYOUT.manifest_key(VERSION)).result().value)
     # Every chunk exactly once, plus the manifest once per relay (from the root of trust).
     assert origin.bytes_up == stored + 5 * manifest
     for r in chain:
@@ -180,7 +181,11 @@ def test_origin_serves_one_copy_for_a_chain(store, relays):
 def test_relay_is_a_read_only_http_kvstore(store, relays):
     relay = relays()
     relay.fetch(VERSION, [store.spec])
-    spec = {"driver": "http", "base_url": relay.url + "/kv/", "path": f"data/{VERSION:012d}/a/"}
+    spec = {
+        "driver": "http",
+        "base_url": relay.url + "/kv/",
+        "path": LAYOUT.array_prefix(VERSION, "a"),
+    }
     arr = ts.open({"driver": "zarr3", "kvstore": spec}, open=True).result()
     assert np.array_equal(arr.read().result(), store.read_all(VERSION)["a"])
 

@@ -85,7 +85,7 @@ def test_worker_swaps_a_version_fetched_through_a_peer(tmp_path, tiny_model_dir)
         result = peer.fetch(0, [store.spec])  # the root reads the store, serving as it goes
         report.append(BroadcastReport(version=0, fetched_ago_s=0.0, fetch_s=result.seconds,
                                       bytes_from_store=result.bytes_from_store))  # fmt: skip
-        while ctl.store.worker(child_id)["version"] != 0:
+        while ctl.db.worker(child_id)["version"] != 0:
             assert proc.poll() is None and time.monotonic() < t0 + 60, worker_procs.tail({"w": log})
             time.sleep(0.2)
         deadline = time.monotonic() + 10
@@ -102,7 +102,7 @@ def test_worker_swaps_a_version_fetched_through_a_peer(tmp_path, tiny_model_dir)
             text = f.read()
         assert "now serving version 0" in text and "failed" not in text, text[-3000:]
 
-        while ctl.store.count("buffered") == 0:  # warmed up and leasing on version 0
+        while ctl.db.count("buffered") == 0:  # warmed up and leasing on version 0
             assert proc.poll() is None and time.monotonic() < t0 + 120, worker_procs.tail(
                 {"w": log}
             )
@@ -113,13 +113,13 @@ def test_worker_swaps_a_version_fetched_through_a_peer(tmp_path, tiny_model_dir)
         report[:] = [BroadcastReport(version=1, fetched_ago_s=0.0, fetch_s=result.seconds,
                                      bytes_from_store=result.bytes_from_store)]  # fmt: skip
         published_at = ctl.publish(1, store=f"file://{workdir}/store").published_at
-        while ctl.store.worker(child_id)["version"] != 1:
+        while ctl.db.worker(child_id)["version"] != 1:
             assert proc.poll() is None and time.monotonic() < t0 + 120, worker_procs.tail(
                 {"w": log}
             )
             time.sleep(0.2)
         swapped_at = ctl.clock()
-        overlap = ctl.store.q(
+        overlap = ctl.db.q(
             "SELECT l.created_at AS at FROM groups g JOIN leases l ON g.lease_id = l.lease_id"
             " WHERE g.state = 'buffered' AND g.min_version = 0 AND l.created_at > ?",
             (published_at,),

@@ -68,7 +68,7 @@ class RecordingController(Controller):
     def submit(self, worker_id, sub):
         with self.lock:  # the same RLock the operation takes: the log order is the real one
             resp = super().submit(worker_id, sub)
-            next_step = self.store.get("next_step", 0)
+            next_step = self.db.get("next_step", 0)
             by_id = {g.group_id: g for g in sub.groups}
             for gid in sorted(resp.accepted):  # the buffer's FIFO tie-break: group id
                 trajs = by_id[gid].trajectories
@@ -86,7 +86,7 @@ class RecordingController(Controller):
 
     def lease(self, worker_id, req):
         with self.lock:
-            self.log.append(("look", self.store.get("next_step", 0)))
+            self.log.append(("look", self.db.get("next_step", 0)))
             return super().lease(worker_id, req)
 
     def take_batch(self, step, num_groups):
@@ -129,7 +129,7 @@ def fleet(tmp_path, tiny_model_dir):
         )
     try:
         deadline = time.monotonic() + 300
-        while len(ctl.store.q("SELECT 1 FROM workers WHERE left_at IS NULL")) < 2:
+        while len(ctl.db.q("SELECT 1 FROM workers WHERE left_at IS NULL")) < 2:
             dead = {k: p.returncode for k, p in procs.items() if p.poll() is not None}
             assert not dead and time.monotonic() < deadline, f"join: {dead}\n{tail(logs)}"
             time.sleep(0.2)
@@ -220,7 +220,7 @@ def test_no_consumed_trajectory_is_too_stale_and_drops_are_counted(fleet):
         assert ctl.take_batch(n_steps, 10**6)[0] is None
         stats = ctl.stats()
         log = list(ctl.log)
-        rows = {r["group_id"]: r for r in ctl.store.q("SELECT * FROM groups")}
+        rows = {r["group_id"]: r for r in ctl.db.q("SELECT * FROM groups")}
 
     # (1) No consumed trajectory has t - v > S, over every token of every trajectory.
     for t, batch in consumed.items():
@@ -274,12 +274,12 @@ def test_no_consumed_trajectory_is_too_stale_and_drops_are_counted(fleet):
     assert stale_on_arrival and set(stale_on_arrival) <= set(dropped)
     slow = next(
         r["worker_id"]
-        for r in ctl.store.q("SELECT worker_id, profile FROM workers")
+        for r in ctl.db.q("SELECT worker_id, profile FROM workers")
         if '"region":"slow"' in r["profile"]
     )
     assert any(log[i][4] == slow for i in stale_on_arrival)  # the throttled worker's work
     # Freshness-aware leasing: one lease measured it, then it got no more work.
-    slow_leases = ctl.store.q("SELECT COUNT(*) AS n FROM leases WHERE worker_id=?", (slow,))
+    slow_leases = ctl.db.q("SELECT COUNT(*) AS n FROM leases WHERE worker_id=?", (slow,))
     assert slow_leases[0]["n"] == 1 and slow in ctl.timing.too_slow
     assert stats["fleet/too_slow_workers"] >= 1
     assert procs["slow"].poll() is None  # alive, asking, refused

@@ -14,6 +14,7 @@ import pytest
 
 from bridge.contracts import canary
 from bridge.model import tiny_model
+from bridge.store.layout import LAYOUT
 from bridge.store.weight_store import CorruptVersionError, VersionNotFoundError, WeightStore
 from rollout_gpu import canary as engine_canary
 from rollout_gpu import weight_swap
@@ -99,7 +100,7 @@ class Harness:
         return version
 
     def array_dir(self, version, name):
-        return os.path.join(self.store_dir, "data", f"{version:012d}", name)
+        return os.path.join(self.store_dir, LAYOUT.array_prefix(version, name))
 
     def load(self, version):
         return weight_swap.load_version(self.engine, self.store, version, self.current)
@@ -179,7 +180,7 @@ def _corrupt_chunk(h, v):
 
 
 def _delete_manifest(h, v):
-    os.remove(os.path.join(h.store_dir, "manifests", f"{v:012d}.json"))
+    os.remove(os.path.join(h.store_dir, LAYOUT.manifest_key(v)))
     return VersionNotFoundError, "has no manifest"
 
 
@@ -327,7 +328,7 @@ def test_second_family_bf16_engine(llama_bf16):
     # And a refusal keeps the bf16 engine on its version as well.
     before = h.engine_lps()
     v = h.publish(tiny_model.random_hf_weights(h.cfg, seed=125))
-    os.remove(os.path.join(h.store_dir, "manifests", f"{v:012d}.json"))
+    os.remove(os.path.join(h.store_dir, LAYOUT.manifest_key(v)))
     with pytest.raises(VersionNotFoundError):
         h.load(v)
     assert_same(h.engine_lps(), before)

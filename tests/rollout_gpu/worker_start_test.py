@@ -14,6 +14,7 @@ def _never(path):
 
 def _worker(tmp_path):
     opts = WorkerOptions(
+        relay=False,  # no peers here; the flag's default (a relay) is for real fleets
         controller="http://127.0.0.1:9",
         join_secret="x",
         profile=WorkerProfile(accelerator="cpu", price_per_hour=0.0, max_concurrent_sequences=8),
@@ -26,7 +27,7 @@ def test_waits_for_a_store_then_refuses_bad_model_files(tmp_path, tiny_model_dir
     w = _worker(tmp_path)
     assert not w.start_engine()  # nothing announced yet
     spec = f"file://{tmp_path}/store"
-    w.announcement = VersionAnnouncement(version=3, store=spec)
+    w.versions.note(VersionAnnouncement(version=3, store=spec))
     assert not w.start_engine()  # a store without model files (e.g. another machine's path)
     assert not w.start_engine()
     said = [r.getMessage() for r in caplog.records if "cannot take the model files" in r.message]

@@ -21,7 +21,7 @@ def test_routes_follow_the_chain_and_store_mode_adds_nothing():
 
 def test_corrupt_reports_take_a_relay_out_and_dead_ones_skip_it():
     s = BroadcastState("chain", bad_limit=2)
-    for i in range(3):
+    for i in range(4):  # w3: r2 its parent, r1 its fallback
         s.heartbeat(f"w{i}", hb(f"http://r{i}"), now=0.0)
     s.publish(1, 0.0)
     dead = BroadcastReport(version=1, fetched_ago_s=0, bad_sources=[
@@ -32,10 +32,14 @@ def test_corrupt_reports_take_a_relay_out_and_dead_ones_skip_it():
     assert s.route("w2", 1)["relay_parent"] == "http://r1"
     for v in (1, 2):  # one report per (reporter, version): twice the same one counts once
         s.publish(v, 0.0)
+        assert s.route("w2", v)["relay_parent"] == "http://r1"  # where w2 fetches v from
         bad = BroadcastReport(version=v, fetched_ago_s=0, bad_sources=[
             SourceReport(source="http://r1", kind="corrupt")])  # fmt: skip
         s.heartbeat("w2", hb("http://r2", bad), now=2.0)
         s.heartbeat("w2", hb("http://r2", bad), now=2.1)
+    assert "w1" not in s.topology.excluded  # one reporter alone excludes no one
+    assert "http://r1" in s.route("w3", 2)["relay_fallbacks"]
+    s.heartbeat("w3", hb("http://r3", bad), now=2.2)  # a second reporter routed to r1
     assert "w1" in s.topology.excluded
     assert s.route("w2", 2)["relay_parent"] == "http://r0"
     assert s.stats(2.2)["broadcast/excluded"] == 1

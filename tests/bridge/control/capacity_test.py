@@ -66,3 +66,31 @@ def test_spare_throughput_counts_as_fresh_although_s_is_below_min_s():
     assert spare.min_staleness == 3 and spare.fresh_ok and spare.advice(2) is None
     exact = capacity.report(128.0, 256, 2.0, 2, 1, 2.5)
     assert not exact.fresh_ok and exact.predicted_utilization < 1.0
+
+
+def test_warm_samples_leave_out_the_cold_ones_and_take_the_median():
+    s = capacity.WarmSamples(cold=2, keep=3)
+    assert s.estimate() is None
+    assert not s.add(30.0) and not s.add(20.0)  # the first two: engine start, compile
+    assert len(s) == 0 and s.estimate() == 20.0  # no warm one yet: the last cold stands in
+    assert not s.add(9.0, cold=True)  # flagged cold (a lease that spanned a swap)
+    assert all(s.add(x) for x in (1.0, 1.2, 50.0))
+    assert len(s) == 3 and s.estimate() == 1.2  # one slow warm sample does not move it
+    s.add(1.1)
+    assert list(s.warm) == [1.2, 50.0, 1.1]  # the last `keep`
+
+
+def test_arrival_of_the_first_rollouts_from_an_unequal_fleet():
+    # One worker: its delay plus R / mu, the L + T / rho of the closed form.
+    assert capacity.arrival_s([(1.0, 100.0)], 256) == pytest.approx(1.0 + 2.56)
+    # A fast worker (0.35 s, 500/s) brings 256 back at 0.862 s, before the throttled one
+    # (1.0 s, 150/s) returns anything: the slow one does not delay the first R.
+    assert capacity.arrival_s([(1.0, 150.0), (0.35, 500.0)], 256) == pytest.approx(0.862)
+    # Both needed: 500 * (tau - 0.35) + 150 * (tau - 1.0) = 512 -> tau = 837 / 650
+    assert capacity.arrival_s([(1.0, 150.0), (0.35, 500.0)], 512) == pytest.approx(837 / 650)
+    assert capacity.arrival_s([(1.0, 0.0)], 1) == float("inf")
+    # The prediction with it: the run it came from measured 0.65 (rho 0.65, T 0.25 s).
+    slowest = capacity.predicted_utilization(650.0, 256, 0.25, 2, 1, 1.0)
+    first = capacity.arrival_s([(1.0, 150.0), (0.35, 500.0)], 256)
+    fleet = capacity.predicted_utilization(650.0, 256, 0.25, 2, 1, 1.0, first_rollouts_s=first)
+    assert slowest < 0.5 and fleet == pytest.approx(650.0 * 0.25 / 256)

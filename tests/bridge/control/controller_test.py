@@ -132,9 +132,9 @@ def test_stale_groups_are_dropped_counted_and_requeued(tmp_path):
     # Step 1 accepts version 0 (1 - 0 <= S); it is consumed with staleness 1.
     batch, stats = ctl.take_batch(1, 1)
     assert stats["staleness/max"] == 1 and stats["staleness/dropped"] == 0
+    l2 = ctl.lease(w, LeaseRequest(worker_version=1, max_groups=1)).lease
     ctl.publish(2)
-    l2 = ctl.lease(w, LeaseRequest(worker_version=2, max_groups=1)).lease
-    submit_all(ctl, w, l2, versions=(1, 2, 2))  # oldest token 1
+    submit_all(ctl, w, l2, versions=(1, 2, 2))  # oldest token 1 (the lease's version)
     batch, stats = ctl.take_batch(3, 1)  # 3 - 1 > S: dropped, prompt requeued
     assert batch is None and stats["staleness/dropped"] == 1 and stats["groups/buffered"] == 0
     ctl.publish(3)
@@ -304,7 +304,7 @@ def test_batches_take_the_oldest_version_first(tmp_path):
     slow, fast = worker(ctl), worker(ctl)
     old = ctl.lease(slow, LeaseRequest(worker_version=0)).lease
     assert ctl.take_batch(0, 1)[0] is None  # the learner is at step 1 once it has a batch
-    ctl.store.put("next_step", 1)
+    ctl.db.put("next_step", 1)
     ctl.publish(1)
     new = ctl.lease(fast, LeaseRequest(worker_version=1)).lease
     submit_all(ctl, fast, new, versions=(1, 1, 1))

@@ -58,7 +58,14 @@ def served(tmp_path, text_codec):
         ctl.publish(0)
         r = client.post("/v1/lease", headers=headers, json={"worker_version": 0, "max_groups": 1})
         assert r.status_code == 200, r.text
-        yield ctl, client, headers, r.json()["lease"], text_codec
+        lease = r.json()["lease"]
+        # The lease hides the seed (a deal: issue 23 item 8); this test's scripted "worker"
+        # plays its own copy of the environment, so it takes the seed from the controller's
+        # database (the trusted side). A real worker asks POST /v1/episode (test below).
+        spec = lease["groups"][0]["episode"]
+        assert spec["seed"] == -1
+        spec["seed"] = int(ctl.db.groups_in("leased")[0]["answer"])
+        yield ctl, client, headers, lease, text_codec
     server.stop()
     ctl.close()
 
@@ -108,7 +115,7 @@ def test_lease_carries_the_episode_and_the_replayed_reward_reaches_the_batch(ser
     spec = group["episode"]
     assert spec["env"] == "kuhn_poker" and spec["max_turns"] == 2 and spec["max_tokens"] == 40
     assert group["sampling"]["max_tokens"] == 3  # the task's turn_max_tokens caps each turn
-    assert group["prompt_id"] == f"kuhn_poker/{spec['seed']}"
+    assert group["prompt_id"] == ctl.task.prompt_id(spec["seed"])
     played = [play(group, s, codec) for s in SCRIPTS]
     r = submit(client, headers, lease, [t for t, _, _ in played])
     assert r.status_code == 200, r.text
@@ -189,6 +196,50 @@ def test_made_up_environment_tokens_are_refused(served, fake):
 )  # fmt: skip
 def test_malformed_episodes_are_refused(served, mutate, match):
     _refused(served, mutate, match=match)
+
+
+def test_observations_come_from_the_controller_and_the_lease_hides_the_seed(served):
+    """Issue 23 item 8: nothing in the lease names the deal (no seed, an opaque prompt id),
+    and POST /v1/episode answers each turn's observation from the controller's replay; it
+    refuses turns that are not the caller's to ask about, changing nothing."""
+    ctl, client, headers, lease, codec = served
+    seed = lease["groups"][0]["episode"]["seed"]  # the test's copy, from the database
+    r = client.post("/v1/lease", headers=headers, json={"worker_version": 0, "max_groups": 1})
+    got = client.post("/v1/heartbeat", headers=headers, json={"worker_version": 0}).text
+    for text in (r.text, got):
+        assert str(seed) not in text  # no seed anywhere in what a worker is sent
+    group = lease["groups"][0]
+    env = make_env("kuhn_poker")
+    env.reset(seed)
+    want, _, done = env.step("c")
+    assert not done  # _two_turn_seed: a check, then the opponent bets
+
+    def ask(turns, lease_id=lease["lease_id"], gid=group["group_id"], i=0, h=headers):
+        body = {"lease_id": lease_id,
+                "episodes": [{"group_id": gid, "sample_index": i, "turns": turns}]}  # fmt: skip
+        return client.post("/v1/episode", headers=h, json=body)
+
+    check = codec.encode("c") + [EOS_ID]
+    r = ask([check])
+    assert r.status_code == 200, r.text
+    assert r.json()["observations"] == [{"observation": want, "done": False}]
+    r = ask([check, codec.encode("c") + [EOS_ID]])  # check, then call the bet: showdown
+    assert r.json()["observations"][0]["done"] and r.json()["observations"][0]["observation"] == ""
+    secret = load_or_create_join_secret(os.path.dirname(ctl.db.path))
+    other = client.post("/v1/register", json={"join_secret": secret, "profile": PROFILE})
+    stranger = {"Authorization": f"Bearer {other.json()['token']}"}
+    before = ctl.db.q("SELECT * FROM groups")
+    for resp, status in (
+        (ask([check], h=stranger), 403),  # another worker's lease
+        (ask([check], gid=group["group_id"] + 999), 409),  # a group not in this lease
+        (ask([check], i=GROUP), 422),  # a sample the group does not have
+        (ask([check] * 3), 422),  # more turns than max_turns
+        (ask([[1] * 4]), 422),  # a turn longer than the turn's max_tokens
+        (ask([codec.encode("f") + [EOS_ID], check]), 422),  # a turn after the fold
+        (ask([check], lease_id="nope"), 404),
+    ):
+        assert resp.status_code == status, (status, resp.text)
+    assert [dict(x) for x in ctl.db.q("SELECT * FROM groups")] == [dict(x) for x in before]
 
 
 def test_a_single_turn_group_refuses_environment_tokens(tmp_path, text_codec):
@@ -272,9 +323,10 @@ def test_a_users_environment_from_its_own_module(tmp_path, text_codec, monkeypat
         # Sample 0 guesses upward; sample 1 says something that is not a digit, once.
         env = make_env("guess")
         trajs, rewards = [], []
+        seed = int(ctl.db.groups_in("leased")[0]["answer"])  # hidden from the lease (-1)
         for guesses in (["0", "1", "2", "3"], ["x"]):
             ids, mask, total = [], [], 0.0
-            env.reset(group.episode.seed)
+            env.reset(seed)
             for i, g in enumerate(guesses):
                 ids, mask = ids + text_codec.encode(g), mask + [1]
                 obs, r, done = env.step(g)
@@ -297,7 +349,7 @@ def test_a_users_environment_from_its_own_module(tmp_path, text_codec, monkeypat
             )
             rewards.append(total)
         sub = Submission(
-            lease_id=ctl.store.active_leases(wid)[0],
+            lease_id=ctl.db.active_leases(wid)[0],
             groups=[{"group_id": group.group_id, "trajectories": trajs}],
         )
         assert ctl.submit(wid, sub).accepted == [group.group_id]

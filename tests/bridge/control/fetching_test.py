@@ -11,7 +11,7 @@ def test_a_worker_fetching_the_newest_works_one_version_behind_within_the_bound(
     S, g = 2, 2
     ctl = make(tmp_path, staleness=S, groups_per_step=g, max_groups_per_lease=100)
     ctl.publish(0)
-    ctl.store.put("next_step", 1)
+    ctl.db.put("next_step", 1)
     ctl.publish(1)
     w, w2 = worker(ctl), worker(ctl)
     assert ctl.lease(w, LeaseRequest(worker_version=0, max_groups=100)).reason == "behind"

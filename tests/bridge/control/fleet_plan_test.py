@@ -111,7 +111,13 @@ def test_capacity_metrics_follow_the_model_on_measured_inputs(tmp_path, text_cod
     assert stats["capacity/predicted_utilization"] == pytest.approx(want.predicted_utilization)
     assert stats["capacity/min_staleness"] == want.min_staleness == 2 + math.ceil(7.5 / 2)
     assert stats["capacity/latency_s"] == pytest.approx(7.5)
-    assert stats["capacity/warning"] == 1
+    # One lease, one swap, one warm learner report: every input is cold or too thin for a
+    # verdict (capacity.Warmup), so the numbers are shown but no advice is given.
+    assert stats["capacity/confident"] == 0 and stats["capacity/warning"] == 0
+    assert not [r for r in caplog.records if "capacity" in r.getMessage()]
+    # The same verdict given on warm inputs names both fixes.
+    with caplog.at_level(logging.WARNING):
+        ctl.fleet.advice.say(want, clock())
     warned = [r.getMessage() for r in caplog.records if "capacity" in r.getMessage()]
     assert len(warned) == 1 and "raise `staleness` to 6" in warned[0] and "add workers" in warned[0]
     caplog.clear()
@@ -137,6 +143,76 @@ def test_without_a_learner_report_the_step_period_stands_in(tmp_path, text_codec
     _, stats = ctl.take_batch(1, 2)
     assert stats["capacity/required_rollouts_per_s"] == pytest.approx(R / 5)
     assert stats["capacity/warning"] == 0  # 8 rollouts/s measured, 0.8 needed
+
+
+def warm_steps(ctl, clock, w, versions, lease_s=0.5, step_s=1.0):
+    """Per version: publish it, the worker reports it 0.1 s later and leases 2 groups (4
+    rollouts) for `lease_s`, the learner reports a `step_s` update. Returns the last stats."""
+    for v in versions:
+        ctl.publish(v)
+        clock.t += 0.1
+        hb(ctl, w, v)  # swap: 0.1 s after the publish
+        run_lease(ctl, clock, w, groups=2, seconds=lease_s, version=v)
+        ctl.report_learner(step_s=step_s)
+        stats = ctl.stats()
+    return stats
+
+
+def cold_start(tmp_path, text_codec, clock):
+    """S = 2 and one worker whose start-up is cold: its engine start (the first swap, 30 s),
+    its first lease (20 s: vLLM's kernel compile) and the learner's first update (5 s: XLA)."""
+    ctl = make(tmp_path, text_codec, clock, staleness=2)
+    ctl.publish(0)
+    w = worker(ctl, 1.0)
+    clock.t += 30.0
+    hb(ctl, w, 0)
+    run_lease(ctl, clock, w, groups=2, seconds=20.0)
+    ctl.report_learner(step_s=5.0)
+    return ctl, w
+
+
+def test_advice_comes_from_warm_measurements_only(tmp_path, text_codec, caplog):
+    # Cold inputs alone predict a starved learner (latency 50 s, 0.2 rollouts/s against 4).
+    # Warm, the worker swaps in 0.1 s and makes 4 rollouts in 0.5 s: 8/s against 4 needed,
+    # latency 0.6 s < T: no advice may ever be given (the bug: the demo's first warning).
+    clock = Clock()
+    with caplog.at_level(logging.INFO):
+        ctl, w = cold_start(tmp_path, text_codec, clock)
+        cold = ctl.stats()
+        assert cold["capacity/latency_s"] == pytest.approx(50.0)  # shown, cold as it is
+        assert cold["capacity/confident"] == 0 and cold["capacity/warning"] == 0
+        # Confident once T has 3 warm reports (versions 1-3) and the worker 3 warm leases
+        # (1-3) and 3 warm swaps (its first two, versions 0 and 1, are cold: 2-4).
+        assert warm_steps(ctl, clock, w, range(1, 4))["capacity/confident"] == 0
+        warm = warm_steps(ctl, clock, w, [4])
+        assert warm["capacity/confident"] == 1 and warm["capacity/warning"] == 0
+        assert warm["capacity/train_step_s"] == pytest.approx(1.0)
+        assert warm["capacity/latency_s"] == pytest.approx(0.1 + 0.5)
+        assert warm["capacity/active_rollouts_per_s"] == pytest.approx(8.0)
+        assert warm["capacity/predicted_utilization"] == pytest.approx(1.0)
+        clock.t += 120.0
+        warm_steps(ctl, clock, w, range(5, 8))
+    assert not [r for r in caplog.records if "capacity" in r.getMessage()]
+
+
+def test_a_warning_the_warm_data_contradicts_is_withdrawn(tmp_path, text_codec, caplog):
+    clock = Clock()
+    ctl, w = cold_start(tmp_path, text_codec, clock)
+    with caplog.at_level(logging.INFO):
+        # Warm and slow: 3 s leases (1.33 rollouts/s, 4 needed; latency 3.1 s > T).
+        slow = warm_steps(ctl, clock, w, range(1, 5), lease_s=3.0)
+        assert slow["capacity/confident"] == 1 and slow["capacity/warning"] == 1
+        # Then fast for longer than the 16 leases kept, and past the minute between lines.
+        warm_steps(ctl, clock, w, range(5, 22), lease_s=0.5)
+        clock.t += 60.0
+        fast = warm_steps(ctl, clock, w, [22], lease_s=0.5)
+    assert fast["capacity/confident"] == 1 and fast["capacity/warning"] == 0
+    lines = [(r.levelno, r.getMessage()) for r in caplog.records if "capacity" in r.getMessage()]
+    assert len(lines) == 2, lines
+    (level0, said), (level1, taken_back) = lines
+    assert level0 == logging.WARNING and "add workers" in said and "raise `staleness`" in said
+    assert level1 == logging.INFO and taken_back.startswith("capacity: withdrawn")
+    assert "predicted utilization 100%" in taken_back
 
 
 def four_workers(tmp_path, text_codec, clock, **cfg):
@@ -245,7 +321,7 @@ def test_a_capacity_warning_repeats_only_when_worse_or_after_ten_minutes(
     def warned(t, report):
         caplog.clear()
         with caplog.at_level(logging.WARNING):
-            ctl.fleet._warn(report, t)
+            ctl.fleet.advice.say(report, t)
         return [r.getMessage() for r in caplog.records if "capacity" in r.getMessage()]
 
     assert "raise `staleness` to 4" in warned(0, verdict(4))[0]
@@ -256,3 +332,24 @@ def test_a_capacity_warning_repeats_only_when_worse_or_after_ten_minutes(
     assert "add workers" in warned(300, verdict(5, rate_ok=False))[0]  # a new cause
     assert not warned(500, verdict(5, rate_ok=False))
     assert len(warned(901, verdict(5, rate_ok=False))) == 1  # 10 minutes on: once more
+
+
+def test_the_learners_own_overhead_lowers_the_prediction_and_the_requirement(tmp_path, text_codec):
+    # Warm as in the test above (T = 1 s, 8 rollouts/s, fed at every step: 1.0), then the
+    # learner reports 1 s of its own time per update (evaluation, checkpoints): it trains
+    # T / (T + O) = half of the wall time, and needs R / (T + O) rollouts/s, not R / T.
+    clock = Clock()
+    ctl, w = cold_start(tmp_path, text_codec, clock)
+    warm_steps(ctl, clock, w, range(1, 5))
+    for v in range(5, 9):
+        ctl.publish(v)
+        clock.t += 0.1
+        hb(ctl, w, v)
+        run_lease(ctl, clock, w, groups=2, seconds=0.5, version=v)
+        ctl.report_learner(step_s=1.0, overhead_s=1.0 if v > 5 else 0.0)
+    stats = ctl.stats()
+    overhead = (0.0 + 1.0 + 1.0 + 1.0) / 4  # the mean over the reports that carried one
+    assert stats["capacity/learner_overhead_s"] == pytest.approx(overhead)
+    assert stats["capacity/train_step_s"] == pytest.approx(1.0)
+    assert stats["capacity/required_rollouts_per_s"] == pytest.approx(R / (1.0 + overhead))
+    assert stats["capacity/predicted_utilization"] == pytest.approx(1.0 / (1.0 + overhead))

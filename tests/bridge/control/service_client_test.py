@@ -77,7 +77,7 @@ def test_typed_client_round_trip_with_controller_rewards(service):
     for g in lease.groups:
         assert g.prompt_token_ids == [tiny_model.BOS_ID] + [vocab[ch] for ch in g.prompt]
         # The reference answer lives only in the controller's database.
-        [row] = ctl.store.q("SELECT answer FROM groups WHERE group_id=?", (g.group_id,))
+        [row] = ctl.db.q("SELECT answer FROM groups WHERE group_id=?", (g.group_id,))
         trajs = []
         for i, text in enumerate([row["answer"], "-1"][: g.n]):  # right; wrong (answers >= 0)
             ids = [vocab[ch] for ch in text] + [EOS_ID]
@@ -213,7 +213,7 @@ def test_restart_between_steps_keeps_tokens_and_trajectories(tmp_path, text_code
         assert ctl.take_batch(3, 1)[0] is None
         got = [b[0] for b in [first, *rest]]
         assert [g.group_id for g in got] == [g.group_id for g in groups]
-        unscored = {"reward", "reward_error"}
+        unscored = {"reward", "reward_error", "think_tokens"}  # the controller's, not the worker's
         assert [[t.model_dump(exclude=unscored) for t in g.trajectories] for g in got] == [
             [t.model_dump() for t in g.trajectories] for g in groups
         ]

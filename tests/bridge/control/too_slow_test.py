@@ -2,6 +2,8 @@
 latency cannot return work fresh gets no work ("too_slow"), is measured again later, and the
 refusal can be turned off; a slow lease whose work arrived fresh is no reason to refuse."""
 
+import logging
+
 import pytest
 from controller_helpers import Clock, make, submit_all, worker
 
@@ -31,7 +33,7 @@ def test_a_worker_too_slow_for_the_staleness_bound_gets_no_work(tmp_path):
     for step in range(5):
         learner_step(step)
     submit_all(ctl, slow, slow_lease)  # 5.5 s after its lease, at version 0: stale
-    issued = ctl.store.lease(slow_lease.lease_id)["created_at"]
+    issued = ctl.db.lease(slow_lease.lease_id)["created_at"]
     assert ctl.timing.latency[slow].seconds == pytest.approx(clock.t - issued)
     # Independent arithmetic: steps every 1.1 s, the last batch 1.0 s ago, learner at step 5,
     # worker at version 5: a lease must be back within (5 + S - 5 + 1) * 1.1 - 1.0 = 1.2 s.
@@ -70,7 +72,7 @@ def one_lease_then_batches(tmp_path, batches, **cfg):
 
 def test_a_too_slow_worker_is_measured_again_later(tmp_path):
     clock, ctl, w, lease = one_lease_then_batches(tmp_path, 3, retest_slow_after_s=30.0)
-    ctl.store.put("next_step", 2)
+    ctl.db.put("next_step", 2)
     ctl.publish(2)
     submit_all(ctl, w, lease)  # 3 s, version 0 at step 2: late, and slower than the window
     assert ctl.lease(w, LeaseRequest(worker_version=2)).reason == "too_slow"
@@ -82,7 +84,7 @@ def test_a_too_slow_worker_is_measured_again_later(tmp_path):
 
 def test_refusing_slow_workers_can_be_turned_off(tmp_path):
     clock, ctl, w, lease = one_lease_then_batches(tmp_path, 2, refuse_too_slow=False)
-    ctl.store.put("next_step", 1)
+    ctl.db.put("next_step", 1)
     ctl.publish(1)
     submit_all(ctl, w, lease)  # version 0 at step 1: late
     assert ctl.lease(w, LeaseRequest(worker_version=1)).lease is not None
@@ -97,3 +99,21 @@ def test_a_slow_lease_whose_work_was_used_is_no_reason_to_refuse(tmp_path):
     assert ctl.timing.window_s(0, 0, clock.t) < ctl.timing.latency[w].seconds
     assert ctl.lease(w, LeaseRequest(worker_version=0)).lease is not None
     assert ctl.stats()["fleet/too_slow_workers"] == 0
+
+
+def test_a_refused_worker_is_named_once_with_its_price(tmp_path, caplog):
+    clock, ctl, w, lease = one_lease_then_batches(tmp_path, 3, retest_slow_after_s=30.0)
+    ctl.db.put("next_step", 2)
+    ctl.publish(2)
+    submit_all(ctl, w, lease)  # late and slower than the window (as above)
+    with caplog.at_level(logging.WARNING):
+        assert ctl.lease(w, LeaseRequest(worker_version=2)).reason == "too_slow"
+        clock.t += 31.0  # re-measured: one more lease, late again, refused again
+        again = ctl.lease(w, LeaseRequest(worker_version=2)).lease
+        ctl.db.put("next_step", 5)
+        ctl.publish(5)
+        clock.t += 3.0
+        submit_all(ctl, w, again, versions=(2, 2, 2))
+        assert ctl.lease(w, LeaseRequest(worker_version=5)).reason == "too_slow"
+    said = [r.getMessage() for r in caplog.records if "gets no work" in r.getMessage()]
+    assert len(said) == 1 and "billed $2.00/h" in said[0], said

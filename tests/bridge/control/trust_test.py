@@ -96,7 +96,7 @@ def submission(lease, texts, **extra):
 
 def dump(ctl):
     with ctl.lock:
-        return list(ctl.store.conn.iterdump())
+        return list(ctl.db.conn.iterdump())
 
 
 def test_lease_carries_no_answer_and_a_claimed_reward_changes_nothing(hostile):

@@ -1,10 +1,21 @@
-"""Chunk grids and the piecewise checksum: any exact cover of an array gives the same digest."""
+"""Chunk grids and the piecewise checksum: any exact cover of an array gives the same digest,
+and the digest is the documented one (stores written today stay verifiable)."""
 
+import hashlib
+
+import blake3
 import ml_dtypes
 import numpy as np
 import pytest
 
-from bridge.store.chunk_digest import CHUNK_BYTES, ChunkWriter, array_checksum, chunk_shape
+from bridge.store.chunk_digest import (
+    CHECKSUM_ALGORITHM,
+    CHUNK_BYTES,
+    ChunkWriter,
+    array_checksum,
+    chunk_shape,
+    combine_digests,
+)
 
 
 def test_chunk_shape_fits_the_budget_and_divides_the_shard():
@@ -57,6 +68,20 @@ def test_checksum_sees_one_flipped_bit_and_a_moved_chunk():
     assert array_checksum(y, (4, 4)) != ref
     z = np.concatenate([x[4:8], x[:4], x[8:]])  # two chunks swapped
     assert array_checksum(z, (4, 4)) != ref
+
+
+def test_checksum_is_sha256_of_blake3_chunk_digests_in_c_order():
+    # Written out independently of the module: a change of digest, byte order or chunk
+    # order is a new format (a new CHECKSUM_ALGORITHM), never a silent change.
+    assert CHECKSUM_ALGORITHM == "blake3-chunks/sha256"
+    x = np.arange(30, dtype=np.float32).reshape(5, 6)
+    boxes = [x[0:2, 0:4], x[0:2, 4:6], x[2:4, 0:4], x[2:4, 4:6], x[4:5, 0:4], x[4:5, 4:6]]
+    digests = [blake3.blake3(np.ascontiguousarray(b).tobytes()).digest() for b in boxes]
+    want = hashlib.sha256(b"".join(digests)).hexdigest()
+    assert array_checksum(x, (2, 4)) == want
+    positions = [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0), (2, 1)]
+    by_position = {p: d.hex() for p, d in zip(positions, digests, strict=True)}
+    assert combine_digests(dict(reversed(by_position.items()))) == want  # order by position
 
 
 def test_bad_index_is_refused():

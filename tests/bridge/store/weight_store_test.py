@@ -2,10 +2,8 @@
 
 import json
 import os
-import socket
 import subprocess
 import sys
-import time
 
 import ml_dtypes
 import numpy as np
@@ -239,7 +237,7 @@ def test_spec_parsing():
     assert parse_spec("s3://bkt/x/y") == {"driver": "s3", "bucket": "bkt", "path": "x/y/"}
     gcs = WeightStore("gs://my-bucket/runs/r1")  # building it touches no network
     assert gcs.spec == {"driver": "gcs", "bucket": "my-bucket", "path": "runs/r1/"}
-    assert ts.KvStore.Spec(gcs._array_spec(3, "w")["kvstore"]).to_json() == {
+    assert ts.KvStore.Spec(gcs.array_spec(3, "w")["kvstore"]).to_json() == {
         "driver": "gcs",
         "bucket": "my-bucket",
         "path": "runs/r1/data/000000000003/w/",
@@ -258,6 +256,17 @@ def test_spec_parsing():
             parse_spec(bad)
 
 
+MOTO_SERVER = """
+import sys
+from moto.server import ThreadedMotoServer
+server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+server.start()
+print(server.get_host_and_port()[1], flush=True)
+sys.stdin.read()
+server.stop()
+"""
+
+
 @pytest.fixture(scope="module")
 def s3_endpoint():
     """A real S3-compatible server (moto's server mode) on a free loopback port.
@@ -268,31 +277,29 @@ def s3_endpoint():
     """
     import boto3
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     old = {k: os.environ.get(k) for k in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY")}
     os.environ.update(AWS_ACCESS_KEY_ID="testing", AWS_SECRET_ACCESS_KEY="testing")
+    # The server binds port 0 itself and prints the port it got: no free-port guess that
+    # another process could take between our close and its bind. It runs until its stdin
+    # closes.
     server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
+        [sys.executable, "-c", MOTO_SERVER],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
+        text=True,
     )
-    endpoint = f"http://127.0.0.1:{port}"
+    line = server.stdout.readline()
+    assert line.strip().isdigit(), f"moto server did not start: {line!r}"
+    endpoint = f"http://127.0.0.1:{int(line)}"
     client = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            client.create_bucket(Bucket="echo2")
-            break
-        except Exception:
-            if time.monotonic() > deadline or server.poll() is not None:
-                server.kill()
-                raise
-            time.sleep(0.2)
+    client.create_bucket(Bucket="echo2")  # listening before it printed the port
     yield endpoint
-    server.terminate()
-    server.wait(timeout=30)
+    server.stdin.close()
+    try:
+        server.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        server.kill()
     for k, v in old.items():
         if v is None:
             os.environ.pop(k, None)
@@ -351,3 +358,16 @@ def test_s3_carries_model_files_for_remote_workers(s3_endpoint, tiny_model_dir, 
             open(os.path.join(tiny_model_dir, name), "rb") as b,
         ):
             assert a.read() == b.read(), name
+
+
+def test_a_manifest_of_another_checksum_algorithm_is_refused_by_name(tmp_path):
+    # E.g. a store written while chunks were digested by CRC-32: its checksums cannot be
+    # verified by this reader, so reading it fails by name rather than as a mismatch.
+    store = WeightStore(f"file://{tmp_path}")
+    _publish(store, 1, {"a": np.ones((8, 4), np.float32)})
+    path = tmp_path / "manifests" / "000000000001.json"
+    m = json.loads(path.read_text())
+    m["checksum_algorithm"] = "crc32-chunks/sha256"
+    path.write_text(json.dumps(m))
+    with pytest.raises(CorruptVersionError, match="checksums are 'crc32-chunks/sha256'"):
+        store.read_all(1)

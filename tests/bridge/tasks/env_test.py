@@ -21,7 +21,7 @@ def test_env_task_prompts_are_seeded_episodes_and_the_splits_are_disjoint():
     held = t.eval_prompts()
     assert len(held) == 32 and not {p.prompt_id for p in held} & {p.prompt_id for p in train}
     for p in train[:8]:
-        assert p.prompt_id == f"kuhn_poker/{p.answer}"
+        assert p.prompt_id == t.prompt_id(int(p.answer)) and p.answer not in p.prompt_id
         env = t.new_env()
         assert env.reset(EnvTask.seed_of(p)) == p.text
     # The one-step case: a completion is the first action; a fold is -1 in every deal.

@@ -136,6 +136,44 @@ def test_activation_releases_standby_and_grows_when_short(tmp_path):
     assert start[0]["price_per_hour"] == 0.15
 
 
+def test_a_worker_refused_as_too_slow_is_released_after_standby_release_s(tmp_path):
+    prov = provisioner(tmp_path, price=0.15, prefix="s-")
+    clock, status = [0.0], {"workers": []}
+    cfg = FollowConfig(standby_release_s=90.0, period_s=5.0)  # activation off: any run
+    follower = FleetFollower(lambda: status, [prov], cfg, str(tmp_path), clock=lambda: clock[0])
+
+    def at(t, **states):
+        clock[0] = t
+        status["workers"] = [row(name, state) for name, state in states.items()]
+        follower.check(force=True)
+        return sorted(h.name for h in prov.alive())
+
+    try:
+        prov.start(2, "local_workers=2")
+        a, b = sorted(h.name for h in prov.alive())
+        assert at(0, **{a: "active", b: "too_slow"}) == [a, b]
+        assert at(55, **{a: "active", b: "too_slow"}) == [a, b]
+        # The controller's re-measuring lease shows it briefly not refused: still counting.
+        assert at(60, **{a: "active", b: "active"}) == [a, b]
+        assert at(65, **{a: "active", b: "too_slow"}) == [a, b]
+        assert at(85, **{a: "active", b: "too_slow"}) == [a, b]
+        assert at(90, **{a: "active", b: "too_slow"}) == [a]  # 90 s refused: released
+        assert follower.slow_released == 1 and follower.slow_idle_s == pytest.approx(90.0)
+        # Useful again for three passes (the learner slowed): the count starts over.
+        assert at(200, **{a: "too_slow"}) == [a]
+        assert at(220, **{a: "active"}) == [a]
+        assert at(230, **{a: "too_slow"}) == [a]
+        assert at(310, **{a: "too_slow"}) == [a]  # 80 s since the new count began
+        assert at(320, **{a: "too_slow"}) == []
+    finally:
+        follower.close()
+    stops = {e["name"]: e for e in events(tmp_path) if e["event"] == "stop"}
+    assert stops[b]["reason"] == "too slow: standby" and stops[b]["idle_s"] == pytest.approx(90)
+    assert stops[b]["idle_usd"] == pytest.approx(0.15 * 90 / 3600)
+    assert stops[a]["reason"] == "too slow: standby" and stops[a]["idle_s"] == pytest.approx(90)
+    assert follower.slow_idle_usd == pytest.approx(0.15 * 180 / 3600)
+
+
 def test_config_to_provisioners(tmp_path):
     (tmp_path / "join_token").write_text("s\n")
     token = str(tmp_path / "join_token")

@@ -87,3 +87,51 @@ def test_rows_of_an_older_version_are_audited_against_that_version(tmp_path):
     # A version the store no longer keeps cannot be re-scored: nothing is claimed.
     store.gc(keep=1)
     assert rescorer.maybe(4, groups, current_version=5) == []
+
+
+def test_every_version_tag_is_audited_mixed_rows_token_by_token(tmp_path):
+    """Issue 23 item 5: a lie about a version that is not the batch's oldest, and a lie in
+    the later part of a mixed row (a swap mid-generation), are both caught; honest mixed
+    rows score as honest."""
+    cfg = tiny_model.tiny_config("qwen3", num_layers=2)
+    weights = {v: tiny_model.random_hf_weights(cfg, seed=v, std=0.2) for v in (3, 4)}
+    store = WeightStore(str(tmp_path / "store"))
+    for v, w in weights.items():
+        store.publish(v, v, w.items(), cfg.to_hf_dict(), "float32")
+    hf = {v: _hf_dir(tmp_path / f"v{v}", cfg, w) for v, w in weights.items()}
+    rng = np.random.default_rng(0)
+    rows = {"honest": [], "liar_v4": [], "liar_mixed": []}
+    for i in range(3):
+        p = [1, 5 + i, 9, 12 + i]
+        c, lp = _sample(hf[3], p, 6, rng)
+        rows["honest"].append(_traj(p, c, lp, 3, i))
+        a, lpa = _sample(hf[3], p, 3, rng)  # a swap from 3 to 4 after three tokens
+        b, lpb = _sample(hf[4], p + a, 3, rng)
+        rows["honest"].append(_mixed(p, a + b, lpa + lpb, [3, 3, 3, 4, 4, 4], 10 + i))
+        c, lp = _sample(hf[3], p, 6, rng)  # sampled by 3, tagged 4 (not the oldest tag)
+        rows["liar_v4"].append(_traj(p, c, lp, 4, i))
+        c, lp = _sample(hf[3], p, 6, rng)  # all by 3; the last three claim version 4
+        rows["liar_mixed"].append(_mixed(p, c, lp, [3, 3, 3, 4, 4, 4], i))
+    groups = [
+        ConsumedGroup(group_id=k, prompt_id="p", prompt="", answer="", trajectories=ts,
+                      worker_id=w)
+        for k, (w, ts) in enumerate(rows.items())
+    ]  # fmt: skip
+    stats = VersionRescorer(store, cfg, every=1, max_rows=16).maybe(1, groups, 5)
+    by = {}
+    for s in stats:  # one stat per worker and version: add them up per worker
+        a = by.setdefault(s.worker_id, [0.0, 0])
+        a[0] += s.sum_k3
+        a[1] += s.tokens
+    assert by["honest"][1] == 36 and by["liar_v4"][1] == 18 and by["liar_mixed"][1] == 18
+    assert by["honest"][0] / 36 < 1e-9, by
+    assert by["liar_v4"][0] / 18 > 0.01, by  # past the audit's default threshold
+    # Only its three version-4 tokens per row lie: their mean alone is past the threshold.
+    v4 = [s for s in stats if s.worker_id == "liar_mixed" and s.version == 4]
+    assert v4[0].tokens == 9 and v4[0].sum_k3 / 9 > 0.01, stats
+
+
+def _mixed(prompt, completion, logprobs, versions, i):
+    return Trajectory(prompt_id="p", sample_index=i, prompt_token_ids=prompt,
+                      completion_token_ids=completion, logprobs=logprobs, versions=versions,
+                      finish_reason="length", reward=0.0)  # fmt: skip

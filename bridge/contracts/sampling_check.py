@@ -1,0 +1,55 @@
+"""Did the policy pick these tokens? A likelihood test of a worker's sampled tokens against
+the learner's distribution (issue 23 item 6: the statistic and its measured behaviour; not
+yet wired into the live audit, see BUILD_NOTES "Trust, round two, continued").
+
+The log-prob audit (bridge/control/audit.py) catches a worker whose reported log-probs
+are not the policy's; it cannot catch one that reports the policy's TRUE log-probs of
+tokens it chose itself (greedy, the best of many samples, a reference answer). Sampling
+leaves a fingerprint the learner can check without knowing the worker's random numbers:
+at a model position t with distribution p_t (the learner's, after the same temperature and
+truncation the worker sampled under), an honestly sampled token x_t has
+
+    s_t = log p_t(x_t),   E[s_t] = -H(p_t),   Var[s_t] = E_p[(log p)^2] - H(p_t)^2 = V_t.
+
+Z = sum_t (s_t + H_t) / sqrt(sum_t V_t) over a worker's audited tokens is a martingale sum
+(each term has mean 0 given the prefix), so it is close to N(0, 1) once the variance is
+spread over many tokens. Choosing tokens moves it: greedy and best-of-n pick likelier
+tokens than sampling (Z >> 0); forcing text the policy would not say picks unlikelier ones
+(Z << 0). The test is two-sided, |Z| > `z_max`. Positions where p is (nearly) one-hot add
+nothing (V_t = 0): a worker cannot be judged on tokens the policy is certain of, and it
+gains nothing there either.
+
+`xp` is the array module: numpy here, jax.numpy if a jitted step computes the moments.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+Z_MAX = 6.0  # two-sided; N(0,1) beyond 6 sigma: ~2e-9 per look
+
+
+def position_moments(logp, xp=np):
+    """(H, V) per position of full log-prob rows `logp` [..., vocab] (log-softmax of the
+    processed logits): the entropy and the variance of log p under p."""
+    p = xp.exp(logp)
+    plogp = xp.where(p > 0, p * logp, 0.0)
+    entropy = -plogp.sum(axis=-1)
+    second = xp.where(p > 0, p * logp * logp, 0.0).sum(axis=-1)
+    return entropy, xp.maximum(second - entropy * entropy, 0.0)
+
+
+def row_sums(sampled_logp, entropy, variance, mask, xp=np):
+    """Per-row (sum of s + H, sum of V, token count) over the positions where `mask` > 0;
+    [B, T] inputs, [B] outputs (what a worker's evidence accumulates)."""
+    on = mask > 0
+    dev = xp.where(on, sampled_logp + entropy, 0.0).sum(axis=-1)
+    var = xp.where(on, variance, 0.0).sum(axis=-1)
+    return dev, var, on.sum(axis=-1)
+
+
+def z_score(sum_dev: float, sum_var: float) -> float:
+    """Z of accumulated sums; 0.0 while there is no variance to judge by."""
+    return sum_dev / math.sqrt(sum_var) if sum_var > 0 else 0.0

@@ -1,0 +1,278 @@
+"""Evaluation on the rollout plane: eval leases for exactly one policy version.
+
+    board = EvalBoard(config, task_name, content, out_path="<workdir>/eval.jsonl",
+                      samples_path="<workdir>/eval_samples.jsonl")
+    board.request(version=v, prompts=task.eval_prompts(), n=8, temperature=0.0, step=s)
+    lease = board.offer(worker_id, worker_version, now)     # Controller.lease, before work
+    board.check(worker_id, submission) -> (groups, prompts) # Controller.submit: the checks
+    board.accept(worker_id, submission, scored)             # ... then the trusted scores
+    board.take_results() -> [{"version": v, "eval/accuracy": ..., ...}]   # learner metrics
+
+The learner asks for an evaluation of version v when it publishes v and goes on training
+(it never waits). The held-out prompts become eval groups (`n` samples each at the eval
+temperature, 0 = greedy) that only a worker whose current version is exactly v is offered,
+ahead of rollout work; every token of the submission must carry version v (else 422 and
+the group goes back to the queue), the whole group passes the rollout checks
+(validation.check_group), and the controller's trusted scorer (rewards.py, the same
+hidden-token and `</think>` rules) scores it. Eval groups live only here, never in the
+database's group table, so no path hands them to the learner as training data.
+
+When every group of version v is in, a summary line goes to `eval.jsonl` (tag "fleet",
+the version, the learner step that published it and `accuracy`, so the run report plots
+it with the learner's own evaluations) and one line per prompt (rewards, lengths) to
+`eval_samples.jsonl`, both tagged with the version; the summary's `eval/accuracy` (share of
+correct samples, reward >= 1), `eval/pass@1`, `eval/pass@k` (unbiased, k = n), and
+`eval/mean_length` / `eval/think_length` (completion tokens) wait in `take_results` for the
+learner's next metrics line. Leases expire after `lease_ttl_s` (groups requeue); a version
+older than `keep_versions` behind the newest requested is dropped unfinished (its workers
+have moved on). In memory: a restarted controller asks again at the next publish.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import threading
+import uuid
+
+from bridge.contracts import pass_at_k
+from bridge.control.config import ControllerConfig
+from bridge.control.lease_content import LeaseContent
+from bridge.control.protocol import Lease, PromptGroup, SamplingParams, Submission, Trajectory
+from bridge.control.validation import SubmissionError, check_group
+from bridge.tasks import Prompt
+
+LEARNER_CALLS = ("configure", "request", "take_results")  # Controller.evaluation
+EVAL_GROUP_BASE = 1 << 50  # eval group ids: far above the database's training group ids
+LEASE_PREFIX = "eval-"
+
+
+class EvalBoard:
+    def __init__(
+        self,
+        config: ControllerConfig,
+        task_name: str,
+        content: LeaseContent,
+        out_path: str | None = None,
+        keep_versions: int = 2,
+        samples_path: str | None = None,
+    ):
+        self.config, self.task_name, self.content = config, task_name, content
+        self.out_path, self.samples_path = out_path, samples_path
+        self.keep_versions = keep_versions
+        self.steps: dict[int, int] = {}  # version -> the learner step that asked
+        self.scorers: dict = {}  # version -> its own RewardScorer (task.eval_file)
+        self._ids = itertools.count(EVAL_GROUP_BASE)
+        self._lock = threading.Lock()
+        self.groups: dict[int, dict] = {}  # group id -> {version, prompt, group, state, ...}
+        self.leases: dict[str, dict] = {}  # lease id -> {worker, version, groups, expires}
+        self.pending: dict[int, int] = {}  # version -> groups not yet scored
+        self.results: list[dict] = []  # finished versions' summaries, for the learner
+
+    # -- the learner (through Controller.evaluation: the controller may be another process) --
+    def configure(self, workdir: str) -> None:
+        """Write summaries to <workdir>/eval.jsonl and per-prompt lines beside them."""
+        self.out_path = os.path.join(workdir, "eval.jsonl")
+        self.samples_path = os.path.join(workdir, "eval_samples.jsonl")
+
+    def file_scorer(self, path: str):
+        """A trusted scorer of a benchmark file's task (bridge/tasks/eval_file.py)."""
+        from bridge.control.rewards import RewardScorer
+        from bridge.tasks import make_task
+
+        task = make_task("eval_file", path=path)
+        return RewardScorer(task, self.content.codec, self.config.reward_timeout_s)
+
+    def request(
+        self, version: int, prompts: list[Prompt], n: int, temperature: float, step=None,
+        scorer=None, eval_file: str = "",
+    ) -> int:  # fmt: skip
+        """Queue an evaluation of `version` (published at learner `step`, default the
+        version); returns the number of eval groups. `scorer`: a `RewardScorer` of the
+        prompts' own task, or `eval_file` (a `task.eval_file` path) to build one here;
+        default the controller's."""
+        if eval_file and scorer is None:
+            scorer = self.file_scorer(eval_file)
+        if temperature == 0.0:  # greedy: every sample is the same, and vLLM refuses n > 1
+            n = 1
+        sampling = SamplingParams(
+            temperature=temperature, max_tokens=self.config.sampling.max_tokens,
+            stop_token_ids=list(self.config.sampling.stop_token_ids),
+        )  # fmt: skip
+        with self._lock:
+            if version in self.pending:
+                return 0
+            for p in prompts:
+                gid = next(self._ids)
+                group = PromptGroup(
+                    group_id=gid, prompt_id=p.prompt_id, task=self.task_name, prompt=p.text,
+                    prompt_token_ids=self.content.prompt_ids(p.text), n=n, sampling=sampling,
+                )  # fmt: skip
+                self.groups[gid] = dict(version=version, prompt=p, group=group, state="queued")
+            self.pending[version] = len(prompts)
+            self.steps[version] = version if step is None else int(step)
+            if scorer is not None:
+                self.scorers[version] = scorer
+            for old in [v for v in self.pending if v < version - self.keep_versions]:
+                self._drop(old)
+            return len(prompts)
+
+    def take_results(self) -> list[dict]:
+        with self._lock:
+            out, self.results = self.results, []
+            return out
+
+    # -- workers -----------------------------------------------------------------------------
+    def offer(self, worker_id: str, worker_version: int, now: float, max_groups: int = 1):
+        """An eval lease of version `worker_version` exactly, or None (no such work)."""
+        with self._lock:
+            self._expire(now)
+            rows = [
+                g for g in self.groups.values()
+                if g["state"] == "queued" and g["version"] == worker_version
+            ][: max(1, min(max_groups, self.config.max_groups_per_lease))]  # fmt: skip
+            if not rows:
+                return None
+            lease_id = LEASE_PREFIX + uuid.uuid4().hex
+            expires = now + self.config.lease_ttl_s
+            for g in rows:
+                g["state"] = "leased"
+            ids = [g["group"].group_id for g in rows]
+            self.leases[lease_id] = dict(
+                worker=worker_id, version=worker_version, groups=ids, expires=expires
+            )
+            return Lease(lease_id=lease_id, expires_at=expires, groups=[g["group"] for g in rows])
+
+    def owns(self, lease_id: str) -> bool:
+        return lease_id.startswith(LEASE_PREFIX)
+
+    def check(self, worker_id: str, sub: Submission, newest: int):
+        """(groups to score, group id -> Prompt); SubmissionError (422/404/409) else. A token
+        at another version than the lease's requeues the group and refuses the submission."""
+        with self._lock:
+            lease = self.leases.get(sub.lease_id)
+            if lease is None or lease["worker"] != worker_id:
+                raise SubmissionError(f"no active eval lease {sub.lease_id} of yours", 404)
+            version, fresh, prompts = lease["version"], [], {}
+            for result in sub.groups:
+                if result.group_id not in lease["groups"]:
+                    raise SubmissionError(f"group {result.group_id} is not in this eval lease")
+                row = self.groups.get(result.group_id)
+                if row is None or row["state"] != "leased":
+                    continue  # dropped or already in: a resubmission is a no-op
+                for t in result.trajectories:
+                    if any(v != version for v in t.versions):
+                        self._requeue(sub.lease_id)
+                        raise SubmissionError(
+                            f"group {result.group_id}: eval lease of version {version}, a "
+                            f"token tagged {sorted(set(t.versions) - {version})[0]}; "
+                            "evaluation results count only at the version evaluated"
+                        )
+                g = row["group"]
+                check_group(
+                    result, prompt_id=g.prompt_id, n=g.n, sampling=g.sampling,
+                    vocab_size=self.config.vocab_size,
+                    max_prompt_tokens=self.config.max_prompt_tokens, newest_version=newest,
+                    prompt_token_ids=g.prompt_token_ids, lease_version=version,
+                )  # fmt: skip
+                fresh.append(result)
+                prompts[result.group_id] = row["prompt"]
+            return fresh, prompts
+
+    def accept(self, worker_id: str, sub: Submission, scored) -> int:
+        """Record (group id, trajectories, errors) scored by the trusted scorer; returns
+        the number of groups taken. Ends the lease."""
+        with self._lock:
+            lease = self.leases.pop(sub.lease_id, None)
+            taken = 0
+            for gid, trajs, _errors in scored:
+                row = self.groups.get(gid)
+                if row is None or row["state"] != "leased":
+                    continue
+                row.update(state="done", trajectories=trajs, worker=worker_id)
+                self._write(self.samples_path, [self._prompt_line(row)])
+                taken += 1
+                self.pending[row["version"]] -= 1
+                if self.pending[row["version"]] == 0:
+                    self._finish(row["version"])
+            if lease is not None:  # groups of the lease not submitted go back to the queue
+                for gid in lease["groups"]:
+                    if gid in self.groups and self.groups[gid]["state"] == "leased":
+                        self.groups[gid]["state"] = "queued"
+            return taken
+
+    def submit(self, worker_id: str, sub: Submission, newest: int, scorer) -> tuple[list, list]:
+        """check -> trusted scores (outside the board's lock) -> accept: (accepted group
+        ids, duplicates). The caller holds no lock while the rewards run."""
+        fresh, prompts = self.check(worker_id, sub, newest)
+        with self._lock:
+            lease = self.leases.get(sub.lease_id)
+            scorer = self.scorers.get(lease["version"], scorer) if lease else scorer
+        scored = [(g.group_id, *scorer.score_group(g.group_id, prompts[g.group_id], g.trajectories))
+                  for g in fresh]  # fmt: skip
+        self.accept(worker_id, sub, scored)
+        accepted = [gid for gid, _, _ in scored]
+        return accepted, [g.group_id for g in sub.groups if g.group_id not in accepted]
+
+    def release(self, worker_id: str, lease_id: str) -> bool:
+        with self._lock:
+            lease = self.leases.get(lease_id)
+            if lease is None or lease["worker"] != worker_id:
+                return False
+            self._requeue(lease_id)
+            return True
+
+    # -- inside the lock -------------------------------------------------------------------
+    def _expire(self, now: float) -> None:
+        for lease_id in [k for k, v in self.leases.items() if v["expires"] <= now]:
+            self._requeue(lease_id)
+
+    def _requeue(self, lease_id: str) -> None:
+        lease = self.leases.pop(lease_id, None)
+        for gid in lease["groups"] if lease else ():
+            if gid in self.groups and self.groups[gid]["state"] == "leased":
+                self.groups[gid]["state"] = "queued"
+
+    def _drop(self, version: int) -> None:
+        for gid in [k for k, g in self.groups.items() if g["version"] == version]:
+            del self.groups[gid]
+        self.pending.pop(version, None)
+        self.steps.pop(version, None)
+        self.scorers.pop(version, None)
+
+    @staticmethod
+    def _prompt_line(row) -> dict:
+        trajs: list[Trajectory] = row["trajectories"]
+        return {
+            "tag": "fleet", "type": "prompt", "version": row["version"],
+            "prompt_id": row["prompt"].prompt_id, "worker": row["worker"],
+            "rewards": [t.reward for t in trajs],
+            "lengths": [len(t.completion_token_ids) for t in trajs],
+            "think_tokens": [t.think_tokens for t in trajs],
+        }  # fmt: skip
+
+    def _finish(self, version: int) -> None:
+        rows = [g for g in self.groups.values() if g["version"] == version]
+        trajs = [t for g in rows for t in g["trajectories"]]
+        n = len(rows[0]["trajectories"])
+        counts = [(n, sum(t.reward >= 1.0 for t in g["trajectories"])) for g in rows]
+        accuracy = sum(c for _, c in counts) / (n * len(rows))
+        summary = {
+            "tag": "fleet", "type": "summary", "version": version, "prompts": len(rows), "n": n,
+            "step": self.steps.get(version, version), "accuracy": accuracy,
+            "eval/accuracy": accuracy,
+            "eval/pass@1": pass_at_k.mean_pass_at_k(counts, 1),
+            "eval/pass@k": pass_at_k.mean_pass_at_k(counts, n),
+            "eval/mean_length": sum(len(t.completion_token_ids) for t in trajs) / len(trajs),
+            "eval/think_length": sum(t.think_tokens for t in trajs) / len(trajs),
+        }  # fmt: skip
+        self._write(self.out_path, [summary])
+        self.results.append(summary)
+        self._drop(version)
+
+    @staticmethod
+    def _write(path: str | None, lines: list[dict]) -> None:
+        if path:
+            with open(path, "a") as f:
+                f.writelines(json.dumps(x) + "\n" for x in lines)

@@ -1,0 +1,79 @@
+"""The learner's calls on the controller (a part of `Controller`, controller.py, kept in
+its own file): batches, the capacity model's learner reports, the checkpoint cursor.
+
+`Controller` provides `_op`, `lock`, `_new_work`, `_polling`, `_stats`, `learner`, `fleet`
+and `db`; the batch logic itself is learner_api.py's `LearnerSide`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from bridge.control import rollback
+from bridge.control.protocol import ConsumedGroup
+
+
+class LearnerCalls:
+    def take_batch(self, step: int, num_groups: int) -> tuple[list[ConsumedGroup] | None, dict]:
+        """`num_groups` fresh groups for `step`, oldest version first; None if too few yet.
+        The stats are the fleet metrics, plus the batch's staleness when there is one."""
+        with self._op(durable=False):
+            batch, staleness = self.learner.take_batch(step, num_groups)
+            polling = getattr(self._polling, "on", False) and batch is None
+            stats = {} if polling else {**self._stats(), **staleness}  # wait_batch: at the end
+        if batch is not None:
+            self.db.sync()  # the consumption is on disk before the learner trains on it
+        return batch, stats
+
+    def wait_batch(
+        self, step: int, num_groups: int, timeout_s: float
+    ) -> tuple[list[ConsumedGroup] | None, dict]:
+        """Block until `take_batch` succeeds or `timeout_s` passes (wall clock). The fleet
+        stats are computed once, on return (not on every submission's wake-up), and the
+        consumption is on disk before the batch is (synced outside the lock)."""
+        deadline = time.monotonic() + timeout_s
+        with self.lock:
+            self._polling.on = True
+            try:
+                while True:
+                    batch, stats = self.take_batch(step, num_groups)
+                    left = deadline - time.monotonic()
+                    if batch is not None or left <= 0:
+                        break
+                    # Wake on submissions; poll anyway so lease expiry is noticed.
+                    self._new_work.wait(min(left, 0.5))
+            finally:
+                self._polling.on = False
+            if batch is None:
+                stats = self._stats()
+        return batch, stats
+
+    def report_learner(
+        self,
+        step_s: float | None = None,
+        publish_s: float | None = None,
+        overhead_s: float | None = None,
+    ):
+        """The learner's train time of its last update (T for the capacity model; until it
+        reports, the measured step period, waits included), on publishing steps the time to
+        publish (0 or None: none this step), and its time outside train steps and waits
+        since the previous update (evaluation, checkpoints, publishing). Call after each RL
+        step."""
+        with self.lock:
+            self.fleet.learner_reported(step_s, publish_s, overhead_s)
+
+    def export_cursor(self) -> dict:
+        return self.learner.export_cursor()
+
+    def restore_cursor(self, cursor: dict, version: int | None = None) -> int:
+        """Put the groups consumed after a checkpoint back in the buffer; with `version`
+        (the checkpoint's), also undo what a crashed run did past it (control/rollback.py)."""
+        back = self.learner.restore_cursor(cursor)
+        if version is not None:
+            with self._op():
+                rollback.roll_back(self.db, version)
+        self.db.sync()
+        return back
+
+    def forget_consumed(self, up_to_step: int) -> int:
+        return self.learner.forget_consumed(up_to_step)

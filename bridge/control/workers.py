@@ -1,0 +1,134 @@
+"""The worker registry: registration, tokens, liveness and billing of each worker.
+
+`WorkerRegistry` is a part of `Controller` (bridge/control/controller.py), built from what
+it needs: the database (the `workers` table, bridge/control/db.py), the controller config,
+the clock and the fleet plan it reports billing and swaps to. It never references the
+controller; the caller holds the controller's lock and transaction.
+
+Tokens: a registration gets a random bearer token of which only the SHA-256 is stored; a
+token dies `token_ttl_s` after its worker's last contact (limits.py) and a quarantine
+revokes it (audit.py). Billing: time between two contacts counts when they are at most
+`worker_timeout_s` apart (idle-but-alive workers are billed too). Identity: each
+registration is bound to who presented it (bridge/control/identity.py), so a quarantine
+bars the credential (or remote host) from registering again.
+
+Evidence: `count_hidden` keeps, per worker, how many accepted completions held a token the
+reward cannot see (bridge/control/rewards.py `ScoringText`; scored 0), with the run's total
+in `reward/hidden_tokens`. It is evidence for the operator (`hidden_tokens(worker_id)`), not
+a quarantine trigger: an honest untrained policy samples padded ids too.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import uuid
+from collections.abc import Callable
+
+from bridge.control import limits
+from bridge.control.config import ControllerConfig
+from bridge.control.db import ControllerDB
+from bridge.control.fleet_plan import FleetPlan
+from bridge.control.identity import IdentityBook
+from bridge.control.log_text import log_safe
+from bridge.control.protocol import WorkerProfile
+from bridge.control.validation import SubmissionError
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class WorkerRegistry:
+    def __init__(
+        self,
+        db: ControllerDB,
+        config: ControllerConfig,
+        clock: Callable[[], float],
+        fleet: FleetPlan,
+    ):
+        self.db, self.config, self.clock, self.fleet = db, config, clock, fleet
+        self.identities = IdentityBook(db)
+
+    def register(self, profile: WorkerProfile, identity: str | None = None) -> tuple[str, str]:
+        """A new worker registered by `identity` (bridge/control/identity.py); returns
+        (worker_id, token). A quarantined identity is refused (403); a credential's previous
+        registration leaves (one live worker per credential)."""
+        if why := self.identities.refused(identity):
+            raise SubmissionError(why, 403)
+        worker_id, token = f"w-{uuid.uuid4().hex[:12]}", secrets.token_urlsafe(32)
+        # Its own words, shown in logs and the status table: one escaped line each.
+        texts = ("accelerator", "region", "name")
+        profile = profile.model_copy(update={k: log_safe(getattr(profile, k), 128) for k in texts})
+        self.db.add_worker(worker_id, hash_token(token), profile.model_dump_json(), self.clock())
+        self.db.incr("workers/registered")
+        previous = self.identities.bind(worker_id, identity)
+        if previous and (row := self.db.worker(previous)) and row["left_at"] is None:
+            logging.warning("worker %s supersedes %s (%s)", worker_id, previous, identity)
+            self.leave(previous)
+        return worker_id, token
+
+    def authenticate(self, token: str) -> str | None:
+        row = self.db.worker_by_token(hash_token(token), with_last_seen=True)
+        alive = row and limits.token_alive(row[1], self.clock(), self.config.token_ttl_s)
+        return row[0] if alive else None
+
+    def versions(self) -> list[dict]:
+        """Every worker (also those that left): `worker_id`, `version` (the policy version
+        it last reported, -1 before its first), `price_per_hour`, `registered_at`."""
+        return [
+            {
+                "worker_id": w["worker_id"],
+                "version": w["version"],
+                "price_per_hour": json.loads(w["profile"])["price_per_hour"],
+                "registered_at": w["registered_at"],
+            }
+            for w in self.db.workers()
+        ]
+
+    def profile(self, worker_id: str) -> WorkerProfile:
+        return WorkerProfile(**json.loads(self.db.worker(worker_id)["profile"]))
+
+    def version(self, worker_id: str) -> int:
+        """The policy version `worker_id` last reported."""
+        return self.db.worker(worker_id)["version"]
+
+    def touch(self, worker_id: str, version: int | None = None, **cols) -> None:
+        """A contact: bill the time since the last one, record a reported version."""
+        now, w = self.clock(), self.db.worker(worker_id)
+        gap = now - w["last_seen"]
+        billed = 0 < gap <= self.config.worker_timeout_s
+        if billed:
+            self.fleet.accrue(worker_id, w["last_seen"], now)
+        if version is not None:
+            cols["version"] = version
+            if version > w["version"]:
+                self.fleet.swapped(worker_id, version, now)
+        active_s = w["active_s"] + (gap if billed else 0.0)
+        self.db.update_worker(worker_id, last_seen=now, active_s=active_s, **cols)
+
+    def count_hidden(self, worker_id: str, n: int) -> None:
+        """`n` more of `worker_id`'s accepted completions held a hidden token."""
+        if n > 0:
+            self.db.incr(f"hidden_tokens/{worker_id}", n)
+            self.db.incr("reward/hidden_tokens", n)
+
+    def hidden_tokens(self, worker_id: str) -> int:
+        """How many of `worker_id`'s accepted completions held a hidden token."""
+        return int(self.db.get(f"hidden_tokens/{worker_id}", 0))
+
+    def set_enabled(self, worker_id: str, enabled: bool) -> None:
+        self.db.update_worker(worker_id, enabled=int(enabled))
+
+    def is_active(self, worker_id: str) -> bool:
+        """Enabled (not switched off by hand) and not on standby (fleet_plan.py)."""
+        return bool(self.db.worker(worker_id)["enabled"]) and self.fleet.is_active(worker_id)
+
+    def leave(self, worker_id: str) -> None:
+        """The worker said goodbye: its leases end (their groups requeue)."""
+        for lease_id in self.db.active_leases(worker_id):
+            self.db.end_lease(lease_id, "released")
+        self.touch(worker_id)
+        self.db.update_worker(worker_id, left_at=self.clock())

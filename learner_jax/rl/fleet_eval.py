@@ -1,0 +1,81 @@
+"""`eval.on=fleet`: held-out evaluation by the workers, the learner never waits for it.
+
+    hook = evaluation_hook(config, ctl, task, eval_log, workdir, end)   # train.py's hooks
+
+On the evaluation schedule (`rollout.eval_period` RL steps, and the last step) the hook
+asks the controller to evaluate the newest published version (bridge/control/eval_leases.py:
+`eval.n` samples per held-out prompt at `eval.temperature`, only workers on exactly that
+version take them, scored by the trusted scorer) and goes on training. Finished
+evaluations arrive on later steps: their eval/accuracy, eval/pass@1, eval/pass@k,
+eval/mean_length, eval/think_length (and eval/version, the version they measured) join
+that step's metrics line, and their summaries are in `<workdir>/eval.jsonl` (tag "fleet",
+plotted by the report like the learner's own) with per-prompt lines in
+`eval_samples.jsonl`.
+
+With `task.eval_file` set, the held-out prompts are that benchmark file's, scored by
+math-verify (bridge/tasks/eval_file.py) in the controller's reward pool.
+
+`eval.on=learner` (the default) keeps the learner's own evaluator (evals.py) on the same
+schedule.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from learner_jax.rl import hooks
+
+PLACES = ("learner", "fleet")
+
+
+def eval_place(config) -> str:
+    e = config.get("eval")
+    place = str(e.get("on", "learner")) if e is not None else "learner"
+    if place not in PLACES:
+        raise ValueError(f"eval.on must be one of {PLACES}, got {place!r}")
+    return place
+
+
+class FleetEval:
+    def __init__(self, ctl, prompts, n, temperature, period, end, start, eval_file=""):
+        self.ctl, self.prompts, self.n, self.temperature = ctl, prompts, n, temperature
+        self.period, self.end, self.start, self.eval_file = period, end, start, eval_file
+        self.requested: set[int] = set()
+
+    def after_step(self, learner, metrics: dict) -> dict:
+        step = learner.step
+        due = step >= self.end or (self.period and (step - self.start) % self.period == 0)
+        version = metrics.get("policy_version")  # the Publish hook runs first
+        if due and version is not None and version >= 0 and version not in self.requested:
+            self.requested.add(version)
+            self.ctl.evaluation(
+                "request", version, self.prompts, self.n, self.temperature, step=step,
+                eval_file=self.eval_file,
+            )  # fmt: skip
+        out = {}
+        for r in self.ctl.evaluation("take_results"):
+            out.update({k: v for k, v in r.items() if k.startswith("eval/")})
+            out["eval/version"] = r["version"]
+            logging.info(
+                "fleet eval of version %d: accuracy %.3f, pass@%d %.3f",
+                r["version"], r["eval/accuracy"], r["n"], r["eval/pass@k"],
+            )  # fmt: skip
+        return out
+
+
+def evaluation_hook(config, ctl, task, eval_log, workdir: str, end: int):
+    """The after-step evaluation hook `eval.on` asks for."""
+    if eval_place(config) == "learner":
+        return hooks.Evaluate(eval_log)
+    e = config.eval
+    ctl.evaluation("configure", workdir)  # eval.jsonl, eval_samples.jsonl
+    prompts = task.eval_prompts()
+    path = str(config.task.get("eval_file", "") or "")
+    if path:  # a benchmark file's prompts, scored by math-verify (bridge/tasks/eval_file.py)
+        from bridge.tasks import make_task
+
+        prompts = make_task("eval_file", path=path).eval_prompts()
+    return FleetEval(
+        ctl, prompts, int(e.get("n", 4)), float(e.get("temperature", 0.0)),
+        config.rollout.eval_period, end, eval_log.rl_start, path,
+    )  # fmt: skip

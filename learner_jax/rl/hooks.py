@@ -1,0 +1,114 @@
+"""What runs after each RL update, behind one protocol: the training loop knows no part.
+
+    hooks = [Publish(publisher, ctl), Audit(ctl, source, rescorer), Evaluate(eval_log),
+             Fleet(follower, source)]
+    metrics.update(after_step(hooks, learner, metrics))      # train.run_rl, every step
+
+Each hook gets the learner (its new state: step, params, the step's audit rows, the newest
+checkpoint) and the step's metrics so far, including what the hooks before it returned
+(the controller's learner report needs the publish time), and returns metrics to add.
+Order is the list's: publish first (workers wait for the version), the fleet last.
+
+The hooks only adapt the parts (weights.py, serve.py's controller, batches.py, rescore.py,
+evals.py, fleet.py) to the protocol; like the parts, they import none of them.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from typing import Protocol
+
+from bridge.control import audit
+
+
+class AfterStep(Protocol):
+    def after_step(self, learner, metrics: dict) -> dict | None:
+        """Run after the update that brought `learner` to `learner.step`; metrics to add."""
+
+
+def after_step(hooks: Iterable[AfterStep], learner, metrics: dict) -> dict:
+    """Run `hooks` in order; each sees the metrics the ones before it added."""
+    out: dict = {}
+    for hook in hooks:
+        out.update(hook.after_step(learner, {**metrics, **out}) or {})
+    return out
+
+
+class Publish:
+    """Publish every kappa RL steps, then tell the controller what its capacity model needs:
+    T (the train step, not the step period, which includes waiting for data) and the
+    publish time."""
+
+    def __init__(self, publisher, ctl):
+        self.publisher, self.ctl = publisher, ctl
+        self._last_wall: float | None = None
+
+    def after_step(self, learner, metrics: dict) -> dict:
+        wall = time.time()
+        out = {"time/wall": wall, **self.publisher.after_step(learner.rl_steps)}
+        out["policy_version"] = self.ctl.announcement().version
+        # The learner's own time outside train steps and waits since the previous step
+        # (the previous step's publish, evaluation, checkpoint, bookkeeping): the learner
+        # is on the critical path then too, so the capacity model counts it (issue 32).
+        overhead = None
+        if self._last_wall is not None:
+            busy = metrics["time/step_s"] + metrics.get("time/wait_s", 0.0)
+            overhead = max(0.0, wall - self._last_wall - busy)
+        self._last_wall = wall
+        self.ctl.report_learner(metrics["time/step_s"], out.get("bridge/publish_s"), overhead)
+        return out
+
+
+class Audit:
+    """Audit each worker's behaviour log-probs against the learner's own, on the rows the
+    learner's pre-update version sampled (the step recomputed them anyway), and on a
+    sampled re-score of rows tagged with older versions. A worker past the thresholds is
+    quarantined (and logged) by the controller."""
+
+    def __init__(self, ctl, source, rescorer):
+        self.ctl, self.source, self.rescorer = ctl, source, rescorer
+
+    def after_step(self, learner, metrics: dict) -> dict:
+        r, version = learner.last_rows, learner.step - 1
+        self.ctl.audit(
+            audit.row_sums_to_worker_stats(
+                self.source.last_row_workers,
+                r["tokens"] > 0,
+                r["k3"],
+                r["logratio"],
+                r["tokens"],
+                version=version,
+            )
+        )
+        older = self.rescorer.maybe(learner.rl_steps, self.source.last_groups, version)
+        if not older:
+            return {}
+        self.ctl.audit(older)
+        return dict(self.rescorer.last)
+
+
+class Evaluate:
+    """Held-out evaluation on its schedule (evals.py)."""
+
+    def __init__(self, eval_log):
+        self.eval_log = eval_log
+
+    def after_step(self, learner, metrics: dict) -> dict:
+        acc = self.eval_log.maybe()
+        if acc is None:
+            return {}
+        # eval/expected_reward and the optimum for exactly evaluable tasks (Kuhn poker).
+        return {"eval/accuracy": acc, **self.eval_log.extras}
+
+
+class Fleet:
+    """Replace dead workers and follow activation (every period_s), and free the
+    trajectories the newest durable checkpoint holds."""
+
+    def __init__(self, follower, source):
+        self.follower, self.source = follower, source
+
+    def after_step(self, learner, metrics: dict) -> None:
+        self.follower.check()
+        self.source.checkpointed(learner.ckpt.latest_step())

@@ -1,0 +1,63 @@
+"""bench/staleness_sweep.py's bookkeeping on a written run directory (the runs themselves
+are the bench: `python -m bench.staleness_sweep --quick`).
+
+A workdir with known metrics.jsonl / eval.jsonl lines: the cell's time to target is the
+first evaluation at or above the target (not the "before" one), counted from the start of
+the first RL step; means, maxima and the per-(task, S, correction) summary over seeds."""
+
+import json
+
+import pytest
+
+from bench import staleness_sweep
+
+
+def write_run(path, evals, staleness_max=3):
+    path.mkdir()
+    rows = [
+        {"phase": "sft", "step": 0, "loss": 9.0},
+        *[
+            {
+                "phase": "rl",
+                "step": s,
+                "time/wall": 100.0 + 2 * s,
+                "time/step_s": 2.0,
+                "learner/utilization": u,
+                "staleness/mean": st,
+                "staleness/max": m,
+                "mismatch/kl": 1e-6 * s,
+            }  # fmt: skip
+            for s, u, st, m in ((1, 0.5, 1.0, 1), (2, 0.7, 2.0, staleness_max), (3, 0.9, 3.0, 2))
+        ],
+    ]
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (path / "eval.jsonl").write_text(
+        "".join(
+            json.dumps({"tag": t, "step": s, "time": tm, "accuracy": a}) + "\n"
+            for t, s, tm, a in evals
+        )
+    )
+
+
+def test_cell_and_summary(tmp_path):
+    evals = [("before", 0, 90.0, 0.9), ("rl", 2, 105.0, 0.4), ("rl", 3, 107.5, 0.6)]
+    write_run(tmp_path / "a", [*evals, ("after", 3, 108, 0.55)])
+    a = staleness_sweep.cell_result(str(tmp_path / "a"), "accuracy", 0.5, process_s=30.0)
+    assert a["steps"] == 3
+    assert a["time_to_target_s"] == pytest.approx(107.5 - 100.0)  # 'before' does not count
+    assert a["quality_before"] == 0.9 and a["quality_final"] == 0.55
+    assert a["rl_wall_s"] == pytest.approx(106.0 - 100.0)
+    assert a["learner_utilization"] == pytest.approx(0.7)
+    assert a["staleness_mean"] == pytest.approx(2.0) and a["staleness_max"] == 3
+    assert a["mismatch_kl"] == pytest.approx(2e-6)
+    write_run(tmp_path / "b", [("before", 0, 90.0, 0.1), ("after", 3, 108, 0.35)], 5)
+    b = staleness_sweep.cell_result(str(tmp_path / "b"), "accuracy", 0.5, process_s=30.0)
+    assert b["time_to_target_s"] is None
+    cells = [
+        {"task": "demo", "S": 2, "correction": "tis", "seed": i, **c} for i, c in enumerate((a, b))
+    ]
+    (row,) = staleness_sweep.summarize(cells)
+    assert row["quality_final"] == pytest.approx(0.45)
+    assert row["quality_final_sd"] == pytest.approx(0.1414213, rel=1e-5)
+    assert row["reached_target"] == "1/2" and row["time_to_target_s"] == pytest.approx(7.5)
+    assert row["staleness_max"] == 5

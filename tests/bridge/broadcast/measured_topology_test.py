@@ -1,0 +1,73 @@
+"""Topology from measured delivery (issue 23 item 2), fed by the heartbeats workers send
+(protocol.Heartbeat with its BroadcastReport, as the controller's /v1/heartbeat passes
+them on): a worker declaring a huge uplink is placed by what its children measured once
+they have, a corrupt-chunk report counts only for a published version and a relay the
+reporter was routed to, and one reporter alone excludes no relay."""
+
+from bridge.broadcast.state import BroadcastState
+from bridge.control.protocol import BroadcastReport, Heartbeat, SourceReport
+
+
+def hb(url, up=0.0, report=None):
+    return Heartbeat(worker_version=-1, relay_url=url, up_bytes_per_s=up, broadcast=report)
+
+
+def got(version, peers, fetch_s, bad=()):
+    return BroadcastReport(
+        version=version,
+        fetched_ago_s=0,
+        fetch_s=fetch_s,
+        bytes_from_peers=peers,
+        bad_sources=[SourceReport(source=u, kind="corrupt") for u in bad],
+    )
+
+
+def test_a_declared_uplink_is_only_an_upper_bound():
+    s = BroadcastState("chain")
+    s.heartbeat("honest", hb("http://h", up=5e6), now=0.0)
+    s.heartbeat("liar", hb("http://l", up=1e13), now=0.0)  # declares 10 TB/s
+    s.heartbeat("leaf", hb("http://f", up=1e6), now=0.0)
+    s.publish(1, 0.0)
+    # Nothing measured yet: declarations order the chain, the liar at the root.
+    assert s.route("liar", 1)["relay_parent"] is None
+    assert s.route("honest", 1)["relay_parent"] == "http://l"
+    assert s.route("leaf", 1)["relay_parent"] == "http://h"
+    # Its child got nothing from peers in 4 s (it fell back to the store); the leaf got
+    # 8 MB from the honest relay in 2 s.
+    s.heartbeat("honest", hb("http://h", up=5e6, report=got(1, 0, 4.0)), now=5.0)
+    s.heartbeat("leaf", hb("http://f", up=1e6, report=got(1, 8_000_000, 2.0)), now=5.0)
+    assert s.topology.nodes["liar"].delivered_bytes_per_s == 0.0
+    assert s.topology.nodes["honest"].delivered_bytes_per_s == 4e6
+    s.publish(2, 10.0)  # the next version re-ranks: measured, the liar goes to the end
+    assert s.route("honest", 2)["relay_parent"] is None
+    assert s.topology.order.index("liar") == 2
+    # A newcomer declaring 10 TB/s is ranked no higher than the typical measured relay.
+    s.heartbeat("liar2", hb("http://l2", up=1e13), now=11.0)
+    s.publish(3, 12.0)
+    s.route("honest", 3)
+    assert s.topology.order[0] == "honest"
+
+
+def test_corrupt_reports_count_only_for_a_route_taken_and_a_published_version():
+    s = BroadcastState("chain", bad_limit=2)
+    for w in ("a", "b", "c", "d", "e"):  # chain a <- b <- c <- d <- e
+        s.heartbeat(w, hb(f"http://{w}"), now=0.0)
+    s.publish(1, 0.0)
+    assert s.route("c", 1)["relay_parent"] == "http://b"
+    # d was never routed to e (its child) for version 1; version 7 was never published.
+    assert s.route("d", 1) == {"broadcast_mode": "chain", "relay_parent": "http://c",
+                               "relay_fallbacks": ["http://b", "http://a"]}  # fmt: skip
+    s.heartbeat("d", hb("http://d", report=got(1, 0, 1.0, bad=["http://e"])), now=1.0)
+    s.heartbeat("c", hb("http://c", report=got(7, 0, 1.0, bad=["http://b"])), now=1.0)
+    assert s.stats(1.0)["broadcast/corrupt_reports"] == 0
+    # c was routed to b: its report counts, but one reporter alone excludes no one, even
+    # over several versions.
+    for v in (1, 2):
+        s.publish(v, 0.0)
+        s.route("c", v)
+        s.heartbeat("c", hb("http://c", report=got(v, 0, 1.0, bad=["http://b"])), now=2.0)
+    assert s.stats(2.0)["broadcast/corrupt_reports"] == 2 and not s.topology.excluded
+    # A second reporter that fetched from b (its fallback) makes two: b relays no more.
+    assert "http://b" in s.route("d", 2)["relay_fallbacks"]
+    s.heartbeat("d", hb("http://d", report=got(2, 0, 1.0, bad=["http://b"])), now=3.0)
+    assert s.topology.excluded == {"b"}

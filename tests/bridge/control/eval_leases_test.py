@@ -1,0 +1,164 @@
+"""Eval leases (issue 26 item 1) through the real HTTP service: the controller offers
+evaluation work for version v only to a worker on exactly v (ahead of rollout work), refuses
+results tagged with another version (422, the group goes back to the queue), scores honest
+ones with the trusted scorer, writes eval.jsonl lines tagged with v, and hands the learner
+eval/accuracy, eval/pass@1, eval/pass@k and eval/mean_length; nothing of it reaches a
+training batch."""
+
+import json
+import os
+
+import httpx
+import pytest
+
+from bridge.control.config import ControllerConfig
+from bridge.control.controller import Controller
+from bridge.control.protocol import SamplingParams
+from bridge.control.service import ServerOptions, load_or_create_join_secret, serve_controller
+from bridge.model.tiny_model import EOS_ID, char_vocab
+from bridge.tasks import make_task
+
+
+@pytest.fixture
+def service(tmp_path, text_codec):
+    """The conftest's served controller, with inline scoring (no reward-pool start inside
+    a request: these tests are about leasing, not the pool)."""
+    workdir = str(tmp_path)
+    ctl = Controller(
+        ControllerConfig(
+            staleness=1, groups_per_step=2, group_size=2, vocab_size=100,
+            sampling=SamplingParams(max_tokens=4), reward_timeout_s=0.0,
+        ),
+        os.path.join(workdir, "controller.db"),
+        make_task("arithmetic", format_reward=0.1),
+        codec=text_codec,
+    )  # fmt: skip
+    server = serve_controller(ctl, workdir, ServerOptions())
+    secret = load_or_create_join_secret(workdir)
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        yield ctl, server, client, secret, workdir
+    server.stop()
+    ctl.close()
+
+
+PROFILE = {"accelerator": "cpu", "price_per_hour": 0.0, "max_concurrent_sequences": 16}
+N = 3
+
+
+def register(client, secret):
+    reg = client.post("/v1/register", json={"join_secret": secret, "profile": PROFILE}).json()
+    return {"Authorization": f"Bearer {reg['token']}"}
+
+
+def trajs(group, texts, version):
+    vocab = char_vocab()
+    out = []
+    for i, text in enumerate(texts):
+        ids = [vocab[ch] for ch in text] + [EOS_ID]
+        out.append(dict(
+            prompt_id=group["prompt_id"], sample_index=i,
+            prompt_token_ids=group["prompt_token_ids"], completion_token_ids=ids,
+            logprobs=[-0.5] * len(ids), versions=[version] * len(ids), finish_reason="stop",
+        ))  # fmt: skip
+    return out
+
+
+def test_eval_leases_at_exactly_one_version(service):
+    ctl, _, client, secret, workdir = service
+    ctl.evaluation("configure", workdir)  # the learner's calls (process.py proxies them)
+    prompts = make_task("arithmetic", format_reward=0.1).eval_prompts()[:2]
+    ctl.publish(0)
+    ctl.publish(1)
+    assert ctl.evaluation("request", 1, prompts, n=N, temperature=0.6, step=7) == 2
+    old, new = register(client, secret), register(client, secret)
+
+    # A worker on version 0 is not offered version 1's evaluation: rollout work instead.
+    r = client.post("/v1/lease", headers=old, json={"worker_version": 0, "max_groups": 1})
+    assert r.status_code == 200 and r.json()["lease"] is None, r.json()
+    assert r.json()["reason"] != "ok" and r.json()["swap_to"] == 1
+
+    def eval_lease():
+        r = client.post("/v1/lease", headers=new, json={"worker_version": 1, "max_groups": 2})
+        lease = r.json()["lease"]
+        assert lease["lease_id"].startswith("eval-"), lease
+        assert all(g["n"] == N and g["sampling"]["temperature"] == 0.6 for g in lease["groups"])
+        return lease
+
+    lease = eval_lease()
+    by_prompt = {p.prompt_id: p.answer for p in prompts}
+    groups = lease["groups"]
+
+    def submission(version):
+        right, wrong = groups[0], groups[1]
+        ans = by_prompt[right["prompt_id"]]
+        return {"lease_id": lease["lease_id"], "groups": [
+            {"group_id": right["group_id"], "trajectories": trajs(right, [ans, ans, "0"], version)},
+            {"group_id": wrong["group_id"], "trajectories": trajs(wrong, ["0", "0", "0"], 1)},
+        ]}  # fmt: skip
+
+    # Results at another version are refused, and the groups are offered again.
+    r = client.post("/v1/submit", headers=new, json=submission(0))
+    assert r.status_code == 422 and "only at the version evaluated" in r.text, r.text
+    assert not os.path.exists(ctl.evals.out_path)
+    lease = eval_lease()
+    groups = lease["groups"]
+    r = client.post("/v1/submit", headers=new, json=submission(1))
+    assert r.status_code == 200, r.text
+    assert sorted(r.json()["accepted"]) == sorted(g["group_id"] for g in groups)
+
+    [summary] = ctl.evaluation("take_results")
+    assert summary["version"] == 1 and summary["prompts"] == 2 and summary["n"] == N
+    assert summary["eval/accuracy"] == summary["eval/pass@1"] == 2 / 6
+    assert summary["eval/pass@k"] == 0.5  # one prompt of two has a correct sample among 3
+    lengths = [len(by_prompt[groups[0]["prompt_id"]]) + 1] * 2 + [2] * 4
+    assert summary["eval/mean_length"] == sum(lengths) / 6
+    with open(ctl.evals.out_path) as f:
+        [line] = [json.loads(x) for x in f]
+    assert line == {**summary, "tag": "fleet", "step": 7, "accuracy": 2 / 6}
+    with open(ctl.evals.samples_path) as f:
+        lines = [json.loads(x) for x in f]
+    assert sorted(x["prompt_id"] for x in lines) == sorted(p.prompt_id for p in prompts)
+    assert all(x["version"] == 1 and len(x["rewards"]) == N for x in lines)
+    # Never trained on: no eval group is buffered for the learner.
+    with ctl.lock:
+        assert ctl.db.count("buffered") == 0
+    # Nothing left to evaluate: the version-1 worker gets rollout work.
+    r = client.post("/v1/lease", headers=new, json={"worker_version": 1, "max_groups": 1})
+    assert not r.json()["lease"]["lease_id"].startswith("eval-"), r.json()
+
+
+def test_a_benchmark_file_is_scored_by_its_own_task(service, tmp_path):
+    """task.eval_file: the prompts and the scorer are the file's (math-verify), not the
+        run's task: "0.5" is right for the reference \\frac{1}{2} (arithmetic's own check would
+    read it as 0)."""
+    ctl, _, client, secret, _ = service
+    path = tmp_path / "bench.jsonl"
+    path.write_text(json.dumps({"problem": "Half of one?", "answer": "\\frac{1}{2}"}) + "\n")
+    file_task = make_task("eval_file", path=str(path))
+    ctl.publish(0)
+    prompts = file_task.eval_prompts()
+    assert ctl.evaluation("request", 0, prompts, 2, 1.0, eval_file=str(path))
+    headers = register(client, secret)
+    r = client.post("/v1/lease", headers=headers, json={"worker_version": 0, "max_groups": 1})
+    lease = r.json()["lease"]
+    [group] = lease["groups"]
+    sub = {"lease_id": lease["lease_id"], "groups": [
+        {"group_id": group["group_id"], "trajectories": trajs(group, ["0.5", "1"], 0)}
+    ]}  # fmt: skip
+    r = client.post("/v1/submit", headers=headers, json=sub)
+    assert r.status_code == 200, r.text
+    [summary] = ctl.evals.take_results()
+    assert summary["eval/accuracy"] == 0.5 and summary["eval/pass@k"] == 1.0
+
+
+def test_greedy_evaluation_asks_for_one_sample(service):
+    """vLLM refuses n > 1 at temperature 0 (the samples would be identical anyway): a
+    worker handed such a lease crashed in the first demo run."""
+    ctl, _, client, secret, _ = service
+    ctl.publish(0)
+    ctl.evals.request(0, make_task("arithmetic").eval_prompts()[:1], n=4, temperature=0.0)
+    r = client.post("/v1/lease", headers=register(client, secret), json={"worker_version": 0})
+    [group] = r.json()["lease"]["groups"]
+    assert group["n"] == 1 and group["sampling"]["temperature"] == 0.0
+    with pytest.raises(ValueError, match="evaluation call must be one of"):
+        ctl.evaluation("_drop", 0)

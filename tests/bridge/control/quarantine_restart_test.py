@@ -1,0 +1,57 @@
+"""Quarantine and audit evidence live in the controller's SQLite database: a controller
+restarted on the same file keeps a quarantined worker locked out, and a worker's audit
+evidence gathered before the restart still counts after it.
+
+That the quarantined party cannot register again (its credential or remote host is barred,
+restarts included) is identity_test.py.
+"""
+
+from controller_helpers import Clock, make, submit_all, worker
+
+from bridge.control import audit
+from bridge.control.protocol import LeaseRequest, WorkerProfile
+
+PROFILE = WorkerProfile(accelerator="cpu", price_per_hour=2.0, max_concurrent_sequences=64)
+
+
+def test_a_restart_keeps_a_quarantined_worker_quarantined(tmp_path):
+    clock = Clock()
+    cfg = dict(audit_min_tokens=20)
+    ctl = make(tmp_path, clock, **cfg)
+    ctl.publish(0)
+    cheat, token = ctl.register(PROFILE)
+    honest = worker(ctl)
+    lease = ctl.lease(cheat, LeaseRequest(worker_version=0, max_groups=1)).lease
+    assert submit_all(ctl, cheat, lease).accepted
+    bad = audit.AuditStat(cheat, 0, tokens=40, sum_k3=40 * 3.0, sum_logratio=40 * 4.0)
+    assert ctl.audit([bad]) == [cheat]
+    assert ctl.authenticate(token) is None
+    ctl.close()
+
+    again = make(tmp_path, clock, **cfg)  # the same ctl.db file
+    assert again.authenticate(token) is None  # still revoked: 401 over HTTP
+    states = {w["worker_id"]: w["state"] for w in again.status()["workers"]}
+    assert states[cheat] == "quarantined" and states[honest] == "active"
+    assert again.stats()["fleet/quarantined"] == 1
+    assert set(again.db.quarantined()) == {cheat}
+    assert again.audit([bad]) == []  # not quarantined (or counted) a second time
+    assert again.stats()["fleet/quarantined"] == 1
+    assert again.db.groups_in("buffered") == []  # its accepted work never reaches training
+
+
+def test_audit_evidence_survives_a_restart(tmp_path):
+    clock = Clock()
+    cfg = dict(audit_min_tokens=20)
+    ctl = make(tmp_path, clock, **cfg)
+    w = worker(ctl)
+    # Far from the learner, but below audit_min_tokens: no verdict yet.
+    half = audit.AuditStat(w, 0, tokens=15, sum_k3=15 * 3.0, sum_logratio=15 * 4.0)
+    assert ctl.audit([half]) == []
+    before = ctl.auditor.score(w)
+    ctl.close()
+
+    again = make(tmp_path, clock, **cfg)
+    assert again.auditor.score(w) == before  # the decayed sums were kept
+    # 15 + 15 tokens pass audit_min_tokens only if the first 15 were remembered.
+    assert again.audit([half]) == [w]
+    assert again.status()["run"]["workers"]["quarantined"] == 1

@@ -1,0 +1,93 @@
+"""A LoRA run of the learner (learner.lora.rank > 0): SFT then RL with packing, only the
+adapters in the state, optimizer and checkpoint, the cursor's reference to the base, the
+merged policy what is published and evaluated, resume bitwise, and a resume refused when
+the base weights changed or the LoRA setting differs."""
+
+import os
+
+import jax
+import numpy as np
+import pytest
+from flax import traverse_util
+from safetensors.numpy import load_file, save_file
+
+from bridge.model import layouts
+from learner_jax import checkpoint, config_file, lora, lora_state, train, train_step
+from learner_jax.learner import Learner
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def lora_config(rank=4):
+    c = config_file.load_config(os.path.join(ROOT, "configs", "test_tiny.py"))
+    c.learner.lora.rank, c.learner.lora.alpha = rank, 8.0
+    c.learner.lora.target_modules = ("q", "v", "o", "down")
+    c.sft.steps, c.total_steps = 1, 2
+    c.batch.packing = True
+    c.checkpoint.interval = 1
+    return c
+
+
+def rl_items(n, rows=8, length=12, vocab=100):
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        tokens = rng.integers(3, vocab, (rows, length + 1))
+        mask = np.zeros_like(tokens)
+        mask[:, 5:] = 1
+        batch = train_step.make_batch(
+            tokens,
+            mask,
+            behavior_logp=-4.8 + 0.1 * rng.standard_normal((rows, length)),
+            advantages=rng.standard_normal(rows),
+            on_policy=np.ones(rows),
+        )
+        yield batch, {"policy_version": i, "reward/mean": 0.5}, {"next_prompt": i}
+
+
+def test_lora_run_trains_only_adapters_and_resumes(tmp_path):
+    wd = str(tmp_path)
+    learner = train.run(lora_config(), wd, items=rl_items(2))
+    assert learner.step == 3 and learner.phase == "rl"
+    flat = traverse_util.flatten_dict(jax.device_get(learner.state.params))
+    assert flat and all(p[-1] in lora.ADAPTER_LEAVES for p in flat)
+    assert {p[2] for p in flat} == {"q_proj", "v_proj", "o_proj", "down_proj"}
+    assert jax.tree.structure(learner.state.opt_state[1][0].mu) == jax.tree.structure(
+        learner.state.params
+    )
+    # the published / evaluated policy: the base with the trained adapters merged in
+    merged = traverse_util.flatten_dict(jax.device_get(learner.policy_params))
+    base = traverse_util.flatten_dict(jax.device_get(learner.state.frozen))
+    assert set(merged) == {r.flax_path for r in layouts.table(learner.model_cfg)}
+    changed = {p for p in merged if not np.array_equal(merged[p], base[p])}
+    assert changed and {p[2] for p in changed} == {"q_proj", "v_proj", "o_proj", "down_proj"}
+
+    ckpt = checkpoint.Checkpointer(checkpoint.checkpoint_dir(wd))
+    target = learner.abstract.replace(frozen=learner.state.frozen)
+    saved, cursor = ckpt.restore(target)
+    ckpt.close()
+    ref = cursor[lora_state.CURSOR_KEY]
+    assert ref["hf_dir"] == os.path.abspath(learner.hf_dir)
+    assert ref["weights_sha256"] == lora_state.weights_digest(learner.hf_dir)
+    for a, b in zip(jax.tree.leaves(learner.state), jax.tree.leaves(saved), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+    # resume in the same workdir: the adapters come back bitwise, the base from hf_dir
+    again = Learner(lora_config(), wd)
+    try:
+        for a, b in zip(jax.tree.leaves(learner.state), jax.tree.leaves(again.state), strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    finally:
+        again.close()
+
+    # a different LoRA setting, or a full-weight config, does not resume these adapters
+    for rank in (8, 0):
+        with pytest.raises(ValueError, match="learner.lora|LoRA"):
+            Learner(lora_config(rank), wd).close()
+    # base weights changed under the adapters: refused
+    weights = os.path.join(learner.hf_dir, "model.safetensors")
+    tensors = load_file(weights)
+    name = sorted(tensors)[0]
+    tensors[name] = tensors[name] * 1.5
+    save_file(tensors, weights, metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="not the ones the adapters"):
+        Learner(lora_config(), wd).close()
