@@ -352,6 +352,12 @@ class FleetPlan:
             "capacity/train_step_s": train_s,
             "capacity/learner_overhead_s": step_s - train_s,
             "capacity/latency_s": latency,
+            # Which bound sets the prediction: the fleet's rate (rho) or freshness.
+            "capacity/rate_bound": min(1.0, sum(usable) * step_s / rollouts_per_step)
+            * train_s
+            / step_s,
+            # When the first R rollouts of a new version are back (capacity.arrival_s).
+            "capacity/first_rollouts_s": first if math.isfinite(first) else -1.0,
             "capacity/confident": int(self.confident),
             "capacity/warning": int(self.confident and not (judged.rate_ok and judged.fresh_ok)),
         }
