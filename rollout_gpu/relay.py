@@ -320,6 +320,9 @@ class Relay(VersionCache):
 _PORT = flags.DEFINE_integer("port", 0, "port to serve on (0 = any free port)")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "address to bind")
 _UP = flags.DEFINE_float("up_mbps", 0.0, "upload limit in MB/s (1e6 bytes); 0 = none")
+_BURST = flags.DEFINE_integer(
+    "up_burst_kb", 4 * PIECE >> 10, "upload token bucket burst in KiB (>= one 256 KiB piece)"
+)
 _URL_FILE = flags.DEFINE_string("url_file", "", "write the relay's URL here once serving")
 _STALL = flags.DEFINE_float("stall_s", 30.0, "a source without progress this long is dead")
 
@@ -330,6 +333,7 @@ def main(argv):
         host=_HOST.value,
         port=_PORT.value,
         up_bytes_per_s=_UP.value * 1e6,
+        up_burst_bytes=max(PIECE, _BURST.value << 10),
         stall_s=_STALL.value,
         control=True,
     )
