@@ -17,8 +17,9 @@ too: the relay fetches what the worker, serving version `have()` (WeightVersions
 needs to rebuild it (the patches after `have`, or the anchor whole and the patches after
 it: rollout_gpu/relay_cache.py), and load_version rebuilds from the relay's copy with the
 same `have`. A version whose load from the relay's copy failed is read from the store the
-next time (the root of trust; a relay copy that cannot rebuild it is not retried). Heartbeats carry the relay URL, the measured rates and
-a BroadcastReport of the last fetch (bad sources, bytes from store vs peers).
+next time (the root of trust; a relay copy that cannot rebuild it is not retried).
+Heartbeats carry the relay URL, the measured rates and a BroadcastReport of the last fetch
+(bad sources, bytes from store vs peers).
 """
 
 from __future__ import annotations

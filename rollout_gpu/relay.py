@@ -38,7 +38,6 @@ import uuid
 from collections.abc import Callable, Sequence
 
 import aiohttp
-import tensorstore as ts
 from absl import app, flags, logging
 from aiohttp import web
 

@@ -176,12 +176,12 @@ def test_worker_behind_a_relay_takes_patches_and_refuses_tampered_ones(run):
     parent relay: three versions behind, it catches up by patches from the parent; a patch the
     parent tampers with is refused on arrival (reported) and taken from the store; when the
     store's copy is bad too the version is refused and the old one keeps serving."""
+    import time
+
     from bridge.control.protocol import Heartbeat, HeartbeatResponse, VersionAnnouncement
     from rollout_gpu.peer_swap import PeerSwap
     from rollout_gpu.relay import Relay
     from rollout_gpu.versions import VersionState, WeightVersions
-
-    import time
 
     r = run
     v = max(r.weights)  # the newest published; the worker serves r.current.version <= v
