@@ -113,12 +113,13 @@ class VersionCache:
         FetchResult summed over the versions fetched."""
         t0 = time.monotonic()
         root = peer_fetch.Reader(peer_fetch.Source.parse(sources[-1]), self.session, self.stall_s)
-        loop = asyncio.get_running_loop()
+        loop, wait_s = asyncio.get_running_loop(), max(60.0, 2 * self.stall_s)
 
         class Manifests:  # reconstruct.links reads manifests synchronously (in a thread)
             def manifest(self, version: int) -> Manifest:
                 key = LAYOUT.manifest_key(version)
-                raw = asyncio.run_coroutine_threadsafe(root.read(key), loop).result()
+                read = asyncio.run_coroutine_threadsafe(root.read(key), loop)
+                raw = read.result(timeout=wait_s)  # bounded: the loop may be stopping
                 if raw is None:
                     raise VersionNotFoundError(f"version {version}: no manifest")
                 return Manifest.model_validate_json(raw)
