@@ -10,7 +10,9 @@ HTTP (read-only for peers; the key layout is the weight store's own, so a relay 
 read-through mirror of the store for the versions it holds):
     GET  /kv/{key}?wait=S   the key's bytes once verified here; 404 if the key is absent
                             (an all-zero chunk, or not a key of the version); after S
-                            seconds without it: 503 with `X-Relay-Have: <chunks held>`
+                            seconds without it: 503 with `X-Relay-Have: <chunks held>`;
+                            410 for a key it will not hold (a version older than its
+                            newest that it never began, an anchor held as its patch only)
     GET  /status            versions held, bytes served, measured rates
     POST /fetch, /forget    standalone only (`control=True`): {"version", "sources"}
 
@@ -20,6 +22,8 @@ this relay's memory are dropped and refetched rather than passed on. zarr.json m
 is rebuilt locally from the manifest, never copied from a peer. The cache is a
 WeightStore (a `memory` kvstore by default) whose manifest is written last, so the
 worker swaps from it through the unchanged verified path (`weight_swap.load_version`).
+Delta versions (bridge/delta/) travel the same way, key by key: their patches and dense
+tensors, or what a worker needs to catch up (`fetch_async(..., have=)`, relay_cache.py).
 Uploads go through a token bucket (`up_bytes_per_s`, rollout_gpu/uplink.py), used by the
 bench to model links.
 
