@@ -21,6 +21,14 @@ reported (0 when a child routed to it got nothing from peers). A worker's declar
 only caps that, so declaring a huge uplink buys the chain root for at most the versions
 before its children have measured it.
 
+Delta versions (bridge/delta/) put a few % of the model on each link: a fetch that small
+is dominated by per-request latency, so its bytes / seconds says little about the uplink
+(a lower bound only). A parent's rate measured on a full version (an anchor) is therefore
+kept when a newer report carries a payload under a quarter of that one's and a lower rate
+(it would rank the parents measured on a delta below those still measured on an anchor);
+a higher rate, a comparable payload, nothing from peers at all, or a measurement older
+than `_STALE_VERSIONS` replaces it.
+
 Metrics (for the newest version every live reporting worker has fetched, measured on
 the controller's clock: completion = heartbeat arrival - fetched_ago_s; workers that
 never send a report, e.g. without a relay, are not waited for):
@@ -37,6 +45,7 @@ import threading
 from bridge.broadcast import topology as topo
 
 _MAX_VERSIONS = 64  # versions whose reports are kept for the metrics
+_STALE_VERSIONS = 32  # a rate measured this many versions ago yields to any newer one
 
 
 class BroadcastState:
@@ -58,7 +67,8 @@ class BroadcastState:
         self._rebuild_for: int = -1
         # (worker, version) -> every relay URL routed to it for that version (parent first)
         self.routed: dict[tuple[str, int], list[str]] = {}
-        self.delivery: dict[str, tuple[int, float]] = {}  # parent -> (version, bytes/s)
+        # parent -> (version, bytes/s, payload bytes of the fetch it was measured on)
+        self.delivery: dict[str, tuple[int, float, int]] = {}
 
     @property
     def mode(self) -> str:
@@ -121,9 +131,16 @@ class BroadcastState:
         if node is None:
             return
         rate = rep.bytes_from_peers / rep.fetch_s
-        v, best = self.delivery.get(parent, (-1, 0.0))
-        if rep.version > v or (rep.version == v and rate > best):
-            self.delivery[parent] = (rep.version, rate)
+        payload = rep.bytes_from_peers + rep.bytes_from_store
+        v, best, held = self.delivery.get(parent, (-1, 0.0, 0))
+        newer = rep.version > v and (
+            4 * payload >= held  # a payload of the same order: like for like
+            or rate >= best  # a small payload's rate is a lower bound: it is at least this
+            or rep.bytes_from_peers == 0  # delivered nothing at all
+            or rep.version - v >= _STALE_VERSIONS
+        )
+        if newer or (rep.version == v and rate > best):
+            self.delivery[parent] = (rep.version, rate, payload)
             node.delivered_bytes_per_s = rate
 
     def leave(self, worker_id: str) -> None:
