@@ -27,6 +27,16 @@ registered the worker (bridge/control/identity.py): its per-worker credential, o
 remote host that presented the shared secret, registers no more; only the operator's own
 loopback workers are never barred.
 
+Sampling check (issue 23 item 6, bridge/contracts/sampling_check.py). A worker can report
+the policy's TRUE log-probs of tokens it chose itself (greedy, best of n, the reference
+answer): k3 is then ~0. The same rows also give, per token, log p(token) + H(p) and
+Var_p[log p] under the learner's processed distribution (temperature, top-k/top-p/min-p);
+the controller keeps per-worker decayed sums (deviations weighted w, variances w^2, so
+Z = dev / sqrt(var) stays ~N(0, 1) for a sampler) and quarantines at |Z| >
+`sampling_z` (`audit_sampling_z`, 6) past `min_tokens`. Z > 0: likelier tokens than
+sampling gives (greedy, best-of-n); Z < 0: tokens the policy would rarely say (forced
+text). tests/learner_jax/rl/sampling_audit_test.py runs it end to end.
+
 Defaults, measured (tests/rollout_gpu/audit_test.py; BUILD_NOTES.md): against the fp32
 learner an honest vLLM engine on the tiny model scores a mean k3 of 2e-14 per token in fp32
 and 7e-7 in bf16 (worst group 8.5e-7, mean log-ratio 9e-6); bf16 inference engines on real
