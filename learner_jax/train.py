@@ -143,7 +143,7 @@ def run_rl(learner: Learner, items: Iterable[RLItem], hooks: Sequence[AfterStep]
 def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file: str = ""):
     """Everything main() does. `items` replaces the fleet's batches (tests)."""
     from bridge.contracts.prompt import TextCodec
-    from learner_jax import evaluate, local_fleet
+    from learner_jax import evaluate, local_fleet, truncation
     from learner_jax.rl import (
         batches,
         evals,
@@ -305,6 +305,8 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             every=c.audit_rescore_every,
             max_rows=c.audit_rescore_rows,
             seed=config.seed,
+            temperature=float(config.rollout.temperature),
+            truncation=truncation.from_rollout(config.rollout),
         )
         # 5. The RL loop, and what runs after each of its updates, in this order.
         run_rl(

@@ -132,7 +132,8 @@ class PeerSwap:
             return
         if result.seconds > 0:
             self.down_bytes_per_s = result.down_bytes_per_s
-        bad = list(dict.fromkeys((r["source"], r["kind"]) for r in result.reports))
+        # One report per (source, kind), naming the first bad chunk: the controller checks it.
+        bad = list({(r["source"], r["kind"]): r["key"] for r in reversed(result.reports)}.items())
         if bad:
             logging.warning("version %d: bad sources %s", result.version, bad)
         counts = {
@@ -145,7 +146,7 @@ class PeerSwap:
         fields = dict(
             version=version,
             fetch_s=fetch_s,
-            bad_sources=[SourceReport(source=s, kind=k) for s, k in bad[:64]],
+            bad_sources=[SourceReport(source=s, kind=k, key=key) for (s, k), key in bad[:64]],
             **counts,
         )
         with self._lock:

@@ -7,10 +7,16 @@ bytes from the store vs peers, sources that served corrupt bytes or died). The c
 answers every heartbeat and lease with the worker's parent relay and fallbacks (topology.py).
 
 Trust: a report is a worker's claim. A corrupt-bytes report counts once per (reporter,
-version, source), and only for a published version and a source this controller routed
-that reporter to for that version (issue 23 item 2: a worker cannot accuse a relay it never
-fetched from); a relay named by `bad_limit` distinct reporters is excluded (it keeps
-receiving versions but never relays again), so one lying child alone excludes no one.
+version, source), only for a published version, only for a source this controller routed
+that reporter to for that version (a worker cannot accuse a relay it never fetched from),
+and only if it names the chunk (`SourceReport.key`). It is answered by re-verifying that
+chunk (issue 23 item 2, report_check.py: the relay's bytes against the digest in the
+store's manifest): proven corrupt, the relay is excluded at once (it keeps receiving
+versions but never relays again); proven false, the report is withdrawn and costs the
+reporter: one that falsely accused `bad_limit` distinct relays is itself excluded from
+relaying and its reports are ignored. Unverifiable (the relay did not answer, the version
+is gone, no checker): a relay named by `bad_limit` distinct reporters is excluded, so one
+lying child alone excludes no one.
 Dead-parent reports only mark the parent suspect until its next heartbeat: a relay that
 is really gone stops heartbeating and is dropped after `worker_timeout_s`.
 
@@ -40,6 +46,7 @@ State is in memory: after a controller restart the topology is rebuilt from hear
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 
 from bridge.broadcast import topology as topo
@@ -50,9 +57,14 @@ _STALE_VERSIONS = 32  # a rate measured this many versions ago yields to any new
 
 class BroadcastState:
     def __init__(self, mode: str = "store", fanout: int = 2, bad_limit: int = 2,
-                 worker_timeout_s: float = 30.0):  # fmt: skip
+                 worker_timeout_s: float = 30.0, checker=None):  # fmt: skip
         self.topology = topo.Topology(mode, fanout)
         self.bad_limit, self.worker_timeout_s = bad_limit, worker_timeout_s
+        self.checker = checker  # report_check.ReportChecker; None: reports are unverifiable
+        self.stores: dict[int, object] = {}  # version -> the store spec it was published to
+        self.false_by: dict[str, set] = collections.defaultdict(set)  # reporter -> {relay}
+        self.ignored: set[str] = set()  # reporters whose reports no longer count
+        self.false_reports = self.proven_corrupt = 0
         self.lock = threading.Lock()
         self.last_seen: dict[str, float] = {}
         self.suspect: set[str] = set()
@@ -74,11 +86,15 @@ class BroadcastState:
     def mode(self) -> str:
         return self.topology.mode
 
-    def publish(self, version: int, published_at: float) -> None:
+    def publish(self, version: int, published_at: float, store=None) -> None:
+        """`store`: the spec the version was published to (corrupt reports are checked
+        against its manifest there)."""
         with self.lock:
             self.published[version] = published_at
+            self.stores[version] = store
             for old in sorted(self.published)[:-_MAX_VERSIONS]:
-                for d in (self.published, self.done, self.store_bytes, self.peer_bytes):
+                for d in (self.published, self.done, self.store_bytes, self.peer_bytes,
+                          self.stores):  # fmt: skip
                     d.pop(old, None)
             oldest = min(self.published)
             self.routed = {k: v for k, v in self.routed.items() if k[1] >= oldest}
@@ -113,17 +129,48 @@ class BroadcastState:
                 bad_id = self.by_url.get(bad.source)
                 if bad_id is None or bad_id == worker_id:
                     continue
-                if bad.kind == "corrupt" and bad.source not in routed:
-                    continue  # it never fetched that version from there
-                if bad.kind == "corrupt":
-                    if (worker_id, rep.version) not in self.corrupt[bad_id]:
-                        self.corrupt[bad_id].add((worker_id, rep.version))
-                        self.corrupt_reports += 1
-                    # Distinct reporters: one worker alone cannot exclude a relay.
-                    if len({r for r, _ in self.corrupt[bad_id]}) >= self.bad_limit:
-                        self.topology.exclude(bad_id)
-                else:
+                if bad.kind != "corrupt":
                     self.suspect.add(bad_id)
+                    continue
+                if bad.source not in routed or not bad.key or worker_id in self.ignored:
+                    continue  # never fetched that version there / no chunk named / a liar
+                if (worker_id, rep.version) not in self.corrupt[bad_id]:
+                    self.corrupt[bad_id].add((worker_id, rep.version))
+                    self.corrupt_reports += 1
+                    self._check(worker_id, bad_id, bad.source, rep.version, bad.key)
+
+    def _check(self, reporter: str, accused: str, url: str, version: int, key: str) -> None:
+        """Re-verify the accused chunk off the heartbeat's path (report_check.py)."""
+
+        def done(verdict: str) -> None:
+            with self.lock:
+                self._verdict(reporter, accused, version, verdict)
+
+        store = self.stores.get(version)
+        if (
+            self.checker is None
+            or store is None
+            or not self.checker.submit(store, url, version, key, done)
+        ):
+            self._verdict(reporter, accused, version, "unknown")
+
+    def _verdict(self, reporter: str, accused: str, version: int, verdict: str) -> None:
+        if verdict == "corrupt":  # proof: the relay serves bytes that fail the digest
+            self.proven_corrupt += 1
+            self.topology.exclude(accused)
+            logging.warning("relay of %s serves corrupt chunks (checked): relays no more", accused)
+        elif verdict in ("ok", "no_chunk"):  # a false report: withdrawn, held against its maker
+            self.corrupt[accused].discard((reporter, version))
+            self.false_reports += 1
+            self.false_by[reporter].add(accused)
+            if len(self.false_by[reporter]) >= self.bad_limit and reporter not in self.ignored:
+                self.ignored.add(reporter)
+                self.topology.exclude(reporter)
+                logging.warning("%s made false corrupt-chunk reports: ignored, relays no more",
+                                reporter)  # fmt: skip
+        # Unverifiable: distinct reporters, so one worker alone cannot exclude a relay.
+        elif len({r for r, _ in self.corrupt[accused]}) >= self.bad_limit:
+            self.topology.exclude(accused)
 
     def _delivered(self, parent: str | None, rep) -> None:
         """Credit the reporter's measured receive rate to the parent it was routed to."""
@@ -203,6 +250,8 @@ class BroadcastState:
             self._prune(now)
             live = set(self.last_seen) & self.reporters
             out = {"broadcast/corrupt_reports": self.corrupt_reports,
+                   "broadcast/corrupt_proven": self.proven_corrupt,
+                   "broadcast/false_reports": self.false_reports,
                    "broadcast/excluded": len(self.topology.excluded)}  # fmt: skip
             for v in sorted(self.published, reverse=True):
                 done = self.done.get(v, {})

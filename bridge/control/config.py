@@ -43,6 +43,9 @@ class ControllerConfig:
     audit_logratio_threshold: float = 0.1  # |mean behaviour - learner log-prob| per token
     audit_min_tokens: int = 256  # audited tokens before a verdict
     audit_window_tokens: int = 4096  # the per-worker score's decay horizon
+    # The sampling check (bridge/contracts/sampling_check.py): quarantine a worker whose
+    # tokens' likelihood under the policy is |Z| past this (not sampled by it); 0 = off.
+    audit_sampling_z: float = 6.0
     # Cost-aware activation (fleet_plan.py): the cheapest set covering (1 + margin) * R / T.
     activation: bool = False
     activation_margin: float = 0.1

@@ -42,6 +42,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from bridge.broadcast.report_check import ReportChecker
 from bridge.broadcast.state import BroadcastState
 from bridge.control import audit as audit_lib
 from bridge.control import fleet_status, limits
@@ -115,8 +116,9 @@ class Controller(LearnerCalls):
         with self._op():  # a controller that starts serves a live run: a resumed run's
             self.run_end.clear()  # old end must not send workers home
         self.broadcast = BroadcastState(
-            c.broadcast, c.broadcast_fanout, c.broadcast_bad_limit, c.worker_timeout_s
-        )
+            c.broadcast, c.broadcast_fanout, c.broadcast_bad_limit, c.worker_timeout_s,
+            checker=None if c.broadcast == "store" else ReportChecker(),
+        )  # fmt: skip
         self._polling = threading.local()  # in wait_batch: take_batch skips stats on a miss
         self.pacing = HeartbeatPacing(c)  # the interval each reply carries
         self.auditor = audit_lib.WorkerAudit.from_config(c, self.db)
@@ -141,7 +143,7 @@ class Controller(LearnerCalls):
         with self._op():
             ann = self.versions.publish(version, store)
             self.fleet.published(version, ann.published_at)
-            self.broadcast.publish(version, ann.published_at)
+            self.broadcast.publish(version, ann.published_at, ann.store)
             return ann
 
     def announcement(self) -> VersionAnnouncement:

@@ -56,7 +56,7 @@ CREATE TABLE IF NOT EXISTS fleet (
   changed_at REAL NOT NULL DEFAULT 0, standby_s REAL NOT NULL DEFAULT 0, rollouts_per_s REAL);
 CREATE TABLE IF NOT EXISTS audit (
   worker_id TEXT PRIMARY KEY, k3 REAL NOT NULL, lr REAL NOT NULL, n REAL NOT NULL,
-  total REAL NOT NULL);
+  total REAL NOT NULL, dev REAL NOT NULL DEFAULT 0, var REAL NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS quarantine (
   worker_id TEXT PRIMARY KEY, at REAL NOT NULL, why TEXT NOT NULL,
   dropped_groups INTEGER NOT NULL);
@@ -74,6 +74,10 @@ class ControllerDB:
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")  # durability: sync() (group commit)
         self.conn.executescript(_SCHEMA)
+        audit_cols = {r[1] for r in self.conn.execute("PRAGMA table_info(audit)")}
+        for col in ("dev", "var"):  # the sampling check's sums, new in an older database
+            if col not in audit_cols:
+                self.conn.execute(f"ALTER TABLE audit ADD COLUMN {col} REAL NOT NULL DEFAULT 0")
         self.group_commit = GroupCommit(path + "-wal")
         self._readers = threading.local()
         self._reader_list: list[sqlite3.Connection] = []  # closed with the store
@@ -356,14 +360,18 @@ class ControllerDB:
     # In the database, not in memory: a controller restart must neither forget a worker's
     # evidence nor let a quarantined worker back in.
     def audit_sums(self, worker_id: str) -> dict[str, float] | None:
-        """The token-decayed sums {k3, lr, n, total} of `worker_id`, None before any."""
-        rows = self.q("SELECT k3, lr, n, total FROM audit WHERE worker_id=?", (worker_id,))
+        """The token-decayed sums {k3, lr, n, total, dev, var} of `worker_id`, None before
+        any (dev, var: the sampling check's, audit.py)."""
+        rows = self.q(
+            "SELECT k3, lr, n, total, dev, var FROM audit WHERE worker_id=?", (worker_id,)
+        )
         return dict(rows[0]) if rows else None
 
     def put_audit_sums(self, worker_id: str, sums: dict[str, float]) -> None:
         self._x(
-            "INSERT OR REPLACE INTO audit(worker_id, k3, lr, n, total) VALUES (?, ?, ?, ?, ?)",
-            (worker_id, sums["k3"], sums["lr"], sums["n"], sums["total"]),
+            "INSERT OR REPLACE INTO audit(worker_id, k3, lr, n, total, dev, var)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (worker_id, *(sums[k] for k in ("k3", "lr", "n", "total", "dev", "var"))),
         )
 
     def quarantine_worker(self, worker_id: str, at: float, why: str, dropped: int) -> None:

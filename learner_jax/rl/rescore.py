@@ -31,22 +31,33 @@ import time
 import jax
 import numpy as np
 
+from bridge.contracts import sampling_check
 from bridge.control import audit
 from bridge.model import layouts
 from bridge.model.config import ModelConfig
 from learner_jax import model, sharding
+from learner_jax import truncation as truncation_lib
 
 
 class VersionRescorer:
     def __init__(self, store, cfg: ModelConfig, mesh=None, rules=sharding.DEFAULT_RULES, *,
-                 every: int, max_rows: int, seed: int = 0):  # fmt: skip
+                 every: int, max_rows: int, seed: int = 0, temperature: float = 1.0,
+                 truncation: truncation_lib.Truncation = truncation_lib.NONE):  # fmt: skip
         if every < 0 or max_rows < 1:
             raise ValueError(f"rescore every={every} (>= 0) / max_rows={max_rows} (>= 1)")
+        if not temperature > 0:
+            raise ValueError(f"rescore temperature={temperature} (> 0)")
         self.store, self.cfg, self.every, self.max_rows = store, cfg, every, max_rows
         self.targets = None if mesh is None else sharding.param_shardings(cfg, mesh, rules)
         self.rng = np.random.default_rng(seed)
-        self._logprobs = jax.jit(
-            lambda p, t, pos, seg, tgt: model.forward_logprobs(p, cfg, t, pos, seg, tgt)
+        net = model.Transformer(cfg)
+        # The distribution the workers sampled from (the run's temperature and truncation,
+        # as the train step scores): log p(token), and H and Var[log p] per position for
+        # the sampling check (bridge/contracts/sampling_check.py).
+        self._stats = jax.jit(
+            lambda p, t, pos, seg, tgt: model.token_stats(
+                net, p, t, pos, seg, tgt, temperature, truncation, variance=True
+            )
         )
         self.last: dict = {}
 
@@ -125,15 +136,21 @@ class VersionRescorer:
             of_version = np.asarray(t.versions) == version
             mask[i, len(p) - 1 : len(p) + len(c) - 1] = np.asarray(t.mask) * of_version
         pos = np.broadcast_to(np.arange(width - 1, dtype=np.int32), (n, width - 1))
-        learner = self._logprobs(params, tokens[:, :-1], pos, seg[:, :-1], tokens[:, 1:])
-        f64 = lambda x: np.asarray(x, np.float64)
+        learner, entropy, _, variance = (
+            np.asarray(x, np.float64)
+            for x in self._stats(params, tokens[:, :-1], pos, seg[:, :-1], tokens[:, 1:])
+        )
+        mask = mask.astype(np.float64)
         k = len(rows)  # the padding rows after them have an all-zero mask
         row_k3, row_lr, row_n = (
-            x[:k] for x in audit.row_sums(f64(learner), f64(behaviour), f64(mask))
+            x[:k] for x in audit.row_sums(learner, behaviour.astype(np.float64), mask)
+        )
+        row_dev, row_var, _ = (
+            x[:k] for x in sampling_check.row_sums(learner, entropy, variance, mask)
         )
         ones = np.ones(k, bool)
         stats = audit.row_sums_to_worker_stats(
-            [w for w, _ in rows], ones, row_k3, row_lr, row_n, version=version
+            [w for w, _ in rows], ones, row_k3, row_lr, row_n, version, row_dev, row_var
         )
         logging.debug("re-scored %d rows of version %d: %s", k, version, stats)
         return stats

@@ -18,7 +18,7 @@ def got(version, peers, fetch_s, bad=()):
         fetched_ago_s=0,
         fetch_s=fetch_s,
         bytes_from_peers=peers,
-        bad_sources=[SourceReport(source=u, kind="corrupt") for u in bad],
+        bad_sources=[SourceReport(source=u, kind="corrupt", key="k") for u in bad],
     )
 
 
