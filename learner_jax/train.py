@@ -226,6 +226,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             on_announce=watcher.published,
             mirror=leader,
             delta=weights.delta_publisher(config, store),
+            own_store=not config.bridge.store,
         )
         parts.callback(publisher.close)
         publisher.publish(learner.step)  # synchronous: workers need a first version to start
@@ -297,14 +298,15 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         )
         # Process 0 alone runs the re-score, so with several processes it stays on its own
         # devices (a computation on the global mesh would wait for the others forever).
-        rescorer = rescore.VersionRescorer(
-            store,
+        rescorer = rescore.VersionRescorer(  # LoRA: under the stored adapter versions
+            store if publisher.adapters is None else publisher.adapters.store,
             learner.model_cfg,
             None if leader is not None else learner.mesh,
             learner.rules,
             every=c.audit_rescore_every,
             max_rows=c.audit_rescore_rows,
             seed=config.seed,
+            params_fn=publisher.adapters and publisher.adapters.params,
         )
         # 5. The RL loop, and what runs after each of its updates, in this order.
         run_rl(

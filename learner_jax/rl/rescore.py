@@ -39,7 +39,9 @@ from learner_jax import model, sharding
 
 class VersionRescorer:
     def __init__(self, store, cfg: ModelConfig, mesh=None, rules=sharding.DEFAULT_RULES, *,
-                 every: int, max_rows: int, seed: int = 0):  # fmt: skip
+                 every: int, max_rows: int, seed: int = 0, params_fn=None):  # fmt: skip
+        """`params_fn(version)`: the params of a stored version, instead of reading full
+        weights (a LoRA run's store holds adapter versions: AdapterVersions.params)."""
         if every < 0 or max_rows < 1:
             raise ValueError(f"rescore every={every} (>= 0) / max_rows={max_rows} (>= 1)")
         self.store, self.cfg, self.every, self.max_rows = store, cfg, every, max_rows
@@ -49,6 +51,8 @@ class VersionRescorer:
             lambda p, t, pos, seg, tgt: model.forward_logprobs(p, cfg, t, pos, seg, tgt)
         )
         self.last: dict = {}
+        if params_fn is not None:
+            self.params = params_fn
 
     def maybe(self, rl_step: int, groups, current_version: int) -> list[audit.AuditStat]:
         """Audit stats of a re-score of every version the batch's tokens carry (the train
