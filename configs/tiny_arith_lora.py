@@ -8,8 +8,9 @@ Launch:
 
 Learning rates are 10x the full-weight run's: adapters start at zero (lora_b = 0) and move
 the policy through a rank-16 bottleneck scaled by alpha / rank, the usual LoRA practice.
-The fleet receives the merged policy (`Learner.policy_params`); adapter versions for
-LoRA-serving workers are bridge/adapters/store.py + rollout_gpu/adapters.py.
+The fleet receives adapter versions: the base once, then each version's PEFT adapter
+(learner_jax/rl/adapter_versions.py); the workers serve them as vLLM LoRA adapters over
+the base (rollout_gpu/adapter_swap.py).
 Everything else is configs/tiny_arith.py.
 """
 
