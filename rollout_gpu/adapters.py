@@ -5,7 +5,8 @@ evicted, and generation / prompt log-probs under a chosen adapter version.
 Adapter versions come from the adapter sub-store (bridge/adapters/store.py), read and
 verified chunk by chunk against their manifest, written as a PEFT directory under
 `cache_dir/v{version}` and handed to the engine; eviction takes the earliest added (a
-rerun learner's rollback announces a lower number later). A version whose manifest names another
+rerun learner's rollback announces a lower number later); a resident version whose manifest
+changed (the rerun published that number again) is reloaded. A version whose manifest names another
 base model (its HF config differs from the engine's in any architecture field) is refused
 before anything is loaded.
 
@@ -16,6 +17,7 @@ the adapter rank (`start_lora_engine`). Adapter ids are version + 1 (vLLM wants 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from collections.abc import Sequence
@@ -85,6 +87,7 @@ class AdapterServer:
         self.engine, self.store, self.cache_dir, self.keep = engine, store, cache_dir, keep
         self.spare = spare
         self._resident: dict[int, Any] = {}  # version -> LoRARequest
+        self._identity: dict[int, str] = {}  # version -> SHA-256 of the manifest it came from
 
     @property
     def resident(self) -> list[int]:
@@ -93,12 +96,16 @@ class AdapterServer:
     def request(self, version: int, store: WeightStore | None = None):
         """The `LoRARequest` of `version`, fetching, verifying and adding it if needed (from
         `store`, default the server's: a worker passes the route of each announcement)."""
-        if version in self._resident:
-            return self._resident[version]
         from vllm.lora.request import LoRARequest
 
         store = store or self.store
         manifest = adapter_store.adapter_manifest(store, version)
+        identity = hashlib.sha256(manifest.model_dump_json().encode()).hexdigest()
+        republished = version in self._resident and self._identity[version] != identity
+        if republished:  # a rerun learner published this number again, with other weights
+            self._evict(version)
+        elif version in self._resident:
+            return self._resident[version]
         served = self.engine.hf_config
         diff = {
             k: (manifest.hf_config.get(k), served.get(k))
@@ -114,6 +121,10 @@ class AdapterServer:
         if not self.engine.llm.llm_engine.add_lora(req):
             raise RuntimeError(f"vLLM refused adapter version {version}")
         self._resident[version] = req
+        self._identity[version] = identity
+        if republished and not self.engine.llm.reset_prefix_cache():
+            # vLLM keys cached KV by adapter name + path, which the new weights share
+            raise RuntimeError("could not reset vLLM's prefix cache (requests still running)")
         self.trim(version, self.keep + self.spare)
         return req
 
@@ -129,6 +140,7 @@ class AdapterServer:
 
     def _evict(self, version: int) -> None:
         req = self._resident.pop(version)
+        self._identity.pop(version, None)
         self.engine.llm.llm_engine.remove_lora(req.lora_int_id)
         shutil.rmtree(req.lora_path, ignore_errors=True)
 

@@ -111,3 +111,16 @@ def test_worker_follows_adapter_versions(tmp_path):
     assert engine.adapters.resident == [2, 3] and engine.adapters.loaded_ids() == {3, 4}
     np.testing.assert_allclose(engine.prompt_logprobs([ids])[0], want, atol=1e-3)
     assert 4 in wv.current.bad_versions
+
+    # a rerun learner (crashed after publishing 3, resumed from step 1) publishes 2 again
+    # with other adapters: the worker loads the new 2, not its resident copy of the old one
+    store.drop_newer(1)
+    lora_publish.publish_adapter_version(
+        store, 2, 2, CFG, LORA, versions[4], ref,
+        extra={"canary": canary(base, versions[4]), "resident": 2},
+    )  # fmt: skip
+    wv.note(VersionAnnouncement(version=2, store=store.spec, published_at=5.0))
+    assert wv.ensure(engine) and wv.state() is VersionState.LOADED and worker.version == 2
+    np.testing.assert_allclose(
+        engine.prompt_logprobs([ids])[0], learner_logprobs(base, versions[4], ids), atol=1e-3
+    )
