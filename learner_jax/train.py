@@ -143,7 +143,7 @@ def run_rl(learner: Learner, items: Iterable[RLItem], hooks: Sequence[AfterStep]
 def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file: str = ""):
     """Everything main() does. `items` replaces the fleet's batches (tests)."""
     from bridge.contracts.prompt import TextCodec
-    from learner_jax import evaluate, local_fleet, truncation
+    from learner_jax import evaluate, local_fleet
     from learner_jax.rl import (
         batches,
         evals,
@@ -226,6 +226,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             on_announce=watcher.published,
             mirror=leader,
             delta=weights.delta_publisher(config, store),
+            own_store=not config.bridge.store,
         )
         parts.callback(publisher.close)
         publisher.publish(learner.step)  # synchronous: workers need a first version to start
@@ -295,19 +296,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             check_fleet=follower.check,
             where=os.path.join(workdir, "workers"),
         )
-        # Process 0 alone runs the re-score, so with several processes it stays on its own
-        # devices (a computation on the global mesh would wait for the others forever).
-        rescorer = rescore.VersionRescorer(
-            store,
-            learner.model_cfg,
-            None if leader is not None else learner.mesh,
-            learner.rules,
-            every=c.audit_rescore_every,
-            max_rows=c.audit_rescore_rows,
-            seed=config.seed,
-            temperature=float(config.rollout.temperature),
-            truncation=truncation.from_rollout(config.rollout),
-        )
+        rescorer = rescore.VersionRescorer.for_run(config, store, learner, publisher, leader)
         # 5. The RL loop, and what runs after each of its updates, in this order.
         run_rl(
             learner,

@@ -42,7 +42,10 @@ from learner_jax import truncation as truncation_lib
 class VersionRescorer:
     def __init__(self, store, cfg: ModelConfig, mesh=None, rules=sharding.DEFAULT_RULES, *,
                  every: int, max_rows: int, seed: int = 0, temperature: float = 1.0,
-                 truncation: truncation_lib.Truncation = truncation_lib.NONE):  # fmt: skip
+                 truncation: truncation_lib.Truncation = truncation_lib.NONE,
+                 params_fn=None):  # fmt: skip
+        """`params_fn(version)`: the params of a stored version, instead of reading full
+        weights (a LoRA run's store holds adapter versions: AdapterVersions.params)."""
         if every < 0 or max_rows < 1:
             raise ValueError(f"rescore every={every} (>= 0) / max_rows={max_rows} (>= 1)")
         if not temperature > 0:
@@ -60,6 +63,28 @@ class VersionRescorer:
             )
         )
         self.last: dict = {}
+        if params_fn is not None:
+            self.params = params_fn
+
+    @classmethod
+    def for_run(cls, config, store, learner, publisher, leader) -> VersionRescorer:
+        """The training binary's re-scorer: the controller's audit settings, the run's
+        sampling, and for LoRA the stored adapter versions. Process 0 alone runs it, so with
+        several processes (`leader` set) it stays on its own devices: a computation on the
+        global mesh would wait for the others forever."""
+        c, adapters = config.controller, publisher.adapters
+        return cls(
+            store if adapters is None else adapters.store,
+            learner.model_cfg,
+            None if leader is not None else learner.mesh,
+            learner.rules,
+            every=c.audit_rescore_every,
+            max_rows=c.audit_rescore_rows,
+            seed=config.seed,
+            temperature=float(config.rollout.temperature),
+            truncation=truncation_lib.from_rollout(config.rollout),
+            params_fn=adapters and adapters.params,
+        )
 
     def maybe(self, rl_step: int, groups, current_version: int) -> list[audit.AuditStat]:
         """Audit stats of a re-score of every version the batch's tokens carry (the train
