@@ -5,7 +5,8 @@ write lock), its renewals and gauges reach the file within the flush interval, a
 crash (no close, no final flush) a new controller on the same file rebuilds the state: the
 token works, the lease granted before the crash is still valid although its persisted
 deadline passed while the controller was down, the gauges persisted before the crash are
-back, and the worker's work is accepted."""
+back, and the worker's work is accepted. A graceful stop (SIGTERM) of the controller's
+own process writes the hot state before it exits."""
 
 import sqlite3
 import time
@@ -13,7 +14,10 @@ import time
 import httpx
 from controller_helpers import Clock, make, register, submission_json
 
+from bridge.control.config import ControllerConfig
+from bridge.control.process import DB_FILE, ControllerProcess
 from bridge.control.service import ServerOptions, load_or_create_join_secret, serve_controller
+from bridge.tasks import make_task
 
 
 def _serve(ctl, workdir):
@@ -135,3 +139,18 @@ def test_after_a_crash_the_hot_state_is_rebuilt_and_granted_leases_stay_valid(tm
         server.stop()
         ctl2.close()
         ctl.db.close()
+
+
+def test_a_graceful_stop_of_the_controller_process_writes_the_hot_state(tmp_path, text_codec):
+    workdir = str(tmp_path)
+    cfg = ControllerConfig(vocab_size=100, hot_flush_s=3600.0)  # no periodic flush in here
+    proc = ControllerProcess(cfg, workdir, make_task("arithmetic"), text_codec, ServerOptions())
+    proc.start()
+    try:
+        with httpx.Client(base_url=proc.url, timeout=30) as client:
+            headers = register(client, load_or_create_join_secret(workdir))
+            _beat(client, headers, samples_per_s=4.5, tokens_per_s=36.0)
+    finally:
+        proc.stop()  # SIGTERM
+    path = str(tmp_path / DB_FILE)
+    assert _row(path, "SELECT samples_per_s, tokens_per_s FROM workers") == (4.5, 36.0)
