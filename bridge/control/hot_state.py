@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
+import weakref
 from collections.abc import Callable
 
 _HOT = ("last_seen", "active_s", "version", "samples_per_s", "tokens_per_s")
@@ -137,21 +138,27 @@ class HotWorkers:
 
 
 class HotFlusher:
-    """Calls `flush` every `every_s` seconds (wall clock) on a daemon thread until `stop`."""
+    """Calls `flush` (a bound method) every `every_s` seconds (wall clock) on a daemon
+    thread until `stop`, or until its object is garbage (held weakly: a controller nobody
+    closed does not live on in its flusher)."""
 
     def __init__(self, flush: Callable[[], None], every_s: float):
-        self._flush, self._every_s = flush, every_s
+        self._flush, self._every_s = weakref.WeakMethod(flush), every_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="hot-flush", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
         while not self._stop.wait(self._every_s):
+            flush = self._flush()
+            if flush is None:
+                return
             try:
-                self._flush()
+                flush()
             except Exception:  # a closed store at shutdown, a locked disk: try again
                 if not self._stop.is_set():
                     logging.exception("controller: persisting the hot state failed")
+            del flush
 
     def stop(self) -> None:
         self._stop.set()
