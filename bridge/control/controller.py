@@ -369,8 +369,7 @@ class Controller(LearnerCalls):
         """The fleet table and the run's step, staleness and spend (fleet_status.py)."""
         with self._op():
             self.db.expire_leases(self.clock())
-            self._persist_hot()
-            return fleet_status.fleet_status(
+            return fleet_status.fleet_status(  # _stats() writes the hot state first
                 self.db,
                 self.config,
                 self.clock(),

@@ -264,21 +264,6 @@ class ControllerDB(LeaseRows):
         rows = self.q("SELECT * FROM workers WHERE worker_id=?", (worker_id,))
         return rows[0] if rows else None
 
-    def worker_by_token(self, token_hash: str, with_last_seen: bool = False):
-        """The id of the worker (not left) whose token hashes to `token_hash`;
-        `with_last_seen`: (id, last_seen), for the token's lifetime (limits.py)."""
-        rows = (
-            self.reader()
-            .execute(  # committed rows only: safe off the lock
-                "SELECT worker_id, last_seen FROM workers WHERE token_hash=? AND left_at IS NULL",
-                (token_hash,),
-            )
-            .fetchall()
-        )
-        if not rows:
-            return None
-        return (rows[0]["worker_id"], rows[0]["last_seen"]) if with_last_seen else rows[0][0]
-
     def workers(self) -> list[sqlite3.Row]:
         """Every worker ever registered, including those that left."""
         return self.q("SELECT * FROM workers")
