@@ -146,11 +146,15 @@ class Controller(LearnerCalls):
                 self.db.expire_leases(self.clock())
 
     def _persist_hot(self) -> None:
-        """Write the hot state (under the lock, in the caller's transaction); before any
-        read of the workers' or fleet's columns as a table."""
+        """Write the hot state (lock held, in a transaction) before tables are read."""
         self.workers.persist()
         self.fleet.persist()
         self.db.persist_deadlines()
+
+    def _replan(self) -> None:  # join, leave, quarantine: re-solve on the written hot state
+        if self.config.activation:  # else the solve reads nothing: skip the writes too
+            self._persist_hot()
+            self.fleet.replan(self.clock(), force=True)
 
     @contextlib.contextmanager
     def _op(self, durable: bool = True):
@@ -182,8 +186,7 @@ class Controller(LearnerCalls):
         """A new worker of `identity` (identity.py; 403 if quarantined): (worker_id, token)."""
         with self._op():
             worker_id, token = self.workers.register(profile, identity)
-            self._persist_hot()
-            self.fleet.replan(self.clock(), force=True)
+            self._replan()
             return worker_id, token
 
     def authenticate(self, token: str) -> str | None:
@@ -207,10 +210,9 @@ class Controller(LearnerCalls):
             self.workers.set_enabled(worker_id, enabled)
 
     def heartbeat(self, worker_id: str, hb: Heartbeat) -> HeartbeatResponse:
-        """Liveness, gauges and lease renewals, all in memory (hot_state.py): no controller
-        lock, no SQLite; a crash may lose the last `hot_flush_s` of it. Only the heartbeat
-        that finds the activation solve due (activation on, at most every
-        `activation_period_s`) runs it under the lock."""
+        """Liveness, gauges and lease renewals in memory (hot_state.py): no lock, no SQLite;
+        a crash may lose the last `hot_flush_s` of it. Only a heartbeat that finds the
+        activation solve due (at most every `activation_period_s`) runs it, under the lock."""
         now = self.clock()
         gauges = dict(samples_per_s=hb.samples_per_s, tokens_per_s=hb.tokens_per_s)
         self.workers.touch(worker_id, hb.worker_version, **gauges)
@@ -241,8 +243,7 @@ class Controller(LearnerCalls):
             self.timing.forget(worker_id)
             self.fleet.forget(worker_id)
             self.broadcast.leave(worker_id)
-            self._persist_hot()
-            self.fleet.replan(self.clock(), force=True)
+            self._replan()
 
     # -- leases --------------------------------------------------------------------------
     def admission_capacity(self, version: int | None = None) -> int:
@@ -338,14 +339,14 @@ class Controller(LearnerCalls):
         (`audit.rows_to_worker_stats`, after each step); returns the workers quarantined now:
         token revoked, leases ended, buffered groups requeued."""
         with self._op():
-            self._persist_hot()
             out = self.auditor.fold(stats, self.clock())
             for worker_id in out:
-                self.workers.hot.drop(worker_id)  # its token revoked
+                self.workers.persist(only=worker_id)  # its last contact; its token is gone
+                self.workers.hot.drop(worker_id)
                 self.timing.forget(worker_id)
                 self.fleet.forget(worker_id)
             if out:
-                self.fleet.replan(self.clock(), force=True)
+                self._replan()
             return out
 
     # -- run end -------------------------------------------------------------------------
