@@ -217,8 +217,8 @@ def make_app(
             announcement=controller.announcement(),
         )
 
-    # Heartbeat and lease are answered by the guard's lean handlers (fast_routes.py); these
-    # routes declare them in the schema and answer when `lean` is off.
+    # Heartbeat, lease and submit are answered by the guard's lean handlers (fast_routes.py);
+    # their routes here declare them in the schema and answer when `lean` is off.
     @app.post("/v1/heartbeat", response_model=HeartbeatResponse, dependencies=auth)
     def heartbeat(hb: Heartbeat, request: Request) -> HeartbeatResponse:
         caller, worker = request.client.host if request.client else None, request.state.worker_id
@@ -288,7 +288,7 @@ def make_app(
         max_body_bytes=max_body_bytes,
         max_json_depth=max_json_depth,
         max_json_elements=max_json_elements,
-        fast=fast_routes(controller, relay) if lean else {},
+        fast=fast_routes(controller, relay, _submit) if lean else {},
     )
     app.openapi = with_schemas(app, Submission, public=PUBLIC_PATHS)
     return app
