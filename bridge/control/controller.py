@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -122,8 +123,7 @@ class Controller(LearnerCalls):
         self._polling = threading.local()  # in wait_batch: take_batch skips stats on a miss
         self.pacing = HeartbeatPacing(c)  # the interval each reply carries
         self.auditor = audit_lib.WorkerAudit.from_config(c, self.db)
-        # Leases granted before a restart stay valid a full TTL (db_leases.py).
-        self.db.restore_deadlines(clock() + c.lease_ttl_s)
+        self.db.restore_deadlines(clock() + c.lease_ttl_s)  # granted: a full TTL more
         self._closed = False
         self._flusher = HotFlusher(self.flush_hot, c.hot_flush_s) if c.hot_flush_s > 0 else None
 
@@ -142,8 +142,7 @@ class Controller(LearnerCalls):
         """Persist the hot state and end the leases past their deadline (hot_state.py)."""
         with self._op(durable=False):
             self._persist_hot()
-            if expire:
-                self.db.expire_leases(self.clock())
+            self.db.expire_leases(self.clock() if expire else -math.inf)  # -inf: none past
 
     def _persist_hot(self) -> None:
         """Write the hot state (lock held, in a transaction) before tables are read."""
@@ -341,8 +340,7 @@ class Controller(LearnerCalls):
         with self._op():
             out = self.auditor.fold(stats, self.clock())
             for worker_id in out:
-                self.workers.persist(only=worker_id)  # its last contact; its token is gone
-                self.workers.hot.drop(worker_id)
+                self.workers.drop(worker_id)  # its token is gone
                 self.timing.forget(worker_id)
                 self.fleet.forget(worker_id)
             if out:

@@ -122,6 +122,11 @@ class WorkerRegistry:
             self.hot.take_dirty(only),
         )
 
+    def drop(self, worker_id: str) -> None:
+        """`worker_id` left or was quarantined: write its hot columns, then forget them."""
+        self.persist(only=worker_id)
+        self.hot.drop(worker_id)
+
     def reload(self) -> None:
         """Read the hot state back after the table changed under it (a rollback)."""
         self.hot.load(self.db.workers())
@@ -150,6 +155,5 @@ class WorkerRegistry:
         for lease_id in self.db.active_leases(worker_id):
             self.db.end_lease(lease_id, "released")
         self.touch(worker_id)
-        self.persist(only=worker_id)
         self.db.update_worker(worker_id, left_at=self.clock())
-        self.hot.drop(worker_id)
+        self.drop(worker_id)
