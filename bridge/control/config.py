@@ -27,6 +27,10 @@ class ControllerConfig:
     # grows with work (leases, submissions), not with idle workers. 0: always the shortest.
     heartbeat_budget_per_s: float = 50.0
     worker_timeout_s: float = 30.0
+    # Heartbeat state (last contact, gauges, lease deadlines) is kept in memory and written
+    # to SQLite at most this far apart (bridge/control/hot_state.py); 0: no flusher thread,
+    # only before reads and at close.
+    hot_flush_s: float = 2.0
     max_groups_per_lease: int = 16
     max_version_lag: int = 0  # m above
     refuse_too_slow: bool = True  # freshness-aware leasing (bridge/control/lease_timing.py)

@@ -18,8 +18,9 @@ Group commit (issue 25): `synchronous=NORMAL` (a COMMIT writes the WAL, no fsync
 WAL for every commit made so far and the callers that arrive meanwhile wait for it or the
 next, so N submissions in a few ms cost one fsync (`GroupCommit`). What the controller
 acknowledges (a lease, an acceptance, a registration) is on disk before its reply, as with
-`synchronous=FULL`; a heartbeat does not wait for the disk at all. Reads that need no
-transaction (authentication) go through a per-thread read-only connection, off the lock.
+`synchronous=FULL`. A heartbeat touches no table at all: last contact, gauges and lease
+deadlines are hot state in memory, persisted in batches (bridge/control/hot_state.py,
+db_leases.py). Reads that need no transaction can use a per-thread read-only connection.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import sqlite3
 import threading
 from typing import Any
 
+from bridge.control.db_leases import LeaseDeadlines, LeaseRows
 from bridge.control.group_commit import GroupCommit
 
 _SCHEMA = """
@@ -63,8 +65,9 @@ CREATE TABLE IF NOT EXISTS quarantine (
 """
 
 
-class ControllerDB:
-    """Named queries and updates on the tables; the caller serializes access (one lock)."""
+class ControllerDB(LeaseRows):
+    """Named queries and updates on the tables; the caller serializes access (one lock).
+    The lease statements and the in-memory lease deadlines: db_leases.py."""
 
     def __init__(self, path: str):
         self.path = path
@@ -82,6 +85,8 @@ class ControllerDB:
         self._readers = threading.local()
         self._reader_list: list[sqlite3.Connection] = []  # closed with the store
         self._reader_list_lock = threading.Lock()
+        self.deadlines = LeaseDeadlines()  # in memory, persisted with the hot state
+        self.restore_deadlines(float("-inf"))
 
     def close(self) -> None:
         self.group_commit.close()
@@ -97,12 +102,15 @@ class ControllerDB:
             yield
             return
         self.conn.execute("BEGIN IMMEDIATE")
+        self.deadlines.begin()  # its changes are undone with the transaction's
         try:
             yield
         except BaseException:
             self.conn.execute("ROLLBACK")
+            self.deadlines.rollback()
             raise
         self.conn.execute("COMMIT")
+        self.deadlines.commit()
         self.group_commit.committed()
 
     def sync(self) -> None:
@@ -248,48 +256,6 @@ class ControllerDB:
             "DELETE FROM groups WHERE state='consumed' AND consumed_step<=?", (up_to_step,)
         )
 
-    # -- leases --------------------------------------------------------------------------
-    def add_lease(self, lease_id: str, worker_id: str, now: float, expires_at: float) -> None:
-        self._x(
-            "INSERT INTO leases(lease_id, worker_id, created_at, expires_at, state)"
-            " VALUES (?, ?, ?, ?, 'active')",
-            (lease_id, worker_id, now, expires_at),
-        )
-
-    def lease(self, lease_id: str) -> sqlite3.Row | None:
-        rows = self.q("SELECT * FROM leases WHERE lease_id=?", (lease_id,))
-        return rows[0] if rows else None
-
-    def active_leases(self, worker_id: str) -> list[str]:
-        """Ids of the leases `worker_id` holds now."""
-        rows = self.q(
-            "SELECT lease_id FROM leases WHERE worker_id=? AND state='active'", (worker_id,)
-        )
-        return [r["lease_id"] for r in rows]
-
-    def renew_leases(self, worker_id: str, expires_at: float) -> None:
-        """Every active lease of `worker_id` now expires at `expires_at` (a heartbeat)."""
-        self._x(
-            "UPDATE leases SET expires_at=? WHERE worker_id=? AND state='active'",
-            (expires_at, worker_id),
-        )
-
-    def set_lease_state(self, lease_id: str, state: str) -> None:
-        self._x("UPDATE leases SET state=? WHERE lease_id=?", (state, lease_id))
-
-    def end_lease(self, lease_id: str, state: str) -> None:
-        """End a lease as `state` (expired, released): its unsubmitted groups requeue."""
-        rows = self.groups_of_lease(lease_id)
-        self.requeue([r["group_id"] for r in rows if r["state"] == "leased"])
-        self.set_lease_state(lease_id, state)
-        self.incr(f"leases/{state}")
-
-    def expire_leases(self, now: float) -> None:
-        """End every active lease whose deadline passed before `now`."""
-        rows = self.q("SELECT lease_id FROM leases WHERE state='active' AND expires_at<?", (now,))
-        for r in rows:
-            self.end_lease(r["lease_id"], "expired")
-
     # -- workers -------------------------------------------------------------------------
     def add_worker(self, worker_id: str, token_hash: str, profile_json: str, now: float) -> None:
         self._x(
@@ -301,21 +267,6 @@ class ControllerDB:
     def worker(self, worker_id: str) -> sqlite3.Row | None:
         rows = self.q("SELECT * FROM workers WHERE worker_id=?", (worker_id,))
         return rows[0] if rows else None
-
-    def worker_by_token(self, token_hash: str, with_last_seen: bool = False):
-        """The id of the worker (not left) whose token hashes to `token_hash`;
-        `with_last_seen`: (id, last_seen), for the token's lifetime (limits.py)."""
-        rows = (
-            self.reader()
-            .execute(  # committed rows only: safe off the lock
-                "SELECT worker_id, last_seen FROM workers WHERE token_hash=? AND left_at IS NULL",
-                (token_hash,),
-            )
-            .fetchall()
-        )
-        if not rows:
-            return None
-        return (rows[0]["worker_id"], rows[0]["last_seen"]) if with_last_seen else rows[0][0]
 
     def workers(self) -> list[sqlite3.Row]:
         """Every worker ever registered, including those that left."""
