@@ -26,6 +26,7 @@ per version) and returns its path.
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 from collections import defaultdict
@@ -260,25 +261,24 @@ def version_bytes_lines(rows: list[dict]) -> list[str]:
 
 def utilization_lines(rows: list[dict]) -> list[str]:
     """The capacity model's live predictions (bridge/control/fleet_plan.py: warm measurements
-    only) against the learner utilization of the same steps: means over the steps with a
-    confident prediction (the fleet's speed and T move with the machine's load, so one early
-    prediction is judged against the steps it was made for), and the first one."""
+    only) against the learner utilization of the same steps, over the steps with a confident
+    prediction (the fleet's speed and T move with the machine's load, so one early
+    prediction is judged against the steps it was made for), and the first one. Both are
+    weighted by each step's wall time: utilization is train time over wall time, and a plain
+    mean of per-step ratios counts a step that waited 2 s like one that waited 10 ms (on a
+    quiet 2-core box that mean read 0.597 for a run that trained 0.456 of its wall time)."""
     conf = [r for r in rows if r.get("capacity/confident")]
-    util = [r["learner/utilization"] for r in rows if r.get("learner/utilization") is not None]
+    util = [r for r in rows if r.get("learner/utilization") and "time/step_s" in r]
     if not conf:
-        measured = f"{statistics.fmean(util):.3f}" if util else "-"
+        measured = f"{time_weighted(util, 'learner/utilization'):.3f}" if util else "-"
         return [
             "- predicted vs measured utilization: no confident prediction (too few warm "
             f"measurements); measured {measured}"
         ]
     first, k = conf[0]["capacity/predicted_utilization"], conf[0]["step"]
-    pairs = [
-        (r["capacity/predicted_utilization"], r["learner/utilization"])
-        for r in conf
-        if r.get("learner/utilization") is not None
-    ]
-    predicted = statistics.fmean(p for p, _ in pairs) if pairs else float("nan")
-    measured = statistics.fmean(m for _, m in pairs) if pairs else float("nan")
+    pairs = [r for r in conf if r.get("learner/utilization") and "time/step_s" in r]
+    predicted = time_weighted(pairs, "capacity/predicted_utilization")
+    measured = time_weighted(pairs, "learner/utilization")
     warned = sum(1 for r in rows if r.get("capacity/warning"))
     return [
         f"- predicted vs measured utilization: {predicted:.3f} predicted vs {measured:.3f} "
@@ -286,6 +286,15 @@ def utilization_lines(rows: list[dict]) -> list[str]:
         f"with a confident prediction (the first at step {k}: {first:.3f}); capacity warning "
         f"on {warned} of {len(rows)} steps"
     ]
+
+
+def time_weighted(rows: list[dict], key: str) -> float:
+    """Mean of `key` over metrics lines, each weighted by its wall time (train time over
+    utilization: one RL step per line); the measured utilization is then the run's train
+    time over its wall time. NaN for no rows."""
+    walls = [r["time/step_s"] / r["learner/utilization"] for r in rows]
+    total = sum(walls)
+    return sum(r[key] * w for r, w in zip(rows, walls, strict=True)) / total if total else math.nan
 
 
 def too_slow_lines(provisions: list[dict]) -> list[str]:

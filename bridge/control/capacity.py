@@ -235,6 +235,40 @@ def report(
     )
 
 
+def busy_rate(leases) -> tuple[float, float]:
+    """(rollouts per busy second, mean lease duration) of (issued, done, rollouts) leases."""
+    busy, end = 0.0, -math.inf
+    for t0, t1, _ in sorted(leases):
+        busy += max(0.0, t1 - max(t0, end))
+        end = max(end, t1)
+    rollouts = sum(n for _, _, n in leases)
+    return rollouts / max(busy, 1e-9), sum(t1 - t0 for t0, t1, _ in leases) / len(leases)
+
+
+def own_rate(leases, held_back=()) -> float:
+    """Rollouts per second of the worker's own time: the time it held a lease, plus the gaps
+    between its leases (its round trips, swaps, loop) up to the first time in the gap that
+    the controller held it back (`FleetPlan.held_back`: admission full, too slow; not its
+    slowness).
+
+    Busy time alone overstated a fast worker: on a quiet 2-core box the demo fleet's fast
+    worker ran 65 ms leases with ~8 ms between them, and the capacity model predicted 9
+    points above the measured utilization (BUILD_NOTES, issue 32)."""
+    # A gap longer than a lease is no round trip or swap load but an outage (a stall, a
+    # restart): counted up to one mean lease, so one outage does not set the steady rate.
+    cap = sum(t1 - t0 for t0, t1, _ in leases) / max(len(leases), 1)
+    busy, gaps, end = 0.0, 0.0, None
+    for t0, t1, _ in sorted(leases):
+        if end is not None and t0 > end:
+            stops = [t for t in held_back if end < t <= t0]
+            gaps += min(cap, (min(stops) if stops else t0) - end)
+        busy += max(0.0, t1 - max(t0, end if end is not None else t0))
+        end = t1 if end is None else max(end, t1)
+    n = len(leases)  # n leases have n - 1 gaps between them: scale to one gap per lease
+    own = busy + (gaps * n / (n - 1) if n > 1 else 0.0)
+    return sum(n for _, _, n in leases) / max(own, 1e-9)
+
+
 @dataclasses.dataclass(frozen=True)
 class Warmup:
     """What the live model leaves out as cold, and when its verdict is confident."""

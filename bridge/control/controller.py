@@ -21,12 +21,10 @@ reference the controller (prime-rl's orchestrator is the model):
   get no leases (reason "inactive").
 - `broadcast` (bridge/broadcast/state.py): relay routes in every heartbeat/lease answer.
 - `run_end` (run_end.py): after `end_run()` every poll answers `run_over`.
-- `limits` (limits.py): per-worker request rates (enforced by the service), at most
-  `max_leases_per_worker` active leases (reason "lease_limit"), token lifetimes.
+- `limits` (limits.py): per-worker request rates, lease counts ("lease_limit"), token lifetimes.
 
-Leases expire `lease_ttl_s` after issue; each heartbeat renews its worker's leases. Expired
-or released work goes back to the front of the queue. A heartbeat takes no lock and touches
-no SQLite: its state is hot state in memory, persisted in batches (hot_state.py).
+Leases expire `lease_ttl_s` after issue, renewed by heartbeats; expired or released work goes
+back to the front of the queue. A heartbeat takes no lock and no SQLite (hot_state.py).
 `status()` is the fleet table of `python -m bridge.status` (fleet_status.py).
 
 Trust: the controller builds each leased prompt's token ids itself (`codec`, the run's
@@ -108,7 +106,9 @@ class Controller(LearnerCalls):
         self.workers = WorkerRegistry(self.db, c, clock, self.fleet)
         self.content = LeaseContent(c, task, codec)
         self.evals = EvalBoard(c, task.name, self.content)  # eval leases (eval_leases.py)
-        self.leasing = Leasing(self.db, c, clock, self.timing, prompts, self.content)
+        self.leasing = Leasing(
+            self.db, c, clock, self.timing, prompts, self.content, self.fleet.held_back
+        )
         self.intake = Intake(self.db, c, clock, self.content)
         self.learner = LearnerSide(self.db, self.lock, c.staleness, clock, self.timing, prompts)
         self.scorer = None if codec is None else RewardScorer(

@@ -76,16 +76,6 @@ def _ema(old: float | None, new: float) -> float:
     return new if old is None else (1 - _EMA) * old + _EMA * new
 
 
-def busy_rate(leases) -> tuple[float, float]:
-    """(rollouts per busy second, mean lease duration) of (issued, done, rollouts) leases."""
-    busy, end = 0.0, -math.inf
-    for t0, t1, _ in sorted(leases):
-        busy += max(0.0, t1 - max(t0, end))
-        end = max(end, t1)
-    rollouts = sum(n for _, _, n in leases)
-    return rollouts / max(busy, 1e-9), sum(t1 - t0 for t0, t1, _ in leases) / len(leases)
-
-
 def _price(w) -> float:
     return json.loads(w["profile"])["price_per_hour"]
 
@@ -112,8 +102,9 @@ class FleetPlan:
         self._leases: dict[str, collections.deque] = {}  # every lease, the fallback
         self._warm_leases: dict[str, collections.deque] = {}
         self._done: dict[str, int] = {}  # completed leases per worker
+        self._held: dict[str, collections.deque] = {}  # when the controller held it back
         self._swaps: dict[str, capacity.WarmSamples] = {}  # publish -> first seen on it
-        self._swap_at: dict[str, collections.deque] = {}  # when each swap was first seen
+        self._swap_at: dict[str, list] = {}  # when its cold swaps (Warmup.cold_swaps) were seen
         self.confident = False
         self._solved_at = -math.inf
         # Hot (hot_state.py): each worker's standby flag and when it changed, read on every
@@ -158,16 +149,24 @@ class FleetPlan:
 
     def swapped(self, worker_id: str, version: int, now: float) -> None:
         """`worker_id` reported `version` for the first time."""
-        self._swap_at.setdefault(worker_id, collections.deque(maxlen=_LEASES_KEPT)).append(now)
+        cold = self._swap_at.setdefault(worker_id, [])
+        if len(cold) < self.warmup.cold_swaps:
+            cold.append(now)
         at = self._published.get(version)
         if at is not None:
             w = self.warmup
             swaps = self._swaps.setdefault(worker_id, capacity.WarmSamples(w.cold_swaps, w.keep))
             swaps.add(max(0.0, now - at))
 
+    def held_back(self, worker_id: str, now: float) -> None:
+        """`worker_id` asked for work and the controller gave none for its own reasons."""
+        self._held.setdefault(worker_id, collections.deque(maxlen=_LEASES_KEPT)).append(now)
+
     def lease_done(self, worker_id: str, issued_at: float, now: float, rollouts: int) -> None:
         done = self._done[worker_id] = self._done.get(worker_id, 0) + 1
-        # Cold: the first leases (compile), or one during which the worker swapped weights.
+        # Cold: the first leases (compile), or one during which the worker made a cold swap
+        # (engine start, first reload). Warm swaps are the steady state: with a version every
+        # step a worker swaps every few leases, and leaving those leases out overstated it.
         cold = done <= self.warmup.cold_leases or any(
             issued_at < t <= now for t in self._swap_at.get(worker_id, ())
         )
@@ -177,7 +176,7 @@ class FleetPlan:
                 store.setdefault(worker_id, collections.deque(maxlen=_LEASES_KEPT)).append(lease)
         # Activation and the status table keep every lease's rate (a worker is measured from
         # its first lease on); the capacity model uses the warm ones (`_mu`).
-        self.db.set_rollout_rate(worker_id, busy_rate(self._leases[worker_id])[0])
+        self.db.set_rollout_rate(worker_id, capacity.busy_rate(self._leases[worker_id])[0])
 
     def _lease_sample(self, worker_id: str):
         """The worker's warm leases, else (none warm yet) all of them."""
@@ -185,8 +184,9 @@ class FleetPlan:
 
     def _mu(self, rows: dict, worker_id: str) -> float | None:
         """mu_i from the warm leases, else the stored rate (None: unmeasured)."""
-        warm = self._warm_leases.get(worker_id)
-        return busy_rate(warm)[0] if warm else _col(rows, worker_id, "rollouts_per_s")
+        if not (warm := self._warm_leases.get(worker_id)):
+            return _col(rows, worker_id, "rollouts_per_s")
+        return capacity.own_rate(warm, self._held.get(worker_id, ()))
 
     def _swap_s(self, worker_id: str) -> float:
         swaps = self._swaps.get(worker_id)
@@ -198,7 +198,8 @@ class FleetPlan:
         return len(self._warm_leases.get(worker_id, ())) >= n and len(swaps or ()) >= n
 
     def forget(self, worker_id: str) -> None:
-        for part in (self._leases, self._warm_leases, self._done, self._swaps, self._swap_at):
+        parts = (self._leases, self._warm_leases, self._done, self._swaps, self._swap_at)
+        for part in (*parts, self._held):
             part.pop(worker_id, None)
 
     def train_step_s(self) -> float | None:
@@ -332,7 +333,8 @@ class FleetPlan:
             if w in self._leases and w not in self.timing.too_slow
         ]
         delays = [
-            (self._swap_s(w) + busy_rate(self._lease_sample(w))[1], mu or 0.0) for w, mu in counted
+            (self._swap_s(w) + capacity.busy_rate(self._lease_sample(w))[1], mu or 0.0)
+            for w, mu in counted
         ]
         # A verdict only on warm inputs: T's, and every counted worker's leases and swaps.
         self.confident = (
@@ -361,9 +363,8 @@ class FleetPlan:
             latency,
             first_rollouts_s=first if math.isfinite(first) else None,
         )
-        rep = dataclasses.replace(
-            rep, predicted_utilization=rep.predicted_utilization * train_s / step_s
-        )
+        share = train_s / step_s  # train time's share of the cycle T + O
+        rep = dataclasses.replace(rep, predicted_utilization=rep.predicted_utilization * share)
         # An unmeasured active worker makes the fleet look short: no verdict on the rate yet.
         judged = dataclasses.replace(rep, rate_ok=rep.rate_ok or unmeasured)
         self.advice.say(judged, now, self.confident, train_s, latency, step_s - train_s)
@@ -375,11 +376,8 @@ class FleetPlan:
             "capacity/train_step_s": train_s,
             "capacity/learner_overhead_s": step_s - train_s,
             "capacity/latency_s": latency,
-            # Which bound sets the prediction: the fleet's rate (rho) or freshness.
-            "capacity/rate_bound": min(1.0, sum(usable) * step_s / rollouts_per_step)
-            * train_s
-            / step_s,
-            # When the first R rollouts of a new version are back (capacity.arrival_s).
+            # Which bound sets the prediction (the rate's, or freshness via first_rollouts).
+            "capacity/rate_bound": min(1.0, sum(usable) * step_s / rollouts_per_step) * share,
             "capacity/first_rollouts_s": first if math.isfinite(first) else -1.0,
             "capacity/confident": int(self.confident),
             "capacity/warning": int(self.confident and not (judged.rate_ok and judged.fresh_ok)),

@@ -47,8 +47,13 @@ class Leasing:
         timing: LeaseTiming,
         prompts: PromptStream,
         content: LeaseContent,
+        held_back: Callable[[str, float], None] = lambda worker_id, now: None,
     ):
+        """`held_back(worker_id, now)`: told when work is refused for the controller's own
+        reasons (admission full, too slow), which are not the worker's slowness
+        (FleetPlan.held_back, its measured rate)."""
         self.db, self.config, self.clock = db, config, clock
+        self.held_back = held_back
         self.timing, self.prompts, self.content = timing, prompts, content
         self._unloadable_logged: set[int] = set()  # versions a worker reported it cannot load
 
@@ -105,9 +110,12 @@ class Leasing:
         version, step = min(req.worker_version, newest), self.db.get("next_step", 0)
         room = self.capacity(version, newest) - self.db.count("leased") - self.db.count("buffered")
         k = min(req.max_groups, c.max_groups_per_lease, room, worker_room)
+        if room <= 0:
+            self.held_back(worker_id, now)
         if k <= 0:
             return None, "full", c.retry_after_s
         if not self.timing.admit(worker_id, version, step, now, profile.price_per_hour):
+            self.held_back(worker_id, now)
             return None, "too_slow", c.retry_after_s
         self._refill(k)
         rows = self.db.groups_in("queued", k)

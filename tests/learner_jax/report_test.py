@@ -134,19 +134,22 @@ def test_live_line():
 
 def test_summary_reports_predicted_vs_measured_utilization():
     def row(step, util, **cap):
-        return {"step": step, "reward/mean": 0.5, "learner/utilization": util, **cap}
+        return {"step": step, "reward/mean": 0.5, "learner/utilization": util,
+                "time/step_s": 0.2, **cap}  # fmt: skip
 
-    # Steps 1-2 cold (numbers shown, no verdict); confident from step 3 on.
+    # Steps 1-2 cold (numbers shown, no verdict); confident from step 3 on: three steps
+    # that trained 0.2 s of 0.25 s and one that waited 0.8 s. Utilization is train time
+    # over wall time, 0.8 s / 1.75 s = 0.457 (a plain mean of the ratios would say 0.650).
     rows = [row(1, 0.1, **{"capacity/predicted_utilization": 0.4})]
     rows.append(row(2, 0.9, **{"capacity/predicted_utilization": 0.5}))
     rows += [
-        row(s, 0.8, **{"capacity/predicted_utilization": 0.75, "capacity/confident": 1})
-        for s in range(3, 7)
+        row(s, u, **{"capacity/predicted_utilization": 0.75, "capacity/confident": 1})
+        for s, u in zip(range(3, 7), (0.8, 0.8, 0.2, 0.8), strict=True)
     ]
     rows[-1]["capacity/warning"] = 1
     text = report.summary(rows, [], {})
     assert (
-        "- predicted vs measured utilization: 0.750 predicted vs 0.800 measured (-5.0 points) "
+        "- predicted vs measured utilization: 0.750 predicted vs 0.457 measured (+29.3 points) "
         "over the 4 steps with a confident prediction (the first at step 3: 0.750); capacity "
         "warning on 1 of 6 steps"
     ) in text
@@ -161,7 +164,8 @@ def test_summary_reports_predicted_vs_measured_utilization():
     )
     none = report.summary(rows[:2], [], {})
     assert (
-        "utilization: no confident prediction (too few warm measurements); measured 0.500" in none
+        # 0.4 s of train time over 2.0 + 0.22 s of wall time
+        "utilization: no confident prediction (too few warm measurements); measured 0.180" in none
     )
 
 

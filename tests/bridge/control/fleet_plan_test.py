@@ -7,9 +7,9 @@ import math
 import pytest
 
 from bridge.control import activation, capacity
+from bridge.control.capacity import busy_rate
 from bridge.control.config import ControllerConfig
 from bridge.control.controller import Controller
-from bridge.control.fleet_plan import busy_rate
 from bridge.control.protocol import (
     GroupResult,
     Heartbeat,
@@ -89,6 +89,19 @@ def test_busy_rate_counts_overlapping_leases_once_and_idle_time_not_at_all():
     # Two concurrent leases over [0, 4] and one after an idle gap over [10, 12].
     rate, mean = busy_rate([(0.0, 4.0, 8), (1.0, 3.0, 4), (10.0, 12.0, 6)])
     assert rate == pytest.approx(18 / 6) and mean == pytest.approx(8 / 3)
+
+
+def test_own_rate_counts_the_gaps_between_leases_unless_the_controller_held_the_worker():
+    # Three 1 s leases of 10 rollouts with 0.25 s between them (round trips, a swap): the
+    # worker's own time is 3 s + 2 gaps, scaled to one gap per lease (3 x 1.25 s).
+    leases = [(0.0, 1.0, 10), (1.25, 2.25, 10), (2.5, 3.5, 10)]
+    assert capacity.own_rate(leases) == pytest.approx(30 / 3.75)
+    assert busy_rate(leases)[0] == pytest.approx(30 / 3.0)  # what overstated it (issue 32)
+    # Refused at 1.05 (admission full) and at 2.3: only 0.05 s of each gap is the worker's.
+    assert capacity.own_rate(leases, [1.05, 2.3]) == pytest.approx(30 / (3 + 0.1 * 3 / 2))
+    # An outage (a 100 s gap) counts as one mean lease at most.
+    far = [(0.0, 1.0, 10), (101.0, 102.0, 10)]
+    assert capacity.own_rate(far) == pytest.approx(20 / (2 + 1.0 * 2))
 
 
 def test_capacity_metrics_follow_the_model_on_measured_inputs(tmp_path, text_codec, caplog):
@@ -173,7 +186,7 @@ def cold_start(tmp_path, text_codec, clock):
 
 def test_advice_comes_from_warm_measurements_only(tmp_path, text_codec, caplog):
     # Cold inputs alone predict a starved learner (latency 50 s, 0.2 rollouts/s against 4).
-    # Warm, the worker swaps in 0.1 s and makes 4 rollouts in 0.5 s: 8/s against 4 needed,
+    # Warm, the worker swaps in 0.1 s and makes 4 rollouts in 0.5 s: 6.7/s against 4 needed,
     # latency 0.6 s < T: no advice may ever be given (the bug: the demo's first warning).
     clock = Clock()
     with caplog.at_level(logging.INFO):
@@ -188,7 +201,8 @@ def test_advice_comes_from_warm_measurements_only(tmp_path, text_codec, caplog):
         assert warm["capacity/confident"] == 1 and warm["capacity/warning"] == 0
         assert warm["capacity/train_step_s"] == pytest.approx(1.0)
         assert warm["capacity/latency_s"] == pytest.approx(0.1 + 0.5)
-        assert warm["capacity/active_rollouts_per_s"] == pytest.approx(8.0)
+        # 4 rollouts per 0.5 s lease and the 0.1 s swap before each: the worker's own time.
+        assert warm["capacity/active_rollouts_per_s"] == pytest.approx(4 / 0.6)
         assert warm["capacity/predicted_utilization"] == pytest.approx(1.0)
         clock.t += 120.0
         warm_steps(ctl, clock, w, range(5, 8))
