@@ -260,7 +260,7 @@ def own_rate(leases, held_back=()) -> float:
     busy, gaps, end = 0.0, 0.0, None
     for t0, t1, _ in sorted(leases):
         if end is not None and t0 > end:
-            stops = [t for t in held_back if end < t <= t0]
+            stops = [t for t in held_back if end <= t <= t0]
             gaps += min(cap, (min(stops) if stops else t0) - end)
         busy += max(0.0, t1 - max(t0, end if end is not None else t0))
         end = t1 if end is None else max(end, t1)

@@ -104,6 +104,34 @@ def test_own_rate_counts_the_gaps_between_leases_unless_the_controller_held_the_
     assert capacity.own_rate(far) == pytest.approx(20 / (2 + 1.0 * 2))
 
 
+def test_time_the_controller_held_a_worker_back_is_not_counted_as_its_slowness(
+    tmp_path, text_codec
+):
+    # S = 2, 2 groups a step: 6 groups may be leased + buffered. Three 0.5 s leases of 2
+    # groups (4 rollouts) back to back (the first is cold), then the worker asks again, is
+    # refused ("full": admission) and gets work 5 s later, after the learner took a batch
+    # and published the version it works on next.
+    clock = Clock()
+    ctl = make(tmp_path, text_codec, clock, staleness=2)
+    ctl.publish(0)
+    w = worker(ctl, 1.0)
+    hb(ctl, w, 0)
+    for _ in range(3):
+        run_lease(ctl, clock, w, groups=2, seconds=0.5)
+    refused = ctl.lease(w, LeaseRequest(worker_version=0, max_groups=2))
+    assert refused.lease is None and refused.reason == "full"
+    clock.t += 5.0
+    ctl.take_batch(0, 2)
+    ctl.report_learner(step_s=1.0)
+    ctl.publish(1)
+    hb(ctl, w, 1)
+    run_lease(ctl, clock, w, groups=2, seconds=0.5, version=1)
+    # Warm leases 2-4: 12 rollouts in 1.5 s of the worker's own time (the 5 s wait was the
+    # controller's). Counted as its own, the wait would read 12 / 2.25 s (capped at a lease).
+    stats = ctl.stats()
+    assert stats["capacity/active_rollouts_per_s"] == pytest.approx(12 / 1.5)
+
+
 def test_capacity_metrics_follow_the_model_on_measured_inputs(tmp_path, text_codec, caplog):
     clock = Clock()
     ctl = make(tmp_path, text_codec, clock, staleness=2)
