@@ -7,6 +7,7 @@
     board.check(worker_id, submission) -> (groups, prompts) # Controller.submit: the checks
     board.accept(worker_id, submission, scored)             # ... then the trusted scores
     board.take_results() -> [{"version": v, "eval/accuracy": ..., ...}]   # learner metrics
+    board.take_audit_rows() -> [(worker_id, version, temperature, Trajectory)]  # the audit
 
 The learner asks for an evaluation of version v when it publishes v and goes on training
 (it never waits). The held-out prompts become eval groups (`n` samples each at the eval
@@ -26,6 +27,12 @@ correct samples, reward >= 1), `eval/pass@1`, `eval/pass@k` (unbiased, k = n), a
 learner's next metrics line. Leases expire after `lease_ttl_s` (groups requeue); a version
 older than `keep_versions` behind the newest requested is dropped unfinished (its workers
 have moved on). In memory: a restarted controller asks again at the next publish.
+
+Audit: eval rows carry the worker's log-probs like rollouts, so the learner audits them
+the same way (learner_jax/rl/rescore.py under the version evaluated, bridge/control/audit.py
+sums and quarantine). Per version, a uniform sample of `audit_rows` accepted trajectories
+(reservoir, seeded) waits in `take_audit_rows` once the version is finished or dropped;
+a worker cannot tell which of its eval samples will be checked.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 import threading
 import uuid
 
@@ -43,7 +51,7 @@ from bridge.control.protocol import Lease, PromptGroup, SamplingParams, Submissi
 from bridge.control.validation import SubmissionError, check_group
 from bridge.tasks import Prompt
 
-LEARNER_CALLS = ("configure", "request", "take_results")  # Controller.evaluation
+LEARNER_CALLS = ("configure", "request", "take_results", "take_audit_rows")  # Controller.evaluation
 EVAL_GROUP_BASE = 1 << 50  # eval group ids: far above the database's training group ids
 LEASE_PREFIX = "eval-"
 
@@ -57,6 +65,8 @@ class EvalBoard:
         out_path: str | None = None,
         keep_versions: int = 2,
         samples_path: str | None = None,
+        audit_rows: int = 16,
+        seed: int = 0,
     ):
         self.config, self.task_name, self.content = config, task_name, content
         self.out_path, self.samples_path = out_path, samples_path
@@ -69,6 +79,11 @@ class EvalBoard:
         self.leases: dict[str, dict] = {}  # lease id -> {worker, version, groups, expires}
         self.pending: dict[int, int] = {}  # version -> groups not yet scored
         self.results: list[dict] = []  # finished versions' summaries, for the learner
+        self.audit_rows, self._rng = audit_rows, random.Random(seed)
+        self.temperatures: dict[int, float] = {}  # version -> its eval temperature
+        self._sampled: dict[int, list] = {}  # version -> reservoir of (worker, traj)
+        self._seen: dict[int, int] = {}  # version -> trajectories offered to the reservoir
+        self.audit_ready: list[tuple] = []  # (worker, version, temperature, Trajectory)
 
     # -- the learner (through Controller.evaluation: the controller may be another process) --
     def configure(self, workdir: str) -> None:
@@ -112,6 +127,7 @@ class EvalBoard:
                 self.groups[gid] = dict(version=version, prompt=p, group=group, state="queued")
             self.pending[version] = len(prompts)
             self.steps[version] = version if step is None else int(step)
+            self.temperatures[version] = float(temperature)
             if scorer is not None:
                 self.scorers[version] = scorer
             for old in [v for v in self.pending if v < version - self.keep_versions]:
@@ -121,6 +137,13 @@ class EvalBoard:
     def take_results(self) -> list[dict]:
         with self._lock:
             out, self.results = self.results, []
+            return out
+
+    def take_audit_rows(self) -> list[tuple]:
+        """The sampled eval trajectories of finished (or dropped) versions, once each:
+        [(worker_id, version, temperature, Trajectory)]."""
+        with self._lock:
+            out, self.audit_ready = self.audit_ready, []
             return out
 
     # -- workers -----------------------------------------------------------------------------
@@ -191,6 +214,8 @@ class EvalBoard:
                 if row is None or row["state"] != "leased":
                     continue
                 row.update(state="done", trajectories=trajs, worker=worker_id)
+                for t in trajs:
+                    self._sample(row["version"], worker_id, t)
                 self._write(self.samples_path, [self._prompt_line(row)])
                 taken += 1
                 self.pending[row["version"]] -= 1
@@ -234,12 +259,27 @@ class EvalBoard:
             if gid in self.groups and self.groups[gid]["state"] == "leased":
                 self.groups[gid]["state"] = "queued"
 
+    def _sample(self, version: int, worker_id: str, traj) -> None:
+        """Reservoir sampling: each accepted trajectory of `version` is kept with equal odds."""
+        seen = self._seen[version] = self._seen.get(version, 0) + 1
+        kept = self._sampled.setdefault(version, [])
+        if len(kept) < self.audit_rows:
+            kept.append((worker_id, traj))
+        else:
+            j = self._rng.randrange(seen)
+            if j < self.audit_rows:
+                kept[j] = (worker_id, traj)
+
     def _drop(self, version: int) -> None:
         for gid in [k for k, g in self.groups.items() if g["version"] == version]:
             del self.groups[gid]
         self.pending.pop(version, None)
         self.steps.pop(version, None)
         self.scorers.pop(version, None)
+        temperature = self.temperatures.pop(version, 1.0)
+        self._seen.pop(version, None)
+        for worker, traj in self._sampled.pop(version, []):  # finished or not: audit them
+            self.audit_ready.append((worker, version, temperature, traj))
 
     @staticmethod
     def _prompt_line(row) -> dict:

@@ -12,6 +12,12 @@ that step's metrics line, and their summaries are in `<workdir>/eval.jsonl` (tag
 plotted by the report like the learner's own) with per-prompt lines in
 `eval_samples.jsonl`.
 
+Audit: the controller keeps a sample of each evaluated version's trajectories (worker
+log-probs included); the hook re-scores them under that version (`rescore.VersionRescorer.
+rescore_eval`) and sends the per-worker sums to `ctl.audit` like the train step's, so an
+eval worker with wrong log-probs is quarantined like a rollout worker
+(`audit/eval_rows` counts them; off with `controller.audit_rescore_every=0`).
+
 With `task.eval_file` set, the held-out prompts are that benchmark file's, scored by
 math-verify (bridge/tasks/eval_file.py) in the controller's reward pool.
 
@@ -37,9 +43,12 @@ def eval_place(config) -> str:
 
 
 class FleetEval:
-    def __init__(self, ctl, prompts, n, temperature, period, end, start, eval_file=""):
+    def __init__(
+        self, ctl, prompts, n, temperature, period, end, start, eval_file="", rescorer=None
+    ):
         self.ctl, self.prompts, self.n, self.temperature = ctl, prompts, n, temperature
         self.period, self.end, self.start, self.eval_file = period, end, start, eval_file
+        self.rescorer = rescorer
         self.requested: set[int] = set()
 
     def after_step(self, learner, metrics: dict) -> dict:
@@ -60,10 +69,16 @@ class FleetEval:
                 "fleet eval of version %d: accuracy %.3f, pass@%d %.3f",
                 r["version"], r["eval/accuracy"], r["n"], r["eval/pass@k"],
             )  # fmt: skip
+        rows = self.ctl.evaluation("take_audit_rows")
+        if rows and self.rescorer is not None and self.rescorer.every:
+            stats = self.rescorer.rescore_eval(rows)
+            if stats:
+                self.ctl.audit(stats)
+            out["audit/eval_rows"] = float(len(rows))
         return out
 
 
-def evaluation_hook(config, ctl, task, eval_log, workdir: str, end: int):
+def evaluation_hook(config, ctl, task, eval_log, workdir: str, end: int, rescorer=None):
     """The after-step evaluation hook `eval.on` asks for."""
     if eval_place(config) == "learner":
         return hooks.Evaluate(eval_log)
@@ -77,5 +92,5 @@ def evaluation_hook(config, ctl, task, eval_log, workdir: str, end: int):
         prompts = make_task("eval_file", path=path).eval_prompts()
     return FleetEval(
         ctl, prompts, int(e.get("n", 4)), float(e.get("temperature", 0.0)),
-        config.rollout.eval_period, end, eval_log.rl_start, path,
+        config.rollout.eval_period, end, eval_log.rl_start, path, rescorer,
     )  # fmt: skip

@@ -21,6 +21,11 @@ per `every` steps, and transiently a second copy of the params in the learner's 
 near the accelerator's limit, raise `every` or set it to 0 to turn the re-score off). The
 store's copy is the published one (param_dtype), the exact bytes the workers load, so an
 honest bf16 worker scores the same as against its own weights.
+
+Evaluation rows (`eval.on=fleet`, bridge/control/eval_leases.py) are audited the same way:
+`rescore_eval(rows)` re-scores the controller's sample of each evaluated version's
+trajectories under that version, at the eval temperature (greedy evaluation: vLLM reports
+the untempered log-softmax, i.e. temperature 1).
 """
 
 from __future__ import annotations
@@ -46,7 +51,10 @@ class VersionRescorer:
         self.targets = None if mesh is None else sharding.param_shardings(cfg, mesh, rules)
         self.rng = np.random.default_rng(seed)
         self._logprobs = jax.jit(
-            lambda p, t, pos, seg, tgt: model.forward_logprobs(p, cfg, t, pos, seg, tgt)
+            lambda p, t, pos, seg, tgt, temp=1.0: model.forward_logprobs(
+                p, cfg, t, pos, seg, tgt, temperature=temp
+            ),
+            static_argnums=5,
         )
         self.last: dict = {}
 
@@ -86,6 +94,24 @@ class VersionRescorer:
         }
         return stats
 
+    def rescore_eval(self, rows) -> list[audit.AuditStat]:
+        """Audit stats of eval rows [(worker_id, version, temperature, Trajectory)] (the
+        controller's `take_audit_rows`), each under its version; a version no longer in
+        the store is skipped with a warning."""
+        by: dict = {}
+        for worker, version, temperature, t in rows:
+            temp = float(temperature) if temperature > 0 else 1.0  # greedy: vLLM's T=1 log-probs
+            by.setdefault((int(version), temp), []).append((worker, t))
+        stats = []
+        for (version, temp), of_v in sorted(by.items()):
+            for lo in range(0, len(of_v), self.max_rows):
+                try:
+                    stats += self.rescore(version, of_v[lo : lo + self.max_rows], temp)
+                except Exception as e:  # noqa: BLE001 - gc'd or corrupt meanwhile: skip
+                    logging.warning("audit of eval rows of version %d skipped: %s", version, e)
+                    break
+        return stats
+
     def params(self, version: int):
         """Flax params of a stored version (verified), laid out like the learner's."""
         rows = {r.hf_name: r for r in layouts.table(self.cfg)}
@@ -100,8 +126,9 @@ class VersionRescorer:
             layouts.set_leaf(params, rows[name].flax_path, leaf)
         return params
 
-    def rescore(self, version: int, rows) -> list[audit.AuditStat]:
-        """Per-worker audit sums of `rows` [(worker_id, Trajectory)] under `version`."""
+    def rescore(self, version: int, rows, temperature: float = 1.0) -> list[audit.AuditStat]:
+        """Per-worker audit sums of `rows` [(worker_id, Trajectory)] under `version`, of
+        log-probs at `temperature`."""
         if not rows:
             return []
         params = self.params(version)
@@ -125,7 +152,9 @@ class VersionRescorer:
             of_version = np.asarray(t.versions) == version
             mask[i, len(p) - 1 : len(p) + len(c) - 1] = np.asarray(t.mask) * of_version
         pos = np.broadcast_to(np.arange(width - 1, dtype=np.int32), (n, width - 1))
-        learner = self._logprobs(params, tokens[:, :-1], pos, seg[:, :-1], tokens[:, 1:])
+        learner = self._logprobs(
+            params, tokens[:, :-1], pos, seg[:, :-1], tokens[:, 1:], float(temperature)
+        )
         f64 = lambda x: np.asarray(x, np.float64)
         k = len(rows)  # the padding rows after them have an all-zero mask
         row_k3, row_lr, row_n = (

@@ -162,3 +162,52 @@ def test_greedy_evaluation_asks_for_one_sample(service):
     assert group["n"] == 1 and group["sampling"]["temperature"] == 0.0
     with pytest.raises(ValueError, match="evaluation call must be one of"):
         ctl.evaluation("_drop", 0)
+
+
+def test_eval_rows_are_sampled_for_the_audit(service):
+    """Eval rows carry the worker's log-probs like rollouts: the board keeps a uniform
+    sample of each version's trajectories (with the worker and the eval temperature) for
+    the learner's audit, handed over once the version is finished, each row once."""
+    ctl, _, client, secret, _ = service
+    ctl.evals.audit_rows = 4
+    prompts = make_task("arithmetic", format_reward=0.1).eval_prompts()[:3]
+    ctl.publish(0)
+    assert ctl.evaluation("request", 0, prompts, n=N, temperature=0.7) == 3
+    headers = register(client, secret)
+    r = client.post("/v1/lease", headers=headers, json={"worker_version": 0, "max_groups": 3})
+    lease = r.json()["lease"]
+    sub = {"lease_id": lease["lease_id"], "groups": [
+        {"group_id": g["group_id"], "trajectories": trajs(g, ["1", "22", "333"], 0)}
+        for g in lease["groups"]
+    ]}  # fmt: skip
+    assert ctl.evaluation("take_audit_rows") == []  # nothing before the version is in
+    r = client.post("/v1/submit", headers=headers, json=sub)
+    assert r.status_code == 200, r.text
+    rows = ctl.evaluation("take_audit_rows")
+    assert len(rows) == 4  # 4 of the 9 trajectories
+    [(worker_id, version, temperature)] = {(w, v, t) for w, v, t, _ in rows}
+    assert worker_id and version == 0 and temperature == 0.7
+    assert all(t.logprobs == [-0.5] * len(t.completion_token_ids) for *_, t in rows)
+    assert len({(t.prompt_id, t.sample_index) for *_, t in rows}) == 4
+    assert ctl.evaluation("take_audit_rows") == []  # once
+
+
+def test_a_dropped_version_is_still_audited(service):
+    """A version dropped unfinished (the learner moved two versions on) hands over what
+    its workers did submit: a worker cannot dodge the audit by making its version stale."""
+    ctl, _, client, secret, _ = service
+    prompts = make_task("arithmetic", format_reward=0.1).eval_prompts()[:2]
+    ctl.publish(0)
+    ctl.evaluation("request", 0, prompts, n=2, temperature=1.0)
+    headers = register(client, secret)
+    r = client.post("/v1/lease", headers=headers, json={"worker_version": 0, "max_groups": 1})
+    lease = r.json()["lease"]
+    [g] = lease["groups"]
+    sub = {"lease_id": lease["lease_id"], "groups": [
+        {"group_id": g["group_id"], "trajectories": trajs(g, ["1", "2"], 0)}
+    ]}  # fmt: skip
+    assert client.post("/v1/submit", headers=headers, json=sub).status_code == 200
+    assert ctl.evaluation("take_audit_rows") == []  # version 0 is not finished
+    ctl.evaluation("request", 3, prompts, n=2, temperature=1.0)  # drops version 0
+    rows = ctl.evaluation("take_audit_rows")
+    assert len(rows) == 2 and {v for _, v, _, _ in rows} == {0}
