@@ -241,7 +241,8 @@ class Controller(LearnerCalls):
                 )
             evaluation = self.evals.offer(worker_id, req.worker_version, now, req.max_groups)
             if evaluation is not None:  # exactly the worker's version, before rollout work
-                return LeaseResponse(lease=evaluation, **reply)
+                more = self.evals.queued_at(req.worker_version)  # keep it loaded if so
+                return LeaseResponse(lease=evaluation, eval_pending=more, **reply)
             profile = self.workers.profile(worker_id)
             lease, reason, retry = self.leasing.offer(worker_id, req, ann.version, profile)
             if lease is None:
@@ -268,8 +269,12 @@ class Controller(LearnerCalls):
             with self._op():
                 self.workers.touch(worker_id)
                 ann = self.versions.current()
+            version = self.evals.lease_version(sub.lease_id)
             accepted, dups = self.evals.submit(worker_id, sub, ann.version, self.scorer)
-            return SubmitResponse(accepted=accepted, duplicates=dups, announcement=ann)
+            return SubmitResponse(
+                accepted=accepted, duplicates=dups, announcement=ann,
+                eval_pending=self.evals.queued_at(version),
+            )  # fmt: skip
         with self._op():
             self.db.expire_leases(self.clock())
             self.workers.touch(worker_id)

@@ -24,9 +24,18 @@ it with the learner's own evaluations) and one line per prompt (rewards, lengths
 `eval_samples.jsonl`, both tagged with the version; the summary's `eval/accuracy` (share of
 correct samples, reward >= 1), `eval/pass@1`, `eval/pass@k` (unbiased, k = n), and
 `eval/mean_length` / `eval/think_length` (completion tokens) wait in `take_results` for the
-learner's next metrics line. Leases expire after `lease_ttl_s` (groups requeue); a version
-older than `keep_versions` behind the newest requested is dropped unfinished (its workers
-have moved on). In memory: a restarted controller asks again at the next publish.
+learner's next metrics line. Leases expire after `lease_ttl_s` (groups requeue); when more
+than `keep_versions` unfinished evaluations are older than a new request, the oldest are
+dropped unfinished (no worker holds their version any more). In memory: a restarted
+controller asks again at the next publish.
+
+Large evaluation sets finish: workers swap to the newest version between leases, so a
+version's evaluation would only get the leases its workers took before the next publish.
+While eval groups of version v are queued, the lease and submit replies to a worker on v
+say `eval_pending` and the worker keeps v loaded (no swap) for its next lease request,
+which takes more of v's evaluation (eval leases come first); once v's queue is empty it
+swaps as usual. Its eval tokens are never trained on, so holding an old version breaks no
+staleness bound; the held workers produce no rollouts meanwhile.
 
 Audit: eval rows carry the worker's log-probs like rollouts, so the learner audits them
 the same way (learner_jax/rl/rescore.py under the version evaluated, bridge/control/audit.py
@@ -130,7 +139,7 @@ class EvalBoard:
             self.temperatures[version] = float(temperature)
             if scorer is not None:
                 self.scorers[version] = scorer
-            for old in [v for v in self.pending if v < version - self.keep_versions]:
+            for old in sorted(self.pending)[: -(self.keep_versions + 1)]:
                 self._drop(old)
             return len(prompts)
 
@@ -169,6 +178,18 @@ class EvalBoard:
 
     def owns(self, lease_id: str) -> bool:
         return lease_id.startswith(LEASE_PREFIX)
+
+    def queued_at(self, version: int | None) -> bool:
+        """Whether eval groups of `version` wait for a worker (the `eval_pending` reply)."""
+        with self._lock:
+            return version is not None and any(
+                g["state"] == "queued" and g["version"] == version for g in self.groups.values()
+            )
+
+    def lease_version(self, lease_id: str) -> int | None:
+        with self._lock:
+            lease = self.leases.get(lease_id)
+            return None if lease is None else lease["version"]
 
     def check(self, worker_id: str, sub: Submission, newest: int):
         """(groups to score, group id -> Prompt); SubmissionError (422/404/409) else. A token

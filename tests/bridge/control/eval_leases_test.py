@@ -208,6 +208,41 @@ def test_a_dropped_version_is_still_audited(service):
     ]}  # fmt: skip
     assert client.post("/v1/submit", headers=headers, json=sub).status_code == 200
     assert ctl.evaluation("take_audit_rows") == []  # version 0 is not finished
-    ctl.evaluation("request", 3, prompts, n=2, temperature=1.0)  # drops version 0
+    for v in (3, 5):  # two newer evaluations pending: version 0 is still kept
+        ctl.evaluation("request", v, prompts, n=2, temperature=1.0)
+    assert ctl.evaluation("take_audit_rows") == []
+    ctl.evaluation("request", 7, prompts, n=2, temperature=1.0)  # the third drops it
     rows = ctl.evaluation("take_audit_rows")
     assert len(rows) == 2 and {v for _, v, _, _ in rows} == {0}
+
+
+def test_a_worker_is_told_to_keep_its_version_while_its_eval_is_queued(service):
+    """Large eval sets finish: while eval groups of version v wait, the lease and submit
+    replies to a worker on v say `eval_pending` (the worker then keeps v loaded instead of
+    swapping to the newest) and it keeps getting v's eval leases, even after the learner
+    published newer versions; the reply that empties v's queue says so."""
+    ctl, _, client, secret, _ = service
+    prompts = make_task("arithmetic", format_reward=0.1).eval_prompts()[:3]
+    ctl.publish(1)
+    ctl.evaluation("request", 1, prompts, n=1, temperature=1.0)
+    headers = register(client, secret)
+    pending = []
+    for k in range(3):
+        ctl.publish(2 + k)  # the learner moves on
+        r = client.post("/v1/lease", headers=headers, json={"worker_version": 1, "max_groups": 1})
+        body = r.json()
+        lease = body["lease"]
+        assert lease["lease_id"].startswith("eval-") and body["swap_to"] == 2 + k, body
+        [g] = lease["groups"]
+        sub = {"lease_id": lease["lease_id"], "groups": [
+            {"group_id": g["group_id"], "trajectories": trajs(g, ["7"], 1)}
+        ]}  # fmt: skip
+        s = client.post("/v1/submit", headers=headers, json=sub)
+        assert s.status_code == 200, s.text
+        pending.append((body["eval_pending"], s.json()["eval_pending"]))
+    assert pending == [(True, True), (True, True), (False, False)]
+    [summary] = ctl.evaluation("take_results")
+    assert summary["version"] == 1 and summary["prompts"] == 3
+    # Nothing queued any more: a rollout lease (or "behind") says nothing pending.
+    r = client.post("/v1/lease", headers=headers, json={"worker_version": 4, "max_groups": 1})
+    assert r.json()["eval_pending"] is False
