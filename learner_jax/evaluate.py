@@ -19,10 +19,12 @@ as part of the sequence from the start: attention is causal, so a position's log
 depend on later (still empty) slots, and positions/masks stay constant across steps.
 
 `temperature` > 0 samples (tempered softmax, `jax.random.categorical` with the step's key
-folded from one key); 0 is greedy. Both paths draw the same tokens from the same key.
+folded from one key), `n` samples per prompt; 0 is greedy (one sample). Both paths draw
+the same tokens from the same key.
 
 Scoring is the task's own reward (`bridge.tasks.score`) on the decoded text up to EOS;
-accuracy is the fraction of prompts with reward >= 1.
+accuracy is the fraction of samples with reward >= 1; `summary` adds the fleet's metrics
+(eval/pass@1, eval/pass@k with k = n, unbiased; eval/mean_length in tokens).
 
 Exact expected reward (`expected_reward`): a multi-turn task whose decisions are single
 tokens and whose game is small (Kuhn poker; `bridge.tasks.env.ExactEval`) is evaluated
@@ -43,6 +45,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from bridge import tasks
+from bridge.contracts import pass_at_k
 from bridge.model.config import ModelConfig
 from learner_jax import diagnostics, kv_decode, model, sharding
 
@@ -55,6 +58,7 @@ class EvalConfig:
     dtype: str = "float32"
     kv_cache: bool = True  # False: the cache-free reference decoder (quadratic work)
     temperature: float = 0.0  # 0 = greedy
+    n: int = 1  # samples per prompt (greedy: always 1)
     seed: int = 0  # the sampling key's seed (temperature > 0)
 
     def __post_init__(self):
@@ -62,6 +66,12 @@ class EvalConfig:
             raise ValueError(f"bad eval config {self}")
         if self.temperature < 0:
             raise ValueError(f"eval temperature must be >= 0, got {self.temperature}")
+        if self.n < 1:
+            raise ValueError(f"eval n must be >= 1, got {self.n}")
+
+    @property
+    def samples(self) -> int:
+        return 1 if self.temperature == 0.0 else self.n
 
 
 def full_forward_fn(
@@ -108,7 +118,7 @@ class Evaluator:
             )
         else:
             self._fn = full_forward_fn(cfg, p, a, dt, temp)
-        self._rows = [self._row(x.text) for x in self.prompts]
+        self._rows = [self._row(x.text) for x in self.prompts for _ in range(eval_cfg.samples)]
         # One fixed call shape: the whole eval set when it fits, rounded up to 8 rows so
         # the batch splits over any data x fsdp mesh of up to 8 devices.
         self._batch = min(eval_cfg.batch_size, -(-len(self._rows) // 8) * 8)
@@ -160,9 +170,23 @@ class Evaluator:
         return out
 
     def accuracy(self, params, mesh=None, rules=sharding.DEFAULT_RULES) -> float:
-        texts = self.completions(params, mesh, rules)
-        rewards = [tasks.score(self.task, pr, t) for pr, t in zip(self.prompts, texts, strict=True)]
-        return float(np.mean([r >= 1.0 for r in rewards]))
+        return self.summary(params, mesh, rules)["eval/accuracy"]
+
+    def summary(self, params, mesh=None, rules=sharding.DEFAULT_RULES) -> dict:
+        """eval/accuracy (share of correct samples), eval/pass@1, eval/pass@k (k = the
+        samples per prompt), eval/mean_length (completion tokens, EOS not counted)."""
+        ids = self.completion_ids(params, mesh, rules)
+        n = self.eval_cfg.samples
+        counts = []
+        for i, pr in enumerate(self.prompts):
+            texts = [self.codec.decode(x) for x in ids[i * n : (i + 1) * n]]
+            counts.append((n, sum(tasks.score(self.task, pr, t) >= 1.0 for t in texts)))
+        return {
+            "eval/accuracy": float(sum(c for _, c in counts) / (n * len(counts))),
+            "eval/pass@1": pass_at_k.mean_pass_at_k(counts, 1),
+            "eval/pass@k": pass_at_k.mean_pass_at_k(counts, n),
+            "eval/mean_length": float(np.mean([len(x) for x in ids])),
+        }
 
 
 def next_token_fn(cfg: ModelConfig, dtype=jnp.float32):

@@ -89,3 +89,46 @@ def test_negative_temperature_refused(qwen3):
         kv_decode.decode_fn(cfg, PROMPT, NEW, temperature=-1.0)
     with pytest.raises(ValueError, match="temperature"):
         evaluate.EvalConfig(PROMPT, NEW, temperature=-0.5)
+
+
+def test_n_samples_per_prompt_and_pass_at_k(qwen3, tiny_model_dirs):
+    """`eval.n` samples per prompt at `eval.temperature`: the summary's accuracy, pass@1
+    and pass@k are the task's rewards on those samples, per prompt (closed form on the
+    counts); greedy asks for one sample whatever n; and the run config's eval section
+    reaches the learner's evaluator."""
+    from ml_collections import ConfigDict
+
+    from bridge.contracts import pass_at_k
+    from learner_jax import run_config
+
+    import dataclasses
+
+    cfg, params, mesh, codec = qwen3
+    task = tasks.make_task("arithmetic", eval_size=4, strict=True)
+    sampling = evaluate.EvalConfig(PROMPT, 6, temperature=1.0, n=3)
+    ids = evaluate.Evaluator(cfg, codec, task, sampling).completion_ids(params, mesh)
+    assert len(ids) == 12 and len({tuple(x) for x in ids}) > 4  # samples differ
+    # The random model never solves arithmetic: make sample 0 of prompt 0 and sample 1 of
+    # prompt 1 "right" (same key, same samples), so the counts are not all zero.
+    right = {0: codec.decode(ids[0]).strip(), 1: codec.decode(ids[4]).strip()}
+    prompts = [dataclasses.replace(p, answer=right.get(i, p.answer))
+               for i, p in enumerate(task.eval_prompts())]  # fmt: skip
+    task.eval_prompts = lambda: prompts
+    ev = evaluate.Evaluator(cfg, codec, task, sampling)
+    assert ev.completion_ids(params, mesh) == ids
+    counts = []
+    for i, p in enumerate(prompts):
+        right = sum(tasks.score(task, p, codec.decode(x)) >= 1 for x in ids[3 * i : 3 * i + 3])
+        counts.append((3, right))
+    assert counts[0][1] >= 1 and counts[1][1] >= 1 and counts[2][1] == counts[3][1] == 0
+    got = ev.summary(params, mesh)
+    assert got["eval/accuracy"] == sum(c for _, c in counts) / 12
+    assert got["eval/pass@k"] == pass_at_k.mean_pass_at_k(counts, 3)
+    assert got["eval/pass@1"] == pytest.approx(got["eval/accuracy"])
+    assert got["eval/mean_length"] == np.mean([len(x) for x in ids])
+    assert evaluate.EvalConfig(PROMPT, 6, temperature=0.0, n=5).samples == 1
+    config = ConfigDict({"batch": {"max_prompt_len": PROMPT, "max_answer_len": 6},
+                         "eval": {"temperature": 0.7, "n": 2}, "seed": 3,
+                         "model": {"dtype": "float32", "hf_dir": ""}})  # fmt: skip
+    e = run_config.eval_config(config)
+    assert (e.temperature, e.n, e.seed, e.samples) == (0.7, 2, 3, 2)
