@@ -66,7 +66,11 @@ class CachedAttention(nn.Module):
                 name=name,
             )(x)  # fmt: skip
 
-        q, key, v = proj("q_proj", n, "heads"), proj("k_proj", k, "kv_heads"), proj("v_proj", k, "kv_heads")
+        q, key, v = (
+            proj("q_proj", n, "heads"),
+            proj("k_proj", k, "kv_heads"),
+            proj("v_proj", k, "kv_heads"),
+        )
         if cfg.qk_norm:
             q = model.RMSNorm("kv", cfg.rms_norm_eps, dt, name="q_norm")(q)
             key = model.RMSNorm("kv", cfg.rms_norm_eps, dt, name="k_norm")(key)
@@ -75,7 +79,9 @@ class CachedAttention(nn.Module):
         cache_k = jax.lax.dynamic_update_slice_in_dim(cache_k, key.astype(cache_k.dtype), start, 1)
         cache_v = jax.lax.dynamic_update_slice_in_dim(cache_v, v.astype(cache_v.dtype), start, 1)
         out = _cached_attention(q, cache_k, cache_v, visible)
-        out = model.Linear("btnh,nhd->btd", (n, h, d), ("heads", "kv", "embed"), False, dt, name="o_proj")(out)
+        out = model.Linear(
+            "btnh,nhd->btd", (n, h, d), ("heads", "kv", "embed"), False, dt, name="o_proj"
+        )(out)
         return out, cache_k, cache_v
 
 

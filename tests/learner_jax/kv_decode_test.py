@@ -96,12 +96,12 @@ def test_n_samples_per_prompt_and_pass_at_k(qwen3, tiny_model_dirs):
     and pass@k are the task's rewards on those samples, per prompt (closed form on the
     counts); greedy asks for one sample whatever n; and the run config's eval section
     reaches the learner's evaluator."""
+    import dataclasses
+
     from ml_collections import ConfigDict
 
     from bridge.contracts import pass_at_k
     from learner_jax import run_config
-
-    import dataclasses
 
     cfg, params, mesh, codec = qwen3
     task = tasks.make_task("arithmetic", eval_size=4, strict=True)
