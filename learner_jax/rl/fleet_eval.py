@@ -3,7 +3,11 @@
     hook = evaluation_hook(config, ctl, task, eval_log, workdir, end)   # train.py's hooks
 
 On the evaluation schedule (`rollout.eval_period` RL steps, and the last step) the hook
-asks the controller to evaluate the newest published version (bridge/control/eval_leases.py:
+asks the controller to evaluate the version this step publishes (version = learner step;
+on a step that publishes nothing, the newest announced one). Not the announced one: with
+background publishing that is the previous version, which the workers leave as soon as
+this step's lands, so its evaluation often found no worker on it (version 103 of the
+first two-worker run never got one). It asks (bridge/control/eval_leases.py:
 `eval.n` samples per held-out prompt at `eval.temperature`, only workers on exactly that
 version take them, scored by the trusted scorer) and goes on training. Finished
 evaluations arrive on later steps: their eval/accuracy, eval/pass@1, eval/pass@k,
@@ -44,17 +48,20 @@ def eval_place(config) -> str:
 
 class FleetEval:
     def __init__(
-        self, ctl, prompts, n, temperature, period, end, start, eval_file="", rescorer=None
-    ):
+        self, ctl, prompts, n, temperature, period, end, start, eval_file="", rescorer=None,
+        publish_every=1,
+    ):  # fmt: skip
         self.ctl, self.prompts, self.n, self.temperature = ctl, prompts, n, temperature
         self.period, self.end, self.start, self.eval_file = period, end, start, eval_file
-        self.rescorer = rescorer
+        self.rescorer, self.publish_every = rescorer, max(1, int(publish_every))
         self.requested: set[int] = set()
 
     def after_step(self, learner, metrics: dict) -> dict:
         step = learner.step
         due = step >= self.end or (self.period and (step - self.start) % self.period == 0)
         version = metrics.get("policy_version")  # the Publish hook runs first
+        if learner.rl_steps % self.publish_every == 0:
+            version = learner.step  # published by this step (maybe still in the background)
         if due and version is not None and version >= 0 and version not in self.requested:
             self.requested.add(version)
             self.ctl.evaluation(
@@ -93,4 +100,5 @@ def evaluation_hook(config, ctl, task, eval_log, workdir: str, end: int, rescore
     return FleetEval(
         ctl, prompts, int(e.get("n", 4)), float(e.get("temperature", 0.0)),
         config.rollout.eval_period, end, eval_log.rl_start, path, rescorer,
+        int(config.get("publish_every", 1)),
     )  # fmt: skip
