@@ -246,3 +246,22 @@ def test_a_worker_is_told_to_keep_its_version_while_its_eval_is_queued(service):
     # Nothing queued any more: a rollout lease (or "behind") says nothing pending.
     r = client.post("/v1/lease", headers=headers, json={"worker_version": 4, "max_groups": 1})
     assert r.json()["eval_pending"] is False
+
+
+def test_the_learner_asks_for_the_version_its_step_publishes(service):
+    """learner_jax/rl/fleet_eval.py: on an evaluation step that publishes, the version
+    asked for is the one being published (= the learner step), not the announced one the
+    workers are about to leave; on a step that publishes nothing, the announced one."""
+    import types
+
+    from learner_jax.rl.fleet_eval import FleetEval
+
+    ctl = service[0]
+    prompts = make_task("arithmetic").eval_prompts()[:2]
+    hook = FleetEval(ctl, prompts, 1, 1.0, period=4, end=100, start=0, publish_every=1)
+    hook.after_step(types.SimpleNamespace(step=4, rl_steps=4), {"policy_version": 3})
+    hook.after_step(types.SimpleNamespace(step=6, rl_steps=6), {"policy_version": 5})  # not due
+    assert set(ctl.evals.pending) == {4}
+    hook = FleetEval(ctl, prompts, 1, 1.0, period=4, end=100, start=0, publish_every=3)
+    hook.after_step(types.SimpleNamespace(step=8, rl_steps=8), {"policy_version": 6})
+    assert set(ctl.evals.pending) == {4, 6}
