@@ -3,6 +3,7 @@
     python -m bench.broadcast --out=/tmp/bench_broadcast.json [--model_mb=40] [--up_mbps=8]
         [--chunk_kb=1024] [--n=1,2,4,8,16] [--modes=store,chain,tree] [--fanout=2]
         [--repeats=3] [--sweep_chunk_kb=256,1024,4096] [--sweep_n=8]
+        [--delta_versions=3] [--delta_n=8] [--delta_density=0.02]
 
 N standalone relays (`python -m rollout_gpu.relay`, separate processes, real HTTP on
 loopback, no vLLM) each with an upload token bucket of B = --up_mbps; the store is modelled
@@ -31,6 +32,17 @@ lower bound max(M/s, N*M/(s + N*B)).
 `--sweep_chunk_kb` then times the chain at N = --sweep_n for each chunk size: the chain
 pays (N-1) c / B of pipeline fill plus a per-chunk cost (one HTTP request, a digest) M / c
 times, so the best c balances the two (BUILD_NOTES, broadcast).
+`--delta_versions=K` adds the delta arm (bridge/delta/, issue 24): a full version of the
+same M, then K versions each stored as a delta on the previous one (a random
+`--delta_density` of the bf16 elements replaced: bench.delta measures 1-4% per RL step
+at lr 1e-6), each broadcast down the same chain of N = --delta_n relays on the same
+rate-limited links, side by side: "chain-full" (the full version, every chunk) and
+"chain-delta" (a delta version: its patches and dense tensors, each key verified against
+the manifest on arrival). Per version: seconds, ideal_s = the bytes on each link / B, and
+the model (M_delta / B + (N-1) c / B with c the largest key). Run only it with `--n=`.
+A relay's token bucket starts a version full (`--burst_kb`, 1 MiB by default): a delta
+near that size crosses a link as a burst, faster than B; `--burst_kb=256` (one piece, the
+least) keeps the links at B for the delta arm too.
 """
 
 from __future__ import annotations
@@ -54,6 +66,9 @@ flags.DEFINE_string("out", None, "JSON file for the results.", required=True)
 flags.DEFINE_integer("model_mb", 40, "Model size M in MB (bf16 random weights).")
 flags.DEFINE_integer("chunk_kb", 1024, "Chunk size c in KiB (the store's default is 4096).")
 flags.DEFINE_float("up_mbps", 8.0, "Upload limit B of every relay, MB/s.")
+flags.DEFINE_integer(
+    "burst_kb", 1024, "Token-bucket burst of every relay's uplink, KiB (>= 256: one piece)."
+)
 flags.DEFINE_float(
     "store_mbps", 0.0, "The store's bandwidth s (origin uplink), MB/s; 0 = measure it."
 )
@@ -63,7 +78,11 @@ flags.DEFINE_integer("fanout", 2, "Tree fan-out f.")
 flags.DEFINE_integer("repeats", 3, "Repeats per (N, mode); medians are reported.")
 flags.DEFINE_list("sweep_chunk_kb", [], "Chunk sizes (KiB) to time the chain with at sweep_n.")
 flags.DEFINE_integer("sweep_n", 8, "Receivers for the chunk-size sweep.")
+flags.DEFINE_integer("delta_versions", 0, "Delta arm: delta versions after a full one (0 = off).")
+flags.DEFINE_integer("delta_n", 8, "Delta arm: relays in the chain.")
+flags.DEFINE_float("delta_density", 0.02, "Delta arm: fraction of elements each version changes.")
 VERSION = 1
+DELTA_FIRST = 1000  # the delta arm's versions: after any the sweep publishes
 
 
 def _run(origin: str, relays: list[str], mode: str, fanout: int, version: int = VERSION) -> dict:
@@ -131,7 +150,7 @@ def measured_store_bytes_per_s(store: WeightStore, model_bytes: float, repeats: 
 def _row(arm: str, n: int, runs: list[dict], m: float, c: float, b: float, s: float) -> dict:
     t = statistics.median(r["seconds"] for r in runs)
     ob = statistics.median(r["store_bytes"] for r in runs)
-    ide = ideals(arm, n, m, c, b, FLAGS.fanout, runs[0]["depth"], s)
+    ide = ideals(arm.split("-")[0], n, m, c, b, FLAGS.fanout, runs[0]["depth"], s)
     link = [m / s / 1e6 for r in runs for s in r["fetch_s"]]
     return {
         "arm": arm,
@@ -160,6 +179,40 @@ def _print_row(r: dict) -> None:
     )
 
 
+def delta_arm(store, origin, relays, load_origin, c: float, b: float, s: float) -> dict:
+    """The full version and each delta version down one chain of --delta_n relays."""
+    manifests = relay_procs.publish_delta_chain(
+        store, FLAGS.model_mb * 10**6, int(c), DELTA_FIRST, FLAGS.delta_versions,
+        FLAGS.delta_density,
+    )  # fmt: skip
+    n, rows = FLAGS.delta_n, []
+    print(f"delta arm: chain N={n}, {FLAGS.delta_versions} delta versions at density "
+          f"{FLAGS.delta_density}; ideal_s = the bytes on each link / B")  # fmt: skip
+    for m in manifests:
+        load_origin(m.version)
+        runs = [_run(origin, relays[:n], "chain", FLAGS.fanout, m.version)
+                for _ in range(FLAGS.repeats)]  # fmt: skip
+        if m.delta is None:
+            arm, wire, key = "chain-full", m.total_bytes, c
+        else:
+            arm, wire = "chain-delta", m.delta.nbytes
+            kinds = m.delta.tensors.values()
+            key = max([p.nbytes for p in kinds if p.kind == "patch"]
+                      + [c for p in kinds if p.kind == "dense"] + [1])  # fmt: skip
+        rows.append(_row(arm, n, runs, wire, float(key), b, s))
+        rows[-1].update(version=m.version, full_bytes=m.total_bytes,
+                        density=1.0 if m.delta is None else m.delta.density)  # fmt: skip
+        _print_row(rows[-1])
+    full_s = rows[0]["seconds"]
+    delta_s = statistics.median(r["seconds"] for r in rows[1:])
+    ratio = statistics.median(r["ideal_s"] * b / r["full_bytes"] for r in rows[1:])
+    print(f"per version: full {full_s:.2f} s, delta {delta_s:.2f} s (median; "
+          f"{100 * ratio:.1f}% of the bytes): {full_s / delta_s:.1f}x faster")  # fmt: skip
+    return {"n": n, "density": FLAGS.delta_density, "full_s": full_s,
+            "delta_s_median": delta_s, "bytes_ratio_median": ratio,
+            "speedup": full_s / delta_s, "rows": rows}  # fmt: skip
+
+
 def main(argv):
     del argv
     tmp = tempfile.mkdtemp(prefix="bench_broadcast_")
@@ -172,7 +225,8 @@ def main(argv):
         sweep = [int(k) for k in FLAGS.sweep_chunk_kb]
         s = FLAGS.store_mbps * 1e6 or measured_store_bytes_per_s(store, m)
         procs, origin = relay_procs.start_relays(1, s / 1e6, tmp, prefix="origin")
-        more, relays = relay_procs.start_relays(max(ns + [FLAGS.sweep_n]), FLAGS.up_mbps, tmp)
+        count = max(ns + [FLAGS.sweep_n] + [FLAGS.delta_n] * bool(FLAGS.delta_versions))
+        more, relays = relay_procs.start_relays(count, FLAGS.up_mbps, tmp, burst_kb=FLAGS.burst_kb)
         procs, origin = procs + more, origin[0]
 
         def load_origin(version: int) -> None:
@@ -209,6 +263,9 @@ def main(argv):
             ]
             sweep_rows.append(_row("chain", n, runs, mk, float(kb << 10), b, s))
             _print_row(sweep_rows[-1])
+        delta = {}
+        if FLAGS.delta_versions:
+            delta = delta_arm(store, origin, relays, load_origin, c, b, s)
         out = {
             "model_bytes": m,
             "chunk_bytes": c,
@@ -221,6 +278,7 @@ def main(argv):
             "load_average": os.getloadavg(),
             "rows": rows,
             "chunk_sweep": sweep_rows,
+            "delta": delta,
         }
         with open(FLAGS.out, "w") as f:
             json.dump(out, f, indent=1)

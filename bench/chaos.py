@@ -36,17 +36,27 @@ import sys
 import threading
 import time
 
-from bench import arms, chaos_audit
+from bench import arms, chaos_audit, chaos_hostile
 from bench.chaos_soak import Soak
 
 LEASE_TTL_S = 60.0  # bridge/control/controller.py ControllerConfig.lease_ttl_s
-ALL_FAULTS = ("worker_kill", "binary_kill", "binary_restart", "sigstop", "corrupt", "garbage")
+ALL_FAULTS = (
+    "worker_kill",
+    "binary_kill",
+    "binary_restart",
+    "sigstop",
+    "corrupt",
+    "garbage",
+    "hostile_workers",
+)
 
 
 def schedule(faults: list[str], seconds: float, rng: random.Random) -> list[tuple[float, str]]:
     """Seeded fault times: the binary faults spread out, the rest jittered between them."""
     plan = []
     j = lambda lo, hi: seconds * rng.uniform(lo, hi)  # noqa: E731
+    if "hostile_workers" in faults:  # they stay for the whole soak (bench/chaos_hostile.py)
+        plan.append((j(0.0, 0.02), "hostile_workers"))
     if "sigstop" in faults:
         plan.append((j(0.02, 0.06), "sigstop"))
     if "binary_kill" in faults:
@@ -89,7 +99,7 @@ def _soak(s: Soak, wd: str, n_workers, seconds, faults, seed, corrupt_count) -> 
         raise RuntimeError(f"the soak never trained; see {wd}/binary-0.log")
     s.t0 = time.time()
     s.event("start", "learner", f"training; {n_workers} workers")
-    corrupt, hostile = [], []
+    corrupt, hostile, hostile_workers = [], [], []
     for at, fault in plan:
         time.sleep(max(0.0, at - (time.time() - s.t0)))
         if s.binary.poll() is not None:
@@ -107,7 +117,17 @@ def _soak(s: Soak, wd: str, n_workers, seconds, faults, seed, corrupt_count) -> 
             corrupt += s.corrupt(corrupt_count)
         elif fault == "garbage":
             hostile.append(s.garbage(vocab_size(wd)))
+        elif fault == "hostile_workers":
+            with open(os.path.join(wd, "join_token")) as f:
+                secret = f.read().strip()
+            hostile_workers = chaos_hostile.start(s.url, secret, wd, seed=seed)
+            s.event("hostile_workers", "fleet", ", ".join(chaos_hostile.CLASSES))
     time.sleep(max(0.0, seconds - (time.time() - s.t0)))
+    hostile_results = [w.stop() for w in hostile_workers]
+    for r in hostile_results:
+        s.event(f"hostile_{r['class']}", r["worker_id"] or "?",
+                f"statuses {r['statuses']}, accepted {r['accepted_groups']} groups, "
+                f"quarantined {r['quarantined']}")  # fmt: skip
     s.supervise = False
     s.binary.send_signal(signal.SIGINT)
     rc = s.binary.wait(timeout=600)
@@ -126,7 +146,14 @@ def _soak(s: Soak, wd: str, n_workers, seconds, faults, seed, corrupt_count) -> 
         corrupt,
         {h["worker_id"] for h in hostile if h.get("worker_id")},
         s.run_starts,
+        forgers={r["worker_id"] for r in hostile_results if r["worker_id"]},
     )
+    # 6. No honest worker quarantined; every hostile worker quarantined or neutralised.
+    garbage = [{"class": "garbage", "worker_id": h["worker_id"], "accepted_groups": 0}
+               for h in hostile if h.get("worker_id")]  # fmt: skip
+    quarantined = {w for _, w in s.obs.quarantined}
+    result["checks"]["quarantine"] = chaos_hostile.verdict(hostile_results + garbage, quarantined)
+    result["ok"] = all(c["ok"] for c in result["checks"].values())
     for rec in corrupt:
         rec.pop("manifest", None)
     s.obs.dump(os.path.join(wd, "chaos_observations.json"))
@@ -136,6 +163,7 @@ def _soak(s: Soak, wd: str, n_workers, seconds, faults, seed, corrupt_count) -> 
         "audit": result,
         "corrupt": corrupt,
         "hostile": hostile,
+        "hostile_workers": hostile_results,
         "binary_runs": s.runs,
         "final_exit": rc,
         "rl_steps": s.rl_rows(),

@@ -77,8 +77,11 @@ def audit(
     corrupt: list[dict] | None,
     hostile_workers: set[str],
     run_starts: list[float],
+    forgers: frozenset[str] | set[str] = frozenset(),
 ) -> dict:
-    """`resumes`: run index -> the step its checkpoint resumed from (runs after the first)."""
+    """`resumes`: run index -> the step its checkpoint resumed from (runs after the first).
+    `forgers`: hostile workers (bench/chaos_hostile.py) whose work may be accepted until
+    the audit quarantines them, and whose claimed versions serve nothing."""
     checks: dict[str, dict] = {}
     with open(os.path.join(workdir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f]
@@ -223,7 +226,7 @@ def audit(
                 if v in vs
                 and e == rec.get("epoch", 0)
                 and at <= vs[v] < until
-                and w not in hostile_workers  # a forger's claimed version serves nothing
+                and w not in hostile_workers | set(forgers)  # a forger's claim serves nothing
             ]
         probes = [r.get("probe") or {} for r in corrupt]
         c = {

@@ -13,6 +13,9 @@ Rows (arm = lora | full):
   read + PEFT dir + add_lora + first request) vs a full version (verified store read +
   reload_weights + first request), medians of 3;
 - parity: learner LoRA log-probs vs transformers + peft with the same adapter (1e-4).
+- with --runs=LORA_WORKDIR,FULL_WORKDIR, two real demo runs (bench/lora_runs.py): held-out
+  accuracy, median `bridge/version_bytes`, median swap time (publish -> worker serving it),
+  median RL step time, RL wall time; rows `run_*`, headline `run_*`.
 Headline: bytes_ratio (adapter / full at Qwen3-0.6B, rank --rank), parity_ok, swap_vs_full,
 step_time_ratio, state_bytes_ratio. The goal line (bytes_ratio <= 2%) is printed last.
 """
@@ -39,6 +42,9 @@ _STEPS = flags.DEFINE_integer("steps", 5, "timed learner steps per arm")
 _LAYERS = flags.DEFINE_integer("layers", 4, "layers of the learner-arm model")
 _HIDDEN = flags.DEFINE_integer("hidden", 256, "hidden size of the learner-arm model")
 _SWAP = flags.DEFINE_bool("swap", True, "time swaps on the real vLLM engine")
+_RUNS = flags.DEFINE_string(
+    "runs", "", "LORA_WORKDIR,FULL_WORKDIR: two demo runs side by side (bench/lora_runs.py)"
+)
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
@@ -222,6 +228,11 @@ def main(argv):
             {"arm": "lora" if k.startswith("adapter") else "full", "what": k, "value": v}
             for k, v in swap.items()
         ]
+    if _RUNS.value:
+        from bench import lora_runs
+
+        run_rows, run_head = lora_runs.rows(*_RUNS.value.split(","))
+        rows += run_rows
     headline = {
         "bytes_ratio": a / f,
         "parity_ok": err <= 1e-4,
@@ -229,6 +240,7 @@ def main(argv):
         "step_time_ratio": arms["lora"]["step_s"] / arms["full"]["step_s"],
         "state_bytes_ratio": arms["lora"]["state_bytes"] / arms["full"]["state_bytes"],
         "trained_bytes_ratio": arms["lora"]["trained_bytes"] / arms["full"]["trained_bytes"],
+        **(run_head if _RUNS.value else {}),
     }
     print(f"{'arm':6s}{'what':42s}{'value':>16s}")
     for r in rows:

@@ -4,6 +4,7 @@
     procs, urls = start_relays(n, up_mbps, tmp)     # `python -m rollout_gpu.relay` each
     call(url, "/fetch", {"version": v, "sources": [...]})
     publish_model(store, model_bytes, chunk_bytes, version)   # random bf16 "linears"
+    publish_delta_chain(store, model_bytes, chunk_bytes, first, k, density)  # anchor + k deltas
 """
 
 from __future__ import annotations
@@ -29,11 +30,14 @@ def call(url: str, path: str, body: dict | None = None) -> dict:
         return json.loads(r.read())
 
 
-def start_relays(n: int, up_mbps: float, tmp: str, prefix: str = "relay") -> tuple[list, list[str]]:
+def start_relays(
+    n: int, up_mbps: float, tmp: str, prefix: str = "relay", burst_kb: int | None = None
+) -> tuple[list, list[str]]:
     procs, files = [], []
     for i in range(n):
         f = os.path.join(tmp, f"{prefix}{i}.url")
         cmd = [sys.executable, "-m", "rollout_gpu.relay", f"--up_mbps={up_mbps}", f"--url_file={f}"]
+        cmd += [f"--up_burst_kb={burst_kb}"] if burst_kb else []
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
         files.append(f)
     deadline = time.time() + 120
@@ -44,18 +48,52 @@ def start_relays(n: int, up_mbps: float, tmp: str, prefix: str = "relay") -> tup
     return procs, [open(f).read().strip() for f in files]
 
 
-def publish_model(store: WeightStore, model_bytes: int, chunk_bytes: int, version: int) -> int:
-    """Publish ~`model_bytes` of random bf16 [rows, 1024] matrices in `chunk_bytes` chunks;
-    returns the version's stored bytes."""
-    rng = np.random.default_rng(0)
+def random_linears(model_bytes: int, rng) -> list[tuple[str, np.ndarray]]:
+    """~`model_bytes` of random [rows, 1024] matrices of ~8 MB in bf16, like a small model's
+    linears (float32 here: the store converts)."""
     cols, left, arrays, i = 1024, model_bytes, [], 0
-    while left > 0:  # [rows, 1024] bf16 matrices of ~8 MB, like a small model's linears
+    while left > 0:
         rows = max(1, min(4096, left // (2 * cols)))
         arrays.append((f"w{i}", rng.standard_normal((rows, cols), dtype=np.float32)))
         left, i = left - rows * cols * 2, i + 1
+    return arrays
+
+
+def publish_model(store: WeightStore, model_bytes: int, chunk_bytes: int, version: int) -> int:
+    """Publish ~`model_bytes` of random bf16 [rows, 1024] matrices in `chunk_bytes` chunks;
+    returns the version's stored bytes."""
+    arrays = random_linears(model_bytes, np.random.default_rng(0))
     default = chunk_digest.CHUNK_BYTES
     chunk_digest.CHUNK_BYTES = chunk_bytes  # the chunk grid is chosen at publish time
     try:
         return store.publish(version, 0, arrays, {}, dtype="bfloat16").total_bytes
     finally:  # a test process goes on publishing with the store's default
+        chunk_digest.CHUNK_BYTES = default
+
+
+def publish_delta_chain(
+    store: WeightStore, model_bytes: int, chunk_bytes: int, first: int, k: int, density: float
+) -> list:
+    """Publish version `first` (full) and `k` delta versions after it (bridge/delta/), each
+    replacing a random `density` of the bf16 elements (an RL step's changed fraction at a
+    small learning rate: bench.delta measures 1-4% at lr 1e-6); returns the manifests."""
+    import ml_dtypes
+
+    from bridge.delta.publisher import DeltaPublisher
+
+    rng = np.random.default_rng(1)
+    arrays = [(n, a.astype(ml_dtypes.bfloat16)) for n, a in random_linears(model_bytes, rng)]
+    pub = DeltaPublisher(store, anchor_every=k + 1, max_density=0.5)
+    default = chunk_digest.CHUNK_BYTES
+    chunk_digest.CHUNK_BYTES = chunk_bytes
+    try:
+        out = [pub.publish(first, 0, arrays, {}, "bfloat16")]
+        for v in range(first + 1, first + k + 1):
+            arrays = [(n, a.copy()) for n, a in arrays]
+            for _, a in arrays:
+                mask = rng.random(a.shape) < density
+                a[mask] = rng.standard_normal(int(mask.sum())).astype(ml_dtypes.bfloat16)
+            out.append(pub.publish(v, v - first, arrays, {}, "bfloat16"))
+        return out
+    finally:
         chunk_digest.CHUNK_BYTES = default

@@ -281,6 +281,10 @@ def get_config() -> ConfigDict:
     # transiently a second copy of the params).
     c.controller.audit_rescore_every = 10
     c.controller.audit_rescore_rows = 16
+    # Sampling check (bridge/contracts/sampling_check.py): a worker whose audited tokens'
+    # likelihood under the policy is |Z| past this did not sample them (greedy, best-of-n,
+    # a reference answer with true log-probs): quarantined. 0 = off.
+    c.controller.audit_sampling_z = 6.0
     # Transport: serve HTTPS with this PEM certificate and key ('' = plain HTTP). Over plain
     # HTTP anyone on the path can rewrite the announced store URL, so workers calling from
     # a non-loopback address are refused (403) unless allow_plain_http (a trusted LAN only).

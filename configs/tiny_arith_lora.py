@@ -6,10 +6,24 @@ Launch:
     python -m learner_jax.train --config=configs/tiny_arith_lora.py \
         --workdir=/tmp/echo2_lora
 
+LoRA is for a trained base. On the tiny RANDOM base this config builds by default, the
+frozen tied embedding (std 0.02) and final norm cap the logits (|h| = sqrt(128), |e| ~ 0.23:
+a logit gap of ~5 at most), so adapter-only SFT stalls at loss ~3.6 (full weights: ~1.5 by
+step 80) and held-out accuracy stays 0 (BUILD_NOTES.md, issue 28). The demo trains the
+adapters with RL over the full run's SFT policy, exported as an HF directory:
+
+    python -m learner_jax.train --config=configs/tiny_arith.py --workdir=/tmp/f \
+        --config.checkpoint.keep=10
+    python -m bridge.export --checkpoint_dir=/tmp/f/checkpoints --step=2000 \
+        --output_dir=/tmp/f_sft
+    python -m learner_jax.train --config=configs/tiny_arith_lora.py --workdir=/tmp/l \
+        --config.model.hf_dir=/tmp/f_sft --config.sft.steps=0
+
 Learning rates are 10x the full-weight run's: adapters start at zero (lora_b = 0) and move
 the policy through a rank-16 bottleneck scaled by alpha / rank, the usual LoRA practice.
-The fleet receives the merged policy (`Learner.policy_params`); adapter versions for
-LoRA-serving workers are bridge/adapters/store.py + rollout_gpu/adapters.py.
+The fleet receives adapter versions: the base once, then each version's PEFT adapter
+(learner_jax/rl/adapter_versions.py); the workers serve them as vLLM LoRA adapters over
+the base (rollout_gpu/adapter_swap.py).
 Everything else is configs/tiny_arith.py.
 """
 

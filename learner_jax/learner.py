@@ -145,7 +145,11 @@ class Learner:
         params, or with LoRA the base with the adapters merged into its kernels."""
         if self.lora is None:
             return self.state.params
-        return self._merge(self.state.frozen, self.state.params)
+        return self.policy_of(self.state.params)
+
+    def policy_of(self, adapters):
+        """LoRA: the base with `adapters` (a tree like `state.params`) merged in."""
+        return self._merge(self.state.frozen, adapters)
 
     @property
     def rl_steps(self) -> int:

@@ -28,9 +28,15 @@ from learner_jax.truncation import Truncation
 
 
 def token_stats(
-    logits, targets, temperature: float = 1.0, truncation: Truncation = truncation_lib.NONE
+    logits,
+    targets,
+    temperature: float = 1.0,
+    truncation: Truncation = truncation_lib.NONE,
+    variance: bool = False,
 ):
-    """(log p(target), entropy, argmax == target) [B, T] each from logits [B, T, V].
+    """(log p(target), entropy, argmax == target) [B, T] each from logits [B, T, V]; with
+    `variance`, a fourth: Var_p[log p] per position (the sampling check's V,
+    bridge/contracts/sampling_check.py).
 
     Log-probs and entropy are of softmax(logits / temperature) after the sampler's
     `truncation` (min-p, top-k, top-p; truncation.py), the distribution a sampler with those
@@ -45,7 +51,10 @@ def token_stats(
         logp_all = jnp.where(jnp.isneginf(processed), 0.0, logp_all)
     entropy = -(jnp.exp(logp_all) * logp_all).sum(-1)  # [B, T]
     correct = (jnp.argmax(logits, -1) == targets).astype(jnp.float32)
-    return logp, entropy, correct
+    if not variance:
+        return logp, entropy, correct
+    second = (jnp.exp(logp_all) * logp_all * logp_all).sum(-1)  # E_p[(log p)^2]
+    return logp, entropy, correct, jnp.maximum(second - entropy * entropy, 0.0)
 
 
 def head_weight(params, tied: bool):
@@ -65,6 +74,7 @@ def chunked_token_stats(
     temperature: float = 1.0,
     dtype=jnp.float32,
     truncation: Truncation = truncation_lib.NONE,
+    variance: bool = False,
 ):
     """`token_stats` of logits = einsum(eqn, hidden, weight), `chunk` tokens at a time.
 
@@ -88,7 +98,7 @@ def chunked_token_stats(
     def one_chunk(x, tgt):
         logits = jnp.einsum(eqn, x.astype(dtype), w, preferred_element_type=accum)
         logits = nn.with_logical_constraint(logits, ("batch", "length", "act_vocab"))
-        return token_stats(logits, tgt, temperature, truncation)
+        return token_stats(logits, tgt, temperature, truncation, variance)
 
     _, out = jax.lax.scan(lambda carry, xt: (carry, one_chunk(*xt)), None, (xs, ts))
     # [n, B, C] each -> [B, T]

@@ -43,6 +43,7 @@ def publish_adapter_version(
     adapters: Mapping,
     base: Mapping | None = None,
     dtype: str = "float32",
+    extra: Mapping | None = None,
 ) -> Manifest:
     """One adapter version (PEFT layout) of the learner's current adapters."""
     return adapter_store.publish_adapter(
@@ -54,4 +55,5 @@ def publish_adapter_version(
         model_cfg.to_hf_dict(),
         base,
         dtype,
+        extra,
     )

@@ -309,22 +309,24 @@ class Transformer(nn.Module):
 
 def token_stats(
     net: Transformer, params, tokens, positions, segment_ids, targets, temperature=1.0,
-    truncation: Truncation = truncation_lib.NONE, rngs=None,
+    truncation: Truncation = truncation_lib.NONE, rngs=None, variance: bool = False,
 ):  # fmt: skip
     """(log p(target), entropy, argmax == target) [B, T] each, under softmax(logits /
     temperature) after the sampler's `truncation` (learner_jax/truncation.py), from the full
-    logits or chunk by chunk as `net.options.logprob_chunk` says. `rngs` ({'dropout': key})
-    turns on LoRA dropout (lora.py); None scores deterministically."""
+    logits or chunk by chunk as `net.options.logprob_chunk` says; with `variance` a fourth,
+    Var_p[log p] (logprobs.token_stats). `rngs` ({'dropout': key}) turns on LoRA dropout
+    (lora.py); None scores deterministically."""
     variables = {"params": params}
     chunk = net.options.logprob_chunk
     if not chunk:
         logits = net.apply(variables, tokens, positions, segment_ids, rngs=rngs)
-        return logprobs.token_stats(logits, targets, temperature, truncation)
+        return logprobs.token_stats(logits, targets, temperature, truncation, variance)
     hidden = net.apply(variables, tokens, positions, segment_ids, head=False, rngs=rngs)
     weight, eqn = logprobs.head_weight(params, net.cfg.tie_word_embeddings)
     return logprobs.chunked_token_stats(
-        hidden, weight, eqn, targets, chunk, temperature, dtype=net.dtype, truncation=truncation
-    )
+        hidden, weight, eqn, targets, chunk, temperature, dtype=net.dtype, truncation=truncation,
+        variance=variance,
+    )  # fmt: skip
 
 
 def forward_logprobs(

@@ -222,14 +222,7 @@ def summary(rows: list[dict], evals: list[dict], swaps: dict, fetches=(), provis
                 "on the learner's thread per version, "
                 f"{rows[-1].get('bridge/publish_skipped', 0)} versions skipped (a newer one won)"
             )
-        vbytes = [r["bridge/version_bytes"] for r in rows if "bridge/version_bytes" in r]
-        if vbytes:  # what each published version added to the store (bridge/delta/)
-            dens = [r["bridge/delta_density"] for r in rows if "bridge/delta_density" in r]
-            lines.append(
-                f"- bytes per version: median {statistics.median(vbytes) / 1e6:.3f} MB "
-                f"(max {max(vbytes) / 1e6:.3f} MB) over {len(vbytes)} publishing steps, "
-                f"changed elements median {100 * statistics.median(dens):.2f}%"
-            )
+        lines += version_bytes_lines(rows)
     for label, pts in sorted(swaps.items()):
         secs = [p[1] for p in pts]
         med = statistics.median(secs)
@@ -243,6 +236,26 @@ def summary(rows: list[dict], evals: list[dict], swaps: dict, fetches=(), provis
         "",
     ]
     return "\n".join(lines)
+
+
+def version_bytes_lines(rows: list[dict]) -> list[str]:
+    """What each published version added to the store (`bridge/version_bytes`, bridge/delta/)
+    and the changed fraction of the versions stored as deltas (`bridge/delta_density` < 1;
+    1.0 is logged for a version that was not compared: a full one)."""
+    vbytes = [r["bridge/version_bytes"] for r in rows if "bridge/version_bytes" in r]
+    if not vbytes:
+        return []
+    dens = [r["bridge/delta_density"] for r in rows if r.get("bridge/delta_density", 1.0) < 1.0]
+    what = (
+        f"changed elements median {100 * statistics.median(dens):.2f}% over {len(dens)} "
+        "delta versions"
+        if dens
+        else "every version full (bridge.delta off: on by default for s3/gcs stores)"
+    )
+    return [
+        f"- bytes per version: median {statistics.median(vbytes) / 1e6:.3f} MB "
+        f"(max {max(vbytes) / 1e6:.3f} MB) over {len(vbytes)} publishing steps, {what}"
+    ]
 
 
 def utilization_lines(rows: list[dict]) -> list[str]:

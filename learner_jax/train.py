@@ -226,6 +226,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             on_announce=watcher.published,
             mirror=leader,
             delta=weights.delta_publisher(config, store),
+            own_store=not config.bridge.store,
         )
         parts.callback(publisher.close)
         publisher.publish(learner.step)  # synchronous: workers need a first version to start
@@ -295,17 +296,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             check_fleet=follower.check,
             where=os.path.join(workdir, "workers"),
         )
-        # Process 0 alone runs the re-score, so with several processes it stays on its own
-        # devices (a computation on the global mesh would wait for the others forever).
-        rescorer = rescore.VersionRescorer(
-            store,
-            learner.model_cfg,
-            None if leader is not None else learner.mesh,
-            learner.rules,
-            every=c.audit_rescore_every,
-            max_rows=c.audit_rescore_rows,
-            seed=config.seed,
-        )
+        rescorer = rescore.VersionRescorer.for_run(config, store, learner, publisher, leader)
         # 5. The RL loop, and what runs after each of its updates, in this order.
         run_rl(
             learner,

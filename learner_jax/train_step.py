@@ -36,6 +36,7 @@ import numpy as np
 import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from bridge.contracts import sampling_check
 from bridge.control import audit
 from bridge.model.config import ModelConfig
 from learner_jax import diagnostics, losses, model, packing, sharding
@@ -173,20 +174,22 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
         temperature, truncation = (
             (step_cfg.temperature, step_cfg.truncation) if rl else (1.0, truncation_lib.NONE)
         )
+        # RL: also Var_p[log p] per position, for the audit's sampling check.
         return model.token_stats(
-            net, params, tokens, positions, segment_ids, targets, temperature, truncation, rngs
-        )
+            net, params, tokens, positions, segment_ids, targets, temperature, truncation, rngs,
+            variance=rl,
+        )  # fmt: skip
 
     def fn(params, mb: Batch, rngs=None):
         if mb.pack is None:
-            logp, entropy, correct = per_token(
+            logp, entropy, correct, *var = per_token(
                 params, mb.tokens, mb.positions, mb.segment_ids, mb.targets, rngs
             )
         else:  # packed rows in, the [B, T] layout out: everything below is unchanged
             p = mb.pack
             packed = per_token(params, p.tokens, p.positions, p.segment_ids, p.targets, rngs)
             t = mb.tokens.shape[1]
-            logp, entropy, correct = (packing.unpack(x, p, t) for x in packed)
+            logp, entropy, correct, *var = (packing.unpack(x, p, t) for x in packed)
         m = mb.loss_mask * mb.seq_mask[:, None]  # [B, T]
         sums = {
             "entropy": jax.lax.stop_gradient((entropy * m).sum()),
@@ -217,6 +220,11 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
         sums[ROWS + "k3"] = row_k3
         sums[ROWS + "logratio"] = row_lr
         sums[ROWS + "tokens"] = row_n
+        # ... and the sampling check's (sum of log p + H, sum of V) over the same tokens:
+        # did the policy pick them (bridge/contracts/sampling_check.py)?
+        ent = jax.lax.stop_gradient(entropy)
+        row_dev, row_var, _ = sampling_check.row_sums(prox, ent, var[0], mm, xp=jnp)
+        sums[ROWS + "dev"], sums[ROWS + "var"] = row_dev, row_var
         metrics.pop("tokens", None)
         return loss, (metrics, sums)
 

@@ -4,7 +4,9 @@ evicted, and generation / prompt log-probs under a chosen adapter version.
 
 Adapter versions come from the adapter sub-store (bridge/adapters/store.py), read and
 verified chunk by chunk against their manifest, written as a PEFT directory under
-`cache_dir/v{version}` and handed to the engine. A version whose manifest names another
+`cache_dir/v{version}` and handed to the engine; eviction takes the earliest added (a
+rerun learner's rollback announces a lower number later); a resident version whose manifest
+changed (the rerun published that number again) is reloaded. A version whose manifest names another
 base model (its HF config differs from the engine's in any architecture field) is refused
 before anything is loaded.
 
@@ -15,6 +17,7 @@ the adapter rank (`start_lora_engine`). Adapter ids are version + 1 (vLLM wants 
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 from collections.abc import Sequence
@@ -74,23 +77,35 @@ def start_lora_engine(
 class AdapterServer:
     """Adapter versions resident in one LoRA-enabled engine (newest `keep`)."""
 
-    def __init__(self, engine: VllmEngine, store: WeightStore, cache_dir: str, keep: int):
+    def __init__(
+        self, engine: VllmEngine, store: WeightStore, cache_dir: str, keep: int, spare: int = 0
+    ):
+        """`spare`: room for that many more until `trim` (a worker loads a new version
+        beside its `keep` ones, and trims once the new one passed its canary)."""
         if keep < 1:
             raise ValueError(f"keep must be >= 1 (S + 1 adapter versions), got {keep}")
         self.engine, self.store, self.cache_dir, self.keep = engine, store, cache_dir, keep
+        self.spare = spare
         self._resident: dict[int, Any] = {}  # version -> LoRARequest
+        self._identity: dict[int, str] = {}  # version -> SHA-256 of the manifest it came from
 
     @property
     def resident(self) -> list[int]:
         return sorted(self._resident)
 
-    def request(self, version: int):
-        """The `LoRARequest` of `version`, fetching, verifying and adding it if needed."""
-        if version in self._resident:
-            return self._resident[version]
+    def request(self, version: int, store: WeightStore | None = None):
+        """The `LoRARequest` of `version`, fetching, verifying and adding it if needed (from
+        `store`, default the server's: a worker passes the route of each announcement)."""
         from vllm.lora.request import LoRARequest
 
-        manifest = adapter_store.adapter_manifest(self.store, version)
+        store = store or self.store
+        manifest = adapter_store.adapter_manifest(store, version)
+        identity = hashlib.sha256(manifest.model_dump_json().encode()).hexdigest()
+        republished = version in self._resident and self._identity[version] != identity
+        if republished:  # a rerun learner published this number again, with other weights
+            self._evict(version)
+        elif version in self._resident:
+            return self._resident[version]
         served = self.engine.hf_config
         diff = {
             k: (manifest.hf_config.get(k), served.get(k))
@@ -100,18 +115,32 @@ class AdapterServer:
         if diff:
             raise ValueError(f"adapter version {version} is for another base model: {diff}")
         path = adapter_store.fetch_adapter_dir(
-            self.store, version, os.path.join(self.cache_dir, f"v{version}")
+            store, version, os.path.join(self.cache_dir, f"v{version}")
         )
         req = LoRARequest(f"v{version}", version + 1, path)
         if not self.engine.llm.llm_engine.add_lora(req):
             raise RuntimeError(f"vLLM refused adapter version {version}")
         self._resident[version] = req
-        while len(self._resident) > self.keep:
-            self._evict(min(self._resident))
+        self._identity[version] = identity
+        if republished and not self.engine.llm.reset_prefix_cache():
+            # vLLM keys cached KV by adapter name + path, which the new weights share
+            raise RuntimeError("could not reset vLLM's prefix cache (requests still running)")
+        self.trim(version, self.keep + self.spare)
         return req
+
+    def trim(self, newest: int, keep: int | None = None) -> None:
+        """Evict the earliest added (never `newest`) down to `keep` (default: `self.keep`)."""
+        while len(self._resident) > (self.keep if keep is None else keep):
+            self._evict(next(v for v in self._resident if v != newest))
+
+    def drop(self, version: int) -> None:
+        """Unload `version` (one that failed its canary)."""
+        if version in self._resident:
+            self._evict(version)
 
     def _evict(self, version: int) -> None:
         req = self._resident.pop(version)
+        self._identity.pop(version, None)
         self.engine.llm.llm_engine.remove_lora(req.lora_int_id)
         shutil.rmtree(req.lora_path, ignore_errors=True)
 

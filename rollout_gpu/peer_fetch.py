@@ -8,6 +8,9 @@ local cache, so only verified chunks are ever relayed onward.
 
   * a chunk that fails its check is fetched again from the next source and the source is
     reported ("corrupt"); after BAD_LIMIT bad chunks it is dropped for this version;
+  * a relay that answers 410 does not hold that key and will not (a version it skipped or
+    dropped, or an anchor it holds only as a patch): the next source serves it, and the
+    relay is not blamed;
   * a source that refuses connections, errors, or makes no progress for `stall_s` (a relay
     says how many chunks it holds in every "not yet" answer, so a parent that is itself
     waiting on a slow grandparent is not taken for dead) is reported ("dead") and skipped
@@ -39,6 +42,10 @@ POLL_WAIT_S = 5.0  # how long a relay holds a request for a chunk it has not got
 
 class SourceDead(RuntimeError):
     """A source is unreachable, erroring or stalled."""
+
+
+class NotHeld(LookupError):
+    """A relay does not hold this key and will not (HTTP 410): ask the next source."""
 
 
 class FetchError(RuntimeError):
@@ -80,7 +87,7 @@ class FetchResult:
         return self.bytes_total / self.seconds if self.seconds > 0 else 0.0
 
 
-class _Reader:
+class Reader:
     """Reads store keys from one source; raises SourceDead, returns None for absent keys."""
 
     def __init__(self, source: Source, session: aiohttp.ClientSession, stall_s: float):
@@ -105,6 +112,8 @@ class _Reader:
                         return await r.read()
                     if r.status == 404:
                         return None
+                    if r.status == 410:
+                        raise NotHeld(url)
                     if r.status != 503:
                         raise SourceDead(f"{url}: HTTP {r.status}")
                     have = int(r.headers.get("X-Relay-Have", "-1"))
@@ -125,29 +134,35 @@ async def fetch_version(
     manifest_sha256: str | None = None,
     stall_s: float = 30.0,
     concurrency: int = 4,
+    whole: bool | None = None,
 ) -> FetchResult:
     """Fill `cache` (a relay's VersionCache) with `version`, every chunk verified.
+
+    `whole` (chunks.chunk_plan): every chunk of a full version (default) or only a delta
+    hop's keys (patches and dense tensors; the default for a delta version).
 
     `cache` is told begin(version, manifest_bytes, manifest, plan) once the manifest is
     known, put(version, key, raw) per verified chunk and finish(version) at the end.
     """
     t0 = time.monotonic()
-    readers = [_Reader(Source.parse(s), session, stall_s) for s in sources]
+    readers = [Reader(Source.parse(s), session, stall_s) for s in sources]
     if not readers:
         raise ValueError("no sources")
     result = FetchResult(version)
 
-    def report(reader: _Reader, kind: str, key: str, detail: str = "") -> None:
+    def report(reader: Reader, kind: str, key: str, detail: str = "") -> None:
         result.reports.append(
             {"source": reader.source.name, "kind": kind, "key": key, "detail": detail[:200]}
         )
 
-    async def get(key: str, check, order: list[_Reader]) -> bytes | None:
+    async def get(key: str, check, order: list[Reader]) -> bytes | None:
         for reader in order:
             if reader.dead:
                 continue
             try:
                 raw = await reader.read(key)
+            except NotHeld:
+                continue
             except SourceDead as e:
                 reader.dead = True
                 report(reader, "dead", key, str(e))
@@ -176,7 +191,7 @@ async def fetch_version(
     manifest = Manifest.model_validate_json(manifest_bytes)
     if manifest.version != version:
         raise FetchError(f"manifest of version {version} says version {manifest.version}")
-    plan = chunks_lib.chunk_plan(version, manifest)
+    plan = chunks_lib.chunk_plan(version, manifest, whole)
     await cache.begin(version, manifest_bytes, manifest, plan)
 
     # Chunks in manifest order: the parent fetches in the same order, so what we ask for

@@ -12,8 +12,14 @@ store object `weight_swap.load_version` reads:
     serving each verified chunk onward meanwhile. If that fetch fails outright, the worker
     reads the store directly, as before.
 Either way load_version verifies every array checksum again and runs the canary: only
-where the bytes come from changes. Heartbeats carry the relay URL, the measured rates and
-a BroadcastReport of the last fetch (bad sources, bytes from store vs peers).
+where the bytes come from changes. A delta version (bridge/delta/) comes through the relay
+too: the relay fetches what the worker, serving version `have()` (WeightVersions sets it),
+needs to rebuild it (the patches after `have`, or the anchor whole and the patches after
+it: rollout_gpu/relay_cache.py), and load_version rebuilds from the relay's copy with the
+same `have`. A version whose load from the relay's copy failed is read from the store the
+next time (the root of trust; a relay copy that cannot rebuild it is not retried).
+Heartbeats carry the relay URL, the measured rates and a BroadcastReport of the last fetch
+(bad sources, bytes from store vs peers).
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ class PeerSwap:
         self._report: tuple[float, dict] | None = None  # (monotonic done time, fields)
         self._prefetched = -1
         self._inflight: tuple[int, object] | None = None  # (version, Future) of `prefetch`
+        self.have = lambda: None  # the version the worker serves (its base for a delta)
+        self._from_relay = -1  # the version store_for last handed out as the relay's copy
         self._lock = threading.Lock()
 
     def note_route(self, response) -> None:
@@ -71,7 +79,7 @@ class PeerSwap:
                 return
             self._prefetched = ann.version
             sources = peer_fetch.sources_for(self.parent, self.fallbacks, ann.store)
-        fut = self.relay.fetch_async(ann.version, sources)
+        fut = self.relay.fetch_async(ann.version, sources, have=self.have())
         with self._lock:
             self._inflight = (ann.version, fut)
 
@@ -103,15 +111,20 @@ class PeerSwap:
                 self._done(ann.version, now, now - t0, counts, [])
 
             return _ReportingStore(direct, read)
+        if self._from_relay == ann.version:  # its load from the relay's copy failed
+            logging.warning("version %d: reading the store, not the relay", ann.version)
+            return direct
         sources = peer_fetch.sources_for(parent, fallbacks, direct.spec)
         try:  # joins the prefetch that note_route started, if any
-            result = self.relay.fetch(ann.version, sources)
+            fut = self.relay.fetch_async(ann.version, sources, have=self.have())
+            result = fut.result()
         except Exception as e:  # noqa: BLE001 - the direct read below is today's path
             logging.warning(
                 "peer fetch of version %d failed (%s); reading the store", ann.version, e
             )
             return direct
         self._record(result)
+        self._from_relay = ann.version
         return self.relay.store
 
     def _record(self, result: peer_fetch.FetchResult) -> None:
@@ -119,7 +132,8 @@ class PeerSwap:
             return
         if result.seconds > 0:
             self.down_bytes_per_s = result.down_bytes_per_s
-        bad = list(dict.fromkeys((r["source"], r["kind"]) for r in result.reports))
+        # One report per (source, kind), naming the first bad chunk: the controller checks it.
+        bad = list({(r["source"], r["kind"]): r["key"] for r in reversed(result.reports)}.items())
         if bad:
             logging.warning("version %d: bad sources %s", result.version, bad)
         counts = {
@@ -132,7 +146,7 @@ class PeerSwap:
         fields = dict(
             version=version,
             fetch_s=fetch_s,
-            bad_sources=[SourceReport(source=s, kind=k) for s, k in bad[:64]],
+            bad_sources=[SourceReport(source=s, kind=k, key=key) for (s, k), key in bad[:64]],
             **counts,
         )
         with self._lock:

@@ -10,7 +10,9 @@ HTTP (read-only for peers; the key layout is the weight store's own, so a relay 
 read-through mirror of the store for the versions it holds):
     GET  /kv/{key}?wait=S   the key's bytes once verified here; 404 if the key is absent
                             (an all-zero chunk, or not a key of the version); after S
-                            seconds without it: 503 with `X-Relay-Have: <chunks held>`
+                            seconds without it: 503 with `X-Relay-Have: <chunks held>`;
+                            410 for a key it will not hold (a version older than its
+                            newest that it never began, an anchor held as its patch only)
     GET  /status            versions held, bytes served, measured rates
     POST /fetch, /forget    standalone only (`control=True`): {"version", "sources"}
 
@@ -20,6 +22,8 @@ this relay's memory are dropped and refetched rather than passed on. zarr.json m
 is rebuilt locally from the manifest, never copied from a peer. The cache is a
 WeightStore (a `memory` kvstore by default) whose manifest is written last, so the
 worker swaps from it through the unchanged verified path (`weight_swap.load_version`).
+Delta versions (bridge/delta/) travel the same way, key by key: their patches and dense
+tensors, or what a worker needs to catch up (`fetch_async(..., have=)`, relay_cache.py).
 Uploads go through a token bucket (`up_bytes_per_s`, rollout_gpu/uplink.py), used by the
 bench to model links.
 
@@ -38,7 +42,6 @@ import uuid
 from collections.abc import Callable, Sequence
 
 import aiohttp
-import tensorstore as ts
 from absl import app, flags, logging
 from aiohttp import web
 
@@ -48,6 +51,7 @@ from bridge.control.log_text import log_safe
 from bridge.store import weight_store as ws
 from bridge.store.layout import LAYOUT
 from rollout_gpu import peer_fetch, uplink
+from rollout_gpu.relay_cache import CachedVersion, VersionCache
 from rollout_gpu.uplink import PIECE, TokenBucket
 
 __all__ = ["PIECE", "Relay", "TokenBucket"]
@@ -55,19 +59,7 @@ __all__ = ["PIECE", "Relay", "TokenBucket"]
 MAX_WAIT_S = 30.0
 
 
-@dataclasses.dataclass
-class _Version:
-    manifest_bytes: bytes
-    plan: dict[str, chunks_lib.ChunkSpec]
-    have: set = dataclasses.field(default_factory=set)
-    absent: set = dataclasses.field(default_factory=set)
-    complete: bool = False
-    failed: str = ""
-    started_at: float = dataclasses.field(default_factory=time.time)
-    completed_at: float = 0.0
-
-
-class Relay:
+class Relay(VersionCache):
     """A relay + fetcher with its own event loop thread; `fetch` blocks its caller."""
 
     def __init__(
@@ -92,7 +84,7 @@ class Relay:
         self.advertise_url, self.tamper = advertise_url, tamper
         self.max_send_s, self.max_clients, self.clients = max_send_s, max_clients, 0
         self.bucket = TokenBucket(up_bytes_per_s, up_burst_bytes) if up_bytes_per_s > 0 else None
-        self.versions: dict[int, _Version] = {}
+        self.versions: dict[int, CachedVersion] = {}
         self.results: dict[int, peer_fetch.FetchResult] = {}
         self.bytes_up, self.busy_s = 0, 0.0
         self.url = ""
@@ -161,33 +153,35 @@ class Relay:
 
     # -- fetching -----------------------------------------------------------------------
     def fetch(
-        self, version: int, sources: Sequence, manifest_sha256: str | None = None, timeout=None
-    ) -> peer_fetch.FetchResult:
-        """Fetch `version` (parent first, the store last) into the cache; blocks."""
-        return self.fetch_async(version, sources, manifest_sha256).result(timeout)
+        self, version: int, sources: Sequence, manifest_sha256: str | None = None, timeout=None,
+        whole: bool | None = None,
+    ) -> peer_fetch.FetchResult:  # fmt: skip
+        """Fetch `version` (parent first, the store last) into the cache; blocks. `whole`:
+        chunks.chunk_plan's (default: a full version whole, a delta version's hop)."""
+        coro = self._fetch(version, list(sources), manifest_sha256, whole)
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result(timeout)
 
-    def fetch_async(self, version: int, sources: Sequence, manifest_sha256=None):
-        """Start (or join) the fetch of `version`; a concurrent.futures.Future."""
-        coro = self._fetch(version, list(sources), manifest_sha256)
+    def fetch_async(self, version: int, sources: Sequence, manifest_sha256=None, have=None):
+        """Start (or join) the fetch of what a worker serving version `have` (None: no copy)
+        needs to rebuild `version` (relay_cache.fetch_chain); a concurrent.futures.Future."""
+        coro = self.fetch_chain(version, list(sources), have, manifest_sha256)
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    async def _fetch(self, version, sources, manifest_sha256=None) -> peer_fetch.FetchResult:
-        st = self.versions.get(version)
-        if st is not None and st.complete and not st.failed:
+    async def _fetch(self, version, sources, manifest_sha256=None, whole=None):
+        if self.holds(version, whole):
             return self.results.get(version) or peer_fetch.FetchResult(version)
         task = self._tasks.get(version)
-        if task is None or task.done():
+        if task is not None and not task.done() and whole:
+            await asyncio.gather(task, return_exceptions=True)  # a hop: whole needs more
+            if self.holds(version, whole):
+                return self.results.get(version) or peer_fetch.FetchResult(version)
+        if task is None or task.done() or whole:
             task = asyncio.ensure_future(
                 peer_fetch.fetch_version(
-                    self,
-                    version,
-                    sources,
-                    self.session,
-                    manifest_sha256,
-                    self.stall_s,
-                    self.concurrency,
+                    self, version, sources, self.session, manifest_sha256, self.stall_s,
+                    self.concurrency, whole,
                 )
-            )
+            )  # fmt: skip
             self._tasks[version] = task
         try:
             result = await asyncio.shield(task)
@@ -200,50 +194,6 @@ class Relay:
         self.results[version] = result
         return result
 
-    # The VersionCache interface peer_fetch.fetch_version fills.
-    async def begin(self, version, manifest_bytes, manifest, plan) -> None:
-        await asyncio.gather(
-            *(
-                self.mirror.open_array(
-                    version,
-                    name,
-                    {
-                        "metadata": chunks_lib.zarr_metadata(manifest, name),
-                        "create": True,
-                        "delete_existing": True,
-                    },
-                )
-                for name in manifest.arrays
-            )
-        )
-        self.versions[version] = _Version(manifest_bytes, {s.key: s for s in plan})
-        self._notify()
-
-    async def put(self, version: int, key: str, raw: bytes | None) -> None:
-        st = self.versions[version]
-        if raw is None:
-            st.absent.add(key)
-        else:
-            await self.mirror.kv.write(key, raw)
-            st.have.add(key)
-        self._notify()
-
-    async def finish(self, version: int) -> None:
-        st = self.versions[version]
-        await self.mirror.kv.write(LAYOUT.manifest_key(version), st.manifest_bytes)
-        st.complete, st.completed_at = True, time.time()
-        self._notify()
-        complete = sorted(v for v, s in self.versions.items() if s.complete)
-        for v in complete[: -self.keep_versions]:  # keep the newest S+1 (or more)
-            await self._drop(v)
-
-    async def _drop(self, version: int) -> None:
-        self.versions.pop(version, None)
-        self.results.pop(version, None)
-        kv = self.mirror.kv
-        await kv.delete_range(ts.KvStore.KeyRange(*LAYOUT.data_range(version, version + 1)))
-        await kv.write(LAYOUT.manifest_key(version), None)
-
     def _notify(self) -> None:
         self._changed.set()  # wakes every waiter holding this event
         self._changed = asyncio.Event()
@@ -255,8 +205,8 @@ class Relay:
         st = self.versions.get(version) if version is not None else None
         if version is None:
             return 404, None
-        if st is None:
-            return 0, None
+        if st is None:  # not begun: it may be soon, unless older than what is held
+            return (410, None) if version < max(self.versions, default=-1) else (0, None)
         if st.failed:
             return 502, None
         if key == LAYOUT.manifest_key(version):
@@ -264,8 +214,10 @@ class Relay:
         if key.endswith("/zarr.json"):
             r = await self.mirror.kv.read(key)
             return (200, r.value) if r.state == "value" else (404, None)
-        if key in st.absent or (key not in st.plan):
+        if key in st.absent:
             return 404, None
+        if key not in st.plan:  # no such key, or an anchor held as its patch only: ask on
+            return (404, None) if st.every_key else (410, None)
         if key not in st.have:
             return 0, None
         raw = (await self.mirror.kv.read(key)).value
@@ -371,6 +323,9 @@ class Relay:
 _PORT = flags.DEFINE_integer("port", 0, "port to serve on (0 = any free port)")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "address to bind")
 _UP = flags.DEFINE_float("up_mbps", 0.0, "upload limit in MB/s (1e6 bytes); 0 = none")
+_BURST = flags.DEFINE_integer(
+    "up_burst_kb", 4 * PIECE >> 10, "upload token bucket burst in KiB (>= one 256 KiB piece)"
+)
 _URL_FILE = flags.DEFINE_string("url_file", "", "write the relay's URL here once serving")
 _STALL = flags.DEFINE_float("stall_s", 30.0, "a source without progress this long is dead")
 
@@ -381,6 +336,7 @@ def main(argv):
         host=_HOST.value,
         port=_PORT.value,
         up_bytes_per_s=_UP.value * 1e6,
+        up_burst_bytes=max(PIECE, _BURST.value << 10),
         stall_s=_STALL.value,
         control=True,
     )

@@ -53,6 +53,8 @@ class WeightVersions:
         self.peers, self.clock = peers, clock
         self.announced = VersionAnnouncement(version=-1)
         self.current = EngineVersion()  # what the engine serves, and how to roll back to it
+        if peers is not None:  # the base a relay fetches a delta version's patches against
+            peers.have = lambda: self.current.version
         self._refused: dict[int, tuple[float, float]] = {}  # version -> (backoff, retry at)
         self._swap_now = False  # the controller refused the fetching claim
 

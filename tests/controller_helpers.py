@@ -83,6 +83,8 @@ def submit_all(ctl, wid, lease, versions=(0, 0, 0)):
 
 
 def dump(ctl):
+    """Everything the controller holds: its tables, after writing its hot state."""
+    ctl.flush_hot(expire=False)
     return list(ctl.db.conn.iterdump())
 
 

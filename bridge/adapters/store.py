@@ -32,6 +32,7 @@ from bridge.store.manifest import Manifest
 from bridge.store.weight_store import WeightStore, parse_spec
 
 KIND = "lora_adapter"
+BASE_KIND = "lora_base"
 SUBDIR = "adapters/"
 
 
@@ -51,12 +52,31 @@ def publish_adapter(
     base_hf_config: Mapping[str, Any],
     base: Mapping[str, Any] | None = None,
     dtype: str = "float32",
+    extra: Mapping[str, Any] | None = None,
 ) -> Manifest:
-    """Publish one adapter version (PEFT tensor names -> [out, in] arrays)."""
+    """Publish one adapter version (PEFT tensor names -> [out, in] arrays); `extra` adds
+    manifest fields (the training binary's: `canary`, `resident`)."""
     for name in tensors:
         peft_layout.flax_path(name)  # raises on a name that is not a PEFT LoRA tensor
-    extra = {"kind": KIND, "adapter_config": dict(adapter_config), "base": dict(base or {})}
+    extra = {
+        **dict(extra or {}),
+        "kind": KIND,
+        "adapter_config": dict(adapter_config),
+        "base": dict(base or {}),
+    }
     return store.publish(version, step, sorted(tensors.items()), base_hf_config, dtype, extra)
+
+
+def base_store(adapter_spec: str | Mapping[str, Any]) -> WeightStore:
+    """The run's main store, the parent of an adapter sub-store: where the training binary
+    publishes the frozen base once, as an ordinary full version (`extra.kind = BASE_KIND`),
+    for workers that start without a local copy of it."""
+    out = parse_spec(adapter_spec)
+    path = out.get("path", "")
+    if not path.endswith(SUBDIR):
+        raise ValueError(f"{out} is not an adapter sub-store (its path does not end in {SUBDIR})")
+    out["path"] = path[: -len(SUBDIR)]
+    return WeightStore(out)
 
 
 def adapter_manifest(store: WeightStore, version: int) -> Manifest:

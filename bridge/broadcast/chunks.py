@@ -11,6 +11,12 @@ cannot be matched by altered bytes (CRC-32s, used before, could). The manifest i
 comes from the store (the root of trust) or is checked against a SHA-256 the controller
 announced.
 
+Delta versions (bridge/delta/) travel the same way: a hop's plan is the version's patch
+objects (`LAYOUT.patch_key`, each checked against the BLAKE3 digest its manifest entry
+`TensorPatch.digest` lists) and the chunks of its dense tensors (the FULL tensor's chunk
+digests, as for any array). An anchor is planned whole (every chunk) for a reader with
+no copy, plus its patches, so a relay holding it whole serves both kinds of reader.
+
 Stored bytes: zarr3 with the plain little-endian `bytes` codec (the store's default), so a
 chunk's stored bytes are its C-order bytes; an edge chunk is stored padded to the full
 chunk shape (its digest covers the clipped prefix), and a chunk equal to the fill value
@@ -42,42 +48,67 @@ class ChunkSpec:
     digest: str  # chunk_digest.digest_bytes of the chunk's bytes, from the manifest
     nbytes: int  # clipped to the array: what the digest covers
     full_nbytes: int  # a stored (padded) edge chunk is this long
+    patch: bool = False  # a delta version's patch object: never absent, never padded
 
 
 def manifest_sha256(manifest_bytes: bytes) -> str:
     return hashlib.sha256(manifest_bytes).hexdigest()
 
 
-def chunk_plan(version: int, manifest: Manifest) -> list[ChunkSpec]:
-    """Every chunk of a version in manifest order, each with the digest it must have."""
+def chunk_plan(version: int, manifest: Manifest, whole: bool | None = None) -> list[ChunkSpec]:
+    """The keys of a version in manifest order, each with the digest it must have.
+
+    `whole`: every chunk of every array (default for a full version), plus the patches of an
+    anchor that carries them; False: what a reader one version behind needs (a delta hop:
+    patches and dense tensors; refused for a full version without a patch)."""
     if manifest.checksum_algorithm != chunk_digest.CHECKSUM_ALGORITHM:
         raise MissingChunkDigests(f"version {version}: {manifest.checksum_algorithm} checksums")
-    if not manifest.is_full:
-        # A delta version (bridge/delta/) stores patches, not every array's chunks: relays
-        # move full versions (anchors) only, and a worker reads a delta from the store,
-        # refused here before any chunk is asked for so no peer is blamed for a missing key.
-        raise MissingChunkDigests(f"version {version} is a delta version: read from the store")
+    whole = manifest.is_full if whole is None else whole
+    if whole and not manifest.is_full:
+        raise ValueError(f"version {version} is a delta version: it cannot be fetched whole")
+    if not whole and manifest.delta is None:
+        raise ValueError(f"version {version} is a full version without a patch")
+    patches = manifest.delta.tensors if manifest.delta is not None else {}
     out = []
     for name, info in manifest.arrays.items():
-        digests = info.chunk_digests
-        if digests is None:
-            raise MissingChunkDigests(f"version {version}: array {name} has no chunk_digests")
-        if chunk_digest.combine_ordered(digests) != info.checksum:
-            raise ValueError(f"version {version}: array {name}: chunk digests != checksum")
-        item = dtypes.itemsize(info.dtype)
-        boxes = list(chunk_boxes(info.shape, info.chunks))
-        if len(boxes) != len(digests):
-            raise ValueError(f"version {version}: array {name}: wrong number of chunk digests")
-        full = math.prod(info.chunks) * item
-        for (pos, box), digest in zip(boxes, digests, strict=True):
-            nbytes = math.prod(hi - lo for lo, hi in box) * item
-            key = LAYOUT.chunk_key(version, name, pos)
-            out.append(ChunkSpec(key, name, digest, nbytes, full))
+        patch = patches.get(name)
+        if patch is not None and patch.kind == "patch":
+            if not patch.digest:
+                raise MissingChunkDigests(f"version {version}: patch of {name} has no digest")
+            key = LAYOUT.patch_key(version, name)
+            out.append(ChunkSpec(key, name, patch.digest, patch.nbytes, patch.nbytes, True))
+        if whole or patch.kind == "dense":
+            out.extend(_array_chunks(version, name, info))
     return out
+
+
+def _array_chunks(version: int, name: str, info) -> list[ChunkSpec]:
+    digests = info.chunk_digests
+    if digests is None:
+        raise MissingChunkDigests(f"version {version}: array {name} has no chunk_digests")
+    if chunk_digest.combine_ordered(digests) != info.checksum:
+        raise ValueError(f"version {version}: array {name}: chunk digests != checksum")
+    item = dtypes.itemsize(info.dtype)
+    boxes = list(chunk_boxes(info.shape, info.chunks))
+    if len(boxes) != len(digests):
+        raise ValueError(f"version {version}: array {name}: wrong number of chunk digests")
+    full = math.prod(info.chunks) * item
+    out = []
+    for (pos, box), digest in zip(boxes, digests, strict=True):
+        nbytes = math.prod(hi - lo for lo, hi in box) * item
+        out.append(ChunkSpec(LAYOUT.chunk_key(version, name, pos), name, digest, nbytes, full))
+    return out
+
+
+def held_arrays(plan: list[ChunkSpec]) -> set[str]:
+    """The arrays a plan stores chunks of (a relay creates their zarr metadata)."""
+    return {s.array for s in plan if not s.patch}
 
 
 def chunk_ok(spec: ChunkSpec, raw: bytes | None) -> bool:
     """Whether `raw` (None: the key is absent = all fill value) is this chunk's stored bytes."""
+    if raw is None and spec.patch:
+        return False
     if raw is None:
         return chunk_digest.digest_bytes(bytes(spec.nbytes)) == spec.digest
     if len(raw) not in (spec.nbytes, spec.full_nbytes):

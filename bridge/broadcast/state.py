@@ -7,10 +7,16 @@ bytes from the store vs peers, sources that served corrupt bytes or died). The c
 answers every heartbeat and lease with the worker's parent relay and fallbacks (topology.py).
 
 Trust: a report is a worker's claim. A corrupt-bytes report counts once per (reporter,
-version, source), and only for a published version and a source this controller routed
-that reporter to for that version (issue 23 item 2: a worker cannot accuse a relay it never
-fetched from); a relay named by `bad_limit` distinct reporters is excluded (it keeps
-receiving versions but never relays again), so one lying child alone excludes no one.
+version, source), only for a published version, only for a source this controller routed
+that reporter to for that version (a worker cannot accuse a relay it never fetched from),
+and only if it names the chunk (`SourceReport.key`). It is answered by re-verifying that
+chunk (issue 23 item 2, report_check.py: the relay's bytes against the digest in the
+store's manifest): proven corrupt, the relay is excluded at once (it keeps receiving
+versions but never relays again); proven false, the report is withdrawn and costs the
+reporter: one that falsely accused `bad_limit` distinct relays is itself excluded from
+relaying and its reports are ignored. Unverifiable (the relay did not answer, the version
+is gone, no checker): a relay named by `bad_limit` distinct reporters is excluded, so one
+lying child alone excludes no one.
 Dead-parent reports only mark the parent suspect until its next heartbeat: a relay that
 is really gone stops heartbeating and is dropped after `worker_timeout_s`.
 
@@ -20,6 +26,14 @@ fetch time is what the reporter received while routed to its parent; the parent'
 reported (0 when a child routed to it got nothing from peers). A worker's declared uplink
 only caps that, so declaring a huge uplink buys the chain root for at most the versions
 before its children have measured it.
+
+Delta versions (bridge/delta/) put a few % of the model on each link: a fetch that small
+is dominated by per-request latency, so its bytes / seconds says little about the uplink
+(a lower bound only). A parent's rate measured on a full version (an anchor) is therefore
+kept when a newer report carries a payload under a quarter of that one's and a lower rate
+(it would rank the parents measured on a delta below those still measured on an anchor);
+a higher rate, a comparable payload, nothing from peers at all, or a measurement older
+than `_STALE_VERSIONS` replaces it.
 
 Metrics (for the newest version every live reporting worker has fetched, measured on
 the controller's clock: completion = heartbeat arrival - fetched_ago_s; workers that
@@ -32,18 +46,25 @@ State is in memory: after a controller restart the topology is rebuilt from hear
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 
 from bridge.broadcast import topology as topo
 
 _MAX_VERSIONS = 64  # versions whose reports are kept for the metrics
+_STALE_VERSIONS = 32  # a rate measured this many versions ago yields to any newer one
 
 
 class BroadcastState:
     def __init__(self, mode: str = "store", fanout: int = 2, bad_limit: int = 2,
-                 worker_timeout_s: float = 30.0):  # fmt: skip
+                 worker_timeout_s: float = 30.0, checker=None):  # fmt: skip
         self.topology = topo.Topology(mode, fanout)
         self.bad_limit, self.worker_timeout_s = bad_limit, worker_timeout_s
+        self.checker = checker  # report_check.ReportChecker; None: reports are unverifiable
+        self.stores: dict[int, object] = {}  # version -> the store spec it was published to
+        self.false_by: dict[str, set] = collections.defaultdict(set)  # reporter -> {relay}
+        self.ignored: set[str] = set()  # reporters whose reports no longer count
+        self.false_reports = self.proven_corrupt = 0
         self.lock = threading.Lock()
         self.last_seen: dict[str, float] = {}
         self.suspect: set[str] = set()
@@ -58,17 +79,22 @@ class BroadcastState:
         self._rebuild_for: int = -1
         # (worker, version) -> every relay URL routed to it for that version (parent first)
         self.routed: dict[tuple[str, int], list[str]] = {}
-        self.delivery: dict[str, tuple[int, float]] = {}  # parent -> (version, bytes/s)
+        # parent -> (version, bytes/s, payload bytes of the fetch it was measured on)
+        self.delivery: dict[str, tuple[int, float, int]] = {}
 
     @property
     def mode(self) -> str:
         return self.topology.mode
 
-    def publish(self, version: int, published_at: float) -> None:
+    def publish(self, version: int, published_at: float, store=None) -> None:
+        """`store`: the spec the version was published to (corrupt reports are checked
+        against its manifest there)."""
         with self.lock:
             self.published[version] = published_at
+            self.stores[version] = store
             for old in sorted(self.published)[:-_MAX_VERSIONS]:
-                for d in (self.published, self.done, self.store_bytes, self.peer_bytes):
+                for d in (self.published, self.done, self.store_bytes, self.peer_bytes,
+                          self.stores):  # fmt: skip
                     d.pop(old, None)
             oldest = min(self.published)
             self.routed = {k: v for k, v in self.routed.items() if k[1] >= oldest}
@@ -103,17 +129,48 @@ class BroadcastState:
                 bad_id = self.by_url.get(bad.source)
                 if bad_id is None or bad_id == worker_id:
                     continue
-                if bad.kind == "corrupt" and bad.source not in routed:
-                    continue  # it never fetched that version from there
-                if bad.kind == "corrupt":
-                    if (worker_id, rep.version) not in self.corrupt[bad_id]:
-                        self.corrupt[bad_id].add((worker_id, rep.version))
-                        self.corrupt_reports += 1
-                    # Distinct reporters: one worker alone cannot exclude a relay.
-                    if len({r for r, _ in self.corrupt[bad_id]}) >= self.bad_limit:
-                        self.topology.exclude(bad_id)
-                else:
+                if bad.kind != "corrupt":
                     self.suspect.add(bad_id)
+                    continue
+                if bad.source not in routed or not bad.key or worker_id in self.ignored:
+                    continue  # never fetched that version there / no chunk named / a liar
+                if (worker_id, rep.version) not in self.corrupt[bad_id]:
+                    self.corrupt[bad_id].add((worker_id, rep.version))
+                    self.corrupt_reports += 1
+                    self._check(worker_id, bad_id, bad.source, rep.version, bad.key)
+
+    def _check(self, reporter: str, accused: str, url: str, version: int, key: str) -> None:
+        """Re-verify the accused chunk off the heartbeat's path (report_check.py)."""
+
+        def done(verdict: str) -> None:
+            with self.lock:
+                self._verdict(reporter, accused, version, verdict)
+
+        store = self.stores.get(version)
+        if (
+            self.checker is None
+            or store is None
+            or not self.checker.submit(store, url, version, key, done)
+        ):
+            self._verdict(reporter, accused, version, "unknown")
+
+    def _verdict(self, reporter: str, accused: str, version: int, verdict: str) -> None:
+        if verdict == "corrupt":  # proof: the relay serves bytes that fail the digest
+            self.proven_corrupt += 1
+            self.topology.exclude(accused)
+            logging.warning("relay of %s serves corrupt chunks (checked): relays no more", accused)
+        elif verdict in ("ok", "no_chunk"):  # a false report: withdrawn, held against its maker
+            self.corrupt[accused].discard((reporter, version))
+            self.false_reports += 1
+            self.false_by[reporter].add(accused)
+            if len(self.false_by[reporter]) >= self.bad_limit and reporter not in self.ignored:
+                self.ignored.add(reporter)
+                self.topology.exclude(reporter)
+                logging.warning("%s made false corrupt-chunk reports: ignored, relays no more",
+                                reporter)  # fmt: skip
+        # Unverifiable: distinct reporters, so one worker alone cannot exclude a relay.
+        elif len({r for r, _ in self.corrupt[accused]}) >= self.bad_limit:
+            self.topology.exclude(accused)
 
     def _delivered(self, parent: str | None, rep) -> None:
         """Credit the reporter's measured receive rate to the parent it was routed to."""
@@ -121,9 +178,16 @@ class BroadcastState:
         if node is None:
             return
         rate = rep.bytes_from_peers / rep.fetch_s
-        v, best = self.delivery.get(parent, (-1, 0.0))
-        if rep.version > v or (rep.version == v and rate > best):
-            self.delivery[parent] = (rep.version, rate)
+        payload = rep.bytes_from_peers + rep.bytes_from_store
+        v, best, held = self.delivery.get(parent, (-1, 0.0, 0))
+        newer = rep.version > v and (
+            4 * payload >= held  # a payload of the same order: like for like
+            or rate >= best  # a small payload's rate is a lower bound: it is at least this
+            or rep.bytes_from_peers == 0  # delivered nothing at all
+            or rep.version - v >= _STALE_VERSIONS
+        )
+        if newer or (rep.version == v and rate > best):
+            self.delivery[parent] = (rep.version, rate, payload)
             node.delivered_bytes_per_s = rate
 
     def leave(self, worker_id: str) -> None:
@@ -186,6 +250,8 @@ class BroadcastState:
             self._prune(now)
             live = set(self.last_seen) & self.reporters
             out = {"broadcast/corrupt_reports": self.corrupt_reports,
+                   "broadcast/corrupt_proven": self.proven_corrupt,
+                   "broadcast/false_reports": self.false_reports,
                    "broadcast/excluded": len(self.topology.excluded)}  # fmt: skip
             for v in sorted(self.published, reverse=True):
                 done = self.done.get(v, {})

@@ -1,6 +1,8 @@
 """Did the policy pick these tokens? A likelihood test of a worker's sampled tokens against
-the learner's distribution (issue 23 item 6: the statistic and its measured behaviour; not
-yet wired into the live audit, see BUILD_NOTES "Trust, round two, continued").
+the learner's distribution (issue 23 item 6). The train step (train_step.py, rows its own
+version sampled) and the audit's re-score (learner_jax/rl/rescore.py, older versions) add
+up per row what `row_sums` says; the controller's audit (bridge/control/audit.py) keeps the
+per-worker sums and quarantines past |Z| > `audit_sampling_z`.
 
 The log-prob audit (bridge/control/audit.py) catches a worker whose reported log-probs
 are not the policy's; it cannot catch one that reports the policy's TRUE log-probs of
@@ -35,9 +37,9 @@ def position_moments(logp, xp=np):
     """(H, V) per position of full log-prob rows `logp` [..., vocab] (log-softmax of the
     processed logits): the entropy and the variance of log p under p."""
     p = xp.exp(logp)
-    plogp = xp.where(p > 0, p * logp, 0.0)
-    entropy = -plogp.sum(axis=-1)
-    second = xp.where(p > 0, p * logp * logp, 0.0).sum(axis=-1)
+    finite = xp.where(p > 0, logp, 0.0)  # dropped tokens (-inf) add nothing, and no NaN
+    entropy = -(p * finite).sum(axis=-1)
+    second = (p * finite * finite).sum(axis=-1)
     return entropy, xp.maximum(second - entropy * entropy, 0.0)
 
 

@@ -41,12 +41,30 @@ gets a fresh batch and the learner waits forever.
 
 Atomicity (issue 25). The controller serves requests concurrently; what keeps this rule and
 exactly-once true is one small critical section, the controller's lock around one SQLite
-transaction (`Controller._op`): "a group is leased once" (queued -> leased under the lock,
-with the admission count read in the same transaction), "a group is accepted once" (its row
-must still be leased by the submitting lease; a resubmission is a no-op), "a group is
-consumed once" (buffered -> consumed in the batch's transaction). Everything slow runs
-outside it: parsing, reward scoring, authentication (committed reads on another
-connection) and the fsync of the group commit (bridge/control/group_commit.py).
+transaction (`Controller._op`, bridge/control/controller.py). Each invariant, and where:
+- "a group is leased once, within the admission cap": `Leasing.offer` (leasing.py) reads
+  the leased + buffered count and moves `queued` rows to `leased` under the new lease id in
+  that one transaction; offers are serialized by the lock, so no row goes out twice and no
+  two offers both see the same room.
+- "a lease is granted once and ends once": its `leases` row is inserted in the offer's
+  transaction and synced before the reply; it leaves `active` exactly once, by one UPDATE
+  under the lock (`set_lease_state`: done, released, expired, rolled back; db_leases.py).
+  Its deadline lives in memory (`LeaseDeadlines`, db_leases.py): expiry takes a lease out
+  of that table under the table's own lock, the lock a heartbeat's renewal takes, so a
+  lease is renewed or expired, never both; the table's changes inside a transaction are
+  undone with it on rollback.
+- "a group is accepted once": `Intake.accept` (intake.py) re-reads the group's row under the
+  lock after scoring: only a row still `leased` to the submitting lease is buffered; one
+  already buffered or consumed is a duplicate (a no-op), any other state a 409.
+- "a group is consumed once": `LearnerSide.take_batch` (learner_api.py) moves `buffered`
+  rows to `consumed` in the batch's transaction, and the batch reaches the learner only
+  after that commit is on disk (group commit).
+Everything slow or frequent runs outside the critical section: parsing and the JSON bounds
+(http_guard.py), authentication and heartbeats (hot state in memory with their own small
+locks, bridge/control/hot_state.py), reward scoring, and the fsync of the group commit
+(bridge/control/group_commit.py). Lock order: the controller's lock, then the SQLite
+transaction, then a small lock (deadline table, hot workers, standby cache, broadcast,
+pacing); no small lock is held while the controller's lock is taken, so none deadlocks.
 """
 
 from __future__ import annotations

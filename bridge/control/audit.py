@@ -27,6 +27,16 @@ registered the worker (bridge/control/identity.py): its per-worker credential, o
 remote host that presented the shared secret, registers no more; only the operator's own
 loopback workers are never barred.
 
+Sampling check (issue 23 item 6, bridge/contracts/sampling_check.py). A worker can report
+the policy's TRUE log-probs of tokens it chose itself (greedy, best of n, the reference
+answer): k3 is then ~0. The same rows also give, per token, log p(token) + H(p) and
+Var_p[log p] under the learner's processed distribution (temperature, top-k/top-p/min-p);
+the controller keeps per-worker decayed sums (deviations weighted w, variances w^2, so
+Z = dev / sqrt(var) stays ~N(0, 1) for a sampler) and quarantines at |Z| >
+`sampling_z` (`audit_sampling_z`, 6) past `min_tokens`. Z > 0: likelier tokens than
+sampling gives (greedy, best-of-n); Z < 0: tokens the policy would rarely say (forced
+text). tests/learner_jax/rl/sampling_audit_test.py runs it end to end.
+
 Defaults, measured (tests/rollout_gpu/audit_test.py; BUILD_NOTES.md): against the fp32
 learner an honest vLLM engine on the tiny model scores a mean k3 of 2e-14 per token in fp32
 and 7e-7 in bf16 (worst group 8.5e-7, mean log-ratio 9e-6); bf16 inference engines on real
@@ -44,6 +54,7 @@ import math
 
 import numpy as np
 
+from bridge.contracts import sampling_check
 from bridge.contracts.k3 import k3
 
 
@@ -56,6 +67,10 @@ class AuditStat:
     tokens: int
     sum_k3: float  # sum over tokens of k3(learner - behaviour)
     sum_logratio: float  # sum over tokens of behaviour - learner log-prob
+    # The sampling check (bridge/contracts/sampling_check.py): sum over the same tokens of
+    # log p(token) + H(p) and of Var_p[log p], p the learner's processed distribution.
+    sum_dev: float = 0.0
+    sum_var: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,6 +79,7 @@ class AuditConfig:
     logratio_threshold: float = 0.1
     min_tokens: int = 256
     window_tokens: int = 4096
+    sampling_z: float = sampling_check.Z_MAX  # |Z| past this: tokens not sampled; 0 = off
 
 
 def rows_to_worker_stats(
@@ -92,21 +108,28 @@ def row_sums(learner_logp, behaviour_logp, mask, xp=np):
 
 
 def row_sums_to_worker_stats(
-    worker_ids, on_policy, row_k3, row_logratio, row_tokens, version: int
-) -> list[AuditStat]:
-    """The same from per-row sums (what a jitted step can return instead of [B, T])."""
+    worker_ids, on_policy, row_k3, row_logratio, row_tokens, version: int,
+    row_dev=None, row_var=None,
+) -> list[AuditStat]:  # fmt: skip
+    """The same from per-row sums (what a jitted step can return instead of [B, T]);
+    `row_dev` / `row_var`: the sampling check's per-row sums (`sampling_check.row_sums`),
+    none = not measured (zeros)."""
+    if row_dev is None or row_var is None:
+        row_dev = row_var = [0.0] * len(worker_ids)
     acc: dict[str, list[float]] = {}
-    for w, on, a, b, n in zip(worker_ids, on_policy, row_k3, row_logratio, row_tokens, strict=True):
-        if not w or not on or n <= 0:
+    rows = zip(worker_ids, on_policy, row_k3, row_logratio, row_tokens, row_dev, row_var,
+               strict=True)  # fmt: skip
+    for w, on, *sums in rows:  # sums: k3, log-ratio, tokens, dev, var
+        if not w or not on or sums[2] <= 0:
             continue
-        s = acc.setdefault(str(w), [0.0, 0.0, 0.0])
-        s[0] += float(a)
-        s[1] += float(b)
-        s[2] += float(n)
+        s = acc.setdefault(str(w), [0.0] * 5)
+        for i, x in enumerate(sums):
+            s[i] += float(x)
     return [
-        AuditStat(worker_id=w, version=int(version), tokens=int(n), sum_k3=a, sum_logratio=b)
-        for w, (a, b, n) in sorted(acc.items())
-    ]
+        AuditStat(worker_id=w, version=int(version), tokens=int(n), sum_k3=a, sum_logratio=b,
+                  sum_dev=d, sum_var=v)
+        for w, (a, b, n, d, v) in sorted(acc.items())
+    ]  # fmt: skip
 
 
 def row_workers(groups, group_size: int) -> list[str]:
@@ -126,25 +149,39 @@ class WorkerAudit:
     def from_config(cls, c, db) -> WorkerAudit:
         """From the controller's config (its audit_* keys)."""
         thresholds = (c.audit_kl_threshold, c.audit_logratio_threshold)
-        return cls(AuditConfig(*thresholds, c.audit_min_tokens, c.audit_window_tokens), db)
+        window = (c.audit_min_tokens, c.audit_window_tokens)
+        return cls(AuditConfig(*thresholds, *window, c.audit_sampling_z), db)
 
     def add(self, stat: AuditStat) -> str | None:
         """Fold in one stat; returns why the worker must be quarantined, else None."""
         c = self.config
-        if stat.tokens <= 0 or not (
-            math.isfinite(stat.sum_k3) and math.isfinite(stat.sum_logratio)
-        ):
+        numbers = (stat.sum_k3, stat.sum_logratio, stat.sum_dev, stat.sum_var)
+        if stat.tokens <= 0 or not all(math.isfinite(x) for x in numbers):
             return None if stat.tokens <= 0 else "non-finite audit numbers"
-        s = self.db.audit_sums(stat.worker_id) or dict(k3=0.0, lr=0.0, n=0.0, total=0.0)
+        s = self.db.audit_sums(stat.worker_id) or dict(
+            k3=0.0, lr=0.0, n=0.0, total=0.0, dev=0.0, var=0.0
+        )
         keep = math.exp(-stat.tokens / c.window_tokens)
         s["k3"] = keep * s["k3"] + stat.sum_k3
         s["lr"] = keep * s["lr"] + stat.sum_logratio
         s["n"] = keep * s["n"] + stat.tokens
         s["total"] += stat.tokens
+        # Weights w on the deviations, w^2 on their variances: Z stays ~N(0, 1) for an
+        # honest sampler (a weighted martingale sum), and only the recent window counts.
+        s["dev"] = keep * s["dev"] + stat.sum_dev
+        s["var"] = keep * keep * s["var"] + stat.sum_var
         self.db.put_audit_sums(stat.worker_id, s)
         kl, lr = s["k3"] / s["n"], s["lr"] / s["n"]
         if s["total"] < c.min_tokens:
             return None
+        z = sampling_check.z_score(s["dev"], s["var"])
+        if c.sampling_z > 0 and abs(z) > c.sampling_z:
+            how = "likelier" if z > 0 else "less likely"
+            return (
+                f"sampled tokens {how} than the policy samples: Z {z:+.2f} (threshold "
+                f"|Z| {c.sampling_z:g}) over the last ~{s['n']:.0f} of {s['total']:.0f} "
+                "audited tokens"
+            )
         if kl > c.kl_threshold or abs(lr) > c.logratio_threshold:
             return (
                 f"behaviour log-probs far from the learner's: mean k3 {kl:.3g} per token "
@@ -169,11 +206,16 @@ class WorkerAudit:
         return out
 
     def score(self, worker_id: str) -> dict:
-        """{'kl', 'logratio', 'tokens'} of a worker (zeros before any audit)."""
+        """{'kl', 'logratio', 'sampling_z', 'tokens'} of a worker (zeros before any audit)."""
         s = self.db.audit_sums(worker_id)
         if not s or s["n"] <= 0:
-            return {"kl": 0.0, "logratio": 0.0, "tokens": 0.0}
-        return {"kl": s["k3"] / s["n"], "logratio": s["lr"] / s["n"], "tokens": s["total"]}
+            return {"kl": 0.0, "logratio": 0.0, "sampling_z": 0.0, "tokens": 0.0}
+        return {
+            "kl": s["k3"] / s["n"],
+            "logratio": s["lr"] / s["n"],
+            "sampling_z": sampling_check.z_score(s["dev"], s["var"]),
+            "tokens": s["total"],
+        }
 
 
 def vouches(db, worker_id: str, min_tokens: int) -> bool:

@@ -27,6 +27,10 @@ class ControllerConfig:
     # grows with work (leases, submissions), not with idle workers. 0: always the shortest.
     heartbeat_budget_per_s: float = 50.0
     worker_timeout_s: float = 30.0
+    # Heartbeat state (last contact, gauges, lease deadlines) is kept in memory and written
+    # to SQLite at most this far apart (bridge/control/hot_state.py); 0: no flusher thread,
+    # only before reads and at close.
+    hot_flush_s: float = 2.0
     max_groups_per_lease: int = 16
     max_version_lag: int = 0  # m above
     refuse_too_slow: bool = True  # freshness-aware leasing (bridge/control/lease_timing.py)
@@ -43,6 +47,9 @@ class ControllerConfig:
     audit_logratio_threshold: float = 0.1  # |mean behaviour - learner log-prob| per token
     audit_min_tokens: int = 256  # audited tokens before a verdict
     audit_window_tokens: int = 4096  # the per-worker score's decay horizon
+    # The sampling check (bridge/contracts/sampling_check.py): quarantine a worker whose
+    # tokens' likelihood under the policy is |Z| past this (not sampled by it); 0 = off.
+    audit_sampling_z: float = 6.0
     # Cost-aware activation (fleet_plan.py): the cheapest set covering (1 + margin) * R / T.
     activation: bool = False
     activation_margin: float = 0.1

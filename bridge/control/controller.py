@@ -25,8 +25,9 @@ reference the controller (prime-rl's orchestrator is the model):
   `max_leases_per_worker` active leases (reason "lease_limit"), token lifetimes.
 
 Leases expire `lease_ttl_s` after issue; each heartbeat renews its worker's leases. Expired
-or released work goes back to the front of the queue. `status()` is the fleet table of
-`python -m bridge.status` (fleet_status.py).
+or released work goes back to the front of the queue. A heartbeat takes no lock and touches
+no SQLite: its state is hot state in memory, persisted in batches (hot_state.py).
+`status()` is the fleet table of `python -m bridge.status` (fleet_status.py).
 
 Trust: the controller builds each leased prompt's token ids itself (`codec`, the run's
 tokenizer) and refuses a group generated from other ids; it scores every completion itself
@@ -38,10 +39,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import threading
 import time
 from collections.abc import Callable, Sequence
 
+from bridge.broadcast.report_check import ReportChecker
 from bridge.broadcast.state import BroadcastState
 from bridge.control import audit as audit_lib
 from bridge.control import fleet_status, limits
@@ -50,6 +53,7 @@ from bridge.control.db import ControllerDB
 from bridge.control.eval_leases import LEARNER_CALLS, EvalBoard
 from bridge.control.fleet_plan import FleetPlan
 from bridge.control.heartbeat_pacing import HeartbeatPacing
+from bridge.control.hot_state import HotFlusher
 from bridge.control.intake import Intake, own_lease
 from bridge.control.learner_api import LearnerSide
 from bridge.control.learner_calls import LearnerCalls
@@ -115,15 +119,43 @@ class Controller(LearnerCalls):
         with self._op():  # a controller that starts serves a live run: a resumed run's
             self.run_end.clear()  # old end must not send workers home
         self.broadcast = BroadcastState(
-            c.broadcast, c.broadcast_fanout, c.broadcast_bad_limit, c.worker_timeout_s
-        )
+            c.broadcast, c.broadcast_fanout, c.broadcast_bad_limit, c.worker_timeout_s,
+            checker=None if c.broadcast == "store" else ReportChecker(),
+        )  # fmt: skip
         self._polling = threading.local()  # in wait_batch: take_batch skips stats on a miss
         self.pacing = HeartbeatPacing(c)  # the interval each reply carries
         self.auditor = audit_lib.WorkerAudit.from_config(c, self.db)
+        self.db.restore_deadlines(clock() + c.lease_ttl_s)  # granted: a full TTL more
+        self._closed = False
+        self._flusher = HotFlusher(self.flush_hot, c.hot_flush_s) if c.hot_flush_s > 0 else None
 
     def close(self) -> None:
+        if self._flusher is not None:
+            self._flusher.stop()
         with self.lock:
+            if self._closed:
+                return
+            self._closed = True
+            with self.db.tx():
+                self._persist_hot()
             self.db.close()
+
+    def flush_hot(self, expire: bool = True) -> None:
+        """Persist the hot state and end the leases past their deadline (hot_state.py)."""
+        with self._op(durable=False):
+            self._persist_hot()
+            self.db.expire_leases(self.clock() if expire else -math.inf)  # -inf: none past
+
+    def _persist_hot(self) -> None:
+        """Write the hot state (lock held, in a transaction) before tables are read."""
+        self.workers.persist()
+        self.fleet.persist()
+        self.db.persist_deadlines()
+
+    def _replan(self) -> None:  # join, leave, quarantine: re-solve on the written hot state
+        if self.config.activation:  # else the solve reads nothing: skip the writes too
+            self._persist_hot()
+            self.fleet.replan(self.clock(), force=True)
 
     @contextlib.contextmanager
     def _op(self, durable: bool = True):
@@ -131,6 +163,8 @@ class Controller(LearnerCalls):
         outside the lock, `durable` waits until the transaction is on disk (group commit,
         bridge/control/group_commit.py): what is acknowledged survives a power cut."""
         with self.lock, self.db.tx():
+            for worker_id, version, at in self.workers.hot.take_swaps():  # from heartbeats
+                self.fleet.swapped(worker_id, version, at)
             yield
         if durable and not self.db.conn.in_transaction:  # nested: the outer op syncs
             self.db.sync()
@@ -141,7 +175,7 @@ class Controller(LearnerCalls):
         with self._op():
             ann = self.versions.publish(version, store)
             self.fleet.published(version, ann.published_at)
-            self.broadcast.publish(version, ann.published_at)
+            self.broadcast.publish(version, ann.published_at, ann.store)
             return ann
 
     def announcement(self) -> VersionAnnouncement:
@@ -153,17 +187,18 @@ class Controller(LearnerCalls):
         """A new worker of `identity` (identity.py; 403 if quarantined): (worker_id, token)."""
         with self._op():
             worker_id, token = self.workers.register(profile, identity)
-            self.fleet.replan(self.clock(), force=True)
+            self._replan()
             return worker_id, token
 
     def authenticate(self, token: str) -> str | None:
-        # No lock: a read of committed rows on this thread's own connection (db.reader).
+        # No lock, no SQLite: the token map is in memory (hot_state.py).
         return self.workers.authenticate(token)
 
     def worker_versions(self) -> list[dict]:
         """Every worker (also those that left): `worker_id`, `version` (the policy version
         it last reported, -1 before its first), `price_per_hour`, `registered_at`."""
-        with self.lock:
+        with self._op(durable=False):
+            self._persist_hot()
             return self.workers.versions()
 
     def broadcast_fetches(self) -> list[dict]:
@@ -176,28 +211,28 @@ class Controller(LearnerCalls):
             self.workers.set_enabled(worker_id, enabled)
 
     def heartbeat(self, worker_id: str, hb: Heartbeat) -> HeartbeatResponse:
-        with self._op(durable=False):  # liveness and renewals: a crash may lose the last few
-            now = self.clock()
-            self.db.expire_leases(now)
-            self.workers.touch(
-                worker_id,
-                hb.worker_version,
-                samples_per_s=hb.samples_per_s,
-                tokens_per_s=hb.tokens_per_s,
-            )
-            self.broadcast.heartbeat(worker_id, hb, now)
-            renewed = self.leasing.renew(worker_id, now)  # up to an age cap (lease_caps.py)
-            self.fleet.replan(now)
-            ann = self.versions.current()
-            return HeartbeatResponse(
-                announcement=ann,
-                swap_to=self.versions.swap_to(hb.worker_version),
-                active=self.workers.is_active(worker_id),
-                run_over=self.run_end.tell(worker_id),
-                renewed_leases=renewed,
-                heartbeat_interval_s=self.heartbeat_interval(worker_id, now),
-                **self.broadcast.route(worker_id, ann.version),
-            )
+        """Liveness, gauges and lease renewals in memory (hot_state.py): no lock, no SQLite;
+        a crash may lose the last `hot_flush_s` of it. Only a heartbeat that finds the
+        activation solve due (at most every `activation_period_s`) runs it, under the lock."""
+        now = self.clock()
+        gauges = dict(samples_per_s=hb.samples_per_s, tokens_per_s=hb.tokens_per_s)
+        self.workers.touch(worker_id, hb.worker_version, **gauges)
+        self.broadcast.heartbeat(worker_id, hb, now)
+        renewed = self.leasing.renew(worker_id, now)  # up to an age cap (lease_caps.py)
+        if self.fleet.replan_due(now):
+            with self._op(durable=False):
+                self._persist_hot()
+                self.fleet.replan(now)
+        ann = self.versions.current()
+        return HeartbeatResponse(
+            announcement=ann,
+            swap_to=self.versions.swap_to(hb.worker_version),
+            active=self.workers.is_active(worker_id),
+            run_over=self.run_end.tell(worker_id),
+            renewed_leases=renewed,
+            heartbeat_interval_s=self.heartbeat_interval(worker_id, now),
+            **self.broadcast.route(worker_id, ann.version),
+        )
 
     def heartbeat_interval(self, worker_id: str | None = None, now: float | None = None):
         """The next heartbeat interval for the live fleet (heartbeat_pacing.py)."""
@@ -209,7 +244,7 @@ class Controller(LearnerCalls):
             self.timing.forget(worker_id)
             self.fleet.forget(worker_id)
             self.broadcast.leave(worker_id)
-            self.fleet.replan(self.clock(), force=True)
+            self._replan()
 
     # -- leases --------------------------------------------------------------------------
     def admission_capacity(self, version: int | None = None) -> int:
@@ -239,9 +274,8 @@ class Controller(LearnerCalls):
                 return LeaseResponse(
                     reason="inactive", retry_after_s=c.heartbeat_interval_s, **reply
                 )
-            evaluation = self.evals.offer(worker_id, req.worker_version, now, req.max_groups)
+            evaluation, more = self.evals.offer(worker_id, req.worker_version, now, req.max_groups)
             if evaluation is not None:  # exactly the worker's version, before rollout work
-                more = self.evals.queued_at(req.worker_version)  # keep it loaded if so
                 return LeaseResponse(lease=evaluation, eval_pending=more, **reply)
             profile = self.workers.profile(worker_id)
             lease, reason, retry = self.leasing.offer(worker_id, req, ann.version, profile)
@@ -269,16 +303,12 @@ class Controller(LearnerCalls):
             with self._op():
                 self.workers.touch(worker_id)
                 ann = self.versions.current()
-            version = self.evals.lease_version(sub.lease_id)
-            accepted, dups = self.evals.submit(worker_id, sub, ann.version, self.scorer)
-            return SubmitResponse(
-                accepted=accepted, duplicates=dups, announcement=ann,
-                eval_pending=self.evals.queued_at(version),
-            )  # fmt: skip
+            out = self.evals.submit(worker_id, sub, ann.version, self.scorer)
+            return SubmitResponse(announcement=ann, **out)
         with self._op():
             self.db.expire_leases(self.clock())
-            self.workers.touch(worker_id)
             fresh, prompts = self.intake.check(worker_id, sub, self.versions.current().version)
+            self.workers.touch(worker_id)  # in memory: after the checks (bad input: no trace)
         scored = [
             (g.group_id, *self.scorer.score_group(g.group_id, prompts[g.group_id], g.trajectories))
             for g in fresh
@@ -312,10 +342,11 @@ class Controller(LearnerCalls):
         with self._op():
             out = self.auditor.fold(stats, self.clock())
             for worker_id in out:
+                self.workers.drop(worker_id)  # its token is gone
                 self.timing.forget(worker_id)
                 self.fleet.forget(worker_id)
             if out:
-                self.fleet.replan(self.clock(), force=True)
+                self._replan()
             return out
 
     # -- run end -------------------------------------------------------------------------
@@ -326,7 +357,8 @@ class Controller(LearnerCalls):
 
     def workers_told_run_over(self) -> bool:
         """True once every live worker was answered run_over since `end_run` (run_end.py)."""
-        with self._op():
+        with self._op(durable=False):
+            self._persist_hot()
             return self.run_end.all_told()
 
     def wait_run_over_seen(self, timeout_s: float) -> bool:
@@ -338,7 +370,7 @@ class Controller(LearnerCalls):
         """The fleet table and the run's step, staleness and spend (fleet_status.py)."""
         with self._op():
             self.db.expire_leases(self.clock())
-            return fleet_status.fleet_status(
+            return fleet_status.fleet_status(  # _stats() writes the hot state first
                 self.db,
                 self.config,
                 self.clock(),
@@ -355,6 +387,8 @@ class Controller(LearnerCalls):
             return self._stats()
 
     def _stats(self) -> dict:
+        with self.db.tx():  # nested in the caller's, or its own
+            self._persist_hot()
         return stats_line(
             self.clock(),
             self.db,

@@ -18,8 +18,9 @@ Group commit (issue 25): `synchronous=NORMAL` (a COMMIT writes the WAL, no fsync
 WAL for every commit made so far and the callers that arrive meanwhile wait for it or the
 next, so N submissions in a few ms cost one fsync (`GroupCommit`). What the controller
 acknowledges (a lease, an acceptance, a registration) is on disk before its reply, as with
-`synchronous=FULL`; a heartbeat does not wait for the disk at all. Reads that need no
-transaction (authentication) go through a per-thread read-only connection, off the lock.
+`synchronous=FULL`. A heartbeat touches no table at all: last contact, gauges and lease
+deadlines are hot state in memory, persisted in batches (bridge/control/hot_state.py,
+db_leases.py). Reads that need no transaction can use a per-thread read-only connection.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import sqlite3
 import threading
 from typing import Any
 
+from bridge.control.db_leases import LeaseDeadlines, LeaseRows
 from bridge.control.group_commit import GroupCommit
 
 _SCHEMA = """
@@ -56,15 +58,16 @@ CREATE TABLE IF NOT EXISTS fleet (
   changed_at REAL NOT NULL DEFAULT 0, standby_s REAL NOT NULL DEFAULT 0, rollouts_per_s REAL);
 CREATE TABLE IF NOT EXISTS audit (
   worker_id TEXT PRIMARY KEY, k3 REAL NOT NULL, lr REAL NOT NULL, n REAL NOT NULL,
-  total REAL NOT NULL);
+  total REAL NOT NULL, dev REAL NOT NULL DEFAULT 0, var REAL NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS quarantine (
   worker_id TEXT PRIMARY KEY, at REAL NOT NULL, why TEXT NOT NULL,
   dropped_groups INTEGER NOT NULL);
 """
 
 
-class ControllerDB:
-    """Named queries and updates on the tables; the caller serializes access (one lock)."""
+class ControllerDB(LeaseRows):
+    """Named queries and updates on the tables; the caller serializes access (one lock).
+    The lease statements and the in-memory lease deadlines: db_leases.py."""
 
     def __init__(self, path: str):
         self.path = path
@@ -74,10 +77,16 @@ class ControllerDB:
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")  # durability: sync() (group commit)
         self.conn.executescript(_SCHEMA)
+        audit_cols = {r[1] for r in self.conn.execute("PRAGMA table_info(audit)")}
+        for col in ("dev", "var"):  # the sampling check's sums, new in an older database
+            if col not in audit_cols:
+                self.conn.execute(f"ALTER TABLE audit ADD COLUMN {col} REAL NOT NULL DEFAULT 0")
         self.group_commit = GroupCommit(path + "-wal")
         self._readers = threading.local()
         self._reader_list: list[sqlite3.Connection] = []  # closed with the store
         self._reader_list_lock = threading.Lock()
+        self.deadlines = LeaseDeadlines()  # in memory, persisted with the hot state
+        self.restore_deadlines(float("-inf"))
 
     def close(self) -> None:
         self.group_commit.close()
@@ -93,12 +102,15 @@ class ControllerDB:
             yield
             return
         self.conn.execute("BEGIN IMMEDIATE")
+        self.deadlines.begin()  # its changes are undone with the transaction's
         try:
             yield
         except BaseException:
             self.conn.execute("ROLLBACK")
+            self.deadlines.rollback()
             raise
         self.conn.execute("COMMIT")
+        self.deadlines.commit()
         self.group_commit.committed()
 
     def sync(self) -> None:
@@ -244,48 +256,6 @@ class ControllerDB:
             "DELETE FROM groups WHERE state='consumed' AND consumed_step<=?", (up_to_step,)
         )
 
-    # -- leases --------------------------------------------------------------------------
-    def add_lease(self, lease_id: str, worker_id: str, now: float, expires_at: float) -> None:
-        self._x(
-            "INSERT INTO leases(lease_id, worker_id, created_at, expires_at, state)"
-            " VALUES (?, ?, ?, ?, 'active')",
-            (lease_id, worker_id, now, expires_at),
-        )
-
-    def lease(self, lease_id: str) -> sqlite3.Row | None:
-        rows = self.q("SELECT * FROM leases WHERE lease_id=?", (lease_id,))
-        return rows[0] if rows else None
-
-    def active_leases(self, worker_id: str) -> list[str]:
-        """Ids of the leases `worker_id` holds now."""
-        rows = self.q(
-            "SELECT lease_id FROM leases WHERE worker_id=? AND state='active'", (worker_id,)
-        )
-        return [r["lease_id"] for r in rows]
-
-    def renew_leases(self, worker_id: str, expires_at: float) -> None:
-        """Every active lease of `worker_id` now expires at `expires_at` (a heartbeat)."""
-        self._x(
-            "UPDATE leases SET expires_at=? WHERE worker_id=? AND state='active'",
-            (expires_at, worker_id),
-        )
-
-    def set_lease_state(self, lease_id: str, state: str) -> None:
-        self._x("UPDATE leases SET state=? WHERE lease_id=?", (state, lease_id))
-
-    def end_lease(self, lease_id: str, state: str) -> None:
-        """End a lease as `state` (expired, released): its unsubmitted groups requeue."""
-        rows = self.groups_of_lease(lease_id)
-        self.requeue([r["group_id"] for r in rows if r["state"] == "leased"])
-        self.set_lease_state(lease_id, state)
-        self.incr(f"leases/{state}")
-
-    def expire_leases(self, now: float) -> None:
-        """End every active lease whose deadline passed before `now`."""
-        rows = self.q("SELECT lease_id FROM leases WHERE state='active' AND expires_at<?", (now,))
-        for r in rows:
-            self.end_lease(r["lease_id"], "expired")
-
     # -- workers -------------------------------------------------------------------------
     def add_worker(self, worker_id: str, token_hash: str, profile_json: str, now: float) -> None:
         self._x(
@@ -297,21 +267,6 @@ class ControllerDB:
     def worker(self, worker_id: str) -> sqlite3.Row | None:
         rows = self.q("SELECT * FROM workers WHERE worker_id=?", (worker_id,))
         return rows[0] if rows else None
-
-    def worker_by_token(self, token_hash: str, with_last_seen: bool = False):
-        """The id of the worker (not left) whose token hashes to `token_hash`;
-        `with_last_seen`: (id, last_seen), for the token's lifetime (limits.py)."""
-        rows = (
-            self.reader()
-            .execute(  # committed rows only: safe off the lock
-                "SELECT worker_id, last_seen FROM workers WHERE token_hash=? AND left_at IS NULL",
-                (token_hash,),
-            )
-            .fetchall()
-        )
-        if not rows:
-            return None
-        return (rows[0]["worker_id"], rows[0]["last_seen"]) if with_last_seen else rows[0][0]
 
     def workers(self) -> list[sqlite3.Row]:
         """Every worker ever registered, including those that left."""
@@ -356,14 +311,18 @@ class ControllerDB:
     # In the database, not in memory: a controller restart must neither forget a worker's
     # evidence nor let a quarantined worker back in.
     def audit_sums(self, worker_id: str) -> dict[str, float] | None:
-        """The token-decayed sums {k3, lr, n, total} of `worker_id`, None before any."""
-        rows = self.q("SELECT k3, lr, n, total FROM audit WHERE worker_id=?", (worker_id,))
+        """The token-decayed sums {k3, lr, n, total, dev, var} of `worker_id`, None before
+        any (dev, var: the sampling check's, audit.py)."""
+        rows = self.q(
+            "SELECT k3, lr, n, total, dev, var FROM audit WHERE worker_id=?", (worker_id,)
+        )
         return dict(rows[0]) if rows else None
 
     def put_audit_sums(self, worker_id: str, sums: dict[str, float]) -> None:
         self._x(
-            "INSERT OR REPLACE INTO audit(worker_id, k3, lr, n, total) VALUES (?, ?, ?, ?, ?)",
-            (worker_id, sums["k3"], sums["lr"], sums["n"], sums["total"]),
+            "INSERT OR REPLACE INTO audit(worker_id, k3, lr, n, total, dev, var)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (worker_id, *(sums[k] for k in ("k3", "lr", "n", "total", "dev", "var"))),
         )
 
     def quarantine_worker(self, worker_id: str, at: float, why: str, dropped: int) -> None:

@@ -3,7 +3,7 @@
     board = EvalBoard(config, task_name, content, out_path="<workdir>/eval.jsonl",
                       samples_path="<workdir>/eval_samples.jsonl")
     board.request(version=v, prompts=task.eval_prompts(), n=8, temperature=0.0, step=s)
-    lease = board.offer(worker_id, worker_version, now)     # Controller.lease, before work
+    lease, more = board.offer(worker_id, worker_version, now)   # Controller.lease, first
     board.check(worker_id, submission) -> (groups, prompts) # Controller.submit: the checks
     board.accept(worker_id, submission, scored)             # ... then the trusted scores
     board.take_results() -> [{"version": v, "eval/accuracy": ..., ...}]   # learner metrics
@@ -157,7 +157,8 @@ class EvalBoard:
 
     # -- workers -----------------------------------------------------------------------------
     def offer(self, worker_id: str, worker_version: int, now: float, max_groups: int = 1):
-        """An eval lease of version `worker_version` exactly, or None (no such work)."""
+        """(an eval lease of version `worker_version` exactly, or None (no such work);
+        whether more of that version's eval groups stay queued: `eval_pending`)."""
         with self._lock:
             self._expire(now)
             rows = [
@@ -165,7 +166,7 @@ class EvalBoard:
                 if g["state"] == "queued" and g["version"] == worker_version
             ][: max(1, min(max_groups, self.config.max_groups_per_lease))]  # fmt: skip
             if not rows:
-                return None
+                return None, False
             lease_id = LEASE_PREFIX + uuid.uuid4().hex
             expires = now + self.config.lease_ttl_s
             for g in rows:
@@ -174,22 +175,17 @@ class EvalBoard:
             self.leases[lease_id] = dict(
                 worker=worker_id, version=worker_version, groups=ids, expires=expires
             )
-            return Lease(lease_id=lease_id, expires_at=expires, groups=[g["group"] for g in rows])
+            lease = Lease(lease_id=lease_id, expires_at=expires, groups=[g["group"] for g in rows])
+            return lease, self._queued_at(worker_version)
 
     def owns(self, lease_id: str) -> bool:
         return lease_id.startswith(LEASE_PREFIX)
 
-    def queued_at(self, version: int | None) -> bool:
+    def _queued_at(self, version: int | None) -> bool:
         """Whether eval groups of `version` wait for a worker (the `eval_pending` reply)."""
-        with self._lock:
-            return version is not None and any(
-                g["state"] == "queued" and g["version"] == version for g in self.groups.values()
-            )
-
-    def lease_version(self, lease_id: str) -> int | None:
-        with self._lock:
-            lease = self.leases.get(lease_id)
-            return None if lease is None else lease["version"]
+        return version is not None and any(
+            g["state"] == "queued" and g["version"] == version for g in self.groups.values()
+        )
 
     def check(self, worker_id: str, sub: Submission, newest: int):
         """(groups to score, group id -> Prompt); SubmissionError (422/404/409) else. A token
@@ -248,18 +244,23 @@ class EvalBoard:
                         self.groups[gid]["state"] = "queued"
             return taken
 
-    def submit(self, worker_id: str, sub: Submission, newest: int, scorer) -> tuple[list, list]:
-        """check -> trusted scores (outside the board's lock) -> accept: (accepted group
-        ids, duplicates). The caller holds no lock while the rewards run."""
+    def submit(self, worker_id: str, sub: Submission, newest: int, scorer) -> dict:
+        """check -> trusted scores (outside the board's lock) -> accept: the SubmitResponse
+        fields accepted (group ids), duplicates and eval_pending (more of the lease's
+        version queued). The caller holds no lock while the rewards run."""
         fresh, prompts = self.check(worker_id, sub, newest)
         with self._lock:
             lease = self.leases.get(sub.lease_id)
-            scorer = self.scorers.get(lease["version"], scorer) if lease else scorer
+            version = lease["version"] if lease else None
+            scorer = self.scorers.get(version, scorer) if lease else scorer
         scored = [(g.group_id, *scorer.score_group(g.group_id, prompts[g.group_id], g.trajectories))
                   for g in fresh]  # fmt: skip
         self.accept(worker_id, sub, scored)
         accepted = [gid for gid, _, _ in scored]
-        return accepted, [g.group_id for g in sub.groups if g.group_id not in accepted]
+        with self._lock:
+            more = self._queued_at(version)
+        dups = [g.group_id for g in sub.groups if g.group_id not in accepted]
+        return dict(accepted=accepted, duplicates=dups, eval_pending=more)
 
     def release(self, worker_id: str, lease_id: str) -> bool:
         with self._lock:

@@ -62,6 +62,7 @@ import json
 import logging
 import math
 import statistics
+import threading
 
 from bridge.control import activation, audit, capacity, capacity_advice
 
@@ -115,6 +116,13 @@ class FleetPlan:
         self._swap_at: dict[str, collections.deque] = {}  # when each swap was first seen
         self.confident = False
         self._solved_at = -math.inf
+        # Hot (hot_state.py): each worker's standby flag and when it changed, read on every
+        # heartbeat, and standby seconds billed since the last `persist`, in memory.
+        self._hot = threading.Lock()
+        self._standby_at = {
+            w: (bool(r["standby"]), r["changed_at"]) for w, r in db.fleet_rows().items()
+        }
+        self._standby_s: dict[str, float] = {}
         self.advice = capacity_advice.Advice(config.staleness)
 
     # -- measurements --------------------------------------------------------------------
@@ -205,8 +213,13 @@ class FleetPlan:
         return {wid for wid, r in self.db.fleet_rows().items() if r["standby"]}
 
     def is_active(self, worker_id: str) -> bool:
-        row = self.db.fleet_row(worker_id)  # one row: this runs on every lease and heartbeat
-        return not (self.config.activation and row is not None and row["standby"])
+        standby = self._standby_at.get(worker_id, (False, 0.0))[0]  # in memory: heartbeats
+        return not (self.config.activation and standby)
+
+    def replan_due(self, now: float) -> bool:
+        c = self.config
+        due = now - self._solved_at >= c.activation_period_s
+        return c.activation and due and self.train_step_s() is not None
 
     def _alive(self, now: float) -> list:
         timeout = self.config.worker_timeout_s
@@ -244,6 +257,7 @@ class FleetPlan:
         ]
         for wid in changed:
             self.db.set_standby(wid, wid in d.standby, now)
+            self._standby_at[wid] = (wid in d.standby, now)
         if changed:
             logging.info(
                 "activation: %d active (%.2f rollouts/s, %.2f USD/h), %d on standby; the "
@@ -263,14 +277,23 @@ class FleetPlan:
     def accrue(self, worker_id: str, last_seen: float, now: float) -> None:
         """Bill the standby part of a contact gap [last_seen, now] (the controller bills the
         whole gap as alive time; standby time is then charged at the standby fraction)."""
-        row = self.db.fleet_row(worker_id)
-        if not self.config.activation or row is None:
+        at = self._standby_at.get(worker_id)  # in memory: heartbeats bill (no SQLite)
+        if not self.config.activation or at is None:
             return
-        if row["changed_at"] > last_seen:  # the state changed within the gap: split it
-            seconds = now - row["changed_at"] if row["standby"] else row["changed_at"] - last_seen
+        standby, changed_at = at
+        if changed_at > last_seen:  # the state changed within the gap: split it
+            seconds = now - changed_at if standby else changed_at - last_seen
         else:
-            seconds = now - last_seen if row["standby"] else 0.0
+            seconds = now - last_seen if standby else 0.0
         if seconds > 0:
+            with self._hot:
+                self._standby_s[worker_id] = self._standby_s.get(worker_id, 0.0) + seconds
+
+    def persist(self) -> None:
+        """Write the standby seconds billed since the last call."""
+        with self._hot:
+            billed, self._standby_s = self._standby_s, {}
+        for worker_id, seconds in billed.items():
             self.db.add_standby_s(worker_id, seconds)
 
     # -- metrics -------------------------------------------------------------------------
@@ -352,6 +375,12 @@ class FleetPlan:
             "capacity/train_step_s": train_s,
             "capacity/learner_overhead_s": step_s - train_s,
             "capacity/latency_s": latency,
+            # Which bound sets the prediction: the fleet's rate (rho) or freshness.
+            "capacity/rate_bound": min(1.0, sum(usable) * step_s / rollouts_per_step)
+            * train_s
+            / step_s,
+            # When the first R rollouts of a new version are back (capacity.arrival_s).
+            "capacity/first_rollouts_s": first if math.isfinite(first) else -1.0,
             "capacity/confident": int(self.confident),
             "capacity/warning": int(self.confident and not (judged.rate_ok and judged.fresh_ok)),
         }

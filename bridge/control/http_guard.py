@@ -14,7 +14,9 @@ controller's CPU under load (BUILD_NOTES.md, issue 25 profile). In order:
 3. `check(scope, headers)`, the service's policy (plain HTTP, rate limits, the bearer token):
    an early reply, or None to go on (it may put `worker_id` in `scope["state"]`).
 
-The buffered body is then replayed to the app. All replies here are small JSON documents.
+The buffered body is then replayed to the app, or, for a path in `fast` (POST), handed to
+its lean handler (bridge/control/fast_routes.py: heartbeat, lease), whose JSON bytes are
+the reply. All replies here are small JSON documents.
 """
 
 from __future__ import annotations
@@ -60,8 +62,8 @@ Reply = tuple[int, dict, dict]  # status, JSON body, extra headers
 Check = Callable[[dict, dict], Awaitable[Reply | None]]
 
 
-async def send_json(send, status: int, body: dict, headers: dict | None = None) -> None:
-    data = json.dumps(body).encode()
+async def send_json(send, status: int, body: dict | bytes, headers: dict | None = None) -> None:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
     raw = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
     raw += [(k.lower().encode(), str(v).encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
@@ -78,8 +80,9 @@ class HttpGuard:
         max_body_bytes: int,
         max_json_depth: int = 32,
         max_json_elements: int = 4_000_000,
+        fast: dict | None = None,
     ):
-        self.app, self.check = app, check
+        self.app, self.check, self.fast = app, check, fast or {}
         self.max_body_bytes, self.max_depth = max_body_bytes, max_json_depth
         self.max_elements = max_json_elements
 
@@ -120,6 +123,8 @@ class HttpGuard:
             bad = json_bounds(*bounds) if data else None
         if bad:
             return await send_json(send, bad[0], {"detail": bad[1]})
+        if (route := self.fast.get(scope["path"])) is not None and scope["method"] == "POST":
+            return await send_json(send, *await route(scope, data))
         replayed = False
 
         async def replay():

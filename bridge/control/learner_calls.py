@@ -71,7 +71,10 @@ class LearnerCalls:
         back = self.learner.restore_cursor(cursor)
         if version is not None:
             with self._op():
+                self._persist_hot()  # the rows first, then undo on them, then read back
                 rollback.roll_back(self.db, version)
+                self.workers.reload()
+                self.versions.reload()
         self.db.sync()
         return back
 

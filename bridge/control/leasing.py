@@ -123,19 +123,12 @@ class Leasing:
 
     def renew(self, worker_id: str, now: float) -> list[str]:
         """A heartbeat: renew `worker_id`'s active leases by `lease_ttl_s`, except those past
-        their absolute age cap (lease_caps.py), which expire now (their groups requeue);
-        returns the renewed lease ids."""
+        their deadline or their absolute age cap (lease_caps.py), which the next sweep
+        expires (their groups requeue); returns the renewed lease ids. In memory only
+        (db_leases.py): no SQLite, no controller lock."""
         c, lat = self.config, self.timing.latency.get(worker_id)
         cap = lease_caps.max_lease_age_s(lat.seconds if lat is not None else None, c.lease_ttl_s)
-        renewed = []
-        for lease_id in self.db.active_leases(worker_id):
-            if now - self.db.lease(lease_id)["created_at"] > cap:
-                self.db.end_lease(lease_id, "expired")
-                self.db.incr("leases/too_old")
-            else:
-                renewed.append(lease_id)
-        self.db.renew_leases(worker_id, now + c.lease_ttl_s)
-        return renewed
+        return self.db.deadlines.renew(worker_id, now, now + c.lease_ttl_s, cap)
 
     def _refill(self, k: int) -> None:
         short = k - self.db.count("queued")

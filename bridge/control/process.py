@@ -64,6 +64,12 @@ def _child(cfg, workdir, task, codec, options, token_file, resume, logs, authkey
     rpc = manager.get_server()
     conn.send((server.url, rpc.address))
     conn.close()
+
+    def _stopped(*_):  # SIGTERM: the hot state in memory reaches the file first (hot_state.py)
+        ctl.close()
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, _stopped)
     rpc.serve_forever()  # until the parent stops (SIGTERM) or kills it
 
 

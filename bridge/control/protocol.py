@@ -101,6 +101,9 @@ class SourceReport(_Model):
 
     source: str = Field(max_length=512, description="relay URL, or 'store'")
     kind: Literal["corrupt", "dead"]
+    key: str = Field(
+        default="", max_length=512, description="the store key of the chunk (corrupt: required)"
+    )
 
 
 class BroadcastReport(_Model):

@@ -25,19 +25,22 @@ class RunEnd:
     def __init__(self, db: ControllerDB, config: ControllerConfig, clock: Callable[[], float]):
         self.db, self.config, self.clock = db, config, clock
         self._told: set[str] = set()  # workers answered run_over since the end
+        self._over = db.get("run_over") is not None  # in memory: every heartbeat asks
 
     def clear(self) -> None:
         if self.db.get("run_over") is not None:
             self.db.put("run_over", None)
+        self._over = False
 
     def end(self, reason: str) -> None:
         if self.db.get("run_over") is None:
             self.db.put("run_over", {"at": self.clock(), "reason": reason})
             logging.info("run over (%s): telling the workers to leave", reason)
+        self._over = True
 
     def tell(self, worker_id: str) -> bool:
-        """Whether the run is over; remembers that `worker_id` was told."""
-        if self.db.get("run_over") is None:
+        """Whether the run is over; remembers that `worker_id` was told. No SQLite."""
+        if not self._over:
             return False
         self._told.add(worker_id)
         return True

@@ -49,10 +49,11 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from bridge.broadcast.relay_address import advertised_relay_url, is_loopback
+from bridge.broadcast.relay_address import is_loopback
 from bridge.control import limits, prometheus
 from bridge.control.controller import Controller
 from bridge.control.episode_steps import EpisodeSteps
+from bridge.control.fast_routes import RelayFilter, fast_routes
 from bridge.control.http_bounds import bounded_protocol
 from bridge.control.http_guard import HttpGuard, json_body, with_schemas
 from bridge.control.identity import identity_of
@@ -97,6 +98,7 @@ class ServerOptions:
     relay_hosts: tuple[str, ...] = ()  # relay URL hosts kept as claimed (NAT names)
     prometheus: bool = True  # GET /metrics (bridge/control/prometheus.py)
     metrics_token_file: str | None = None  # bearer for non-loopback scrapers; None: loopback only
+    lean_routes: bool = True  # heartbeat and lease without FastAPI (fast_routes.py)
 
 
 def load_or_create_join_secret(workdir: str, token_file: str | None = None) -> str:
@@ -136,9 +138,10 @@ def make_app(
     relay_hosts: tuple[str, ...] = (),
     max_json_depth: int = 32,
     max_json_elements: int = 4_000_000,
+    lean: bool = True,
 ) -> FastAPI:
     secret = join_secret if isinstance(join_secret, JoinSecret) else JoinSecret(join_secret)
-    refused_relays: set[tuple[str, str]] = set()  # (worker, URL) already logged
+    relay = RelayFilter(relay_hosts)  # the relay URL a worker may advertise
 
     app = FastAPI(
         title="echo2 controller",
@@ -214,22 +217,12 @@ def make_app(
             announcement=controller.announcement(),
         )
 
+    # Heartbeat, lease and submit are answered by the guard's lean handlers (fast_routes.py);
+    # their routes here declare them in the schema and answer when `lean` is off.
     @app.post("/v1/heartbeat", response_model=HeartbeatResponse, dependencies=auth)
     def heartbeat(hb: Heartbeat, request: Request) -> HeartbeatResponse:
         caller, worker = request.client.host if request.client else None, request.state.worker_id
-        url, why = advertised_relay_url(hb.relay_url, caller, relay_hosts)
-        if not url and why and (worker, hb.relay_url) not in refused_relays:
-            if len(refused_relays) < 10_000:  # once per worker and URL
-                refused_relays.add((worker, hb.relay_url))
-            logging.warning(
-                "worker %s: relay URL %s refused (%s); it relays to no one",
-                worker,
-                log_safe(hb.relay_url),
-                log_safe(why),
-            )
-        if url != hb.relay_url:
-            hb = hb.model_copy(update={"relay_url": url})
-        return controller.heartbeat(worker, hb)
+        return controller.heartbeat(worker, relay(worker, hb, caller))
 
     @app.post("/v1/lease", response_model=LeaseResponse, dependencies=auth)
     def lease(req: LeaseRequest, request: Request) -> LeaseResponse:
@@ -295,6 +288,7 @@ def make_app(
         max_body_bytes=max_body_bytes,
         max_json_depth=max_json_depth,
         max_json_elements=max_json_elements,
+        fast=fast_routes(controller, relay, _submit) if lean else {},
     )
     app.openapi = with_schemas(app, Submission, public=PUBLIC_PATHS)
     return app
@@ -315,6 +309,7 @@ class ControllerServer:
             relay_hosts=tuple(options.relay_hosts),
             max_json_depth=options.max_json_depth,
             max_json_elements=options.max_json_elements,
+            lean=options.lean_routes,
         )
         if options.prometheus:
             prometheus.install(

@@ -3,7 +3,8 @@
 `VersionBoard` is a part of `Controller` (bridge/control/controller.py) and owns one fact:
 the newest announcement (version, weight store, publish time), kept in the database's
 key/value table so a restarted controller announces what was published before. It never
-references the controller; the caller holds the controller's lock and transaction.
+references the controller; the caller holds the controller's lock and transaction, except
+for `current` and `swap_to`, which read the copy in memory (a heartbeat asks, hot_state.py).
 """
 
 from __future__ import annotations
@@ -17,10 +18,15 @@ from bridge.control.protocol import VersionAnnouncement
 class VersionBoard:
     def __init__(self, db: ControllerDB, clock: Callable[[], float]):
         self.db, self.clock = db, clock
+        self.reload()
+
+    def reload(self) -> None:
+        """Read the announcement back from the database (a rollback rewrote it)."""
+        self._current = VersionAnnouncement(**self.db.get("announcement", {"version": -1}))
 
     def current(self) -> VersionAnnouncement:
         """The newest announcement; version -1 before the first publish."""
-        return VersionAnnouncement(**self.db.get("announcement", {"version": -1}))
+        return self._current
 
     def publish(self, version: int, store: dict | str | None) -> VersionAnnouncement:
         """Announce `version` (its manifest is in the weight store `store`)."""
@@ -28,6 +34,7 @@ class VersionBoard:
             raise ValueError(f"version {version} is older than published {self.current().version}")
         ann = VersionAnnouncement(version=version, store=store, published_at=self.clock())
         self.db.put("announcement", ann.model_dump())
+        self._current = ann
         return ann
 
     def swap_to(self, worker_version: int) -> int | None:

@@ -12,6 +12,10 @@ revokes it (audit.py). Billing: time between two contacts counts when they are a
 registration is bound to who presented it (bridge/control/identity.py), so a quarantine
 bars the credential (or remote host) from registering again.
 
+Hot columns (last contact, billed seconds, reported version, gauges) and the token map
+are in memory (`HotWorkers`, bridge/control/hot_state.py): `touch` and `authenticate` touch
+no SQLite and need no controller lock; `persist` writes the changed rows.
+
 Evidence: `count_hidden` keeps, per worker, how many accepted completions held a token the
 reward cannot see (bridge/control/rewards.py `ScoringText`; scored 0), with the run's total
 in `reward/hidden_tokens`. It is evidence for the operator (`hidden_tokens(worker_id)`), not
@@ -31,6 +35,7 @@ from bridge.control import limits
 from bridge.control.config import ControllerConfig
 from bridge.control.db import ControllerDB
 from bridge.control.fleet_plan import FleetPlan
+from bridge.control.hot_state import HotWorkers
 from bridge.control.identity import IdentityBook
 from bridge.control.log_text import log_safe
 from bridge.control.protocol import WorkerProfile
@@ -51,6 +56,8 @@ class WorkerRegistry:
     ):
         self.db, self.config, self.clock, self.fleet = db, config, clock, fleet
         self.identities = IdentityBook(db)
+        self.hot = HotWorkers()
+        self.hot.load(db.workers())
 
     def register(self, profile: WorkerProfile, identity: str | None = None) -> tuple[str, str]:
         """A new worker registered by `identity` (bridge/control/identity.py); returns
@@ -62,7 +69,9 @@ class WorkerRegistry:
         # Its own words, shown in logs and the status table: one escaped line each.
         texts = ("accelerator", "region", "name")
         profile = profile.model_copy(update={k: log_safe(getattr(profile, k), 128) for k in texts})
-        self.db.add_worker(worker_id, hash_token(token), profile.model_dump_json(), self.clock())
+        now = self.clock()
+        self.db.add_worker(worker_id, hash_token(token), profile.model_dump_json(), now)
+        self.hot.add(worker_id, hash_token(token), now)
         self.db.incr("workers/registered")
         previous = self.identities.bind(worker_id, identity)
         if previous and (row := self.db.worker(previous)) and row["left_at"] is None:
@@ -71,7 +80,7 @@ class WorkerRegistry:
         return worker_id, token
 
     def authenticate(self, token: str) -> str | None:
-        row = self.db.worker_by_token(hash_token(token), with_last_seen=True)
+        row = self.hot.by_token(hash_token(token))  # in memory: no SQLite, no lock
         alive = row and limits.token_alive(row[1], self.clock(), self.config.token_ttl_s)
         return row[0] if alive else None
 
@@ -93,21 +102,34 @@ class WorkerRegistry:
 
     def version(self, worker_id: str) -> int:
         """The policy version `worker_id` last reported."""
-        return self.db.worker(worker_id)["version"]
+        w = self.hot.get(worker_id)
+        return w.version if w is not None else self.db.worker(worker_id)["version"]
 
-    def touch(self, worker_id: str, version: int | None = None, **cols) -> None:
-        """A contact: bill the time since the last one, record a reported version."""
-        now, w = self.clock(), self.db.worker(worker_id)
-        gap = now - w["last_seen"]
-        billed = 0 < gap <= self.config.worker_timeout_s
-        if billed:
-            self.fleet.accrue(worker_id, w["last_seen"], now)
-        if version is not None:
-            cols["version"] = version
-            if version > w["version"]:
-                self.fleet.swapped(worker_id, version, now)
-        active_s = w["active_s"] + (gap if billed else 0.0)
-        self.db.update_worker(worker_id, last_seen=now, active_s=active_s, **cols)
+    def touch(self, worker_id: str, version: int | None = None, **gauges) -> None:
+        """A contact: bill the time since the last one, record a reported version and
+        gauges. In memory (`persist` writes it); a new version reaches the fleet plan when
+        the controller next holds its lock (`take_swaps`)."""
+        now = self.clock()
+        gap = self.hot.touch(worker_id, now, self.config.worker_timeout_s, version, **gauges)
+        if gap is not None:
+            self.fleet.accrue(worker_id, *gap)
+
+    def persist(self, only: str | None = None) -> None:
+        """Write the hot columns changed since the last call (of `only`, if given)."""
+        self.db.conn.executemany(
+            "UPDATE workers SET last_seen=?, active_s=?, version=?, samples_per_s=?,"
+            " tokens_per_s=? WHERE worker_id=?",
+            self.hot.take_dirty(only),
+        )
+
+    def drop(self, worker_id: str) -> None:
+        """`worker_id` left or was quarantined: write its hot columns, then forget them."""
+        self.persist(only=worker_id)
+        self.hot.drop(worker_id)
+
+    def reload(self) -> None:
+        """Read the hot state back after the table changed under it (a rollback)."""
+        self.hot.load(self.db.workers())
 
     def count_hidden(self, worker_id: str, n: int) -> None:
         """`n` more of `worker_id`'s accepted completions held a hidden token."""
@@ -121,10 +143,12 @@ class WorkerRegistry:
 
     def set_enabled(self, worker_id: str, enabled: bool) -> None:
         self.db.update_worker(worker_id, enabled=int(enabled))
+        self.hot.set_enabled(worker_id, enabled)
 
     def is_active(self, worker_id: str) -> bool:
         """Enabled (not switched off by hand) and not on standby (fleet_plan.py)."""
-        return bool(self.db.worker(worker_id)["enabled"]) and self.fleet.is_active(worker_id)
+        w = self.hot.get(worker_id)  # in memory: a heartbeat asks
+        return w is not None and w.enabled and self.fleet.is_active(worker_id)
 
     def leave(self, worker_id: str) -> None:
         """The worker said goodbye: its leases end (their groups requeue)."""
@@ -132,3 +156,4 @@ class WorkerRegistry:
             self.db.end_lease(lease_id, "released")
         self.touch(worker_id)
         self.db.update_worker(worker_id, left_at=self.clock())
+        self.drop(worker_id)

@@ -39,8 +39,9 @@ class Reconstructed:
 
 
 def links(store, target: int, have: int | None = None) -> list[Manifest]:
-    """Manifests from target back along its bases, oldest first: to `have` when it is
-    reachable (crossing anchors by their patches), else to target's nearest anchor."""
+    """Manifests from target back along its bases, oldest first: to the successor of `have`
+    when `have` is on the chain (crossing anchors by their patches; `have`'s own manifest is
+    not read, so a relay need not hold it), else to target's nearest anchor."""
     out = [store.manifest(target)]
     while out[-1].version != have:
         m = out[-1]
@@ -48,6 +49,8 @@ def links(store, target: int, have: int | None = None) -> list[Manifest]:
             break  # a full version with no way (or no need) to go further back
         if m.delta.base >= m.version or len(out) > 100_000:
             raise CorruptVersionError(f"version {m.version}: base {m.delta.base} is not older")
+        if m.delta.base == have:
+            break  # the reader holds the base
         try:
             out.append(store.manifest(m.delta.base))
         except VersionNotFoundError:
@@ -62,14 +65,24 @@ def choose_path(chain: list[Manifest], have: int | None) -> tuple[bool, list[Man
     nearest anchor read whole and the deltas after it, whichever downloads fewer bytes."""
     fulls = [i for i, m in enumerate(chain) if m.is_full]
     from_anchor = chain[fulls[-1] :] if fulls else None
-    versions = [m.version for m in chain]
-    if have in versions:
-        from_have = chain[versions.index(have) + 1 :]
+    start = _after(chain, have)
+    if start is not None:
+        from_have = chain[start:]
         if from_anchor is None or hop_bytes(from_have) <= full_bytes(from_anchor):
             return False, from_have
     if from_anchor is None:
         raise CorruptVersionError(f"version {chain[-1].version}: no anchor on its chain")
     return True, from_anchor
+
+
+def _after(chain: list[Manifest], have: int | None) -> int | None:
+    """Where the versions after `have` start in `chain` (None: `have` is not on it)."""
+    if have is None:
+        return None
+    if chain[-1].version == have:
+        return len(chain)  # on the target already: nothing to read
+    first = chain[0].delta
+    return 0 if first is not None and first.base == have else None
 
 
 def hop_bytes(path: list[Manifest]) -> int:

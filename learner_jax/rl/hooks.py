@@ -61,8 +61,9 @@ class Publish:
 
 
 class Audit:
-    """Audit each worker's behaviour log-probs against the learner's own, on the rows the
-    learner's pre-update version sampled (the step recomputed them anyway), and on a
+    """Audit each worker's behaviour log-probs against the learner's own, and whether its
+    tokens look sampled from the policy (bridge/contracts/sampling_check.py), on the rows
+    the learner's pre-update version sampled (the step recomputed them anyway), and on a
     sampled re-score of rows tagged with older versions. A worker past the thresholds is
     quarantined (and logged) by the controller."""
 
@@ -79,6 +80,8 @@ class Audit:
                 r["logratio"],
                 r["tokens"],
                 version=version,
+                row_dev=r.get("dev"),
+                row_var=r.get("var"),
             )
         )
         older = self.rescorer.maybe(learner.rl_steps, self.source.last_groups, version)

@@ -24,8 +24,8 @@ honest bf16 worker scores the same as against its own weights.
 
 Evaluation rows (`eval.on=fleet`, bridge/control/eval_leases.py) are audited the same way:
 `rescore_eval(rows)` re-scores the controller's sample of each evaluated version's
-trajectories under that version, at the eval temperature (greedy evaluation: vLLM reports
-the untempered log-softmax, i.e. temperature 1).
+trajectories under that version, at the eval temperature without truncation (greedy
+evaluation: vLLM reports the untempered log-softmax, i.e. temperature 1).
 """
 
 from __future__ import annotations
@@ -36,27 +36,63 @@ import time
 import jax
 import numpy as np
 
+from bridge.contracts import sampling_check
 from bridge.control import audit
 from bridge.model import layouts
 from bridge.model.config import ModelConfig
 from learner_jax import model, sharding
+from learner_jax import truncation as truncation_lib
 
 
 class VersionRescorer:
     def __init__(self, store, cfg: ModelConfig, mesh=None, rules=sharding.DEFAULT_RULES, *,
-                 every: int, max_rows: int, seed: int = 0):  # fmt: skip
+                 every: int, max_rows: int, seed: int = 0, temperature: float = 1.0,
+                 truncation: truncation_lib.Truncation = truncation_lib.NONE,
+                 params_fn=None):  # fmt: skip
+        """`params_fn(version)`: the params of a stored version, instead of reading full
+        weights (a LoRA run's store holds adapter versions: AdapterVersions.params)."""
         if every < 0 or max_rows < 1:
             raise ValueError(f"rescore every={every} (>= 0) / max_rows={max_rows} (>= 1)")
+        if not temperature > 0:
+            raise ValueError(f"rescore temperature={temperature} (> 0)")
         self.store, self.cfg, self.every, self.max_rows = store, cfg, every, max_rows
         self.targets = None if mesh is None else sharding.param_shardings(cfg, mesh, rules)
         self.rng = np.random.default_rng(seed)
-        self._logprobs = jax.jit(
-            lambda p, t, pos, seg, tgt, temp=1.0: model.forward_logprobs(
-                p, cfg, t, pos, seg, tgt, temperature=temp
+        net = model.Transformer(cfg)
+        # The distribution the workers sampled from (the run's temperature and truncation,
+        # as the train step scores; evaluation rows: the eval temperature): log p(token),
+        # and H and Var[log p] per position for the sampling check
+        # (bridge/contracts/sampling_check.py).
+        self.sampling = (float(temperature), truncation)
+        self._stats = jax.jit(
+            lambda p, t, pos, seg, tgt, temp, trunc: model.token_stats(
+                net, p, t, pos, seg, tgt, temp, trunc, variance=True
             ),
-            static_argnums=5,
+            static_argnums=(5, 6),
         )
         self.last: dict = {}
+        if params_fn is not None:
+            self.params = params_fn
+
+    @classmethod
+    def for_run(cls, config, store, learner, publisher, leader) -> VersionRescorer:
+        """The training binary's re-scorer: the controller's audit settings, the run's
+        sampling, and for LoRA the stored adapter versions. Process 0 alone runs it, so with
+        several processes (`leader` set) it stays on its own devices: a computation on the
+        global mesh would wait for the others forever."""
+        c, adapters = config.controller, publisher.adapters
+        return cls(
+            store if adapters is None else adapters.store,
+            learner.model_cfg,
+            None if leader is not None else learner.mesh,
+            learner.rules,
+            every=c.audit_rescore_every,
+            max_rows=c.audit_rescore_rows,
+            seed=config.seed,
+            temperature=float(config.rollout.temperature),
+            truncation=truncation_lib.from_rollout(config.rollout),
+            params_fn=adapters and adapters.params,
+        )
 
     def maybe(self, rl_step: int, groups, current_version: int) -> list[audit.AuditStat]:
         """Audit stats of a re-score of every version the batch's tokens carry (the train
@@ -96,8 +132,8 @@ class VersionRescorer:
 
     def rescore_eval(self, rows) -> list[audit.AuditStat]:
         """Audit stats of eval rows [(worker_id, version, temperature, Trajectory)] (the
-        controller's `take_audit_rows`), each under its version; a version no longer in
-        the store is skipped with a warning."""
+        controller's `take_audit_rows`), each under its version at its eval temperature
+        (untruncated; greedy -> 1); a version no longer stored is skipped with a warning."""
         by: dict = {}
         for worker, version, temperature, t in rows:
             temp = float(temperature) if temperature > 0 else 1.0  # greedy: vLLM's T=1 log-probs
@@ -106,7 +142,8 @@ class VersionRescorer:
         for (version, temp), of_v in sorted(by.items()):
             for lo in range(0, len(of_v), self.max_rows):
                 try:
-                    stats += self.rescore(version, of_v[lo : lo + self.max_rows], temp)
+                    chunk = of_v[lo : lo + self.max_rows]
+                    stats += self.rescore(version, chunk, (temp, truncation_lib.NONE))
                 except Exception as e:  # noqa: BLE001 - gc'd or corrupt meanwhile: skip
                     logging.warning("audit of eval rows of version %d skipped: %s", version, e)
                     break
@@ -126,9 +163,9 @@ class VersionRescorer:
             layouts.set_leaf(params, rows[name].flax_path, leaf)
         return params
 
-    def rescore(self, version: int, rows, temperature: float = 1.0) -> list[audit.AuditStat]:
-        """Per-worker audit sums of `rows` [(worker_id, Trajectory)] under `version`, of
-        log-probs at `temperature`."""
+    def rescore(self, version: int, rows, sampling=None) -> list[audit.AuditStat]:
+        """Per-worker audit sums of `rows` [(worker_id, Trajectory)] under `version`, at
+        `sampling` = (temperature, truncation) (default the run's)."""
         if not rows:
             return []
         params = self.params(version)
@@ -152,17 +189,24 @@ class VersionRescorer:
             of_version = np.asarray(t.versions) == version
             mask[i, len(p) - 1 : len(p) + len(c) - 1] = np.asarray(t.mask) * of_version
         pos = np.broadcast_to(np.arange(width - 1, dtype=np.int32), (n, width - 1))
-        learner = self._logprobs(
-            params, tokens[:, :-1], pos, seg[:, :-1], tokens[:, 1:], float(temperature)
+        temp, trunc = sampling or self.sampling
+        learner, entropy, _, variance = (
+            np.asarray(x, np.float64)
+            for x in self._stats(
+                params, tokens[:, :-1], pos, seg[:, :-1], tokens[:, 1:], temp, trunc
+            )
         )
-        f64 = lambda x: np.asarray(x, np.float64)
+        mask = mask.astype(np.float64)
         k = len(rows)  # the padding rows after them have an all-zero mask
         row_k3, row_lr, row_n = (
-            x[:k] for x in audit.row_sums(f64(learner), f64(behaviour), f64(mask))
+            x[:k] for x in audit.row_sums(learner, behaviour.astype(np.float64), mask)
+        )
+        row_dev, row_var, _ = (
+            x[:k] for x in sampling_check.row_sums(learner, entropy, variance, mask)
         )
         ones = np.ones(k, bool)
         stats = audit.row_sums_to_worker_stats(
-            [w for w, _ in rows], ones, row_k3, row_lr, row_n, version=version
+            [w for w, _ in rows], ones, row_k3, row_lr, row_n, version, row_dev, row_var
         )
         logging.debug("re-scored %d rows of version %d: %s", k, version, stats)
         return stats

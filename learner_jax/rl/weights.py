@@ -16,7 +16,9 @@ be reading the oldest one a trajectory is allowed to come from (plus, with delta
 the chain back to its anchor: WeightStore.gc). With `delta` (`bridge.delta.*`,
 `delta_publisher`) versions are published as patches on the previous one
 (bridge/delta/publisher.py); each publishing step reports `bridge/version_bytes` and
-`bridge/delta_density`.
+`bridge/delta_density`. With LoRA (`learner.lora.rank > 0`, one learner process) each
+version is the adapter alone, over a base published once (learner_jax/rl/adapter_versions.py),
+and the fleet is told the adapter sub-store.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from bridge.store import model_files
 from bridge.store.weight_store import WeightStore
 from learner_jax import model, publish
 from learner_jax.background_publish import BackgroundPublisher, PublishError
+from learner_jax.rl.adapter_versions import AdapterVersions
 
 STORE_DIR = "weights"
 
@@ -155,6 +158,7 @@ class WeightPublisher:
         on_announce: Callable | None = None,
         mirror=None,
         delta: DeltaPublisher | None = None,
+        own_store: bool = True,
     ):
         self.store, self.announce, self.learner, self.mirror = store, announce, learner, mirror
         self.delta, self.version_metrics = delta, {}
@@ -162,6 +166,13 @@ class WeightPublisher:
         # Config + tokenizer beside the versions: a remote worker needs no local model copy.
         model_files.publish(store, learner.hf_dir)
         self.canary = Canary(learner, vocab_size, bos_id, seed)
+        self.adapters = None
+        if getattr(learner, "lora", None) is not None:
+            if mirror is None:  # adapters are gathered on one host: one learner process
+                self.adapters = AdapterVersions(store, learner, self.canary, keep - 1, own_store)
+                self.delta = None  # an adapter is already ~1% of the model
+            else:
+                logging.warning("LoRA with several learner processes: publishing merged weights")
         self._background = BackgroundPublisher(self.publish) if background else None
         self._snapshot = jax.jit(lambda p: jax.tree.map(jnp.copy, p))
 
@@ -171,6 +182,8 @@ class WeightPublisher:
         `params` defaults to the learner's current ones; the background publisher passes
         its own snapshot (the learner has moved on by then)."""
         t0 = time.perf_counter()
+        if self.adapters is not None:
+            return self._publish_adapter(version, params, t0)
         if params is None:
             params = self.learner.policy_params
         write = version not in self.store.versions()
@@ -184,6 +197,27 @@ class WeightPublisher:
             self.on_announce(ann)
         self.store.gc(keep=self.keep)
         return time.perf_counter() - t0
+
+    def _publish_adapter(self, version: int, params, t0: float) -> float:
+        """LoRA: `params` = (adapters, merged policy) (default: the learner's current)."""
+        store = self.adapters.store
+        if params is None:
+            params = self._current()
+        if version not in store.versions():
+            self.adapters.write(version, *params)
+            nbytes = store.manifest(version).stored_bytes
+            self.version_metrics = {"bridge/version_bytes": nbytes, "bridge/delta_density": 1.0}
+        ann = self.announce(version, store.spec)
+        if self.on_announce is not None:
+            self.on_announce(ann)
+        store.gc(keep=self.keep)
+        return time.perf_counter() - t0
+
+    def _current(self):
+        """What a version is made of: the policy params, or (adapters, merged) with LoRA."""
+        if self.adapters is None:
+            return self.learner.policy_params
+        return self.learner.state.params, self.learner.policy_params
 
     def _version_metrics(self, version: int) -> dict:
         """`bridge/version_bytes` (what the version added to the store: a delta's patches,
@@ -205,7 +239,7 @@ class WeightPublisher:
             out["bridge/publish_s"] = self.publish(version)
             return {**out, **self.version_metrics}
         t0 = time.perf_counter()
-        self._background.submit(version, self._snapshot(self.learner.policy_params))
+        self._background.submit(version, self._snapshot(self._current()))
         out["bridge/publish_blocking_s"] = time.perf_counter() - t0
         out["bridge/publish_s"] = self._background.last_s  # the newest one finished
         out["bridge/publish_skipped"] = self._background.skipped

@@ -91,3 +91,65 @@ def test_lora_run_trains_only_adapters_and_resumes(tmp_path):
     save_file(tensors, weights, metadata={"format": "pt"})
     with pytest.raises(ValueError, match="not the ones the adapters"):
         Learner(lora_config(), wd).close()
+
+
+def test_lora_publisher_writes_the_base_once_and_adapter_versions(tmp_path):
+    """With LoRA the training binary's publisher (learner_jax/rl/weights.py +
+    adapter_versions.py) writes the frozen base once as version 0 of the main store and each
+    version as its PEFT adapter in the adapters/ sub-store, announcing that sub-store; the
+    adapter manifest's canary is the merged policy's, and the version read back (what the
+    audit re-scores under) is the learner's policy bitwise."""
+    from bridge.adapters import store as adapter_store
+    from bridge.store.weight_store import WeightStore
+    from learner_jax.rl import weights
+
+    learner = Learner(lora_config(), str(tmp_path / "wd"))
+    try:
+        # trained adapters (lora_b starts at zero: the merged policy would equal the base)
+        learner.state = learner.state.replace(
+            params=jax.tree.map(lambda x: x + 0.05, learner.state.params)
+        )
+        store = WeightStore(str(tmp_path / "store"))
+        told = []
+        pub = weights.WeightPublisher(
+            store, lambda v, spec: told.append((v, spec)), learner, every=1, keep=4,
+            background=False, seed=0, vocab_size=learner.model_cfg.vocab_size, bos_id=1,
+        )  # fmt: skip
+        v = learner.step
+        pub.publish(v)
+        astore = pub.adapters.store
+        assert told == [(v, astore.spec)] and astore.spec["path"].endswith("/adapters/")
+        assert store.versions() == [0] and astore.versions() == [v]
+        base = store.manifest(0).extra
+        assert base["kind"] == adapter_store.BASE_KIND
+        assert base["weights_sha256"] == lora_state.weights_digest(learner.hf_dir)
+        m = astore.manifest(v)
+        assert m.extra["kind"] == adapter_store.KIND and m.extra["resident"] == 3
+        assert m.extra["base"]["version"] == 0
+        assert m.extra["canary"] == pub.canary(learner.policy_params)
+        assert m.extra["canary"] != base["canary"]  # the adapters change the policy
+        assert pub.version_metrics["bridge/version_bytes"] == m.stored_bytes
+        assert m.stored_bytes < store.manifest(0).stored_bytes / 5
+        got = traverse_util.flatten_dict(jax.device_get(pub.adapters.params(v)))
+        want = traverse_util.flatten_dict(jax.device_get(learner.policy_params))
+        assert set(got) == set(want)
+        for p in want:
+            np.testing.assert_array_equal(got[p], want[p], err_msg=str(p))
+
+        # the next version: the base is not written again
+        learner.state = learner.state.replace(step=learner.state.step + 1)
+        pub.publish(v + 1)
+        assert store.versions() == [0] and astore.versions() == [v, v + 1]
+
+        # a store whose version 0 is not this run's base is refused, nothing published
+        other = WeightStore(str(tmp_path / "other"))
+        other.publish(0, 0, [("x", np.zeros(2, np.float32))], {}, "float32", {"kind": "x"})
+        pub2 = weights.WeightPublisher(
+            other, lambda v, spec: told.append((v, spec)), learner, every=1, keep=4,
+            background=False, seed=0, vocab_size=learner.model_cfg.vocab_size, bos_id=1,
+        )  # fmt: skip
+        with pytest.raises(ValueError, match="not this run's LoRA base"):
+            pub2.publish(v + 1)
+        assert pub2.adapters.store.versions() == [] and len(told) == 2
+    finally:
+        learner.close()

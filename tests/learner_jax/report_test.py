@@ -163,3 +163,17 @@ def test_summary_reports_predicted_vs_measured_utilization():
     assert (
         "utilization: no confident prediction (too few warm measurements); measured 0.500" in none
     )
+
+
+def test_bytes_per_version_of_full_versions_says_so():
+    """A run whose versions are all full (the demo: a local store, bridge.delta off) logs a
+    density of 1.0 for each; the summary says they were full, not "100% changed"."""
+    from learner_jax.report import version_bytes_lines
+
+    rows = [{"bridge/version_bytes": 428_000, "bridge/delta_density": 1.0}] * 3
+    [line] = version_bytes_lines(rows)
+    assert "median 0.428 MB" in line and "every version full" in line and "%" not in line
+    rows += [{"bridge/version_bytes": 9_000, "bridge/delta_density": 0.02}] * 2
+    [line] = version_bytes_lines(rows)
+    assert "changed elements median 2.00% over 2 delta versions" in line
+    assert version_bytes_lines([{"loss": 1.0}]) == []

@@ -159,10 +159,12 @@ def test_micro_batches_equal_full_batch(step_cfg):
         # The audit's per-row sums come back in batch row order whatever the micro-batching,
         # and they add up to the step's mismatch metric.
         rows = {k: v for k, v in ma.items() if k.startswith(train_step.ROWS)}
-        assert set(rows) == {train_step.ROWS + n for n in ("k3", "logratio", "tokens")}
-        # A row sums up to T log-prob-sized terms: its rounding is of that size.
-        row_scale = T * np.log(CFG.vocab_size)
+        names = ("k3", "logratio", "tokens", "dev", "var")
+        assert set(rows) == {train_step.ROWS + n for n in names}
         for key, value in rows.items():
+            # A row sums up to T log-prob-sized terms (squared ones for the variance): its
+            # rounding is of that size.
+            row_scale = T * np.log(CFG.vocab_size) ** (2 if key.endswith("var") else 1)
             assert value.shape == (batch.size,)
             assert_close_at_scale(value, mf[key], scale=row_scale, err_msg=key)
         on = np.asarray(batch.on_policy) > 0
@@ -256,3 +258,37 @@ def test_remat_step_equals_plain_step(remat):
     # Same gradient <=> same update (compared before Adam divides, float_tolerance.py).
     assert_trees_close_at_scale(jax.device_get(out.opt_state), jax.device_get(ref.opt_state))
     assert jax.tree.structure(before) == jax.tree.structure(jax.device_get(out.params))
+
+
+def test_sampling_check_rows_equal_numpy_moments_of_the_processed_distribution():
+    """The step's per-row sampling-check sums (bridge/contracts/sampling_check.py: sum of
+    log p + H and of Var_p[log p] over on-policy completion tokens) equal a float64 numpy
+    computation from the model's logits under the run's temperature and top-k, the
+    distribution a worker samples from (truncation.py; the target token always kept)."""
+    from bridge.contracts import sampling_check
+    from learner_jax.truncation import Truncation
+
+    batch = make_rl_batch(seed=4)
+    temperature, top_k = 0.7, 20
+    step_cfg = train_step.StepConfig(temperature=temperature, truncation=Truncation(top_k=top_k))
+    mesh, state, _ = initial_state((("data", 1), ("fsdp", 1), ("tensor", 1)))
+    logits = model.Transformer(CFG).apply(
+        {"params": jax.device_get(state.params)}, batch.tokens, batch.positions, batch.segment_ids
+    )
+    x = np.asarray(logits, np.float64) / temperature
+    kth = np.sort(x, axis=-1)[..., -top_k][..., None]
+    targets = np.asarray(batch.targets)
+    keep = (x >= kth) | (np.arange(x.shape[-1]) == targets[..., None])
+    x = np.where(keep, x, -np.inf)
+    logp_all = x - x.max(-1, keepdims=True)
+    logp_all = logp_all - np.log(np.exp(logp_all).sum(-1, keepdims=True))
+    logp = np.take_along_axis(logp_all, targets[..., None], -1)[..., 0]
+    entropy, variance = sampling_check.position_moments(np.where(keep, logp_all, -np.inf))
+    mm = np.asarray(batch.loss_mask * batch.seq_mask[:, None] * batch.on_policy[:, None])
+    want_dev, want_var, _ = sampling_check.row_sums(logp, entropy, variance, mm)
+    *_, metrics = run_step({"data": 1}, step_cfg, batch)
+    row_scale = T * np.log(CFG.vocab_size) ** 2
+    assert_close_at_scale(metrics[train_step.ROWS + "dev"], want_dev, scale=row_scale)
+    assert_close_at_scale(metrics[train_step.ROWS + "var"], want_var, scale=row_scale)
+    assert (want_var[mm.sum(1) > 0] > 0).all() and (mm.sum(1) > 0).sum() >= 4  # compared
+    assert (metrics[train_step.ROWS + "dev"][mm.sum(1) == 0] == 0).all()  # off-policy rows

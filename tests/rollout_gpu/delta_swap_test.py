@@ -169,3 +169,89 @@ def test_tampered_patch_and_tampered_base_are_refused_old_version_serving(run):
     assert r.current.version == v
     _same(r.lps(), before)
     r.current.tensors = served
+
+
+def test_worker_behind_a_relay_takes_patches_and_refuses_tampered_ones(run):
+    """The worker's real path (WeightVersions -> PeerSwap -> its relay -> load_version) with a
+    parent relay: three versions behind, it catches up by patches from the parent; a patch the
+    parent tampers with is refused on arrival (reported) and taken from the store; when the
+    store's copy is bad too the version is refused and the old one keeps serving."""
+    import time
+
+    from bridge.control.protocol import Heartbeat, HeartbeatResponse, VersionAnnouncement
+    from rollout_gpu.peer_swap import PeerSwap
+    from rollout_gpu.relay import Relay
+    from rollout_gpu.versions import VersionState, WeightVersions
+
+    r = run
+    v = max(r.weights)  # the newest published; the worker serves r.current.version <= v
+    layer_names = list(layouts.hf_shapes(r.cfg))
+    bad = {"on": False}
+
+    def tamper(key, body):
+        if bad["on"] and f"/{LAYOUT.delta}/" in key:
+            return body[:-1] + bytes([body[-1] ^ 0x01])
+        return body
+
+    parent = Relay(keep_versions=16, tamper=tamper)
+    parent.start()
+    peers = PeerSwap(stall_s=10)
+    versions = WeightVersions(peers)
+    versions.current = r.current
+
+    def publish(version):
+        r.publish(version, r.step(r.weights[version - 1], layer_names[version % 4 :: 4]))
+        parent.fetch(version, [r.store.spec], timeout=60, whole=False)  # follows as hops
+
+    def announce_and_swap(version):
+        ann = VersionAnnouncement(version=version, store=r.store.spec, published_at=version)
+        versions.hear(HeartbeatResponse(announcement=ann, broadcast_mode="chain",
+                                        relay_parent=parent.url))  # fmt: skip
+        deadline = time.monotonic() + 120
+        while versions.state() in (VersionState.FETCHING, VersionState.SWAP_READY):
+            assert time.monotonic() < deadline
+            versions.ensure(r.engine)
+            time.sleep(0.05)
+        return Heartbeat(worker_version=-1, **peers.heartbeat_fields()).broadcast
+
+    try:
+        for k in (1, 2, 3):
+            publish(v + k)
+        behind = range(r.current.version + 1, v + 4)
+        for old in behind:
+            if old <= v:
+                parent.fetch(old, [r.store.spec], timeout=60, whole=False)
+        rep = announce_and_swap(v + 3)
+        assert r.current.version == v + 3 and not rep.bad_sources
+        hops = sum(r.store.manifest(k).delta.nbytes for k in behind)
+        assert hops <= rep.bytes_from_peers < r.store.manifest(v + 3).total_bytes
+        assert rep.bytes_from_store < len(behind) * 16 << 10  # the manifests
+        _same(r.lps(), _full_swap_lps(r, v + 3))
+
+        bad["on"] = True
+        publish(v + 4)
+        rep = announce_and_swap(v + 4)
+        assert r.current.version == v + 4
+        assert {(b.source, b.kind) for b in rep.bad_sources} == {(parent.url, "corrupt")}
+        _same(r.lps(), _full_swap_lps(r, v + 4))
+
+        target = v + 5
+        publish(target)
+        if r.store.manifest(target).is_full:  # an anchor is read whole after a bad patch
+            target += 1
+            publish(target)
+        # The parent verified the target; now the store's copy of a patch is damaged too.
+        name = next(n for n, p in r.store.manifest(target).delta.tensors.items()
+                    if p.kind == "patch")  # fmt: skip
+        key = LAYOUT.patch_key(target, name)
+        blob = bytearray(r.store.kv.read(key).result().value)
+        blob[len(blob) // 2] ^= 0x10
+        r.store.kv.write(key, bytes(blob)).result()
+        before = r.lps()
+        announce_and_swap(target)
+        assert versions.state() is VersionState.REFUSED
+        assert r.current.version == v + 4
+        _same(r.lps(), before)
+    finally:
+        peers.close()
+        parent.stop()

@@ -241,6 +241,39 @@ def test_peer_swap_follows_the_route_and_reports(store, relays):
         swap.close()
 
 
+def test_peer_swap_corrupt_report_names_a_bad_chunk(store, relays):
+    """The worker's heartbeat says which chunk its parent served corrupt (the controller
+    re-verifies that chunk: bridge/broadcast/report_check.py)."""
+    from bridge.control.protocol import Heartbeat, HeartbeatResponse, VersionAnnouncement
+    from rollout_gpu.peer_swap import PeerSwap
+
+    bad = set()
+
+    def tamper(key, body):
+        if "/c/" in key:
+            bad.add(key)
+            return bytes([body[0] ^ 0xFF]) + body[1:]
+        return body
+
+    parent = relays(tamper=tamper)
+    parent.fetch(VERSION, [store.spec])
+    ann = VersionAnnouncement(version=VERSION, store=store.spec)
+    swap = PeerSwap()
+    try:
+        swap.note_route(HeartbeatResponse(announcement=ann, broadcast_mode="chain",
+                                          relay_parent=parent.url))  # fmt: skip
+        deadline = time.monotonic() + 30
+        while VERSION not in swap.relay.store.versions():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        assert_same(store, swap.relay)  # every chunk came from the store instead
+        rep = Heartbeat(worker_version=-1, **swap.heartbeat_fields()).broadcast
+        [corrupt] = [b for b in rep.bad_sources if b.kind == "corrupt"]
+        assert corrupt.source == parent.url and corrupt.key in bad
+    finally:
+        swap.close()
+
+
 def test_full_size_chunks_are_stored_raw_and_relayed(tmp_path, relays, monkeypatch):
     """With the store's default 4 MiB chunks tensorstore would shard each chunk (an index
     after the data) unless the codecs are explicit; relays verify the raw keys, so every

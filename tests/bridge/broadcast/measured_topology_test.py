@@ -18,7 +18,7 @@ def got(version, peers, fetch_s, bad=()):
         fetched_ago_s=0,
         fetch_s=fetch_s,
         bytes_from_peers=peers,
-        bad_sources=[SourceReport(source=u, kind="corrupt") for u in bad],
+        bad_sources=[SourceReport(source=u, kind="corrupt", key="k") for u in bad],
     )
 
 
@@ -71,3 +71,41 @@ def test_corrupt_reports_count_only_for_a_route_taken_and_a_published_version():
     assert "http://b" in s.route("d", 2)["relay_fallbacks"]
     s.heartbeat("d", hb("http://d", report=got(2, 0, 1.0, bad=["http://b"])), now=3.0)
     assert s.topology.excluded == {"b"}
+
+
+def test_a_delta_versions_small_payload_does_not_rerank_relays_measured_on_an_anchor():
+    """A 2% delta fetch is latency-bound: its bytes / seconds is far below the uplink. The
+    rates measured on the anchor (8 MB) stay until a payload of the same order, a higher
+    rate, or a parent that delivered nothing says otherwise."""
+    s = BroadcastState("chain")
+    for w in ("a", "b", "c", "d"):  # chain a <- b <- c <- d
+        s.heartbeat(w, hb(f"http://{w}"), now=0.0)
+    s.publish(1, 0.0)  # an anchor: b measured a at 4 MB/s, d measured c at 2 MB/s
+    for w in ("b", "c", "d"):
+        s.route(w, 1)
+    s.heartbeat("b", hb("http://b", report=got(1, 8_000_000, 2.0)), now=1.0)
+    s.heartbeat("d", hb("http://d", report=got(1, 8_000_000, 4.0)), now=1.0)
+    s.publish(2, 2.0)  # a delta: b reports it (160 kB in 0.5 s), d not yet
+    for w in ("b", "c", "d"):
+        s.route(w, 2)
+    s.heartbeat("b", hb("http://b", report=got(2, 160_000, 0.5)), now=3.0)
+    assert s.topology.nodes["a"].delivered_bytes_per_s == 4e6  # not 0.32 MB/s
+    s.publish(3, 4.0)  # re-ranked: a still ahead of c
+    assert s.topology.order.index("a") < s.topology.order.index("c")
+    # In a chain a <- b: a higher rate on a delta, a parent that delivered nothing, and a
+    # payload of the same order do count.
+    s = BroadcastState("chain")
+    s.heartbeat("a", hb("http://a"), now=0.0)
+    s.heartbeat("b", hb("http://b"), now=0.0)
+    for v, peers, seconds, want in [
+        (1, 8_000_000, 2.0, 4e6),  # the anchor
+        (2, 160_000, 0.5, 4e6),  # a delta, latency-bound: kept
+        (3, 160_000, 0.02, 8e6),  # a delta faster than the anchor's rate
+        (4, 0, 0.5, 0.0),  # nothing from peers
+        (5, 8_000_000, 4.0, 2e6),  # the next anchor
+        (6, 160_000, 4.0, 2e6),
+    ]:
+        s.publish(v, float(v))
+        assert s.route("b", v)["relay_parent"] == "http://a"
+        s.heartbeat("b", hb("http://b", report=got(v, peers, seconds)), now=v + 0.5)
+        assert s.topology.nodes["a"].delivered_bytes_per_s == want, v

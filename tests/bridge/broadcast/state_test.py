@@ -34,7 +34,7 @@ def test_corrupt_reports_take_a_relay_out_and_dead_ones_skip_it():
         s.publish(v, 0.0)
         assert s.route("w2", v)["relay_parent"] == "http://r1"  # where w2 fetches v from
         bad = BroadcastReport(version=v, fetched_ago_s=0, bad_sources=[
-            SourceReport(source="http://r1", kind="corrupt")])  # fmt: skip
+            SourceReport(source="http://r1", kind="corrupt", key="k")])  # fmt: skip
         s.heartbeat("w2", hb("http://r2", bad), now=2.0)
         s.heartbeat("w2", hb("http://r2", bad), now=2.1)
     assert "w1" not in s.topology.excluded  # one reporter alone excludes no one

@@ -282,6 +282,7 @@ def test_speed_jitter_does_not_flip_the_set(tmp_path, text_codec):
         for w, p, mu in ((a, 1.0, 10 / 4.4), (b, 1.0, 2.0), (c, 3.0, 5.0), (d, 0.5, 0.5))
     ]
     assert activation.decide(offers, 4.0, 0.1).active == {a, b, d}
+    ctl.flush_hot(expire=False)  # the heartbeats' contacts, for a solve called directly
     assert ctl.fleet.replan(clock(), force=True).kept_previous
 
 

@@ -84,9 +84,9 @@ def test_a_hoarder_holds_one_lease_and_not_for_ever(live):
         assert heartbeat(client, hoarder)["renewed_leases"] == [first["lease_id"]]
         heartbeat(client, honest)
     clock.t += 60.0  # 1210 s old
-    assert heartbeat(client, hoarder)["renewed_leases"] == []
+    assert heartbeat(client, hoarder)["renewed_leases"] == []  # not renewed: ends at the
+    back, _ = lease(client, honest, 4)  # next sweep; the hoarded prompts, first in the queue
     assert ctl.db.get("leases/too_old") == 1
-    back, _ = lease(client, honest, 4)  # the hoarded prompts, first in the queue
     assert {g["group_id"] for g in back["groups"]} == {g["group_id"] for g in first["groups"]}
     # Measured (one lease back in 5 s), a worker's lease lives 4 x 5 s, at least 3 x
     # lease_ttl_s: 180 s.

@@ -123,10 +123,10 @@ def test_catch_up_after_missing_seven_takes_the_cheaper_path(store):
     _, reference = _publish_run(store, 14, anchor_every=6, max_density=0.3)
     # On 2, target 9 (anchor 6 between): 7 hops of patches beat anchor 6 whole + 3 patches.
     got = reconstruct(store, 9, have=(2, reference[2]))
-    chain = links(store, 9, 2)
-    assert [m.version for m in chain] == list(range(2, 10))
+    chain = links(store, 9, 2)  # 2's own manifest is not read: the reader holds 2
+    assert [m.version for m in chain] == list(range(3, 10))
     assert got.path == list(range(3, 10))
-    assert got.bytes_read == sum(m.delta.nbytes for m in chain[1:])
+    assert got.bytes_read == sum(m.delta.nbytes for m in chain)
     assert got.bytes_read < store.manifest(6).total_bytes
     assert all((_bits(got.tensors[n]) == _bits(reference[9][n])).all() for n in SHAPES)
     assert got.changed == set(SHAPES)  # every tensor moved at some point in 7 versions
@@ -183,16 +183,33 @@ def test_fresh_publisher_anchors_and_gc_keeps_the_chain(store):
     assert (_bits(store.read_all(6)["big"]) == _bits(reference[4]["big"])).all()
 
 
-def test_relays_plan_anchors_and_decline_deltas(store):
-    """Relays move full versions chunk by chunk; a delta version is declined before any chunk
-    is asked for (no peer blamed for a key a delta does not have): the worker reads it from
-    the store (bridge/broadcast/chunks.py)."""
+def test_relay_plans_of_anchors_and_deltas_are_checked_per_key(store):
+    """What a relay moves of a version (bridge/broadcast/chunks.py): an anchor whole (every
+    chunk, plus its patch on the previous version) or as its hop; a delta version's patches
+    (checked against the manifest's BLAKE3 digest of the patch object) and dense tensors'
+    chunks (the full tensor's chunk digests). A flipped byte fails its key's check."""
     from bridge.broadcast import chunks
 
-    _publish_run(store, 8, anchor_every=6)
+    _publish_run(store, 11, anchor_every=6)
     anchor = chunks.chunk_plan(6, store.manifest(6))  # an anchor carrying its patch on 5
-    assert {s.array for s in anchor} == set(SHAPES)
-    for spec in anchor:
-        assert chunks.chunk_ok(spec, store.kv.read(spec.key).result().value)
-    with pytest.raises(chunks.MissingChunkDigests, match="delta version"):
-        chunks.chunk_plan(7, store.manifest(7))
+    assert {s.array for s in anchor if not s.patch} == set(SHAPES)
+    assert {s.key for s in anchor if s.patch} == {
+        LAYOUT.patch_key(6, n) for n, p in store.manifest(6).delta.tensors.items()
+        if p.kind == "patch"
+    }  # fmt: skip
+    hop = chunks.chunk_plan(6, store.manifest(6), whole=False)
+    assert {s.key for s in hop} < {s.key for s in anchor}
+    m10 = store.manifest(10)  # q went dense at 10 (every 5th version)
+    delta = chunks.chunk_plan(10, m10)
+    assert m10.delta.tensors["q"].kind == "dense"
+    assert {s.array for s in delta if not s.patch} == {"q"}
+    assert sum(s.nbytes for s in delta) == m10.delta.nbytes
+    for spec in anchor + delta:
+        raw = store.kv.read(spec.key).result().value
+        assert chunks.chunk_ok(spec, raw)
+        assert not chunks.chunk_ok(spec, bytes([raw[0] ^ 1]) + raw[1:])
+        assert chunks.chunk_ok(spec, None) == (not spec.patch and not any(raw))
+    with pytest.raises(ValueError, match="delta version"):
+        chunks.chunk_plan(10, m10, whole=True)
+    with pytest.raises(ValueError, match="without a patch"):
+        chunks.chunk_plan(0, store.manifest(0), whole=False)

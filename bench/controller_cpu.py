@@ -1,0 +1,148 @@
+"""Controller CPU per request, per hot endpoint, through real HTTP on loopback (issue 25).
+
+    python -m bench.controller_cpu --out=F.json [--baseline=DIR --workers=100 --requests=2000]
+
+A controller (SQLite file, the tiny tokenizer) served by uvicorn in this process; a client
+subprocess (8 threads, keep-alive connections) sends `--requests` heartbeats, then as many
+lease requests, from `--workers` registered workers, `--rounds` times. The lease requests are
+mostly refused ("full": the admission cap is reached after the first few hundred groups), so
+they measure the lease path without a grant. The server process's CPU (getrusage) over each
+phase divided by the requests is the CPU per request; the median over rounds is reported.
+`--baseline=DIR` (a checkout of the previous release, e.g. `git worktree add --detach DIR
+REV`) runs the same measurement on that code, in a fresh process, and reports new/baseline;
+`--lean_routes=false` turns the lean handlers off (bridge/control/fast_routes.py). The
+machine's load average is reported: CPU time is less sensitive to a shared machine than
+wall time, not immune (caches, frequency).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+
+_CLIENT = r"""
+import json, sys, threading, httpx
+url, n, path, tokens = sys.argv[1], int(sys.argv[2]), sys.argv[3], json.load(open(sys.argv[4]))
+body = {"worker_version": 0, "samples_per_s": 1.0}
+if path == "/v1/lease":
+    body = {"worker_version": 0, "max_groups": 1}
+def run(k):
+    with httpx.Client(base_url=url, timeout=60) as c:
+        for i in range(k, n, 8):
+            auth = {"Authorization": "Bearer " + tokens[i % len(tokens)]}
+            r = c.post(path, json=body, headers=auth)
+            assert r.status_code == 200, r.text
+threads = [threading.Thread(target=run, args=(k,)) for k in range(8)]
+for t in threads: t.start()
+for t in threads: t.join()
+"""
+PATHS = ("/v1/heartbeat", "/v1/lease")
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
+def measure(workers: int, requests: int, rounds: int, lean: bool) -> dict:
+    import httpx
+
+    from bridge.contracts.prompt import TextCodec
+    from bridge.control.config import ControllerConfig
+    from bridge.control.controller import Controller
+    from bridge.control.protocol import SamplingParams
+    from bridge.control.service import ServerOptions, load_or_create_join_secret, serve_controller
+    from bridge.model import tiny_model
+    from bridge.tasks import make_task
+
+    workdir = tempfile.mkdtemp(prefix="controller_cpu_")
+    tok = os.path.join(workdir, "tokenizer")
+    os.mkdir(tok)
+    tiny_model.save_tokenizer(tok)
+    cfg = ControllerConfig(
+        vocab_size=100, group_size=2, groups_per_step=64, sampling=SamplingParams(max_tokens=4),
+        rate_limit_per_s=0.0, register_burst=float(workers + 10),
+    )  # fmt: skip
+    ctl = Controller(
+        cfg, os.path.join(workdir, "c.db"), make_task("arithmetic"), codec=TextCodec(tok)
+    )
+    ctl.publish(0, {"driver": "memory"})
+    lean_opt = {"lean_routes": lean} if hasattr(ServerOptions, "lean_routes") else {}
+    server = serve_controller(ctl, workdir, ServerOptions(**lean_opt))
+    secret = load_or_create_join_secret(workdir)
+    profile = {"accelerator": "cpu", "price_per_hour": 0.5, "max_concurrent_sequences": 16}
+    with httpx.Client(base_url=server.url, timeout=60) as c:
+        tokens = [
+            c.post("/v1/register", json={"join_secret": secret, "profile": profile}).json()["token"]
+            for _ in range(workers)
+        ]
+    token_file = os.path.join(workdir, "tokens.json")
+    with open(token_file, "w") as f:
+        json.dump(tokens, f)
+    ms = {p: [] for p in PATHS}
+    try:
+        for _ in range(rounds):
+            for path in PATHS:
+                before = _cpu_s()
+                cmd = [sys.executable, "-c", _CLIENT, server.url, str(requests), path, token_file]
+                subprocess.run(cmd, check=True)
+                ms[path].append(1000.0 * (_cpu_s() - before) / requests)
+    finally:
+        server.stop()
+        ctl.close()
+    return {
+        "cpu_ms_per_request": {p: statistics.median(v) for p, v in ms.items()},
+        "rounds_ms": ms,
+        "lean_routes": lean_opt.get("lean_routes"),
+        "loadavg": os.getloadavg(),
+    }
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--workers", type=int, default=100)
+    p.add_argument("--requests", type=int, default=2000)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--lean_routes", default="true", choices=("true", "false"))
+    p.add_argument("--baseline", default="", help="a checkout of the previous release")
+    p.add_argument("--_raw", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    new = measure(a.workers, a.requests, a.rounds, a.lean_routes == "true")
+    if a._raw:  # the baseline's measurement, for the parent process
+        print(json.dumps(new))
+        return new
+    result = {"new": new}
+    if a.baseline:
+        cmd = [sys.executable, os.path.abspath(__file__), "--out=-", "--_raw"]
+        cmd += [f"--workers={a.workers}", f"--requests={a.requests}", f"--rounds={a.rounds}"]
+        env = {**os.environ, "PYTHONPATH": os.path.abspath(a.baseline)}
+        out = subprocess.run(cmd, cwd=a.baseline, env=env, capture_output=True, text=True)
+        if out.returncode:
+            raise RuntimeError(f"baseline run failed: {out.stderr[-2000:]}")
+        base = json.loads(out.stdout.strip().splitlines()[-1])
+        result["baseline"] = base
+        result["ratio_new_over_baseline"] = {
+            path: new["cpu_ms_per_request"][path] / base["cpu_ms_per_request"][path]
+            for path in PATHS
+        }
+    for name in ("baseline", "new"):
+        if name in result:
+            cpu = result[name]["cpu_ms_per_request"]
+            print(f"{name:9s} " + "  ".join(f"{p} {cpu[p]:.3f} ms" for p in PATHS))
+    if "ratio_new_over_baseline" in result:
+        print("new/baseline " + json.dumps(result["ratio_new_over_baseline"]))
+    print(f"load average {os.getloadavg()}")
+    with open(a.out, "w") as f:
+        json.dump(result, f, indent=1)
+    return result
+
+
+if __name__ == "__main__":
+    main()
