@@ -20,7 +20,10 @@ Audit: the controller keeps a sample of each evaluated version's trajectories (w
 log-probs included); the hook re-scores them under that version (`rescore.VersionRescorer.
 rescore_eval`) and sends the per-worker sums to `ctl.audit` like the train step's, so an
 eval worker with wrong log-probs is quarantined like a rollout worker
-(`audit/eval_rows` counts them; off with `controller.audit_rescore_every=0`).
+(`audit/eval_rows` counts them; off with `eval.audit=False` or
+`controller.audit_rescore_every=0`). Cost on the learner's thread: one version read from
+the store and a 16-row forward per evaluated version (0.1-0.6 s on the 2-core CPU box,
+where the tiny model's train step is ~0.5 s; BUILD_NOTES.md issue 26 follow-up).
 
 With `task.eval_file` set, the held-out prompts are that benchmark file's, scored by
 math-verify (bridge/tasks/eval_file.py) in the controller's reward pool.
@@ -99,6 +102,7 @@ def evaluation_hook(config, ctl, task, eval_log, workdir: str, end: int, rescore
         prompts = make_task("eval_file", path=path).eval_prompts()
     return FleetEval(
         ctl, prompts, int(e.get("n", 4)), float(e.get("temperature", 0.0)),
-        config.rollout.eval_period, end, eval_log.rl_start, path, rescorer,
+        config.rollout.eval_period, end, eval_log.rl_start, path,
+        rescorer if bool(e.get("audit", True)) else None,
         int(config.get("publish_every", 1)),
     )  # fmt: skip
