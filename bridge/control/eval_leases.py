@@ -34,8 +34,10 @@ version's evaluation would only get the leases its workers took before the next 
 While eval groups of version v are queued, the lease and submit replies to a worker on v
 say `eval_pending` and the worker keeps v loaded (no swap) for its next lease request,
 which takes more of v's evaluation (eval leases come first); once v's queue is empty it
-swaps as usual. Its eval tokens are never trained on, so holding an old version breaks no
-staleness bound; the held workers produce no rollouts meanwhile.
+swaps as usual. One worker per version is held (the first told so): the others still take
+v's eval leases while they are on v, but swap as usual and keep producing rollouts (with
+every worker held, the learner waited up to 1.1 s for data at each evaluation). Eval
+tokens are never trained on, so holding an old version breaks no staleness bound.
 
 Audit: eval rows carry the worker's log-probs like rollouts, so the learner audits them
 the same way (learner_jax/rl/rescore.py under the version evaluated, bridge/control/audit.py
@@ -93,6 +95,7 @@ class EvalBoard:
         self._sampled: dict[int, list] = {}  # version -> reservoir of (worker, traj)
         self._seen: dict[int, int] = {}  # version -> trajectories offered to the reservoir
         self.audit_ready: list[tuple] = []  # (worker, version, temperature, Trajectory)
+        self.holders: dict[int, str] = {}  # version -> the one worker kept on it
 
     # -- the learner (through Controller.evaluation: the controller may be another process) --
     def configure(self, workdir: str) -> None:
@@ -176,16 +179,21 @@ class EvalBoard:
                 worker=worker_id, version=worker_version, groups=ids, expires=expires
             )
             lease = Lease(lease_id=lease_id, expires_at=expires, groups=[g["group"] for g in rows])
-            return lease, self._queued_at(worker_version)
+            return lease, self._hold(worker_id, worker_version)
 
     def owns(self, lease_id: str) -> bool:
         return lease_id.startswith(LEASE_PREFIX)
 
-    def _queued_at(self, version: int | None) -> bool:
-        """Whether eval groups of `version` wait for a worker (the `eval_pending` reply)."""
-        return version is not None and any(
+    def _hold(self, worker_id: str, version: int | None) -> bool:
+        """The `eval_pending` reply: eval groups of `version` wait, and `worker_id` is the
+        one worker held on it (or becomes it)."""
+        queued = version is not None and any(
             g["state"] == "queued" and g["version"] == version for g in self.groups.values()
         )
+        holder = self.holders.setdefault(version, worker_id) if queued else None
+        if not queued:
+            self.holders.pop(version, None)
+        return holder == worker_id
 
     def check(self, worker_id: str, sub: Submission, newest: int):
         """(groups to score, group id -> Prompt); SubmissionError (422/404/409) else. A token
@@ -258,7 +266,7 @@ class EvalBoard:
         self.accept(worker_id, sub, scored)
         accepted = [gid for gid, _, _ in scored]
         with self._lock:
-            more = self._queued_at(version)
+            more = self._hold(worker_id, version)
         dups = [g.group_id for g in sub.groups if g.group_id not in accepted]
         return dict(accepted=accepted, duplicates=dups, eval_pending=more)
 
@@ -298,6 +306,7 @@ class EvalBoard:
         self.pending.pop(version, None)
         self.steps.pop(version, None)
         self.scorers.pop(version, None)
+        self.holders.pop(version, None)
         temperature = self.temperatures.pop(version, 1.0)
         self._seen.pop(version, None)
         for worker, traj in self._sampled.pop(version, []):  # finished or not: audit them

@@ -265,3 +265,26 @@ def test_the_learner_asks_for_the_version_its_step_publishes(service):
     hook = FleetEval(ctl, prompts, 1, 1.0, period=4, end=100, start=0, publish_every=3)
     hook.after_step(types.SimpleNamespace(step=8, rl_steps=8), {"policy_version": 6})
     assert set(ctl.evals.pending) == {4, 6}
+
+
+def test_one_worker_per_version_is_held(service):
+    """Only the first worker told to hold keeps version v: a second worker on v still gets
+    v's eval leases but no `eval_pending` (it swaps and keeps producing rollouts); once v's
+    queue is empty nobody holds it."""
+    ctl, _, client, secret, _ = service
+    prompts = make_task("arithmetic", format_reward=0.1).eval_prompts()[:3]
+    ctl.publish(1)
+    ctl.evaluation("request", 1, prompts, n=1, temperature=1.0)
+    a, b = register(client, secret), register(client, secret)
+
+    def lease(headers):
+        r = client.post("/v1/lease", headers=headers, json={"worker_version": 1, "max_groups": 1})
+        body = r.json()
+        assert body["lease"]["lease_id"].startswith("eval-"), body
+        return body
+
+    assert lease(a)["eval_pending"] is True
+    assert lease(b)["eval_pending"] is False  # v still queued, but a holds it
+    last = lease(a)
+    assert last["eval_pending"] is False  # nothing left queued
+    assert ctl.evals.holders == {}
