@@ -171,13 +171,14 @@ def get_config() -> ConfigDict:
     c.rollout.top_k = -1  # -1 (or 0) = off
     c.rollout.min_p = 0.0
     c.rollout.eval_period = 10  # RL steps between held-out evaluations (0 = start and end)
-    # Held-out evaluation: on the learner (its own greedy decoder) or on the fleet (eval
+    # Held-out evaluation: on the learner (its own decoder, KV cache) or on the fleet (eval
     # leases of exactly the version evaluated, learner_jax/rl/fleet_eval.py; the learner
     # does not wait): eval.n samples per prompt at eval.temperature (0 = greedy).
     c.eval = ConfigDict()
     c.eval.on = "learner"  # learner | fleet
     c.eval.n = 4
     c.eval.temperature = 0.0
+    c.eval.audit = True  # fleet: re-score a sample of each evaluation's rows (the audit)
     c.rollout.wait_timeout_s = 900.0  # no batch for this long = the fleet is broken: stop
 
     # The binary's own fleet (learner_jax/local_fleet.py, learner_jax/rl/fleet.py): started

@@ -79,9 +79,12 @@ def requests_for(prompt_ids: list[list[int]], s: Sampling, stop_ids: list[int]) 
     ]  # fmt: skip
 
 
-def generate_local(model_dir: str, requests: list[dict], workers: int, scratch: str) -> dict:
+def generate_local(
+    model_dir: str, requests: list[dict], workers: int, scratch: str, dtype: str = "auto"
+) -> dict:
     """Completions per request from `workers` local vLLM processes, each on every
-    `workers`-th request; {"completions", "tokens", "generate_s", "wall_s"}."""
+    `workers`-th request, in vLLM's `dtype` (its "auto" runs an fp32 checkpoint in 16
+    bits); {"completions", "tokens", "generate_s", "wall_s"}."""
     workers = max(1, min(workers, len(requests)))
     longest = max(len(r["prompt_token_ids"]) + r["max_tokens"] for r in requests)
     procs, t0 = [], time.perf_counter()
@@ -90,7 +93,8 @@ def generate_local(model_dir: str, requests: list[dict], workers: int, scratch: 
         with open(src, "w") as f:
             json.dump({"requests": requests[w::workers]}, f)
         cmd = [sys.executable, "-m", "rollout_gpu.batch_generate", f"--model_dir={model_dir}",
-               f"--requests={src}", f"--out={dst}", f"--max_model_len={longest}"]  # fmt: skip
+               f"--requests={src}", f"--out={dst}", f"--max_model_len={longest}",
+               f"--dtype={dtype}"]  # fmt: skip
         env = {**os.environ, "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
         procs.append((subprocess.Popen(cmd, env=env), dst))
     completions: list = [None] * len(requests)

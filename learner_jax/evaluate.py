@@ -4,19 +4,27 @@
 
 The task's fixed `eval_prompts()` are tokenized like the workers see them
 (`TextCodec.encode_prompt` in the run's prompt format: BOS + text, or the chat template;
-bridge/contracts/prompt.py), left-padded to `max_prompt_len`, and decoded greedily
-for `max_new_tokens` steps inside one jitted `fori_loop`. Shapes are fixed (one compile
-per run): every step runs the full [B, P + A] forward and reads the logits at the current
-position. That is quadratic work a KV cache would avoid, but for the tiny demo model it
-is milliseconds, and it keeps this independent of the worker's decoding code (vLLM), so
-the held-out number checks the rollout plane rather than repeating it.
+bridge/contracts/prompt.py), left-padded to `max_prompt_len`, and decoded for
+`max_new_tokens` steps in one jitted loop with a KV cache (`kv_decode.py`: prefill, then
+one token per step; stops once every row has emitted EOS). Shapes are fixed (one compile
+per run). This stays independent of the worker's decoding code (vLLM), so the held-out
+number checks the rollout plane rather than repeating it.
 
-Why fixed segment ids: the buffer's not-yet-generated positions are marked as part of
-the sequence from the start. Attention is causal, so a position's logits never depend on
-later (still empty) slots, and positions/masks stay constant across decode steps.
+`EvalConfig(kv_cache=False)` selects the cache-free reference (`full_forward_fn`): every
+step runs the full [B, P + A] forward and reads the logits at the current position, so
+its work grows as A^2 (a 576-token answer: minutes on the tiny model instead of seconds,
+`python -m bench.eval`). It is kept as the check of the cached decoder (same tokens,
+tests/learner_jax/kv_decode_test.py). Its buffer's not-yet-generated positions are marked
+as part of the sequence from the start: attention is causal, so a position's logits never
+depend on later (still empty) slots, and positions/masks stay constant across steps.
+
+`temperature` > 0 samples (tempered softmax, `jax.random.categorical` with the step's key
+folded from one key), `n` samples per prompt; 0 is greedy (one sample). Both paths draw
+the same tokens from the same key.
 
 Scoring is the task's own reward (`bridge.tasks.score`) on the decoded text up to EOS;
-accuracy is the fraction of prompts with reward >= 1.
+accuracy is the fraction of samples with reward >= 1; `summary` adds the fleet's metrics
+(eval/pass@1, eval/pass@k with k = n, unbiased; eval/mean_length in tokens).
 
 Exact expected reward (`expected_reward`): a multi-turn task whose decisions are single
 tokens and whose game is small (Kuhn poker; `bridge.tasks.env.ExactEval`) is evaluated
@@ -37,8 +45,9 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from bridge import tasks
+from bridge.contracts import pass_at_k
 from bridge.model.config import ModelConfig
-from learner_jax import diagnostics, model, sharding
+from learner_jax import diagnostics, kv_decode, model, sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,23 +56,39 @@ class EvalConfig:
     max_new_tokens: int = 16
     batch_size: int = 256  # prompts per jitted call (padded up to a fixed shape)
     dtype: str = "float32"
+    kv_cache: bool = True  # False: the cache-free reference decoder (quadratic work)
+    temperature: float = 0.0  # 0 = greedy
+    n: int = 1  # samples per prompt (greedy: always 1)
+    seed: int = 0  # the sampling key's seed (temperature > 0)
 
     def __post_init__(self):
         if self.max_prompt_len < 1 or self.max_new_tokens < 1 or self.batch_size < 1:
             raise ValueError(f"bad eval config {self}")
+        if self.temperature < 0:
+            raise ValueError(f"eval temperature must be >= 0, got {self.temperature}")
+        if self.n < 1:
+            raise ValueError(f"eval n must be >= 1, got {self.n}")
+
+    @property
+    def samples(self) -> int:
+        return 1 if self.temperature == 0.0 else self.n
 
 
-def greedy_fn(cfg: ModelConfig, prompt_len: int, new_tokens: int, dtype=jnp.float32):
-    """(params, tokens [B, P + A], segment_ids [B, P + A]) -> tokens with A greedy steps."""
+def full_forward_fn(
+    cfg: ModelConfig, prompt_len: int, new_tokens: int, dtype=jnp.float32, temperature=0.0
+):
+    """The cache-free reference: (params, tokens [B, P + A], segment_ids [B, P + A], key)
+    -> tokens with A decoded steps (greedy at temperature 0), the full forward per step."""
     net = model.Transformer(cfg, dtype=dtype)
 
-    def decode(params, tokens, segment_ids):
+    def decode(params, tokens, segment_ids, key):
         positions = model.positions_from_segments(segment_ids)  # [B, P + A]
 
         def body(i, toks):
             logits = net.apply({"params": params}, toks, positions, segment_ids)  # [B, L, V]
             cur = prompt_len - 1 + i
-            nxt = jnp.argmax(jax.lax.dynamic_index_in_dim(logits, cur, 1, False), -1)  # [B]
+            at = jax.lax.dynamic_index_in_dim(logits, cur, 1, False)  # [B, V]
+            nxt = kv_decode.pick(at, jax.random.fold_in(key, i), temperature)
             return jax.lax.dynamic_update_index_in_dim(toks, nxt.astype(toks.dtype), cur + 1, 1)
 
         return jax.lax.fori_loop(0, new_tokens, body, tokens)
@@ -86,8 +111,14 @@ class Evaluator:
         if not self.prompts:
             raise ValueError(f"task {task.name!r} has no held-out prompts")
         p, a = eval_cfg.max_prompt_len, eval_cfg.max_new_tokens
-        self._fn = greedy_fn(cfg, p, a, jnp.dtype(eval_cfg.dtype))
-        self._rows = [self._row(x.text) for x in self.prompts]
+        dt, temp = jnp.dtype(eval_cfg.dtype), eval_cfg.temperature
+        if eval_cfg.kv_cache:
+            self._fn = kv_decode.decode_fn(
+                cfg, p, a, dt, temp, eos_id=codec.eos_id, pad_id=codec.pad_id
+            )
+        else:
+            self._fn = full_forward_fn(cfg, p, a, dt, temp)
+        self._rows = [self._row(x.text) for x in self.prompts for _ in range(eval_cfg.samples)]
         # One fixed call shape: the whole eval set when it fits, rounded up to 8 rows so
         # the batch splits over any data x fsdp mesh of up to 8 devices.
         self._batch = min(eval_cfg.batch_size, -(-len(self._rows) // 8) * 8)
@@ -102,40 +133,60 @@ class Evaluator:
         return ids
 
     def _arrays(self, rows: Sequence[list[int]], size: int):
-        p, a = self.eval_cfg.max_prompt_len, self.eval_cfg.max_new_tokens
-        tokens = np.full((size, p + a), self.codec.pad_id, np.int32)
-        seg = np.zeros((size, p + a), np.int32)
+        p = self.eval_cfg.max_prompt_len
+        width = p if self.eval_cfg.kv_cache else p + self.eval_cfg.max_new_tokens
+        tokens = np.full((size, width), self.codec.pad_id, np.int32)
+        seg = np.zeros((size, width), np.int32)
         for i, ids in enumerate(rows):
             tokens[i, p - len(ids) : p] = ids  # left-padded: the prompt ends at p - 1
-            seg[i, p - len(ids) :] = 1
+            seg[i, p - len(ids) :] = 1  # (cache-free: the answer slots too)
         return tokens, seg
 
     def completions(self, params, mesh=None, rules=sharding.DEFAULT_RULES) -> list[str]:
-        """Greedy completion text of every eval prompt (special tokens dropped, cut at EOS)."""
+        """Completion text of every eval prompt (special tokens dropped, cut at EOS)."""
+        return [self.codec.decode(ids) for ids in self.completion_ids(params, mesh, rules)]
+
+    def completion_ids(self, params, mesh=None, rules=sharding.DEFAULT_RULES) -> list[list[int]]:
+        """Completion token ids of every eval prompt, cut before EOS."""
         p, b = self.eval_cfg.max_prompt_len, self._batch
+        key = jax.random.key(self.eval_cfg.seed)
         out = []
         for lo in range(0, len(self._rows), b):
             chunk = self._rows[lo : lo + b]
             tokens, seg = self._arrays(chunk, b)
-            if mesh is not None:
-                with sharding.use_mesh(mesh, rules):
-                    gen = self._fn(params, tokens, seg)
-            else:
-                gen = self._fn(params, tokens, seg)
+            step_key = jax.random.fold_in(key, lo)
+            with sharding.use_mesh(mesh, rules) if mesh is not None else contextlib.nullcontext():
+                gen = self._fn(params, tokens, seg, step_key)
             if not gen.is_fully_addressable:  # rows on other processes' devices
                 gen = multihost_utils.process_allgather(gen, tiled=True)
-            gen = np.asarray(jax.device_get(gen))[: len(chunk), p:]  # [b, A]
+            gen = np.asarray(jax.device_get(gen))[: len(chunk)]
+            if not self.eval_cfg.kv_cache:
+                gen = gen[:, p:]  # [b, A]
             for row in gen:
                 ids = row.tolist()
                 if self.codec.eos_id in ids:
                     ids = ids[: ids.index(self.codec.eos_id)]
-                out.append(self.codec.decode(ids))
+                out.append(ids)
         return out
 
     def accuracy(self, params, mesh=None, rules=sharding.DEFAULT_RULES) -> float:
-        texts = self.completions(params, mesh, rules)
-        rewards = [tasks.score(self.task, pr, t) for pr, t in zip(self.prompts, texts, strict=True)]
-        return float(np.mean([r >= 1.0 for r in rewards]))
+        return self.summary(params, mesh, rules)["eval/accuracy"]
+
+    def summary(self, params, mesh=None, rules=sharding.DEFAULT_RULES) -> dict:
+        """eval/accuracy (share of correct samples), eval/pass@1, eval/pass@k (k = the
+        samples per prompt), eval/mean_length (completion tokens, EOS not counted)."""
+        ids = self.completion_ids(params, mesh, rules)
+        n = self.eval_cfg.samples
+        counts = []
+        for i, pr in enumerate(self.prompts):
+            texts = [self.codec.decode(x) for x in ids[i * n : (i + 1) * n]]
+            counts.append((n, sum(tasks.score(self.task, pr, t) >= 1.0 for t in texts)))
+        return {
+            "eval/accuracy": float(sum(c for _, c in counts) / (n * len(counts))),
+            "eval/pass@1": pass_at_k.mean_pass_at_k(counts, 1),
+            "eval/pass@k": pass_at_k.mean_pass_at_k(counts, n),
+            "eval/mean_length": float(np.mean([len(x) for x in ids])),
+        }
 
 
 def next_token_fn(cfg: ModelConfig, dtype=jnp.float32):

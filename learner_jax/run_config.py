@@ -276,8 +276,17 @@ def batch_shape(config) -> batches.BatchShape:
 
 
 def eval_config(config) -> evaluate.EvalConfig:
-    b = config.batch
-    return evaluate.EvalConfig(b.max_prompt_len, b.max_answer_len, dtype=compute_dtype(config))
+    """The learner's own evaluator (`eval.on=learner`): `eval.n` samples per prompt at
+    `eval.temperature` (0 = greedy, one sample), as the fleet's evaluation would."""
+    b, e = config.batch, config.get("eval")
+    sampling = {}
+    if e is not None:
+        sampling = dict(temperature=float(e.get("temperature", 0.0)), n=int(e.get("n", 1)))
+    seed = int(config.get("seed", 0))
+    return evaluate.EvalConfig(
+        b.max_prompt_len, b.max_answer_len, dtype=compute_dtype(config), seed=seed,
+        **sampling,
+    )  # fmt: skip
 
 
 def fleet_config(config) -> local_fleet.FleetConfig:

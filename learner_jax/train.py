@@ -304,7 +304,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             [
                 hooks.Publish(publisher, ctl),
                 hooks.Audit(ctl, source, rescorer),
-                fleet_eval.evaluation_hook(config, ctl, task, eval_log, workdir, end),
+                fleet_eval.evaluation_hook(config, ctl, task, eval_log, workdir, end, rescorer),
                 hooks.Fleet(follower, source),
             ],
         )

@@ -17,7 +17,8 @@ instead (and its weights, until the first swap).
 Loop (`RolloutWorker.run`): join -> load the newest announced version -> take a lease ->
 generate n samples per prompt from the leased prompt token ids with per-token log-probs
 (rollout_gpu/generate.py) -> submit; swap weights between leases when a response
-brings a newer version, so all tokens of a lease carry the one version that generated them.
+brings a newer version (after the loaded version's queued evaluation, `eval_pending`:
+bridge/control/eval_leases.py), so all tokens of a lease carry the version that made them.
 The worker is composed of three owners: `ControllerSession` (rollout_gpu/session.py:
 registration, retried calls, heartbeats, the stop state), `WeightVersions`
 (rollout_gpu/versions.py: loaded, fetching, swap-ready and refused versions) and the engine.
@@ -85,6 +86,7 @@ class RolloutWorker:
         self._last_said: str | None = None  # the last waiting condition logged
         self._warmed = False
         self.leases_done = 0
+        self._eval_hold: int | None = None  # keep this version loaded: its eval is queued
 
     @property
     def version(self) -> int:
@@ -163,6 +165,7 @@ class RolloutWorker:
         except ConnectionError:  # stopping while the controller is away: no new work anyway
             return None
         self.versions.hear(r)
+        self._eval_hold = self.version if r.eval_pending else None
         if r.reason in ("run_over", "inactive"):
             self.session.standing.update(
                 active=r.reason != "inactive", run_over=r.reason == "run_over"
@@ -214,6 +217,7 @@ class RolloutWorker:
             logging.error("lease %s: not submitted: %s", lease.lease_id, e)
             return False
         self.versions.note(resp.announcement)
+        self._eval_hold = self.version if resp.eval_pending else None
         self.leases_done += 1
         logging.info(
             "lease %d: %d groups, %d samples, %d tokens in %.2fs at version %d "
@@ -261,7 +265,8 @@ class RolloutWorker:
                     # flips `standing.active` back (or a signal sets `stop`).
                     self.stop.wait(0.5)
                     continue
-                if not self.start_engine() or not self.versions.ensure(self.engine):
+                held = self._eval_hold is not None and self._eval_hold == self.version
+                if not self.start_engine() or not (held or self.versions.ensure(self.engine)):
                     self.stop.wait(self.opts.backoff_s)
                     continue
                 self.warm_up()

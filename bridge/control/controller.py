@@ -274,9 +274,9 @@ class Controller(LearnerCalls):
                 return LeaseResponse(
                     reason="inactive", retry_after_s=c.heartbeat_interval_s, **reply
                 )
-            evaluation = self.evals.offer(worker_id, req.worker_version, now, req.max_groups)
+            evaluation, more = self.evals.offer(worker_id, req.worker_version, now, req.max_groups)
             if evaluation is not None:  # exactly the worker's version, before rollout work
-                return LeaseResponse(lease=evaluation, **reply)
+                return LeaseResponse(lease=evaluation, eval_pending=more, **reply)
             profile = self.workers.profile(worker_id)
             lease, reason, retry = self.leasing.offer(worker_id, req, ann.version, profile)
             if lease is None:
@@ -303,8 +303,8 @@ class Controller(LearnerCalls):
             with self._op():
                 self.workers.touch(worker_id)
                 ann = self.versions.current()
-            accepted, dups = self.evals.submit(worker_id, sub, ann.version, self.scorer)
-            return SubmitResponse(accepted=accepted, duplicates=dups, announcement=ann)
+            out = self.evals.submit(worker_id, sub, ann.version, self.scorer)
+            return SubmitResponse(announcement=ann, **out)
         with self._op():
             self.db.expire_leases(self.clock())
             fresh, prompts = self.intake.check(worker_id, sub, self.versions.current().version)

@@ -3,10 +3,11 @@
     board = EvalBoard(config, task_name, content, out_path="<workdir>/eval.jsonl",
                       samples_path="<workdir>/eval_samples.jsonl")
     board.request(version=v, prompts=task.eval_prompts(), n=8, temperature=0.0, step=s)
-    lease = board.offer(worker_id, worker_version, now)     # Controller.lease, before work
+    lease, more = board.offer(worker_id, worker_version, now)   # Controller.lease, first
     board.check(worker_id, submission) -> (groups, prompts) # Controller.submit: the checks
     board.accept(worker_id, submission, scored)             # ... then the trusted scores
     board.take_results() -> [{"version": v, "eval/accuracy": ..., ...}]   # learner metrics
+    board.take_audit_rows() -> [(worker_id, version, temperature, Trajectory)]  # the audit
 
 The learner asks for an evaluation of version v when it publishes v and goes on training
 (it never waits). The held-out prompts become eval groups (`n` samples each at the eval
@@ -23,9 +24,26 @@ it with the learner's own evaluations) and one line per prompt (rewards, lengths
 `eval_samples.jsonl`, both tagged with the version; the summary's `eval/accuracy` (share of
 correct samples, reward >= 1), `eval/pass@1`, `eval/pass@k` (unbiased, k = n), and
 `eval/mean_length` / `eval/think_length` (completion tokens) wait in `take_results` for the
-learner's next metrics line. Leases expire after `lease_ttl_s` (groups requeue); a version
-older than `keep_versions` behind the newest requested is dropped unfinished (its workers
-have moved on). In memory: a restarted controller asks again at the next publish.
+learner's next metrics line. Leases expire after `lease_ttl_s` (groups requeue); when more
+than `keep_versions` unfinished evaluations are older than a new request, the oldest are
+dropped unfinished (no worker holds their version any more). In memory: a restarted
+controller asks again at the next publish.
+
+Large evaluation sets finish: workers swap to the newest version between leases, so a
+version's evaluation would only get the leases its workers took before the next publish.
+While eval groups of version v are queued, the lease and submit replies to a worker on v
+say `eval_pending` and the worker keeps v loaded (no swap) for its next lease request,
+which takes more of v's evaluation (eval leases come first); once v's queue is empty it
+swaps as usual. One worker per version is held (the first told so): the others still take
+v's eval leases while they are on v, but swap as usual and keep producing rollouts (with
+every worker held, the learner waited up to 1.1 s for data at each evaluation). Eval
+tokens are never trained on, so holding an old version breaks no staleness bound.
+
+Audit: eval rows carry the worker's log-probs like rollouts, so the learner audits them
+the same way (learner_jax/rl/rescore.py under the version evaluated, bridge/control/audit.py
+sums and quarantine). Per version, a uniform sample of `audit_rows` accepted trajectories
+(reservoir, seeded) waits in `take_audit_rows` once the version is finished or dropped;
+a worker cannot tell which of its eval samples will be checked.
 """
 
 from __future__ import annotations
@@ -33,6 +51,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import random
 import threading
 import uuid
 
@@ -43,7 +62,7 @@ from bridge.control.protocol import Lease, PromptGroup, SamplingParams, Submissi
 from bridge.control.validation import SubmissionError, check_group
 from bridge.tasks import Prompt
 
-LEARNER_CALLS = ("configure", "request", "take_results")  # Controller.evaluation
+LEARNER_CALLS = ("configure", "request", "take_results", "take_audit_rows")  # Controller.evaluation
 EVAL_GROUP_BASE = 1 << 50  # eval group ids: far above the database's training group ids
 LEASE_PREFIX = "eval-"
 
@@ -57,6 +76,8 @@ class EvalBoard:
         out_path: str | None = None,
         keep_versions: int = 2,
         samples_path: str | None = None,
+        audit_rows: int = 16,
+        seed: int = 0,
     ):
         self.config, self.task_name, self.content = config, task_name, content
         self.out_path, self.samples_path = out_path, samples_path
@@ -69,6 +90,12 @@ class EvalBoard:
         self.leases: dict[str, dict] = {}  # lease id -> {worker, version, groups, expires}
         self.pending: dict[int, int] = {}  # version -> groups not yet scored
         self.results: list[dict] = []  # finished versions' summaries, for the learner
+        self.audit_rows, self._rng = audit_rows, random.Random(seed)
+        self.temperatures: dict[int, float] = {}  # version -> its eval temperature
+        self._sampled: dict[int, list] = {}  # version -> reservoir of (worker, traj)
+        self._seen: dict[int, int] = {}  # version -> trajectories offered to the reservoir
+        self.audit_ready: list[tuple] = []  # (worker, version, temperature, Trajectory)
+        self.holders: dict[int, str] = {}  # version -> the one worker kept on it
 
     # -- the learner (through Controller.evaluation: the controller may be another process) --
     def configure(self, workdir: str) -> None:
@@ -112,9 +139,10 @@ class EvalBoard:
                 self.groups[gid] = dict(version=version, prompt=p, group=group, state="queued")
             self.pending[version] = len(prompts)
             self.steps[version] = version if step is None else int(step)
+            self.temperatures[version] = float(temperature)
             if scorer is not None:
                 self.scorers[version] = scorer
-            for old in [v for v in self.pending if v < version - self.keep_versions]:
+            for old in sorted(self.pending)[: -(self.keep_versions + 1)]:
                 self._drop(old)
             return len(prompts)
 
@@ -123,9 +151,17 @@ class EvalBoard:
             out, self.results = self.results, []
             return out
 
+    def take_audit_rows(self) -> list[tuple]:
+        """The sampled eval trajectories of finished (or dropped) versions, once each:
+        [(worker_id, version, temperature, Trajectory)]."""
+        with self._lock:
+            out, self.audit_ready = self.audit_ready, []
+            return out
+
     # -- workers -----------------------------------------------------------------------------
     def offer(self, worker_id: str, worker_version: int, now: float, max_groups: int = 1):
-        """An eval lease of version `worker_version` exactly, or None (no such work)."""
+        """(an eval lease of version `worker_version` exactly, or None (no such work);
+        whether more of that version's eval groups stay queued: `eval_pending`)."""
         with self._lock:
             self._expire(now)
             rows = [
@@ -133,7 +169,7 @@ class EvalBoard:
                 if g["state"] == "queued" and g["version"] == worker_version
             ][: max(1, min(max_groups, self.config.max_groups_per_lease))]  # fmt: skip
             if not rows:
-                return None
+                return None, False
             lease_id = LEASE_PREFIX + uuid.uuid4().hex
             expires = now + self.config.lease_ttl_s
             for g in rows:
@@ -142,10 +178,22 @@ class EvalBoard:
             self.leases[lease_id] = dict(
                 worker=worker_id, version=worker_version, groups=ids, expires=expires
             )
-            return Lease(lease_id=lease_id, expires_at=expires, groups=[g["group"] for g in rows])
+            lease = Lease(lease_id=lease_id, expires_at=expires, groups=[g["group"] for g in rows])
+            return lease, self._hold(worker_id, worker_version)
 
     def owns(self, lease_id: str) -> bool:
         return lease_id.startswith(LEASE_PREFIX)
+
+    def _hold(self, worker_id: str, version: int | None) -> bool:
+        """The `eval_pending` reply: eval groups of `version` wait, and `worker_id` is the
+        one worker held on it (or becomes it)."""
+        queued = version is not None and any(
+            g["state"] == "queued" and g["version"] == version for g in self.groups.values()
+        )
+        holder = self.holders.setdefault(version, worker_id) if queued else None
+        if not queued:
+            self.holders.pop(version, None)
+        return holder == worker_id
 
     def check(self, worker_id: str, sub: Submission, newest: int):
         """(groups to score, group id -> Prompt); SubmissionError (422/404/409) else. A token
@@ -191,6 +239,8 @@ class EvalBoard:
                 if row is None or row["state"] != "leased":
                     continue
                 row.update(state="done", trajectories=trajs, worker=worker_id)
+                for t in trajs:
+                    self._sample(row["version"], worker_id, t)
                 self._write(self.samples_path, [self._prompt_line(row)])
                 taken += 1
                 self.pending[row["version"]] -= 1
@@ -202,18 +252,23 @@ class EvalBoard:
                         self.groups[gid]["state"] = "queued"
             return taken
 
-    def submit(self, worker_id: str, sub: Submission, newest: int, scorer) -> tuple[list, list]:
-        """check -> trusted scores (outside the board's lock) -> accept: (accepted group
-        ids, duplicates). The caller holds no lock while the rewards run."""
+    def submit(self, worker_id: str, sub: Submission, newest: int, scorer) -> dict:
+        """check -> trusted scores (outside the board's lock) -> accept: the SubmitResponse
+        fields accepted (group ids), duplicates and eval_pending (more of the lease's
+        version queued). The caller holds no lock while the rewards run."""
         fresh, prompts = self.check(worker_id, sub, newest)
         with self._lock:
             lease = self.leases.get(sub.lease_id)
-            scorer = self.scorers.get(lease["version"], scorer) if lease else scorer
+            version = lease["version"] if lease else None
+            scorer = self.scorers.get(version, scorer) if lease else scorer
         scored = [(g.group_id, *scorer.score_group(g.group_id, prompts[g.group_id], g.trajectories))
                   for g in fresh]  # fmt: skip
         self.accept(worker_id, sub, scored)
         accepted = [gid for gid, _, _ in scored]
-        return accepted, [g.group_id for g in sub.groups if g.group_id not in accepted]
+        with self._lock:
+            more = self._hold(worker_id, version)
+        dups = [g.group_id for g in sub.groups if g.group_id not in accepted]
+        return dict(accepted=accepted, duplicates=dups, eval_pending=more)
 
     def release(self, worker_id: str, lease_id: str) -> bool:
         with self._lock:
@@ -234,12 +289,28 @@ class EvalBoard:
             if gid in self.groups and self.groups[gid]["state"] == "leased":
                 self.groups[gid]["state"] = "queued"
 
+    def _sample(self, version: int, worker_id: str, traj) -> None:
+        """Reservoir sampling: each accepted trajectory of `version` is kept with equal odds."""
+        seen = self._seen[version] = self._seen.get(version, 0) + 1
+        kept = self._sampled.setdefault(version, [])
+        if len(kept) < self.audit_rows:
+            kept.append((worker_id, traj))
+        else:
+            j = self._rng.randrange(seen)
+            if j < self.audit_rows:
+                kept[j] = (worker_id, traj)
+
     def _drop(self, version: int) -> None:
         for gid in [k for k, g in self.groups.items() if g["version"] == version]:
             del self.groups[gid]
         self.pending.pop(version, None)
         self.steps.pop(version, None)
         self.scorers.pop(version, None)
+        self.holders.pop(version, None)
+        temperature = self.temperatures.pop(version, 1.0)
+        self._seen.pop(version, None)
+        for worker, traj in self._sampled.pop(version, []):  # finished or not: audit them
+            self.audit_ready.append((worker, version, temperature, traj))
 
     @staticmethod
     def _prompt_line(row) -> dict:

@@ -255,6 +255,11 @@ class LeaseResponse(_Route):
     retry_after_s: float = 0.0
     announcement: VersionAnnouncement
     swap_to: int | None = None
+    eval_pending: bool = Field(
+        default=False,
+        description="more evaluation work of the worker's version is queued: keep that "
+        "version loaded (do not swap) and ask again (bridge/control/eval_leases.py)",
+    )
 
 
 FinishReason = Literal["stop", "length"]
@@ -336,6 +341,9 @@ class SubmitResponse(_Model):
     duplicates: list[int] = Field(description="group ids already accepted before (not recounted)")
     announcement: VersionAnnouncement
     swap_to: int | None = None
+    eval_pending: bool = Field(
+        default=False, description="as LeaseResponse.eval_pending, for the lease's version"
+    )
 
 
 class Release(_Model):

@@ -5,8 +5,10 @@
     acc = log.maybe()        # every `period` RL steps and at `end` (else None)
     log.final()              # "after" (finished) or "stop" (interrupted)
 
-The learner's current params are evaluated (`learner_jax/evaluate.py`: greedy decoding
-in JAX on the task's held-out prompts).
+The learner's current params are evaluated (`learner_jax/evaluate.py`: decoding in JAX
+with a KV cache on the task's held-out prompts; greedy, or `eval.n` samples per prompt at
+`eval.temperature`). Each row has `accuracy` and the fleet's eval/ metrics (pass@1,
+pass@k, mean_length), which also join that step's metrics line.
 
 Tags: "before" = after SFT, "rl" = during RL, "after" = at the end, "stop" = the step an
 interrupted run stopped at. A resumed run reads the file, so it neither re-measures the
@@ -46,8 +48,10 @@ class EvalLog:
         t0, lrn = time.perf_counter(), self.learner
         if self.mirror is not None:
             self.mirror.eval()  # the other processes join the decode (learner_jax/rl/mirror.py)
-        acc = self.evaluator.accuracy(lrn.policy_params, lrn.mesh, lrn.rules)
-        row = {"tag": tag, "step": lrn.step, "accuracy": acc, "time": time.time()}
+        summary = self.evaluator.summary(lrn.policy_params, lrn.mesh, lrn.rules)
+        acc = summary["eval/accuracy"]
+        row = {"tag": tag, "step": lrn.step, "accuracy": acc, "time": time.time(), **summary}
+        self.extras = {k: v for k, v in summary.items() if k != "eval/accuracy"}
         if self.exact is not None:
             row["expected_reward"] = self.exact.expected_reward(
                 lrn.policy_params, lrn.mesh, lrn.rules
@@ -55,6 +59,7 @@ class EvalLog:
             row["optimum"] = self.exact.optimum
             row.update(self.exact.policy_stats(lrn.policy_params, lrn.mesh, lrn.rules))
             self.extras = {
+                **self.extras,
                 "eval/expected_reward": row["expected_reward"],
                 "eval/optimum_reward": row["optimum"],
                 **{k: v for k, v in row.items() if k.startswith("eval/")},

@@ -21,6 +21,11 @@ per `every` steps, and transiently a second copy of the params in the learner's 
 near the accelerator's limit, raise `every` or set it to 0 to turn the re-score off). The
 store's copy is the published one (param_dtype), the exact bytes the workers load, so an
 honest bf16 worker scores the same as against its own weights.
+
+Evaluation rows (`eval.on=fleet`, bridge/control/eval_leases.py) are audited the same way:
+`rescore_eval(rows)` re-scores the controller's sample of each evaluated version's
+trajectories under that version, at the eval temperature without truncation (greedy
+evaluation: vLLM reports the untempered log-softmax, i.e. temperature 1).
 """
 
 from __future__ import annotations
@@ -55,12 +60,15 @@ class VersionRescorer:
         self.rng = np.random.default_rng(seed)
         net = model.Transformer(cfg)
         # The distribution the workers sampled from (the run's temperature and truncation,
-        # as the train step scores): log p(token), and H and Var[log p] per position for
-        # the sampling check (bridge/contracts/sampling_check.py).
+        # as the train step scores; evaluation rows: the eval temperature): log p(token),
+        # and H and Var[log p] per position for the sampling check
+        # (bridge/contracts/sampling_check.py).
+        self.sampling = (float(temperature), truncation)
         self._stats = jax.jit(
-            lambda p, t, pos, seg, tgt: model.token_stats(
-                net, p, t, pos, seg, tgt, temperature, truncation, variance=True
-            )
+            lambda p, t, pos, seg, tgt, temp, trunc: model.token_stats(
+                net, p, t, pos, seg, tgt, temp, trunc, variance=True
+            ),
+            static_argnums=(5, 6),
         )
         self.last: dict = {}
         if params_fn is not None:
@@ -122,6 +130,25 @@ class VersionRescorer:
         }
         return stats
 
+    def rescore_eval(self, rows) -> list[audit.AuditStat]:
+        """Audit stats of eval rows [(worker_id, version, temperature, Trajectory)] (the
+        controller's `take_audit_rows`), each under its version at its eval temperature
+        (untruncated; greedy -> 1); a version no longer stored is skipped with a warning."""
+        by: dict = {}
+        for worker, version, temperature, t in rows:
+            temp = float(temperature) if temperature > 0 else 1.0  # greedy: vLLM's T=1 log-probs
+            by.setdefault((int(version), temp), []).append((worker, t))
+        stats = []
+        for (version, temp), of_v in sorted(by.items()):
+            for lo in range(0, len(of_v), self.max_rows):
+                try:
+                    chunk = of_v[lo : lo + self.max_rows]
+                    stats += self.rescore(version, chunk, (temp, truncation_lib.NONE))
+                except Exception as e:  # noqa: BLE001 - gc'd or corrupt meanwhile: skip
+                    logging.warning("audit of eval rows of version %d skipped: %s", version, e)
+                    break
+        return stats
+
     def params(self, version: int):
         """Flax params of a stored version (verified), laid out like the learner's."""
         rows = {r.hf_name: r for r in layouts.table(self.cfg)}
@@ -136,8 +163,9 @@ class VersionRescorer:
             layouts.set_leaf(params, rows[name].flax_path, leaf)
         return params
 
-    def rescore(self, version: int, rows) -> list[audit.AuditStat]:
-        """Per-worker audit sums of `rows` [(worker_id, Trajectory)] under `version`."""
+    def rescore(self, version: int, rows, sampling=None) -> list[audit.AuditStat]:
+        """Per-worker audit sums of `rows` [(worker_id, Trajectory)] under `version`, at
+        `sampling` = (temperature, truncation) (default the run's)."""
         if not rows:
             return []
         params = self.params(version)
@@ -161,9 +189,12 @@ class VersionRescorer:
             of_version = np.asarray(t.versions) == version
             mask[i, len(p) - 1 : len(p) + len(c) - 1] = np.asarray(t.mask) * of_version
         pos = np.broadcast_to(np.arange(width - 1, dtype=np.int32), (n, width - 1))
+        temp, trunc = sampling or self.sampling
         learner, entropy, _, variance = (
             np.asarray(x, np.float64)
-            for x in self._stats(params, tokens[:, :-1], pos, seg[:, :-1], tokens[:, 1:])
+            for x in self._stats(
+                params, tokens[:, :-1], pos, seg[:, :-1], tokens[:, 1:], temp, trunc
+            )
         )
         mask = mask.astype(np.float64)
         k = len(rows)  # the padding rows after them have an all-zero mask

@@ -162,3 +162,129 @@ def test_greedy_evaluation_asks_for_one_sample(service):
     assert group["n"] == 1 and group["sampling"]["temperature"] == 0.0
     with pytest.raises(ValueError, match="evaluation call must be one of"):
         ctl.evaluation("_drop", 0)
+
+
+def test_eval_rows_are_sampled_for_the_audit(service):
+    """Eval rows carry the worker's log-probs like rollouts: the board keeps a uniform
+    sample of each version's trajectories (with the worker and the eval temperature) for
+    the learner's audit, handed over once the version is finished, each row once."""
+    ctl, _, client, secret, _ = service
+    ctl.evals.audit_rows = 4
+    prompts = make_task("arithmetic", format_reward=0.1).eval_prompts()[:3]
+    ctl.publish(0)
+    assert ctl.evaluation("request", 0, prompts, n=N, temperature=0.7) == 3
+    headers = register(client, secret)
+    r = client.post("/v1/lease", headers=headers, json={"worker_version": 0, "max_groups": 3})
+    lease = r.json()["lease"]
+    sub = {"lease_id": lease["lease_id"], "groups": [
+        {"group_id": g["group_id"], "trajectories": trajs(g, ["1", "22", "333"], 0)}
+        for g in lease["groups"]
+    ]}  # fmt: skip
+    assert ctl.evaluation("take_audit_rows") == []  # nothing before the version is in
+    r = client.post("/v1/submit", headers=headers, json=sub)
+    assert r.status_code == 200, r.text
+    rows = ctl.evaluation("take_audit_rows")
+    assert len(rows) == 4  # 4 of the 9 trajectories
+    [(worker_id, version, temperature)] = {(w, v, t) for w, v, t, _ in rows}
+    assert worker_id and version == 0 and temperature == 0.7
+    assert all(t.logprobs == [-0.5] * len(t.completion_token_ids) for *_, t in rows)
+    assert len({(t.prompt_id, t.sample_index) for *_, t in rows}) == 4
+    assert ctl.evaluation("take_audit_rows") == []  # once
+
+
+def test_a_dropped_version_is_still_audited(service):
+    """A version dropped unfinished (the learner moved two versions on) hands over what
+    its workers did submit: a worker cannot dodge the audit by making its version stale."""
+    ctl, _, client, secret, _ = service
+    prompts = make_task("arithmetic", format_reward=0.1).eval_prompts()[:2]
+    ctl.publish(0)
+    ctl.evaluation("request", 0, prompts, n=2, temperature=1.0)
+    headers = register(client, secret)
+    r = client.post("/v1/lease", headers=headers, json={"worker_version": 0, "max_groups": 1})
+    lease = r.json()["lease"]
+    [g] = lease["groups"]
+    sub = {"lease_id": lease["lease_id"], "groups": [
+        {"group_id": g["group_id"], "trajectories": trajs(g, ["1", "2"], 0)}
+    ]}  # fmt: skip
+    assert client.post("/v1/submit", headers=headers, json=sub).status_code == 200
+    assert ctl.evaluation("take_audit_rows") == []  # version 0 is not finished
+    for v in (3, 5):  # two newer evaluations pending: version 0 is still kept
+        ctl.evaluation("request", v, prompts, n=2, temperature=1.0)
+    assert ctl.evaluation("take_audit_rows") == []
+    ctl.evaluation("request", 7, prompts, n=2, temperature=1.0)  # the third drops it
+    rows = ctl.evaluation("take_audit_rows")
+    assert len(rows) == 2 and {v for _, v, _, _ in rows} == {0}
+
+
+def test_a_worker_is_told_to_keep_its_version_while_its_eval_is_queued(service):
+    """Large eval sets finish: while eval groups of version v wait, the lease and submit
+    replies to a worker on v say `eval_pending` (the worker then keeps v loaded instead of
+    swapping to the newest) and it keeps getting v's eval leases, even after the learner
+    published newer versions; the reply that empties v's queue says so."""
+    ctl, _, client, secret, _ = service
+    prompts = make_task("arithmetic", format_reward=0.1).eval_prompts()[:3]
+    ctl.publish(1)
+    ctl.evaluation("request", 1, prompts, n=1, temperature=1.0)
+    headers = register(client, secret)
+    pending = []
+    for k in range(3):
+        ctl.publish(2 + k)  # the learner moves on
+        r = client.post("/v1/lease", headers=headers, json={"worker_version": 1, "max_groups": 1})
+        body = r.json()
+        lease = body["lease"]
+        assert lease["lease_id"].startswith("eval-") and body["swap_to"] == 2 + k, body
+        [g] = lease["groups"]
+        sub = {"lease_id": lease["lease_id"], "groups": [
+            {"group_id": g["group_id"], "trajectories": trajs(g, ["7"], 1)}
+        ]}  # fmt: skip
+        s = client.post("/v1/submit", headers=headers, json=sub)
+        assert s.status_code == 200, s.text
+        pending.append((body["eval_pending"], s.json()["eval_pending"]))
+    assert pending == [(True, True), (True, True), (False, False)]
+    [summary] = ctl.evaluation("take_results")
+    assert summary["version"] == 1 and summary["prompts"] == 3
+    # Nothing queued any more: a rollout lease (or "behind") says nothing pending.
+    r = client.post("/v1/lease", headers=headers, json={"worker_version": 4, "max_groups": 1})
+    assert r.json()["eval_pending"] is False
+
+
+def test_the_learner_asks_for_the_version_its_step_publishes(service):
+    """learner_jax/rl/fleet_eval.py: on an evaluation step that publishes, the version
+    asked for is the one being published (= the learner step), not the announced one the
+    workers are about to leave; on a step that publishes nothing, the announced one."""
+    import types
+
+    from learner_jax.rl.fleet_eval import FleetEval
+
+    ctl = service[0]
+    prompts = make_task("arithmetic").eval_prompts()[:2]
+    hook = FleetEval(ctl, prompts, 1, 1.0, period=4, end=100, start=0, publish_every=1)
+    hook.after_step(types.SimpleNamespace(step=4, rl_steps=4), {"policy_version": 3})
+    hook.after_step(types.SimpleNamespace(step=6, rl_steps=6), {"policy_version": 5})  # not due
+    assert set(ctl.evals.pending) == {4}
+    hook = FleetEval(ctl, prompts, 1, 1.0, period=4, end=100, start=0, publish_every=3)
+    hook.after_step(types.SimpleNamespace(step=8, rl_steps=8), {"policy_version": 6})
+    assert set(ctl.evals.pending) == {4, 6}
+
+
+def test_one_worker_per_version_is_held(service):
+    """Only the first worker told to hold keeps version v: a second worker on v still gets
+    v's eval leases but no `eval_pending` (it swaps and keeps producing rollouts); once v's
+    queue is empty nobody holds it."""
+    ctl, _, client, secret, _ = service
+    prompts = make_task("arithmetic", format_reward=0.1).eval_prompts()[:3]
+    ctl.publish(1)
+    ctl.evaluation("request", 1, prompts, n=1, temperature=1.0)
+    a, b = register(client, secret), register(client, secret)
+
+    def lease(headers):
+        r = client.post("/v1/lease", headers=headers, json={"worker_version": 1, "max_groups": 1})
+        body = r.json()
+        assert body["lease"]["lease_id"].startswith("eval-"), body
+        return body
+
+    assert lease(a)["eval_pending"] is True
+    assert lease(b)["eval_pending"] is False  # v still queued, but a holds it
+    last = lease(a)
+    assert last["eval_pending"] is False  # nothing left queued
+    assert ctl.evals.holders == {}

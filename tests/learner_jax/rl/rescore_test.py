@@ -19,9 +19,10 @@ def _hf_dir(path, cfg, weights):
     return AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32).eval()
 
 
-def _sample(hf, prompt, n_new, rng, observation=()):
-    """Sample `n_new` tokens from `hf` at temperature 1, with `observation` tokens (an
-    environment's, log-prob 0) inserted halfway; (completion, its log-probs)."""
+def _sample(hf, prompt, n_new, rng, observation=(), temperature=1.0):
+    """Sample `n_new` tokens from `hf` at `temperature` (0: greedy, with vLLM's untempered
+    log-probs), with `observation` tokens (an environment's, log-prob 0) inserted halfway;
+    (completion, its log-probs)."""
     ids, lps = list(prompt), []
     with torch.no_grad():
         for k in range(n_new):
@@ -29,8 +30,11 @@ def _sample(hf, prompt, n_new, rng, observation=()):
                 ids += list(observation)
                 lps += [0.0] * len(observation)
             logits = hf(input_ids=torch.tensor([ids])).logits[0, -1].double()
-            logp = torch.log_softmax(logits, -1).numpy()
-            tok = int(rng.choice(len(logp), p=np.exp(logp) / np.exp(logp).sum()))
+            logp = torch.log_softmax(logits / (temperature or 1.0), -1).numpy()
+            if temperature == 0.0:
+                tok = int(np.argmax(logp))
+            else:
+                tok = int(rng.choice(len(logp), p=np.exp(logp) / np.exp(logp).sum()))
             ids.append(tok)
             lps.append(float(logp[tok]))
     return ids[len(prompt) :], lps
@@ -135,3 +139,38 @@ def _mixed(prompt, completion, logprobs, versions, i):
     return Trajectory(prompt_id="p", sample_index=i, prompt_token_ids=prompt,
                       completion_token_ids=completion, logprobs=logprobs, versions=versions,
                       finish_reason="length", reward=0.0)  # fmt: skip
+
+
+def test_eval_rows_are_audited_under_their_version_and_temperature(tmp_path):
+    """Fleet evaluation rows (bridge/control/eval_leases.py `take_audit_rows`): re-scored
+    under the version evaluated at the eval temperature (greedy: temperature 1, what vLLM
+    reports); a worker whose log-probs are another model's is past the threshold, and an
+    honest one scored at the wrong temperature would be too (the temperature matters)."""
+    cfg = tiny_model.tiny_config("qwen3", num_layers=2)
+    weights = {v: tiny_model.random_hf_weights(cfg, seed=v, std=0.2) for v in (6, 7)}
+    store = WeightStore(str(tmp_path / "store"))
+    store.publish(6, 6, weights[6].items(), cfg.to_hf_dict(), "float32")
+    hf = {v: _hf_dir(tmp_path / f"v{v}", cfg, w) for v, w in weights.items()}
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(3):
+        p = [1, 5 + i, 9, 12 + i]
+        for temp in (0.5, 0.0):
+            c, lp = _sample(hf[6], p, 6, rng, temperature=temp)
+            rows.append(("honest", 6, temp, _traj(p, c, lp, 6, i)))
+            c, lp = _sample(hf[7], p, 6, rng, temperature=temp)  # another model's numbers
+            rows.append(("liar", 6, temp, _traj(p, c, lp, 6, i)))
+    rescorer = VersionRescorer(store, cfg, every=1, max_rows=4)  # 6 rows a kind: 2 chunks
+    by = {}
+    for s in rescorer.rescore_eval(rows):
+        a = by.setdefault(s.worker_id, [0.0, 0])
+        a[0] += s.sum_k3
+        a[1] += s.tokens
+    assert by["honest"][1] == by["liar"][1] == 36
+    assert by["honest"][0] / 36 < 1e-9, by
+    assert by["liar"][0] / 36 > 0.01, by
+    wrong = [(w, v, 1.0, x) for w, v, t, x in rows if w == "honest" and t == 0.5]
+    [s] = rescorer.rescore_eval(wrong)
+    assert s.tokens == 18 and s.sum_k3 / 18 > 0.01
+    # A version the store no longer has is skipped, not an error.
+    assert rescorer.rescore_eval([("honest", 9, 0.5, rows[0][3])]) == []
