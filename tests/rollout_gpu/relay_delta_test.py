@@ -19,7 +19,6 @@ from bridge.store import chunk_digest
 from bridge.store.layout import LAYOUT
 from bridge.store.weight_store import WeightStore
 from rollout_gpu.peer_swap import PeerSwap
-from rollout_gpu.relay import Relay
 
 SHAPES = {"embed": (2048, 256), "q": (256, 256), "norm": (256,)}
 
@@ -47,21 +46,6 @@ def chain(tmp_path, monkeypatch):
         pub.publish(v, v, w.items(), {}, "bfloat16")
         ref[v] = w
     return store, ref
-
-
-@pytest.fixture
-def relays():
-    made = []
-
-    def make(**kwargs):
-        relay = Relay(**kwargs)
-        relay.start()
-        made.append(relay)
-        return relay
-
-    yield make
-    for relay in made:
-        relay.stop()
 
 
 def _worker_relay(store, parent, have, version):

@@ -13,7 +13,6 @@ from bridge.store import chunk_digest
 from bridge.store.layout import LAYOUT
 from bridge.store.weight_store import WeightStore
 from rollout_gpu.peer_fetch import sources_for
-from rollout_gpu.relay import Relay
 
 VERSION = 5
 
@@ -32,24 +31,6 @@ def store(tmp_path, monkeypatch):
     ]
     s.publish(VERSION, 1, arrays, {}, dtype="bfloat16")
     return s
-
-
-@pytest.fixture
-def relays():
-    started = []
-
-    def make(**kw):
-        r = Relay(**kw)
-        r.start()
-        started.append(r)
-        return r
-
-    yield make
-    for r in started:
-        try:
-            r.stop()
-        except Exception:  # noqa: BLE001 - a test may have stopped it already
-            pass
 
 
 def chain_fetch(chain, origin_sources, version=VERSION, may_fail=()):

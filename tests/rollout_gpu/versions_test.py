@@ -7,12 +7,10 @@ No vLLM: loads that must fail fail in the store, before an engine would be touch
 
 import time
 
-import pytest
-
 from bridge.control.protocol import HeartbeatResponse, VersionAnnouncement
 from bridge.model import tiny_model
 from bridge.store.weight_store import WeightStore
-from rollout_gpu.relay import PIECE, Relay
+from rollout_gpu.relay import PIECE
 from rollout_gpu.versions import VersionState, WeightVersions
 
 
@@ -52,21 +50,6 @@ def test_a_version_that_fails_to_load_is_refused_then_retried_with_backoff(tmp_p
     v.current.version = 2  # with a version loaded, a refused newest still leaves work
     v.ensure(None)
     assert v.state() is VersionState.REFUSED and v.ensure(None)
-
-
-@pytest.fixture
-def relays():
-    made = []
-
-    def make(**kwargs):
-        relay = Relay(**kwargs)
-        relay.start()
-        made.append(relay)
-        return relay
-
-    yield make
-    for relay in made:
-        relay.stop()
 
 
 def test_a_relay_fetch_in_flight_is_fetching_until_the_controller_refuses_the_claim(
