@@ -30,8 +30,9 @@ class LearnerCalls:
     ) -> tuple[list[ConsumedGroup] | None, dict]:
         """Block until `take_batch` succeeds or `timeout_s` passes (wall clock). The fleet
         stats are computed once, on return (not on every submission's wake-up), and the
-        consumption is on disk before the batch is (synced outside the lock)."""
-        deadline = time.monotonic() + timeout_s
+        consumption is on disk before the batch is (synced outside the lock). The stats
+        carry `time/data_wait_s`, the seconds this call waited for work to arrive."""
+        deadline, waited = time.monotonic() + timeout_s, 0.0
         with self.lock:
             self._polling.on = True
             try:
@@ -41,12 +42,16 @@ class LearnerCalls:
                     if batch is not None or left <= 0:
                         break
                     # Wake on submissions; poll anyway so lease expiry is noticed.
+                    t0 = time.monotonic()
                     self._new_work.wait(min(left, 0.5))
+                    waited += time.monotonic() - t0
             finally:
                 self._polling.on = False
             if batch is None:
                 stats = self._stats()
-        return batch, stats
+        # The time there was no batch to take: the rest of the call (taking it, the fleet
+        # stats, the fsync, the transfer) is the learner's own cost per step (capacity O).
+        return batch, {**stats, "time/data_wait_s": waited}
 
     def report_learner(
         self,

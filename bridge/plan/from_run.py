@@ -12,8 +12,9 @@ Everything comes from the run's own files (no jax: bridge imports neither framew
   as measured DURING the run, so on a shared CPU box it already carries the slowdown that
   generation inflicts on the learner; the mean, not the median, because utilization and cost
   are sums over steps and a loaded box gives step times a heavy tail), plus the learner's
-  own time outside train steps and waits (held-out evaluation, checkpoints, bookkeeping: the
-  wall time between lines minus `time/step_s` and `time/wait_s`), T_pub = the median
+  own time outside train steps and waits for data (held-out evaluation, checkpoints, taking
+  and building each batch, bookkeeping: the wall time between lines minus `time/step_s` and
+  `time/data_wait_s`, the part of `time/wait_s` with no batch at the controller), T_pub = the median
   non-zero `bridge/publish_s`, the number of steps;
 - controller.db: each worker's price (its profile) and the controller's own throughput
   measurement (`fleet.rollouts_per_s`, fleet_plan.py: rollouts per busy second over its last
@@ -146,11 +147,16 @@ def _steady_rows(workdir: str) -> list[dict]:
     return rows
 
 
+def _data_wait(row: dict) -> float:
+    """The learner's wait with no batch at the controller (older runs: its whole wait)."""
+    return row.get("time/data_wait_s", row["time/wait_s"])
+
+
 def learner_times(rows: list[dict]) -> tuple[float, float]:
     """(mean train step s, mean learner seconds per step outside train steps and waits)."""
     step = statistics.fmean(r["time/step_s"] for r in rows)
     other = [
-        max(0.0, b["time/wall"] - a["time/wall"] - b["time/step_s"] - b["time/wait_s"])
+        max(0.0, b["time/wall"] - a["time/wall"] - b["time/step_s"] - _data_wait(b))
         for a, b in zip(rows, rows[1:], strict=False)
     ]
     return step, statistics.fmean(other)

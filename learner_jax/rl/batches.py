@@ -56,9 +56,10 @@ class BatchSource:
         s = self.shape
         while not self.should_stop():
             step = self.step_fn()
-            t0, groups = time.monotonic(), None
+            t0, groups, data_wait = time.monotonic(), None, 0.0
             while groups is None:
                 groups, stats = self.ctl.wait_batch(step, s.groups_per_step, timeout_s=1.0)
+                data_wait += stats.get("time/data_wait_s", 0.0)
                 if self.should_stop():
                     return
                 if groups is None:
@@ -83,7 +84,9 @@ class BatchSource:
             self.last_groups = groups
             # The learner reports the version it publishes; the fleet's is per sample.
             fleet = {k: v for k, v in stats.items() if not k.startswith("policy_version")}
-            fleet.update(rstats)
+            # Of the learner's wait (time/wait_s), the part with no batch at the controller;
+            # taking and building the batch is the learner's own time (rl/hooks.py Publish).
+            fleet.update(rstats, **{"time/data_wait_s": data_wait})
             yield batch, fleet, cursor
 
     def checkpointed(self, latest: int | None) -> None:

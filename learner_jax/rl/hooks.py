@@ -48,12 +48,15 @@ class Publish:
         wall = time.time()
         out = {"time/wall": wall, **self.publisher.after_step(learner.rl_steps)}
         out["policy_version"] = self.ctl.announcement().version
-        # The learner's own time outside train steps and waits since the previous step
-        # (the previous step's publish, evaluation, checkpoint, bookkeeping): the learner
-        # is on the critical path then too, so the capacity model counts it (issue 32).
+        # The learner's own time outside train steps and waits for data since the previous
+        # step (the previous step's publish, evaluation, checkpoint, taking and building
+        # this batch): the learner is on the critical path then too, so the capacity model
+        # counts it (issue 32; taking the batch was ~70 ms a step of the demo's "wait").
         overhead = None
         if self._last_wall is not None:
-            busy = metrics["time/step_s"] + metrics.get("time/wait_s", 0.0)
+            # Waiting for data is the fleet's; taking and building the batch is ours.
+            waited = metrics.get("time/data_wait_s", metrics.get("time/wait_s", 0.0))
+            busy = metrics["time/step_s"] + waited
             overhead = max(0.0, wall - self._last_wall - busy)
         self._last_wall = wall
         self.ctl.report_learner(metrics["time/step_s"], out.get("bridge/publish_s"), overhead)

@@ -4,6 +4,7 @@ workers: too_slow_test.py; helpers: tests/controller_helpers.py."""
 
 import math
 import threading
+import time
 
 import pytest
 from controller_helpers import Clock, dump, make, result, submit_all, worker
@@ -280,11 +281,21 @@ def test_wait_batch_wakes_on_submission(tmp_path):
     lease = ctl.lease(w, LeaseRequest(worker_version=0, max_groups=1)).lease
     timer = threading.Timer(0.2, submit_all, args=(ctl, w, lease))
     timer.start()
-    batch, _ = ctl.wait_batch(0, 1, timeout_s=10.0)
+    t0 = time.monotonic()
+    batch, stats = ctl.wait_batch(0, 1, timeout_s=10.0)
+    took = time.monotonic() - t0
     timer.join()
     assert [g.group_id for g in batch] == [lease.groups[0].group_id]
-    batch, _ = ctl.wait_batch(1, 1, timeout_s=0.1)
-    assert batch is None
+    # It waited for the submission (unless the box stalled past the timer), and says how long:
+    # the part of the call with no batch, not the learner's own time in the capacity model.
+    assert 0.0 <= stats["time/data_wait_s"] <= took
+    batch, stats = ctl.wait_batch(1, 1, timeout_s=0.1)
+    assert batch is None and stats["time/data_wait_s"] > 0.0
+    # A batch already there: no wait at all.
+    lease = ctl.lease(w, LeaseRequest(worker_version=0, max_groups=1)).lease
+    submit_all(ctl, w, lease)
+    batch, stats = ctl.wait_batch(1, 1, timeout_s=10.0)
+    assert batch is not None and stats["time/data_wait_s"] == 0.0
 
 
 def test_a_broken_task_fails_at_startup(tmp_path):
