@@ -6,8 +6,7 @@ by the module's tests (each costs ~30 s to start). The test plays the learner th
 `take_batch`. Version 0 is published with weights different from the model directory's,
 so a worker that did not swap it in would fail the transformers log-prob comparison.
 
-The reward-error tests run a `RolloutWorker` in-process on the session's vLLM engine; the
-controller scores every completion itself (a worker sees no answers).
+The reward-error tests run a `RolloutWorker` in-process on the session's vLLM engine.
 """
 
 import dataclasses

@@ -53,6 +53,20 @@ def _lease(ctl, client, headers):
     return r.json()["lease"]
 
 
+def _submit_in_background(server, headers, lease):
+    """POST the lease's submission on a thread: (the started thread, its reply list)."""
+    replies = []
+    t = threading.Thread(
+        target=lambda: replies.append(
+            httpx.post(
+                server.url + "/v1/submit", headers=headers, json=submission_json(lease), timeout=60
+            )
+        )
+    )
+    t.start()
+    return t, replies
+
+
 def test_group_commit_one_fsync_covers_every_commit_that_waited(tmp_path):
     db = ControllerDB(str(tmp_path / "c.db"))
     entered, release = _blocking_fsync(db.group_commit)
@@ -88,15 +102,7 @@ def test_acknowledged_submission_waits_for_its_fsync_heartbeat_does_not(service)
     headers = register(client, secret)
     lease = _lease(ctl, client, headers)
     entered, release = _blocking_fsync(ctl.db.group_commit)
-    replies = []
-    t = threading.Thread(
-        target=lambda: replies.append(
-            httpx.post(
-                server.url + "/v1/submit", headers=headers, json=submission_json(lease), timeout=60
-            )
-        )
-    )
-    t.start()
+    t, replies = _submit_in_background(server, headers, lease)
     assert entered.wait(30), "the submission never asked for an fsync"
     # Committed, not yet on disk: no reply yet. A heartbeat is answered meanwhile.
     hb = client.post("/v1/heartbeat", headers=headers, json={"worker_version": 0})
@@ -219,15 +225,7 @@ def test_submission_parsed_off_the_event_loop(service, monkeypatch):
             return real.model_validate_json(data, **kw)
 
     monkeypatch.setattr(service_lib, "Submission", SlowSubmission)
-    replies = []
-    t = threading.Thread(
-        target=lambda: replies.append(
-            httpx.post(
-                server.url + "/v1/submit", headers=headers, json=submission_json(lease), timeout=60
-            )
-        )
-    )
-    t.start()
+    t, replies = _submit_in_background(server, headers, lease)
     assert parsing.wait(30)
     # The parse is stuck; the event loop is not: a heartbeat is answered.
     hb = client.post("/v1/heartbeat", headers=headers, json={"worker_version": 0}, timeout=10)
