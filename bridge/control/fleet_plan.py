@@ -16,8 +16,7 @@ activated and billed, and its own meter counts idle time as slowness):
   evaluation, checkpoints), from `report_learner(overhead_s=...)`. The learner consumes one
   batch per T + O, so the requirement and the freshness bound use that cycle, and the
   predicted utilization (train time only, like `learner/utilization`) is the cycle's busy
-  fraction times T / (T + O). Before issue 32's fix the prediction left O out and ran ~10
-  points high on the demo (evaluations and checkpoints).
+  fraction times T / (T + O) (without O it ran ~10 points high on the demo).
 - R = groups_per_step * group_size rollouts per update; S = `staleness`.
 - kappa = the difference between consecutive published versions (version = update count).
 - T_pub from `report_learner(publish_s=...)` on publishing steps (0 or None: none this step).
@@ -35,11 +34,10 @@ activated and billed, and its own meter counts idle time as slowness):
   the last rollout of a version comes from the slowest worker that still gets work. The
   active throughput sums the same workers: a refused one makes nothing usable.
 
-Capacity metrics appear once T is known. `capacity/confident` is 1 once T and every
-counted worker's leases and swaps have `Warmup.min_warm` warm samples (and every active
-worker is measured); before that no verdict is given. `capacity/warning` is 1 when the
-prediction is confident and the rate or the freshness condition fails. What the console says
-about it: bridge/control/capacity_advice.py.
+Capacity metrics appear once T is known. `capacity/confident` is 1 once T and every counted
+worker's leases and swaps have `Warmup.min_warm` warm samples, every active one measured.
+`capacity/warning` is 1 when the prediction is confident and the rate or the freshness
+condition fails; the console's words on it: bridge/control/capacity_advice.py.
 
 Activation (`activation=True`): the active set is re-solved on join, leave and quarantine
 and at most every `activation_period_s` on heartbeats (measured speeds and T change
@@ -58,6 +56,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import json
 import logging
 import math
@@ -77,7 +76,12 @@ def _ema(old: float | None, new: float) -> float:
 
 
 def _price(w) -> float:
-    return json.loads(w["profile"])["price_per_hour"]
+    return _profile_price(w["profile"])
+
+
+@functools.lru_cache(maxsize=65536)  # one JSON parse per profile: stats runs every batch
+def _profile_price(profile: str) -> float:
+    return json.loads(profile)["price_per_hour"]
 
 
 def _col(rows: dict, worker_id: str, key: str, default=None):
@@ -87,8 +91,7 @@ def _col(rows: dict, worker_id: str, key: str, default=None):
 
 
 class FleetPlan:
-    """Measurements, capacity metrics and the active set; called under the controller's lock
-    inside its transaction."""
+    """Measurements, capacity metrics, the active set; under the controller's lock and tx."""
 
     def __init__(self, config, db, timing, clock, warmup: capacity.Warmup | None = None):
         self.config, self.db, self.timing, self.clock = config, db, timing, clock
@@ -222,11 +225,11 @@ class FleetPlan:
         due = now - self._solved_at >= c.activation_period_s
         return c.activation and due and self.train_step_s() is not None
 
-    def _alive(self, now: float) -> list:
+    def _alive(self, now: float, workers: list | None = None) -> list:
         timeout = self.config.worker_timeout_s
         return [
             w
-            for w in self.db.workers()
+            for w in (self.db.workers() if workers is None else workers)
             if w["enabled"] and w["left_at"] is None and now - w["last_seen"] <= timeout
         ]
 
@@ -302,7 +305,7 @@ class FleetPlan:
         """Fleet, cost and capacity metrics (capacity ones once T is known)."""
         c, rows, standby = self.config, self.db.fleet_rows(), self._standby()
         workers = self.db.workers()
-        alive = self._alive(now)
+        alive = self._alive(now, workers)
         active = [w for w in alive if w["worker_id"] not in standby]
         off = 1.0 - c.standby_price_fraction
         # Alive time is billed in full, its standby part at the standby fraction.
