@@ -14,6 +14,9 @@ says it should be doing (active, standby, run over), and how it stops.
   release the current lease within the grace time) and arms a watchdog that ends the
   process `grace_s + margin_s` later whatever it is blocked on (a hung HTTP call to a
   vanished host); a second signal ends it at once.
+- `stop_when_parent_exits`: a local worker of a training binary that died (even by kill -9,
+  when nothing tells its children) stops as on SIGTERM instead of serving nobody for
+  `max_no_contact_s`.
 """
 
 from __future__ import annotations
@@ -162,3 +165,19 @@ def install_stop_signals(
 
     signal.signal(signal.SIGTERM, handler)
     signal.signal(signal.SIGINT, handler)
+
+
+def stop_when_parent_exits(parent_pid: int, period_s: float = 1.0) -> None:
+    """SIGTERM to this process (the stop path above) once its parent is gone: an orphan is
+    re-parented, so `os.getppid()` stops being `parent_pid`."""
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(period_s)
+        logging.warning(
+            "the process that started this worker (pid %d) is gone: stopping", parent_pid
+        )
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    if parent_pid > 1:  # already orphaned at start: nothing to watch
+        threading.Thread(target=watch, daemon=True, name="parent-watch").start()

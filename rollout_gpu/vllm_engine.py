@@ -59,6 +59,12 @@ def on_cpu() -> bool:
     return not torch.cuda.is_available()
 
 
+def detect_accelerator() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+
+
 class VllmEngine(RolloutEngine):
     """A vLLM `LLM` (in-process, offline API) behind the rollout interface."""
 

@@ -36,7 +36,9 @@ Lifecycle (rollout_gpu/lifecycle.py): the controller says "run over" when traini
 -> abort, leave, exit 0. It says standby (`active=false`) -> take no leases, heartbeats
 only, until it says active again (`--on_standby=exit`: leave and exit 0, so the machine
 can be released). It stops answering -> one log line, retries with capped exponential
-backoff (`--max_backoff_s`), exit 3 after `--max_no_contact_s` without an answer.
+backoff (`--max_backoff_s`), exit 3 after `--max_no_contact_s` without an answer. With
+`--exit_with_parent` (the training binary's local workers) the worker stops as on SIGTERM
+once the process that started it is gone, even if it was killed -9.
 Exit status: 0 done, 2 refused by the controller, 3 no contact.
 """
 
@@ -315,12 +317,7 @@ _MAX_BACKOFF = flags.DEFINE_float(
 _ON_STANDBY = flags.DEFINE_enum(
     "on_standby", "idle", ["idle", "exit"], "on standby: idle (heartbeats only) or exit 0"
 )
-
-
-def detect_accelerator() -> str:
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+_WITH_PARENT = flags.DEFINE_bool("exit_with_parent", False, "stop when the parent process exits")
 
 
 def main(argv):
@@ -329,8 +326,9 @@ def main(argv):
         secret = f.read().strip()
     if not secret:
         raise app.UsageError(f"{_TOKEN_FILE.value} is empty")
+    from rollout_gpu.vllm_engine import VllmEngine, configure_cpu_process, detect_accelerator
+
     accelerator = _ACCEL.value or detect_accelerator()
-    from rollout_gpu.vllm_engine import VllmEngine, configure_cpu_process
 
     if accelerator == "cpu":
         configure_cpu_process(kvcache_gib=_KV_GIB.value)
@@ -378,6 +376,8 @@ def main(argv):
         make = lambda path, lora=None: engine(path, "auto" if lora else "dummy", lora)  # noqa: E731
         worker = RolloutWorker(opts, make_engine=make)
     lifecycle.install_stop_signals(worker.request_stop, _GRACE.value)
+    if _WITH_PARENT.value:
+        lifecycle.stop_when_parent_exits(os.getppid())
     try:
         worker.run()
     except FatalError as e:

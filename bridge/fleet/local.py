@@ -57,6 +57,7 @@ def worker_command(
         f"--cpu_kvcache_gib={int(spec.kvcache_gib)}",
         f"--grace_s={spec.grace_s}",
         f"--name={name}",
+        "--exit_with_parent",  # a learner killed -9 leaves no worker serving nobody
     ]
     if spec.model_dir:
         cmd.append(f"--model_dir={spec.model_dir}")

@@ -99,3 +99,4 @@ def test_local_command_line_matches_the_local_fleet():
     assert cmd[1:3] == ["-m", "rollout_gpu.worker"]
     assert "--controller=U" in cmd and "--token_file=T" in cmd and "--name=w-1" in cmd
     assert "--seed=3001" in cmd and "--cache_dir=/w/model_files" in cmd
+    assert "--exit_with_parent" in cmd  # tests/rollout_gpu/parent_exit_test.py
