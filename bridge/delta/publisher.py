@@ -198,10 +198,16 @@ class DeltaPublisher:
             raise
 
 
+# Patch piece size; None = the store's chunk size (bench.broadcast sets it to compare a
+# patch moved as one object per hop).
+PIECE_BYTES: int | None = None
+
+
 def patch_entry(enc: codec.Encoded) -> TensorPatch:
     """The manifest entry of a patch: one object up to the store's chunk size, else pieces
     of that size, each with its digest (a relay pipelines them like chunks)."""
-    blob, piece = enc.blob, chunk_digest.CHUNK_BYTES  # read now: tests shrink the chunks
+    blob = enc.blob
+    piece = PIECE_BYTES or chunk_digest.CHUNK_BYTES  # read now: tests shrink the chunks
     entry = {"kind": "patch", "changed": enc.changed, "nbytes": len(blob)}
     if len(blob) > piece:
         pieces = tuple(digest_bytes(p) for p in _pieces(blob, piece))
