@@ -75,6 +75,16 @@ class TensorPatch(pydantic.BaseModel):
                 )
         return self
 
+    @pydantic.model_serializer(mode="wrap")
+    def _without_unused_pieces(self, handler):
+        """A patch in one object is written as before pieces existed (manifests are
+        fetched by every worker for every version: no bytes for fields not used)."""
+        out = handler(self)
+        if self.pieces is None and isinstance(out, dict):
+            out.pop("pieces", None)
+            out.pop("piece_nbytes", None)
+        return out
+
     def objects(self, version: int, name: str) -> list[tuple[str, str | None, int]]:
         """(key, BLAKE3 digest, bytes) of each stored object of this patch, in order."""
         if self.kind != "patch":
