@@ -43,6 +43,9 @@ the model (M_delta / B + (N-1) c / B with c the largest key). Run only it with `
 A relay's token bucket starts a version full (`--burst_kb`, 1 MiB by default): a delta
 near that size crosses a link as a burst, faster than B; `--burst_kb=256` (one piece, the
 least) keeps the links at B for the delta arm too.
+`--delta_patches=pieces,whole` runs the delta arm once per entry: "pieces" (a patch larger
+than a chunk is stored in chunk-sized pieces, the default) and "whole" (every patch one
+object, which crosses each hop whole before the next relay can start it).
 """
 
 from __future__ import annotations
