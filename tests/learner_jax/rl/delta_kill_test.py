@@ -10,19 +10,20 @@ with fp32 every element moves and every tensor of a delta goes dense). Checkpoin
 2 steps; after each publish the child records the SHA-256 of every tensor it published
 (computed from its params, not from the store).
 
-Run 1 publishes 0 (full) and deltas 1..5, checkpoints 4, and is SIGKILLed after version 5
-is announced. Run 2 (other batches, as a rerun's fleet would send) restores step 4, the
-store drops 5, and it publishes 5..7. Asserted: version 5 of the rerun is a full version
-with no patch (a fresh anchor: its publisher never held 4's tensors), 6 and 7 patch on
+Run 1 publishes 0 (full) and deltas 1..3, checkpoints 2, and is SIGKILLed after version 3
+is announced. Run 2 (other batches, as a rerun's fleet would send) restores step 2, the
+store drops 3, and it publishes 3..5. Asserted: version 3 of the rerun is a full version
+with no patch (a fresh anchor: its publisher never held 2's tensors), 4 and 5 patch on
 it; every version in the store, before and after the restart, reads back (through
 `reconstruct`) bit for bit as its learner published it; and a worker following the chain
-across the restart (the worker's own `weight_swap.read_tensors`) ends on version 7's exact
-bytes, whether it served 3, 4 or the killed run's 5 (a version number the rerun republished
+across the restart (the worker's own `weight_swap.read_tensors`) ends on version 5's exact
+bytes, whether it served 1, 2 or the killed run's 3 (a version number the rerun republished
 with other weights: the patches on it do not verify, the worker takes the anchor).
 
-Would catch: a restarted publisher that diffs against anything it did not publish itself
-(5 would be a delta), a store that keeps the killed run's versions past the checkpoint
-(the rerun's 5 is never written), a worker that trusts its copy of a republished number.
+Would catch (each tried): a restarted publisher that diffs against anything it did not
+publish itself (3 would be a delta), a store that keeps the killed run's versions past the
+checkpoint (the rerun's 3 is never written), a worker that trusts its copy of a
+republished number (no retry from the anchor).
 """
 
 from __future__ import annotations
