@@ -3,7 +3,7 @@
     python -m bench.broadcast --out=/tmp/bench_broadcast.json [--model_mb=40] [--up_mbps=8]
         [--chunk_kb=1024] [--n=1,2,4,8,16] [--modes=store,chain,tree] [--fanout=2]
         [--repeats=3] [--sweep_chunk_kb=256,1024,4096] [--sweep_n=8]
-        [--delta_versions=3] [--delta_n=8] [--delta_density=0.02]
+        [--delta_versions=3] [--delta_n=8] [--delta_density=0.02] [--delta_patches=pieces,whole]
 
 N standalone relays (`python -m rollout_gpu.relay`, separate processes, real HTTP on
 loopback, no vLLM) each with an upload token bucket of B = --up_mbps; the store is modelled
@@ -43,6 +43,9 @@ the model (M_delta / B + (N-1) c / B with c the largest key). Run only it with `
 A relay's token bucket starts a version full (`--burst_kb`, 1 MiB by default): a delta
 near that size crosses a link as a burst, faster than B; `--burst_kb=256` (one piece, the
 least) keeps the links at B for the delta arm too.
+`--delta_patches=pieces,whole` runs the delta arm once per entry: "pieces" (a patch larger
+than a chunk is stored in chunk-sized pieces, the default) and "whole" (every patch one
+object, which crosses each hop whole before the next relay can start it).
 """
 
 from __future__ import annotations
@@ -81,6 +84,10 @@ flags.DEFINE_integer("sweep_n", 8, "Receivers for the chunk-size sweep.")
 flags.DEFINE_integer("delta_versions", 0, "Delta arm: delta versions after a full one (0 = off).")
 flags.DEFINE_integer("delta_n", 8, "Delta arm: relays in the chain.")
 flags.DEFINE_float("delta_density", 0.02, "Delta arm: fraction of elements each version changes.")
+flags.DEFINE_list(
+    "delta_patches", ["pieces"], "Delta arm, once per entry: 'pieces' (a patch larger than a "
+    "chunk in chunk-sized pieces) and/or 'whole' (every patch one object per hop, as before)."
+)  # fmt: skip
 VERSION = 1
 DELTA_FIRST = 1000  # the delta arm's versions: after any the sweep publishes
 
@@ -179,15 +186,18 @@ def _print_row(r: dict) -> None:
     )
 
 
-def delta_arm(store, origin, relays, load_origin, c: float, b: float, s: float) -> dict:
+def delta_arm(store, origin, relays, load_origin, c: float, b: float, s: float,
+              patches: str = "pieces", first: int = DELTA_FIRST) -> dict:  # fmt: skip
     """The full version and each delta version down one chain of --delta_n relays."""
+    if patches not in ("pieces", "whole"):
+        raise ValueError(f"--delta_patches entries are pieces|whole, got {patches!r}")
     manifests = relay_procs.publish_delta_chain(
-        store, FLAGS.model_mb * 10**6, int(c), DELTA_FIRST, FLAGS.delta_versions,
-        FLAGS.delta_density,
+        store, FLAGS.model_mb * 10**6, int(c), first, FLAGS.delta_versions,
+        FLAGS.delta_density, None if patches == "pieces" else 1 << 40,
     )  # fmt: skip
     n, rows = FLAGS.delta_n, []
-    print(f"delta arm: chain N={n}, {FLAGS.delta_versions} delta versions at density "
-          f"{FLAGS.delta_density}; ideal_s = the bytes on each link / B")  # fmt: skip
+    print(f"delta arm ({patches} patches): chain N={n}, {FLAGS.delta_versions} delta versions "
+          f"at density {FLAGS.delta_density}; ideal_s = the bytes on each link / B")  # fmt: skip
     for m in manifests:
         load_origin(m.version)
         runs = [_run(origin, relays[:n], "chain", FLAGS.fanout, m.version)
@@ -197,7 +207,8 @@ def delta_arm(store, origin, relays, load_origin, c: float, b: float, s: float) 
         else:
             arm, wire = "chain-delta", m.delta.nbytes
             kinds = m.delta.tensors.values()
-            key = max([p.nbytes for p in kinds if p.kind == "patch"]
+            objects = [o for name, p in m.delta.tensors.items() for o in p.objects(0, name)]
+            key = max([nbytes for _, _, nbytes in objects]
                       + [c for p in kinds if p.kind == "dense"] + [1])  # fmt: skip
         rows.append(_row(arm, n, runs, wire, float(key), b, s))
         rows[-1].update(version=m.version, full_bytes=m.total_bytes,
@@ -208,7 +219,7 @@ def delta_arm(store, origin, relays, load_origin, c: float, b: float, s: float) 
     ratio = statistics.median(r["ideal_s"] * b / r["full_bytes"] for r in rows[1:])
     print(f"per version: full {full_s:.2f} s, delta {delta_s:.2f} s (median; "
           f"{100 * ratio:.1f}% of the bytes): {full_s / delta_s:.1f}x faster")  # fmt: skip
-    return {"n": n, "density": FLAGS.delta_density, "full_s": full_s,
+    return {"n": n, "density": FLAGS.delta_density, "patches": patches, "full_s": full_s,
             "delta_s_median": delta_s, "bytes_ratio_median": ratio,
             "speedup": full_s / delta_s, "rows": rows}  # fmt: skip
 
@@ -264,8 +275,9 @@ def main(argv):
             sweep_rows.append(_row("chain", n, runs, mk, float(kb << 10), b, s))
             _print_row(sweep_rows[-1])
         delta = {}
-        if FLAGS.delta_versions:
-            delta = delta_arm(store, origin, relays, load_origin, c, b, s)
+        for i, patches in enumerate(FLAGS.delta_patches if FLAGS.delta_versions else []):
+            first = DELTA_FIRST + i * (FLAGS.delta_versions + 1)
+            delta[patches] = delta_arm(store, origin, relays, load_origin, c, b, s, patches, first)
         out = {
             "model_bytes": m,
             "chunk_bytes": c,

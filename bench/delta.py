@@ -194,6 +194,8 @@ def main(argv):
             rows, full_path, delta_path = train_and_publish(hf_dir, scratch, lr)
             results[lr_text] = {"publish": rows}
             stores[lr_text] = (full_path, delta_path)
+            with open(FLAGS.out + ".partial", "w") as f:  # a later OOM keeps what is done
+                json.dump(results, f, indent=1)
         engine = None
         if FLAGS.swap:
             os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
@@ -205,6 +207,8 @@ def main(argv):
             results[lr_text]["apply"] = apply_versions(
                 engine, full_path, delta_path, range(FLAGS.steps + 1)
             )
+            with open(FLAGS.out + ".partial", "w") as f:
+                json.dump(results, f, indent=1)
         del engine
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -72,20 +72,29 @@ def publish_model(store: WeightStore, model_bytes: int, chunk_bytes: int, versio
 
 
 def publish_delta_chain(
-    store: WeightStore, model_bytes: int, chunk_bytes: int, first: int, k: int, density: float
+    store: WeightStore,
+    model_bytes: int,
+    chunk_bytes: int,
+    first: int,
+    k: int,
+    density: float,
+    piece_bytes: int | None = None,
 ) -> list:
     """Publish version `first` (full) and `k` delta versions after it (bridge/delta/), each
     replacing a random `density` of the bf16 elements (an RL step's changed fraction at a
-    small learning rate: bench.delta measures 1-4% at lr 1e-6); returns the manifests."""
+    small learning rate: bench.delta measures 1-4% at lr 1e-6); returns the manifests.
+    `piece_bytes`: patch pieces of this size (default: the chunk size; larger than any
+    patch = one object per patch, as before patches were split)."""
     import ml_dtypes
 
+    from bridge.delta import publisher
     from bridge.delta.publisher import DeltaPublisher
 
     rng = np.random.default_rng(1)
     arrays = [(n, a.astype(ml_dtypes.bfloat16)) for n, a in random_linears(model_bytes, rng)]
     pub = DeltaPublisher(store, anchor_every=k + 1, max_density=0.5)
     default = chunk_digest.CHUNK_BYTES
-    chunk_digest.CHUNK_BYTES = chunk_bytes
+    chunk_digest.CHUNK_BYTES, publisher.PIECE_BYTES = chunk_bytes, piece_bytes
     try:
         out = [pub.publish(first, 0, arrays, {}, "bfloat16")]
         for v in range(first + 1, first + k + 1):
@@ -96,4 +105,4 @@ def publish_delta_chain(
             out.append(pub.publish(v, v - first, arrays, {}, "bfloat16"))
         return out
     finally:
-        chunk_digest.CHUNK_BYTES = default
+        chunk_digest.CHUNK_BYTES, publisher.PIECE_BYTES = default, None

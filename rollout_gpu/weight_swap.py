@@ -237,6 +237,24 @@ def _check_manifest_config(manifest, cfg: ModelConfig) -> None:
         )
 
 
+def read_tensors(store, version: int, manifest, current: EngineVersion):
+    """(every tensor of `version`, verified; the names that may differ from `current`'s,
+    None = all). A delta version is rebuilt by patches on the version served, or from its
+    anchor when that is cheaper or our copy does not check out."""
+    if getattr(manifest, "delta", None) is None:
+        return store.read_all(version), None  # verifies every checksum before returning
+    have = None if current.tensors is None else (current.version, current.tensors)
+    try:
+        got = reconstruct(store, version, have=have)
+    except CorruptVersionError:
+        if have is None:
+            raise
+        # Our copy is not the store's version of that number (a rerun learner republished
+        # it) or is damaged: the anchor path does not use it, and is verified the same way.
+        got = reconstruct(store, version)
+    return got.tensors, got.changed
+
+
 def load_version(
     engine: RolloutEngine, store, version: int, current: EngineVersion, require_canary: bool = False
 ) -> canary_lib.CanaryResult | None:
@@ -259,20 +277,7 @@ def load_version(
     _check_manifest_config(manifest, cfg)
     if require_canary and "canary" not in extra:
         raise WeightSwapError(f"version {version} has no canary in its manifest")
-    changed = None
-    if getattr(manifest, "delta", None) is None:
-        tensors = store.read_all(version)  # verifies every checksum before returning
-    else:  # patches on the version served, or its anchor: every rebuilt tensor verified
-        have = None if current.tensors is None else (current.version, current.tensors)
-        try:
-            got = reconstruct(store, version, have=have)
-        except CorruptVersionError:
-            if have is None:
-                raise
-            # Our copy is not the store's version of that number (a rerun learner republished
-            # it) or is damaged: the anchor path does not use it, and is verified the same way.
-            got = reconstruct(store, version)
-        tensors, changed = got.tensors, got.changed
+    tensors, changed = read_tensors(store, version, manifest, current)
     swap_weights(engine, tensors, layouts.hf_shapes(cfg), current, changed)
     result = None
     if "canary" in extra:

@@ -13,7 +13,9 @@ announced.
 
 Delta versions (bridge/delta/) travel the same way: a hop's plan is the version's patch
 objects (`LAYOUT.patch_key`, each checked against the BLAKE3 digest its manifest entry
-`TensorPatch.digest` lists) and the chunks of its dense tensors (the FULL tensor's chunk
+`TensorPatch.digest` lists; a patch larger than a chunk as its chunk-sized pieces,
+`LAYOUT.patch_piece_key`, each against its digest in `TensorPatch.pieces`, so it pipelines
+over the chain like a tensor's chunks) and the chunks of its dense tensors (the FULL tensor's chunk
 digests, as for any array). An anchor is planned whole (every chunk) for a reader with
 no copy, plus its patches, so a relay holding it whole serves both kinds of reader.
 
@@ -73,10 +75,10 @@ def chunk_plan(version: int, manifest: Manifest, whole: bool | None = None) -> l
     for name, info in manifest.arrays.items():
         patch = patches.get(name)
         if patch is not None and patch.kind == "patch":
-            if not patch.digest:
+            objects = patch.objects(version, name)  # one object, or its chunk-sized pieces
+            if not patch.digest or not all(digest for _, digest, _ in objects):
                 raise MissingChunkDigests(f"version {version}: patch of {name} has no digest")
-            key = LAYOUT.patch_key(version, name)
-            out.append(ChunkSpec(key, name, patch.digest, patch.nbytes, patch.nbytes, True))
+            out.extend(ChunkSpec(k, name, d, n, n, True) for k, d, n in objects)
         if whole or patch.kind == "dense":
             out.extend(_array_chunks(version, name, info))
     return out

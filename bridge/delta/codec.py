@@ -5,7 +5,8 @@ new version's stored bytes exactly, so a chain of patches reconstructs bit-exact
 bf16 differences would round). "Changed" compares stored bytes (the dtype viewed as
 unsigned ints), so -0.0 vs 0.0 and NaN payloads count as changes too.
 
-Stored object (`LAYOUT.patch_key`), little-endian:
+Stored object (`LAYOUT.patch_key`; above the store's chunk size it is stored in pieces,
+`TensorPatch.pieces`, and this is their concatenation), little-endian:
 
     b"DPT1"  u8 gap_width (1, 2, 4 or 8)  u8 zstd (0/1)  u16 reserved (0)  u64 count
     body:    count gaps (u{8*gap_width}): index[0], then index[i] - index[i-1] (> 0)

@@ -33,8 +33,8 @@ import numpy as np
 
 from bridge.delta import codec
 from bridge.model import dtypes
+from bridge.store import chunk_digest
 from bridge.store.chunk_digest import ChunkWriter, chunk_shape, digest_bytes
-from bridge.store.layout import LAYOUT
 from bridge.store.manifest import ArrayInfo, DeltaInfo, Manifest, TensorPatch, new_manifest
 from bridge.store.weight_store import INFLIGHT_BYTES, ShardedSource, WeightStore, stored_piece
 
@@ -157,11 +157,12 @@ class DeltaPublisher:
                 writes = []
                 self._raw_bytes += new.nbytes if enc.kind == "dense" else enc.raw_nbytes
                 if enc.kind == "patch":
-                    writes.append(store.kv.write(LAYOUT.patch_key(version, name), enc.blob))
-                    patches[name] = TensorPatch(
-                        kind="patch", changed=enc.changed, nbytes=len(enc.blob),
-                        digest=digest_bytes(enc.blob),
-                    )  # fmt: skip
+                    patches[name] = patch_entry(enc)
+                    pieces = _pieces(enc.blob, patches[name].piece_nbytes)
+                    for (key, _, _), piece in zip(
+                        patches[name].objects(version, name), pieces, strict=True
+                    ):
+                        writes.append(store.kv.write(key, bytes(piece)))
                 else:
                     nbytes = new.nbytes if enc.kind == "dense" else 0
                     patches[name] = TensorPatch(kind=enc.kind, changed=enc.changed, nbytes=nbytes)
@@ -195,6 +196,28 @@ class DeltaPublisher:
                     pass
             store._delete_data(version, version + 1)
             raise
+
+
+# Patch piece size; None = the store's chunk size (bench.broadcast sets it to compare a
+# patch moved as one object per hop).
+PIECE_BYTES: int | None = None
+
+
+def patch_entry(enc: codec.Encoded) -> TensorPatch:
+    """The manifest entry of a patch: one object up to the store's chunk size, else pieces
+    of that size, each with its digest (a relay pipelines them like chunks)."""
+    blob = enc.blob
+    piece = PIECE_BYTES or chunk_digest.CHUNK_BYTES  # read now: tests shrink the chunks
+    entry = {"kind": "patch", "changed": enc.changed, "nbytes": len(blob)}
+    if len(blob) > piece:
+        pieces = tuple(digest_bytes(p) for p in _pieces(blob, piece))
+        entry.update(pieces=pieces, piece_nbytes=piece)
+    return TensorPatch(**entry, digest=digest_bytes(blob))
+
+
+def _pieces(blob: bytes, size: int) -> list[memoryview]:
+    view = memoryview(blob)
+    return [view] if not size else [view[i : i + size] for i in range(0, len(blob), size)]
 
 
 def _same_layout(prev: Mapping[str, np.ndarray], new: Mapping[str, np.ndarray]) -> bool:

@@ -26,7 +26,6 @@ import numpy as np
 
 from bridge.delta import codec
 from bridge.store.chunk_digest import array_checksum, digest_bytes
-from bridge.store.layout import LAYOUT
 from bridge.store.manifest import CorruptVersionError, Manifest, VersionNotFoundError
 
 
@@ -156,11 +155,24 @@ def reconstruct(
 
 
 def _patch_blob(store, link: Manifest, name: str) -> bytes:
+    """The patch object of `name` in `link`, each piece and the whole checked against the
+    manifest's digests."""
     patch = link.delta.tensors[name]
-    r = store.kv.read(LAYOUT.patch_key(link.version, name)).result()
-    if r.state != "value":
-        raise CorruptVersionError(f"version {link.version}: patch of {name} is missing")
-    blob = bytes(r.value)
+    objects = patch.objects(link.version, name)
+    reads = [store.kv.read(key) for key, _, _ in objects]  # all pieces in flight at once
+    parts = []
+    for (key, digest, nbytes), read in zip(objects, reads, strict=True):
+        r = read.result()
+        if r.state != "value":
+            raise CorruptVersionError(f"version {link.version}: patch of {name} is missing")
+        part = bytes(r.value)
+        if len(part) != nbytes or digest_bytes(part) != digest:
+            raise CorruptVersionError(
+                f"version {link.version}: patch of {name} ({key}) does not match its digest "
+                "(tampered or torn)"
+            )
+        parts.append(part)
+    blob = b"".join(parts)
     if len(blob) != patch.nbytes or digest_bytes(blob) != patch.digest:
         raise CorruptVersionError(
             f"version {link.version}: patch of {name} does not match its digest (tampered or torn)"

@@ -12,6 +12,7 @@ The one home of the store's key layout: the writer (`weight_store.py`,
     data/{version:012d}/.delta/{hf_name}       a delta version's patch of one tensor (the
                                                changed elements vs its base, bridge/delta/);
                                                a dense-fallback tensor is an ordinary array
+    data/{version:012d}/.delta/{hf_name}/{i}   or its pieces, when larger than a chunk
 
 Version numbers are zero-padded so key order is numeric order: a range delete of
 `data/{lo}` .. `data/{hi}` removes exactly the versions lo <= v < hi, and manifests live
@@ -65,6 +66,11 @@ class StoreLayout:
         """The patch of tensor `name` in delta version `version` (under its data prefix, so
         garbage collection and crash-debris cleanup remove it with the version's arrays)."""
         return f"{self.data_prefix(version)}{self.delta}/{name}"
+
+    def patch_piece_key(self, version: int, name: str, index: int) -> str:
+        """Piece `index` of a patch larger than a chunk (bridge/store/manifest.py:
+        TensorPatch.pieces), stored instead of the one object at `patch_key`."""
+        return f"{self.patch_key(version, name)}/{index}"
 
     def manifest_range(self) -> tuple[str, str]:
         """(inclusive_min, exclusive_max) of every manifest key."""

@@ -14,6 +14,7 @@ from typing import Any
 import pydantic
 
 from bridge.store.chunk_digest import CHECKSUM_ALGORITHM
+from bridge.store.layout import LAYOUT
 
 
 class CorruptVersionError(ValueError):
@@ -44,9 +45,15 @@ class ArrayInfo(pydantic.BaseModel):
 class TensorPatch(pydantic.BaseModel):
     """How one tensor of a delta version is stored (bridge/delta/codec.py).
 
-    kind "same": bytes equal the base's, nothing stored; "patch": the changed elements at
-    `LAYOUT.patch_key` (`nbytes` stored, BLAKE3 `digest` of the stored object); "dense": the
-    whole tensor as an ordinary array (denser than `bridge.delta.max_density`)."""
+    kind "same": bytes equal the base's, nothing stored; "patch": the changed elements
+    (`nbytes` in all, BLAKE3 `digest` of the whole patch object); "dense": the whole tensor
+    as an ordinary array (denser than `bridge.delta.max_density`).
+
+    A patch no larger than the store's chunk size is one object at `LAYOUT.patch_key`
+    (`pieces` None). A larger one (an 8B model's embedding patch is 25-35 MB) is stored as
+    pieces of `piece_nbytes` bytes, the last one shorter, at `LAYOUT.patch_piece_key`, with
+    each piece's BLAKE3 digest in `pieces`: a relay verifies and re-serves it piece by piece,
+    so it pipelines over a chain like a tensor's chunks instead of crossing each hop whole."""
 
     model_config = pydantic.ConfigDict(frozen=True)
 
@@ -54,6 +61,42 @@ class TensorPatch(pydantic.BaseModel):
     changed: int = pydantic.Field(ge=0)
     nbytes: int = pydantic.Field(ge=0)
     digest: str | None = None
+    pieces: tuple[str, ...] | None = None
+    piece_nbytes: int = pydantic.Field(default=0, ge=0)
+
+    @pydantic.model_validator(mode="after")
+    def _pieces_cover_the_patch(self) -> TensorPatch:
+        if self.pieces is not None:
+            count = -(-self.nbytes // self.piece_nbytes) if self.piece_nbytes else -1
+            if self.kind != "patch" or len(self.pieces) != count or count < 2:
+                raise ValueError(
+                    f"{len(self.pieces)} patch pieces of {self.piece_nbytes} bytes cannot "
+                    f"hold a {self.kind} of {self.nbytes} bytes"
+                )
+        return self
+
+    @pydantic.model_serializer(mode="wrap")
+    def _without_unused_pieces(self, handler):
+        """A patch in one object is written as before pieces existed (manifests are
+        fetched by every worker for every version: no bytes for fields not used)."""
+        out = handler(self)
+        if self.pieces is None and isinstance(out, dict):
+            out.pop("pieces", None)
+            out.pop("piece_nbytes", None)
+        return out
+
+    def objects(self, version: int, name: str) -> list[tuple[str, str | None, int]]:
+        """(key, BLAKE3 digest, bytes) of each stored object of this patch, in order."""
+        if self.kind != "patch":
+            return []
+        if self.pieces is None:
+            return [(LAYOUT.patch_key(version, name), self.digest, self.nbytes)]
+        last = self.nbytes - self.piece_nbytes * (len(self.pieces) - 1)
+        sizes = [self.piece_nbytes] * (len(self.pieces) - 1) + [last]
+        return [
+            (LAYOUT.patch_piece_key(version, name, i), digest, size)
+            for i, (digest, size) in enumerate(zip(self.pieces, sizes, strict=True))
+        ]
 
 
 class DeltaInfo(pydantic.BaseModel):

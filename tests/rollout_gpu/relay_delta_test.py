@@ -17,6 +17,7 @@ from bridge.delta.publisher import DeltaPublisher
 from bridge.delta.reconstruct import reconstruct
 from bridge.store import chunk_digest
 from bridge.store.layout import LAYOUT
+from bridge.store.manifest import CorruptVersionError
 from bridge.store.weight_store import WeightStore
 from rollout_gpu.peer_swap import PeerSwap
 
@@ -27,17 +28,14 @@ def _bits(a):
     return np.ascontiguousarray(a).view(np.uint16)
 
 
-@pytest.fixture
-def chain(tmp_path, monkeypatch):
-    """Versions 0..10 (anchors 0 and 6): 2% of elements move a version, `q` goes dense
-    every 5th; 64 KiB chunks so the embedding is 16 of them."""
-    monkeypatch.setattr(chunk_digest, "CHUNK_BYTES", 64 << 10)
-    store = WeightStore(str(tmp_path / "store"))
+def _publish_chain(store, versions):
+    """Versions 0..versions-1 (anchors 0 and 6): 2% of elements move a version, `q` goes
+    dense every 5th. Returns {version: the tensors published}."""
     pub = DeltaPublisher(store, anchor_every=6, max_density=0.3)
     rng = np.random.default_rng(0)
     w = {n: rng.standard_normal(s).astype(ml_dtypes.bfloat16) for n, s in SHAPES.items()}
     ref = {}
-    for v in range(11):
+    for v in range(versions):
         if v:
             w = {n: a.copy() for n, a in w.items()}
             for n, a in w.items():
@@ -45,7 +43,16 @@ def chain(tmp_path, monkeypatch):
                 a[mask] = rng.standard_normal(int(mask.sum())).astype(ml_dtypes.bfloat16)
         pub.publish(v, v, w.items(), {}, "bfloat16")
         ref[v] = w
-    return store, ref
+    return ref
+
+
+@pytest.fixture
+def chain(tmp_path, monkeypatch):
+    """Versions 0..10 of `_publish_chain`; 64 KiB chunks so the embedding is 16 of them
+    (and every patch one object)."""
+    monkeypatch.setattr(chunk_digest, "CHUNK_BYTES", 64 << 10)
+    store = WeightStore(str(tmp_path / "store"))
+    return store, _publish_chain(store, 11)
 
 
 def _worker_relay(store, parent, have, version):
@@ -161,3 +168,60 @@ def test_a_relay_says_gone_for_what_it_will_not_hold(chain, relays):
         assert reconstruct(got_store, 7).path == [6, 7]
     finally:
         swap.close()
+
+
+def test_a_patch_larger_than_a_chunk_crosses_the_relays_in_verified_pieces(
+    tmp_path, monkeypatch, relays
+):
+    """8 KiB chunks: the embedding's patch (~30 KB) is stored as pieces, each a key with its
+    own digest, so relays move and re-serve it piece by piece (pipelined like chunks). A
+    parent that tampers with one piece is reported; only that piece comes from the store."""
+    import urllib.request
+
+    from bridge.store.chunk_digest import digest_bytes
+
+    monkeypatch.setattr(chunk_digest, "CHUNK_BYTES", 8 << 10)
+    store = WeightStore(str(tmp_path / "store"))
+    ref = _publish_chain(store, 4)
+    embed = store.manifest(3).delta.tensors["embed"]
+    assert embed.kind == "patch" and embed.nbytes > 3 * (8 << 10)
+    pieces = embed.objects(3, "embed")
+    assert len(pieces) == len(embed.pieces) >= 4 and all(n <= 8 << 10 for _, _, n in pieces)
+    assert not store.kv.read(LAYOUT.patch_key(3, "embed")).result().value  # pieces only
+    bad_key = pieces[1][0]
+
+    def tamper(key, body):  # the parent flips a byte of one piece of the embedding's patch
+        return body[:-1] + bytes([body[-1] ^ 0x01]) if key == bad_key else body
+
+    for parent_tamper in (None, tamper):
+        parent = relays(keep_versions=16, tamper=parent_tamper)
+        for v in range(4):
+            parent.fetch(v, [store.spec], timeout=60)
+        for key, digest, _ in pieces:  # the parent serves each piece as its own key
+            body = urllib.request.urlopen(f"{parent.url}/kv/{key}", timeout=30).read()
+            assert (digest_bytes(body) == digest) == (parent_tamper is None or key != bad_key)
+        swap, got_store = _worker_relay(store, parent, have=1, version=3)
+        try:
+            got = reconstruct(got_store, 3, have=(1, ref[1]))
+            assert got.path == [2, 3]
+            for n in SHAPES:
+                assert (_bits(got.tensors[n]) == _bits(ref[3][n])).all(), n
+            for key, _, _ in pieces:  # the worker's relay holds the store's bytes
+                want = store.kv.read(key).result().value
+                assert swap.relay.mirror.kv.read(key).result().value == want
+            rep = _report(swap)
+            from_store = rep.bytes_from_store - _manifest_bytes(store, [2, 3])
+            if parent_tamper is None:
+                assert not rep.bad_sources and from_store == 0
+            else:  # refused on arrival, blamed, and only that piece re-read from the store
+                assert {(b.source, b.kind) for b in rep.bad_sources} == {(parent.url, "corrupt")}
+                assert from_store == pieces[1][2]
+        finally:
+            swap.close()
+        parent.stop()
+
+    # A tampered piece in the store itself is refused by the reader, naming the patch.
+    body = store.kv.read(bad_key).result().value
+    store.kv.write(bad_key, body[:-1] + bytes([body[-1] ^ 0x01])).result()
+    with pytest.raises(CorruptVersionError, match="patch of embed"):
+        reconstruct(store, 3, have=(2, ref[2]))

@@ -213,3 +213,23 @@ def test_relay_plans_of_anchors_and_deltas_are_checked_per_key(store):
         chunks.chunk_plan(10, m10, whole=True)
     with pytest.raises(ValueError, match="without a patch"):
         chunks.chunk_plan(0, store.manifest(0), whole=False)
+
+
+def test_patch_pieces_that_cannot_cover_the_patch_are_refused():
+    """A manifest entry whose pieces do not add up to the patch is an error when read."""
+    from bridge.store.manifest import TensorPatch
+
+    ok = TensorPatch(
+        kind="patch", changed=5, nbytes=100, digest="d", pieces=("a", "b", "c"), piece_nbytes=40
+    )
+    assert [n for _, _, n in ok.objects(7, "w")] == [40, 40, 20]
+    assert [k for k, _, _ in ok.objects(7, "w")] == [
+        LAYOUT.patch_piece_key(7, "w", i) for i in range(3)
+    ]
+    for bad in (
+        {"pieces": ("a", "b"), "piece_nbytes": 40},  # 80 bytes of pieces for a 100-byte patch
+        {"pieces": ("a", "b", "c"), "piece_nbytes": 0},
+        {"pieces": ("a",), "piece_nbytes": 100},  # one piece: the plain object, not pieces
+    ):
+        with pytest.raises(ValueError, match="cannot hold"):
+            TensorPatch(kind="patch", changed=5, nbytes=100, digest="d", **bad)
