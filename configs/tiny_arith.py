@@ -243,6 +243,9 @@ def get_config() -> ConfigDict:
     # every anchor_every versions; a tensor with more than max_density of its elements
     # changed is stored whole. enabled: "auto" = on for a remote store (s3://, gs://), where
     # the links are slow; "true" / "false".
+    # dtype of the stored versions: "auto" = the compute dtype (model.dtype), so a bf16 run
+    # ships bf16 (half the bytes of the fp32 master weights, and deltas stay sparse).
+    c.bridge.publish_dtype = "auto"
     c.bridge.delta = ConfigDict()
     c.bridge.delta.enabled = "auto"
     c.bridge.delta.anchor_every = 16

@@ -49,6 +49,7 @@ from learner_jax.run_config import (
     checkpoint_config,
     make_mesh,
     optimizer_config,
+    publish_dtype,
     sharding_rules,
     step_config,
 )
@@ -68,6 +69,7 @@ class Learner:
         self.hf_dir = prepare_model_dir(config, workdir)
         self.model_cfg: ModelConfig = ModelConfig.from_hf_dir(self.hf_dir)
         self.param_dtype = jnp.dtype(config.model.param_dtype)
+        self.publish_dtype = jnp.dtype(publish_dtype(config))  # versions in the store
         opt_cfgs = {p: optimizer_config(config, p) for p in PHASES}
         self.optimizers = {p: optim.make_optimizer(c) for p, c in opt_cfgs.items()}
         self.schedules = {p: optim.make_schedule(c) for p, c in opt_cfgs.items()}

@@ -106,6 +106,22 @@ def compute_dtype(config) -> str:
     return dtype
 
 
+def publish_dtype(config) -> str:
+    """`bridge.publish_dtype`, the dtype versions are stored in (what workers load). 'auto' =
+    the compute dtype: the forward casts the master weights to it anyway, so a bf16 run's
+    workers get exactly the weights the learner computes with, at half the bytes of fp32
+    masters, and a small RL step changes few bf16 elements (delta versions pay; fp32 masters
+    change in nearly every element every step, so every delta tensor would go dense)."""
+    dtype = str(config.bridge.get("publish_dtype", "auto"))
+    if dtype == "auto":
+        return compute_dtype(config)
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(
+            f"bridge.publish_dtype must be auto|float32|bfloat16|float16, got {dtype!r}"
+        )
+    return dtype
+
+
 def model_options(config) -> model.ModelOptions:
     """Attention, rematerialization and log-prob chunking (attention.py, model.py, logprobs.py)."""
     return model.ModelOptions(

@@ -19,7 +19,7 @@ sums go to the same `ctl.audit` as the train step's.
 Cost: up to S + 1 version reads from the store plus one forward over `max_rows` rows each,
 per `every` steps, and transiently a second copy of the params in the learner's memory (for models
 near the accelerator's limit, raise `every` or set it to 0 to turn the re-score off). The
-store's copy is the published one (param_dtype), the exact bytes the workers load, so an
+store's copy is the published one (bridge.publish_dtype), the bytes the workers load, so an
 honest bf16 worker scores the same as against its own weights.
 
 Evaluation rows (`eval.on=fleet`, bridge/control/eval_leases.py) are audited the same way:

@@ -124,7 +124,10 @@ def write_version(
     """Write `params` as `version` with its canary (every process calls this together when
     the learner spans several: each writes its own shards). With `delta` (one process only:
     it diffs whole tensors) the version is a delta on the previous one or an anchor."""
-    cfg, dtype, extra = learner.model_cfg, str(learner.param_dtype), {"canary": canary(params)}
+    cfg, dtype = learner.model_cfg, str(learner.publish_dtype)
+    if learner.publish_dtype != learner.param_dtype:  # the canary scores what workers load
+        params = jax.tree.map(lambda x: x.astype(learner.publish_dtype), params)
+    extra = {"canary": canary(params)}
     if delta is not None and jax.process_count() == 1:
         sources = publish.hf_sources(cfg, params)
         delta.publish(version, version, sources, cfg.to_hf_dict(), dtype, extra)

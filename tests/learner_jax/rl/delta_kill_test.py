@@ -5,8 +5,8 @@ versions on: the real `Learner` (restored from the workdir's newest checkpoint),
 binary's store (`weights.open_store`), publisher (`weights.WeightPublisher` with
 `weights.delta_publisher(config, store)`), first synchronous publish and `train.run_rl`
 with the publish hook, on random RL batches. bf16 master weights, so a step changes only
-some stored elements and versions are real patches (the binary publishes `param_dtype`;
-with fp32 every element moves and every tensor of a delta goes dense). Checkpoints every
+some stored elements and versions are real patches (`bridge.publish_dtype` bf16 here;
+published in fp32, every element moves and every tensor of a delta goes dense). Checkpoints every
 2 steps; after each publish the child records the SHA-256 of every tensor it published
 (computed from its params, not from the store).
 
@@ -56,7 +56,8 @@ def _config():
     c = config_file.load_config(os.path.join(ROOT, "configs", "test_tiny.py"))
     c.sft.steps, c.total_steps = 0, RL_STEPS
     c.checkpoint.interval, c.checkpoint.async_save = 2, False
-    c.model.param_dtype = "bfloat16"  # published as stored: some elements change per step
+    c.model.param_dtype = "bfloat16"  # some stored elements change per step
+    c.bridge.publish_dtype = "bfloat16"  # the masters' own dtype: published as they are
     c.optimizer.learning_rate, c.optimizer.warmup_steps = 3e-5, 0
     c.optimizer.end_lr_fraction = 1.0  # every step at this rate
     c.bridge.delta.enabled, c.bridge.delta.anchor_every = "true", 100
@@ -93,7 +94,7 @@ class _PublishAndRecord:
         from bridge.delta.publisher import whole
         from learner_jax import publish
 
-        dtype = str(learner.param_dtype)
+        dtype = str(learner.publish_dtype)
         sources = publish.hf_sources(learner.model_cfg, learner.policy_params)
         row = {"version": learner.step, "sha": {n: sha(whole(n, s, dtype)) for n, s in sources}}
         with open(self.record_path, "a") as f:

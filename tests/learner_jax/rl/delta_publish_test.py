@@ -110,11 +110,53 @@ def test_weight_publisher_writes_deltas_of_the_learners_params(tmp_path):
         assert pub.version_metrics["bridge/version_bytes"] == m.delta.nbytes < m.total_bytes / 4
         assert pub.version_metrics["bridge/delta_density"] == m.delta.density
         full = WeightStore(str(tmp_path / "full"))
-        cfg, dtype = learner.model_cfg, str(learner.param_dtype)
+        cfg, dtype = learner.model_cfg, str(learner.publish_dtype)
         full.publish(1, 1, publish.hf_sources(cfg, moved), cfg.to_hf_dict(), dtype)
         want, got = full.read_all(1), store.read_all(1)
         assert set(got) == set(want)
         for n in want:
             assert got[n].tobytes() == want[n].tobytes(), n
+    finally:
+        learner.close()
+
+
+def test_a_bf16_run_publishes_bf16_so_small_steps_make_sparse_deltas(tmp_path):
+    """fp32 master weights, bf16 compute: versions are stored in bf16 (`bridge.publish_dtype`
+    "auto"), the canary scores the rounded weights the workers load, and a small step of the
+    masters changes few stored elements. Published in fp32, every moved element would
+    change: the delta would be dense and cost a full version."""
+    import os
+
+    import jax
+
+    from bridge.model import tiny_model
+    from learner_jax import config_file
+    from learner_jax.learner import Learner
+    from learner_jax.rl.weights import Canary, WeightPublisher
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    config = config_file.load_config(os.path.join(root, "configs", "test_tiny.py"))
+    config.sft.steps, config.model.dtype = 0, "bfloat16"
+    learner = Learner(config, str(tmp_path / "wd"))
+    try:
+        assert learner.param_dtype == np.float32 and learner.publish_dtype == ml_dtypes.bfloat16
+        store = WeightStore(str(tmp_path / "store"))
+        vocab = learner.model_cfg.vocab_size
+        pub = WeightPublisher(
+            store, lambda v, spec: v, learner, every=1, keep=4, background=False, seed=0,
+            vocab_size=vocab, bos_id=tiny_model.BOS_ID,
+            delta=DeltaPublisher(store, anchor_every=100, max_density=0.5),
+        )  # fmt: skip
+        params = learner.state.params
+        pub.publish(0, params)
+        assert store.manifest(0).dtype == "bfloat16"
+        # A 1e-4 relative step on every master weight: most bf16 roundings stay the same.
+        pub.publish(1, jax.tree.map(lambda x: x * (1 + 1e-4), params))
+        assert store.manifest(1).delta.density < 0.2
+        # The canary is the forward on the bf16-rounded weights, what a worker computes.
+        canary = Canary(learner, vocab, tiny_model.BOS_ID, seed=0)
+        rounded = jax.tree.map(lambda x: x.astype(ml_dtypes.bfloat16), params)
+        assert store.manifest(0).extra["canary"] == canary(rounded)
+        assert store.manifest(0).extra["canary"] != canary(params)
     finally:
         learner.close()
