@@ -282,6 +282,11 @@ def get_config() -> ConfigDict:
     # transiently a second copy of the params).
     c.controller.audit_rescore_every = 10
     c.controller.audit_rescore_rows = 16
+    # ... and, on every step, up to audit_rescore_rows rows per version of each worker not
+    # yet judged (fewer than audit_min_tokens audited tokens, or a sampling Z past half the
+    # threshold: learner_jax/rl/audit_focus.py), so a new worker is judged within a few of
+    # its groups; False = the sampled re-score alone.
+    c.controller.audit_focus = True
     # Sampling check (bridge/contracts/sampling_check.py): a worker whose audited tokens'
     # likelihood under the policy is |Z| past this did not sample them (greedy, best-of-n,
     # a reference answer with true log-probs): quarantined. 0 = off.
