@@ -3,27 +3,33 @@ spent on verification, at Qwen3-0.6B shapes (hidden 1024, mlp 3072, 16 heads, 8 
 head_dim 128, tied) with the vocabulary and sequence length of a real run.
 
     python -m bench.verify_cost --out=/tmp/verify_cost.json \
-        [--vocab=32768,151936 --seq_len=1024 --batch=4 --num_layers=2 --steps=3]
+        [--vocab=32768,151936 --seq_len=1024 --batch=2 --num_layers=1,2 --steps=3]
 
-Per vocabulary size, on the same weights and batch:
-  * the RL train step with the sampling check (`StepConfig.sampling_check`: per position
-    Var_p[log p], one more pass over the [B, T, V] log-probs, and the per-row sums) and
-    without, timed interleaved (on, off, on, off, ...; medians): `step_check_s`;
-  * the audit's re-score (learner_jax/rl/rescore.py) of `--rescore_rows` rows of `seq_len`
-    tokens under a version read back from a real weight store (every chunk's BLAKE3 checked
-    against the manifest as it is read): `rescore_s`, of which `rescore_read_s` the
-    verified read; the training binary runs it every `--rescore_every` steps
-    (`controller.audit_rescore_every`), and on every step while some worker is unsettled
-    (audit_focus.py), so both shares are given;
-  * BLAKE3 over the bytes of one published version (the writer digests every chunk once
-    per publish, every kappa steps; CRC-32 of the same bytes for comparison): `digest_s`.
+Per vocabulary size and layer count, on the same weights and batch:
+  * the RL train step of `--batch` rows with the sampling check (`StepConfig.sampling_check`:
+    per position Var_p[log p], one more pass over the [B, T, V] log-probs, and the per-row
+    sums) and without, interleaved (on, off, on, off, ...; medians): `step_check_s`,
+    `step_nocheck_s`;
+  * the audit's re-score (learner_jax/rl/rescore.py) under a version published to a real
+    weight store by the learner's own publish path: `rescore_read_s` (the read, every
+    chunk's BLAKE3 checked against the manifest) and `rescore_row_s` (the forward per row
+    of `seq_len` tokens, from `--rescore_rows` rows);
+  * BLAKE3 over the bytes of one published version (the writer digests every chunk once per
+    publish; CRC-32 of the same bytes for comparison): `digest_s`.
 
-share = check time / (step with checks + its part of the re-score + digest), per step with
-kappa = 1. CPU numbers (this box: 2 shared cores) with few layers overstate the share of the
-[B, T, V] checks relative to a 28-layer model, whose layers cost ~num_layers / 2 times
-more: `step_off_per_layer_s` (from the two smallest layer counts, if given) extrapolates
-the check's share to 28 layers. The step uses the learner's chunked head
-(`--logprob_chunk`, `model.logprob_chunk`), as a real run at vocabulary 151k must.
+Then the share of a run's learner time spent on verification (`shares`): a step of
+`--train_rows` rows (the measured step scaled by rows), the sampled re-score (`--versions`
+version reads and `--audit_rows` rows each, every `--rescore_every` steps), the focus's
+worst case (the same on every step: an unsettled worker with old rows of every version;
+audit_focus.py), one version digested per step (kappa = 1; the publish runs on a background
+thread in the binary, so this overstates). share = (sampling check + re-score + digest) /
+(step with the check + re-score + digest).
+
+Few layers overstate the share (the checks scale with B x T x V, the step also with the
+layers): with two or more `--num_layers` the times are fitted linearly in the layer count
+and extrapolated to `--extrapolate_layers` (28, Qwen3-0.6B). The step and the re-score use
+the learner's chunked head (`--logprob_chunk`, `model.logprob_chunk`), as a real run at
+vocabulary 151k must. CPU timings on a shared box are noisy: quote the load average too.
 """
 
 from __future__ import annotations
@@ -55,8 +61,11 @@ flags.DEFINE_integer("batch", 4, "Rows per train step.")
 flags.DEFINE_integer("seq_len", 1024, "Tokens per row.")
 flags.DEFINE_integer("logprob_chunk", 256, "Tokens per chunk of the head (0 = full logits).")
 flags.DEFINE_integer("steps", 3, "Timed steps per arm (median) after one warm-up each.")
-flags.DEFINE_integer("rescore_rows", 16, "Rows per re-score (controller.audit_rescore_rows).")
-flags.DEFINE_integer("rescore_every", 10, "Steps between re-scores (audit_rescore_every).")
+flags.DEFINE_integer("rescore_rows", 4, "Rows re-scored in the measurement.")
+flags.DEFINE_integer("rescore_every", 10, "A run's audit_rescore_every.")
+flags.DEFINE_integer("audit_rows", 16, "A run's audit_rescore_rows (rows per version).")
+flags.DEFINE_integer("versions", 3, "Versions a re-score reads (every tag: up to S + 1).")
+flags.DEFINE_integer("train_rows", 256, "Rows per learner step of the run (16 x 16).")
 flags.DEFINE_string("store_dtype", "bfloat16", "Dtype of the published version.")
 flags.DEFINE_integer("extrapolate_layers", 28, "Layer count to extrapolate the share to.")
 
@@ -172,52 +181,56 @@ def measure(vocab: int, layers: int, mesh, workdir: str) -> dict:
     cfg = dataclasses.replace(qwen3_0p6b(layers), vocab_size=vocab)
     steps = time_steps(cfg, mesh)
     r = time_rescore(cfg, steps.pop("params"), workdir)
-    on, off, every = steps["step_check_s"], steps["step_nocheck_s"], FLAGS.rescore_every
-    check = max(on - off, 0.0)
+    row = {"vocab": vocab, "num_layers": layers, **steps, **r}
+    row["step_ratio"] = row["step_check_s"] / row["step_nocheck_s"]
+    row["rescore_row_s"] = (r["rescore_s"] - r["rescore_read_s"]) / FLAGS.rescore_rows
+    return {**row, **shares(row)}
 
-    def share(rescore_per_step: float) -> float:
-        verify = check + rescore_per_step + r["digest_s"]
-        return verify / (on + rescore_per_step + r["digest_s"])
+
+def shares(m: dict) -> dict:
+    """A run's per-step costs from one measurement: a step of `--train_rows` rows (the
+    measured step scaled by rows: the checks and the step are both per token); the sampled
+    re-score reads `--versions` versions and scores `--audit_rows` rows of each every
+    `--rescore_every` steps; the focus (worst case: an unsettled worker with old rows of
+    every version) the same on every step; one version digested per step (kappa = 1)."""
+    scale = FLAGS.train_rows / FLAGS.batch
+    on, off = m["step_check_s"] * scale, m["step_nocheck_s"] * scale
+    check = max(on - off, 0.0)
+    one_rescore = FLAGS.versions * (m["rescore_read_s"] + FLAGS.audit_rows * m["rescore_row_s"])
+    sampled, digest = one_rescore / FLAGS.rescore_every, m["digest_s"]
+
+    def share(rescore: float) -> float:
+        return (check + rescore + digest) / (on + rescore + digest)
 
     return {
-        "vocab": vocab,
-        "num_layers": layers,
-        **steps,
-        "step_ratio": on / off,
-        "sampling_check_s": check,
-        **r,
-        "share_sampled": share(r["rescore_s"] / every),  # settled fleet
-        "share_focus": share(r["rescore_s"]),  # a re-score every step (unsettled workers)
+        "run_step_check_s": on,
+        "run_step_nocheck_s": off,
+        "run_sampling_check_s": check,
+        "run_rescore_sampled_s": sampled,
+        "run_rescore_focus_s": one_rescore,
+        "share_sampled": share(sampled),
+        "share_focus": share(sampled + one_rescore),
     }
 
 
 def extrapolate(rows: list[dict], layers: int) -> list[dict]:
-    """Per vocabulary: step time linear in layers from the two smallest layer counts; the
-    check and the head's re-score part held constant (they scale with B x T x V)."""
+    """Per vocabulary, to `layers` layers: the times linear in the layer count, fitted to
+    the two smallest counts measured (the check itself scales with B x T x V, not layers)."""
     out = []
     for vocab in sorted({r["vocab"] for r in rows}):
         of_v = sorted((r for r in rows if r["vocab"] == vocab), key=lambda r: r["num_layers"])
         if len(of_v) < 2:
             continue
         a, b = of_v[0], of_v[1]
-        dl = b["num_layers"] - a["num_layers"]
-        per_layer = (b["step_nocheck_s"] - a["step_nocheck_s"]) / dl
-        rescore_per_layer = (b["rescore_s"] - a["rescore_s"]) / dl
-        off = a["step_nocheck_s"] + per_layer * (layers - a["num_layers"])
-        rescore = a["rescore_s"] + rescore_per_layer * (layers - a["num_layers"])
-        check = statistics.mean([a["sampling_check_s"], b["sampling_check_s"]])
-        digest = a["digest_s"] / a["version_bytes"] * (
-            a["version_bytes"] + (b["version_bytes"] - a["version_bytes"]) / dl
-            * (layers - a["num_layers"])
-        )  # fmt: skip
-        on = off + check
-        out.append({
-            "vocab": vocab, "num_layers": layers, "step_nocheck_s": off, "step_check_s": on,
-            "rescore_s": rescore, "digest_s": digest, "step_off_per_layer_s": per_layer,
-            "share_sampled": (check + rescore / FLAGS.rescore_every + digest)
-            / (on + rescore / FLAGS.rescore_every + digest),
-            "share_focus": (check + rescore + digest) / (on + rescore + digest),
-        })  # fmt: skip
+        k = (layers - a["num_layers"]) / (b["num_layers"] - a["num_layers"])
+        keys = ("step_nocheck_s", "rescore_read_s", "rescore_row_s", "version_bytes")
+        m = {key: a[key] + (b[key] - a[key]) * k for key in keys}
+        per_byte = statistics.mean([x["digest_s"] / x["version_bytes"] for x in (a, b)])
+        m["digest_s"] = per_byte * m["version_bytes"]  # the digest is per byte
+        check = statistics.mean([a["step_check_s"] - a["step_nocheck_s"],
+                                 b["step_check_s"] - b["step_nocheck_s"]])  # fmt: skip
+        m["step_check_s"] = m["step_nocheck_s"] + max(check, 0.0)
+        out.append({"vocab": vocab, "num_layers": layers, "extrapolated": True, **m, **shares(m)})
     return out
 
 
@@ -233,8 +246,8 @@ def main(argv):
                 )
                 print(json.dumps(rows[-1]), flush=True)
     extra = extrapolate(rows, FLAGS.extrapolate_layers)
-    cols = ["vocab", "num_layers", "step_check_s", "step_nocheck_s", "rescore_s", "digest_s",
-            "share_sampled", "share_focus"]  # fmt: skip
+    cols = ["vocab", "num_layers", "step_check_s", "step_nocheck_s", "rescore_read_s",
+            "rescore_row_s", "digest_s", "share_sampled", "share_focus"]  # fmt: skip
     print("  ".join(f"{c:>14}" for c in cols))
     for r in rows + extra:
         print("  ".join(f"{r[c]:>14.4g}" if isinstance(r[c], float) else f"{r[c]:>14}"
@@ -246,7 +259,12 @@ def main(argv):
         "seq_len": FLAGS.seq_len,
         "logprob_chunk": FLAGS.logprob_chunk,
         "rescore_rows": FLAGS.rescore_rows,
-        "rescore_every": FLAGS.rescore_every,
+        "run": {
+            "train_rows": FLAGS.train_rows,
+            "audit_rows": FLAGS.audit_rows,
+            "versions": FLAGS.versions,
+            "rescore_every": FLAGS.rescore_every,
+        },
         "devices": f"{len(jax.devices())} x {jax.devices()[0].device_kind}",
         "load_average": os.getloadavg(),
     }
