@@ -230,6 +230,7 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
             ent = jax.lax.stop_gradient(entropy)
             row_dev, row_var, _ = sampling_check.row_sums(prox, ent, var[0], mm, xp=jnp)
             sums[ROWS + "dev"], sums[ROWS + "var"] = row_dev, row_var
+            sums[ROWS + "evidence"] = sampling_check.row_evidence(prox, var[1], mm, xp=jnp)
         metrics.pop("tokens", None)
         return loss, (metrics, sums)
 

@@ -85,6 +85,7 @@ class Audit:
             version=version,
             row_dev=r.get("dev"),
             row_var=r.get("var"),
+            row_evidence=r.get("evidence"),
         )
         self.ctl.audit(stats)
         self.rescorer.note(stats)  # which workers the re-score must look at next

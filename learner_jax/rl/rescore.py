@@ -243,7 +243,7 @@ class VersionRescorer:
             mask[i, len(p) - 1 : len(p) + len(c) - 1] = np.asarray(t.mask) * of_version
         pos = np.broadcast_to(np.arange(width - 1, dtype=np.int32), (n, width - 1))
         temp, trunc = sampling or self.sampling
-        learner, entropy, _, variance = (
+        learner, entropy, _, variance, collision = (
             np.asarray(x, np.float64)
             for x in self._stats(
                 params, tokens[:, :-1], pos, seg[:, :-1], tokens[:, 1:], temp, trunc
@@ -257,9 +257,11 @@ class VersionRescorer:
         row_dev, row_var, _ = (
             x[:k] for x in sampling_check.row_sums(learner, entropy, variance, mask)
         )
+        row_evid = sampling_check.row_evidence(learner, collision, mask)[:k]
         ones = np.ones(k, bool)
         stats = audit.row_sums_to_worker_stats(
-            [w for w, _ in rows], ones, row_k3, row_lr, row_n, version, row_dev, row_var
-        )
+            [w for w, _ in rows], ones, row_k3, row_lr, row_n, version, row_dev, row_var,
+            row_evid,
+        )  # fmt: skip
         logging.debug("re-scored %d rows of version %d: %s", k, version, stats)
         return stats
