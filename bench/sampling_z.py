@@ -20,7 +20,10 @@ from flat, as a trained policy's):
   * `drift_per_token`: the expected d / sqrt(v) from full distributions, q = transformers
     in `--dtype` on the same weights (vLLM's CPU bf16 kernels round differently, so this is
     the order, not vLLM's exact number), with `z_steady` = it x sqrt(2 W);
-  * `k3_per_token`: the log-prob audit's mean k3 on the same tokens, for comparison.
+  * `k3_per_token`: the log-prob audit's mean k3 on the same tokens, for comparison;
+  * `evidence_per_token`, `evidence_cusum_max`: the evidence test's (sampling_check.py)
+    mean per token and the highest its CUSUM reached (one stat per completion; the
+    controller quarantines at `audit_sampling_evidence`, 23).
 One engine per process (vLLM engines are not torn down within a process).
 """
 
@@ -82,6 +85,15 @@ def decayed_z(devs, vars_, window: int) -> float:
     return sampling_check.z_score(dev, var)
 
 
+def cusum_max(evidence) -> float:
+    """The controller's evidence CUSUM (audit.py) over one stat per completion: its max."""
+    c = worst = 0.0
+    for e in evidence:
+        c = max(0.0, c + e)
+        worst = max(worst, c)
+    return worst
+
+
 def main(argv):
     del argv
     import torch
@@ -105,7 +117,7 @@ def main(argv):
         engine_like = AutoModelForCausalLM.from_pretrained(
             path, dtype=getattr(torch, FLAGS.dtype)
         ).eval()
-        devs, vars_, k3s, drift, var_all = [], [], [], [], []
+        devs, vars_, k3s, drift, var_all, evid = [], [], [], [], [], []
         for p, cs in zip(prompts, samples, strict=True):
             for c in cs:
                 ids = list(c.token_ids)
@@ -114,6 +126,7 @@ def main(argv):
                 s = logp[np.arange(len(ids)), ids]
                 devs.append((float((s + h).sum()), len(ids)))
                 vars_.append(float(v.sum()))
+                evid.append(float((s - sampling_check.log_collision(logp)).sum()))
                 k3s.append(float(k3(s - np.asarray(c.logprobs, np.float64)).sum()))
                 q = np.exp(rows(engine_like, torch, p, ids))
                 drift.append(float(((q * np.where(q > 0, logp, 0.0)).sum(-1) + h).sum()))
@@ -128,6 +141,8 @@ def main(argv):
         "z": sampling_check.z_score(sum(d for d, _ in devs), sum(vars_)),
         "z_decayed": decayed_z(devs, vars_, FLAGS.window),
         "k3_per_token": sum(k3s) / tokens,
+        "evidence_per_token": sum(evid) / tokens,
+        "evidence_cusum_max": cusum_max(evid),
         "var_per_token": sum(vars_) / tokens,
         "drift_per_token": per_token,
         "z_expected_undecayed": per_token * math.sqrt(tokens),
