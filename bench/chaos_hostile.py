@@ -12,8 +12,9 @@ worker, for the whole soak or until the controller revokes its token:
   junk           (9) a $0 worker that asks for many groups and returns random tokens fast
                  with made-up log-probs.
 
-`result` per worker: its class, worker id, submit statuses, groups accepted, and whether
-it was quarantined (a 401 on its token). A hostile worker is neutralised when it was
+`result` per worker: its class, worker id, submit statuses, groups accepted, whether it
+was quarantined (a 401 on its token) and `caught_after_s`, the seconds from its first
+registration to the first 401 (None if never). A hostile worker is neutralised when it was
 quarantined or none of its groups were accepted. From loopback the bench's registrations
 are the operator's own ("local" identity, never barred: identity.py), so a quarantined
 hostile thread stops rather than registering again.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import os
 import random
 import threading
+import time
 
 from bench.chaos_faults import _post
 from bridge.model import tiny_model
@@ -40,7 +42,9 @@ class HostileWorker(threading.Thread):
         self.rng, self.stop_event = random.Random(seed), threading.Event()
         self.token, self.version, self.store = None, 0, None
         self.result = {"class": kind, "worker_id": None, "statuses": {}, "accepted_groups": 0,
-                       "quarantined": False, "errors": 0, "last_error": ""}  # fmt: skip
+                       "quarantined": False, "errors": 0, "last_error": "",
+                       "caught_after_s": None}  # fmt: skip
+        self._registered_at: float | None = None
         self._hf, self._hf_version = None, None
 
     def stop(self) -> dict:
@@ -67,6 +71,8 @@ class HostileWorker(threading.Thread):
         if code != 200:
             raise RuntimeError(f"register: {code}")
         self.token, self.result["worker_id"] = r["token"], r["worker_id"]
+        if self._registered_at is None:
+            self._registered_at = time.time()
         self._announce(r["announcement"])
 
     def _announce(self, ann: dict) -> None:
@@ -76,7 +82,7 @@ class HostileWorker(threading.Thread):
         body = {"worker_version": self.version, "max_groups": 8 if self.kind == "junk" else 1}
         code, r = _post(self.url, "/v1/lease", body, self.token)
         if code == 401:
-            self.result["quarantined"] = True
+            self._caught()
             return
         if code != 200:
             raise RuntimeError(f"lease: {code}")
@@ -97,11 +103,15 @@ class HostileWorker(threading.Thread):
         if code == 200:
             self.result["accepted_groups"] += len(r["accepted"])
         elif code == 401:
-            self.result["quarantined"] = True
+            self._caught()
         else:
             _post(self.url, "/v1/release", {"lease_id": lease["lease_id"]}, self.token)
         if self.kind != "junk":
             self.stop_event.wait(0.5)  # about an honest worker's pace; junk goes flat out
+
+    def _caught(self) -> None:
+        self.result["quarantined"] = True
+        self.result["caught_after_s"] = round(time.time() - self._registered_at, 1)
 
     def _group(self, g: dict) -> dict | None:
         n, max_tokens, v = g["n"], g["sampling"]["max_tokens"], self.version

@@ -285,10 +285,20 @@ def get_config() -> ConfigDict:
     # transiently a second copy of the params).
     c.controller.audit_rescore_every = 10
     c.controller.audit_rescore_rows = 16
+    # ... and, on every step, up to audit_rescore_rows rows per version of each worker not
+    # yet judged (fewer than audit_min_tokens audited tokens, or a sampling Z past half the
+    # threshold: learner_jax/rl/audit_focus.py), so a new worker is judged within a few of
+    # its groups; False = the sampled re-score alone.
+    c.controller.audit_focus = True
     # Sampling check (bridge/contracts/sampling_check.py): a worker whose audited tokens'
     # likelihood under the policy is |Z| past this did not sample them (greedy, best-of-n,
     # a reference answer with true log-probs): quarantined. 0 = off.
     c.controller.audit_sampling_z = 6.0
+    # The same on the likely-token side at any token count (a picker with one-token answers
+    # would last audit_min_tokens / 4 groups): a CUSUM of per-token log likelihood ratios
+    # quarantines past this (23 = ln 1e10: an honest sampler's mean audit stats before a
+    # false alarm >= 1e10). 0 = off.
+    c.controller.audit_sampling_evidence = 23.0
     # Transport: serve HTTPS with this PEM certificate and key ('' = plain HTTP). Over plain
     # HTTP anyone on the path can rewrite the announced store URL, so workers calling from
     # a non-loopback address are refused (403) unless allow_plain_http (a trusted LAN only).

@@ -35,8 +35,8 @@ def token_stats(
     variance: bool = False,
 ):
     """(log p(target), entropy, argmax == target) [B, T] each from logits [B, T, V]; with
-    `variance`, a fourth: Var_p[log p] per position (the sampling check's V,
-    bridge/contracts/sampling_check.py).
+    `variance`, a fourth and a fifth: Var_p[log p] and log sum_i p_i^2 per position (the
+    sampling check's V and its evidence test's normalizer, bridge/contracts/sampling_check.py).
 
     Log-probs and entropy are of softmax(logits / temperature) after the sampler's
     `truncation` (min-p, top-k, top-p; truncation.py), the distribution a sampler with those
@@ -47,6 +47,8 @@ def token_stats(
     processed = truncation_lib.apply(logits, truncation, targets)  # dropped tokens: -inf
     logp_all = jax.nn.log_softmax(processed, axis=-1)  # [B, T, V]
     logp = jnp.take_along_axis(logp_all, targets[..., None], axis=-1)[..., 0]  # [B, T]
+    if variance:  # before dropped tokens read 0: they must count p = 0 here
+        collision = jax.nn.logsumexp(2.0 * logp_all, axis=-1)  # log sum p^2
     if truncation.active:  # 0 x -inf would be NaN (and its gradient too): dropped terms are 0
         logp_all = jnp.where(jnp.isneginf(processed), 0.0, logp_all)
     entropy = -(jnp.exp(logp_all) * logp_all).sum(-1)  # [B, T]
@@ -54,7 +56,7 @@ def token_stats(
     if not variance:
         return logp, entropy, correct
     second = (jnp.exp(logp_all) * logp_all * logp_all).sum(-1)  # E_p[(log p)^2]
-    return logp, entropy, correct, jnp.maximum(second - entropy * entropy, 0.0)
+    return logp, entropy, correct, jnp.maximum(second - entropy * entropy, 0.0), collision
 
 
 def head_weight(params, tied: bool):

@@ -90,6 +90,7 @@ def step_config(config, phase: str) -> train_step.StepConfig:
         temperature=float(config.rollout.temperature),
         truncation=truncation.from_rollout(config.rollout),
         lora=lora.from_config(config),
+        sampling_check=float(config.controller.get("audit_sampling_z", 6.0)) > 0,
     )
 
 

@@ -296,7 +296,9 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             check_fleet=follower.check,
             where=os.path.join(workdir, "workers"),
         )
-        rescorer = rescore.VersionRescorer.for_run(config, store, learner, publisher, leader)
+        rescorer = rescore.VersionRescorer.for_run(
+            config, store, learner, publisher, leader, ctl.config
+        )
         # 5. The RL loop, and what runs after each of its updates, in this order.
         run_rl(
             learner,

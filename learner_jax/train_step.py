@@ -135,6 +135,10 @@ class StepConfig:
     truncation: Truncation = truncation_lib.NONE
     # LoRA (lora.py): the state's params are the adapters, `state.frozen` the base
     lora: lora_lib.LoraConfig | None = None
+    # RL: the audit's sampling check (sum of log p + H and of Var[log p] per row: one more
+    # pass over the [B, T, V] log-probs; bench/verify_cost.py). Off when the controller
+    # does not judge by it (`controller.audit_sampling_z` = 0).
+    sampling_check: bool = True
 
     def __post_init__(self):
         if not self.temperature > 0:
@@ -177,7 +181,7 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
         # RL: also Var_p[log p] per position, for the audit's sampling check.
         return model.token_stats(
             net, params, tokens, positions, segment_ids, targets, temperature, truncation, rngs,
-            variance=rl,
+            variance=rl and step_cfg.sampling_check,
         )  # fmt: skip
 
     def fn(params, mb: Batch, rngs=None):
@@ -222,9 +226,11 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
         sums[ROWS + "tokens"] = row_n
         # ... and the sampling check's (sum of log p + H, sum of V) over the same tokens:
         # did the policy pick them (bridge/contracts/sampling_check.py)?
-        ent = jax.lax.stop_gradient(entropy)
-        row_dev, row_var, _ = sampling_check.row_sums(prox, ent, var[0], mm, xp=jnp)
-        sums[ROWS + "dev"], sums[ROWS + "var"] = row_dev, row_var
+        if step_cfg.sampling_check:
+            ent = jax.lax.stop_gradient(entropy)
+            row_dev, row_var, _ = sampling_check.row_sums(prox, ent, var[0], mm, xp=jnp)
+            sums[ROWS + "dev"], sums[ROWS + "var"] = row_dev, row_var
+            sums[ROWS + "evidence"] = sampling_check.row_evidence(prox, var[1], mm, xp=jnp)
         metrics.pop("tokens", None)
         return loss, (metrics, sums)
 

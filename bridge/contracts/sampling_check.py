@@ -21,6 +21,23 @@ tokens than sampling (Z >> 0); forcing text the policy would not say picks unlik
 nothing (V_t = 0): a worker cannot be judged on tokens the policy is certain of, and it
 gains nothing there either.
 
+Z needs `audit_min_tokens` before it may judge: with few tokens one rare honest token can
+push it anywhere (its tails are as heavy as the policy's). A worker with short answers (a
+greedy picker answering one token: 4 tokens a group) then lasts 64 groups. So a second
+test, valid at ANY sample size, watches the likely-token direction: per token
+
+    e_t = log p_t(x_t) - log sum_i p_t(i)^2,   E_p[exp(e_t)] = sum_i p_i p_i / sum p^2 = 1,
+
+a likelihood ratio (of the tilted distribution p^2 / sum p^2 against p), so for an honest
+sampler exp(sum e_t) is a test martingale. The controller keeps a CUSUM of it per worker,
+C = max(0, C + sum of the stat's e_t), and quarantines at C >= `audit_sampling_evidence`
+(h = 23 = ln 1e10): by Lorden's bound an honest sampler's expected number of stats before
+a false alarm is at least e^h = 1e10, whatever the token count, and the reset at 0 keeps
+a worker that was honest for a while from banking credit. A greedy token adds
+log(p_max / sum p^2) >= 0 each (best-of-n: likelier tokens, in expectation > 0); an honest
+one subtracts H(p) - H_2(p) >= 0 on average (H_2 the collision entropy). An engine whose
+numerics differ by a KL of ~1e-6 per token (bf16) changes E[exp(e_t)] by ~1e-6: harmless.
+
 `xp` is the array module: numpy here, jax.numpy if a jitted step computes the moments.
 """
 
@@ -31,6 +48,7 @@ import math
 import numpy as np
 
 Z_MAX = 6.0  # two-sided; N(0,1) beyond 6 sigma: ~2e-9 per look
+EVIDENCE_MAX = 23.0  # ln 1e10: an honest sampler's mean stats to a false alarm >= 1e10
 
 
 def position_moments(logp, xp=np):
@@ -55,3 +73,16 @@ def row_sums(sampled_logp, entropy, variance, mask, xp=np):
 def z_score(sum_dev: float, sum_var: float) -> float:
     """Z of accumulated sums; 0.0 while there is no variance to judge by."""
     return sum_dev / math.sqrt(sum_var) if sum_var > 0 else 0.0
+
+
+def log_collision(logp, xp=np):
+    """log sum_i p_i^2 per position of full log-prob rows `logp` [..., vocab] (dropped
+    tokens -inf: they add 0)."""
+    m = logp.max(axis=-1, keepdims=True)
+    return 2.0 * m[..., 0] + xp.log(xp.exp(2.0 * (logp - m)).sum(axis=-1))
+
+
+def row_evidence(sampled_logp, collision, mask, xp=np):
+    """Per-row sum over the positions where `mask` > 0 of log p(x) - log sum p^2 [B]: the
+    log of the e-value the controller's CUSUM adds up."""
+    return xp.where(mask > 0, sampled_logp - collision, 0.0).sum(axis=-1)

@@ -35,7 +35,10 @@ the controller keeps per-worker decayed sums (deviations weighted w, variances w
 Z = dev / sqrt(var) stays ~N(0, 1) for a sampler) and quarantines at |Z| >
 `sampling_z` (`audit_sampling_z`, 6) past `min_tokens`. Z > 0: likelier tokens than
 sampling gives (greedy, best-of-n); Z < 0: tokens the policy would rarely say (forced
-text). tests/learner_jax/rl/sampling_audit_test.py runs it end to end.
+text). The likely-token side also has a test valid at any token count, so a picker with
+short answers is judged within a few groups, not 64: a CUSUM of per-token e-values, past
+`sampling_evidence` (`audit_sampling_evidence`, 23 = ln 1e10; sampling_check.py).
+tests/learner_jax/rl/sampling_audit_test.py runs it end to end.
 
 Defaults, measured (tests/rollout_gpu/audit_test.py; BUILD_NOTES.md): against the fp32
 learner an honest vLLM engine on the tiny model scores a mean k3 of 2e-14 per token in fp32
@@ -71,6 +74,8 @@ class AuditStat:
     # log p(token) + H(p) and of Var_p[log p], p the learner's processed distribution.
     sum_dev: float = 0.0
     sum_var: float = 0.0
+    # Its evidence test: sum of log p(token) - log sum p^2 (the log of an e-value).
+    sum_evidence: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +85,8 @@ class AuditConfig:
     min_tokens: int = 256
     window_tokens: int = 4096
     sampling_z: float = sampling_check.Z_MAX  # |Z| past this: tokens not sampled; 0 = off
+    # CUSUM of the e-values past this: tokens likelier than sampled, at any token count
+    sampling_evidence: float = sampling_check.EVIDENCE_MAX  # 0 = off
 
 
 def rows_to_worker_stats(
@@ -109,26 +116,28 @@ def row_sums(learner_logp, behaviour_logp, mask, xp=np):
 
 def row_sums_to_worker_stats(
     worker_ids, on_policy, row_k3, row_logratio, row_tokens, version: int,
-    row_dev=None, row_var=None,
+    row_dev=None, row_var=None, row_evidence=None,
 ) -> list[AuditStat]:  # fmt: skip
     """The same from per-row sums (what a jitted step can return instead of [B, T]);
-    `row_dev` / `row_var`: the sampling check's per-row sums (`sampling_check.row_sums`),
-    none = not measured (zeros)."""
+    `row_dev` / `row_var` / `row_evidence`: the sampling check's per-row sums
+    (`sampling_check.row_sums`, `row_evidence`), none = not measured (zeros)."""
+    zeros = [0.0] * len(worker_ids)
     if row_dev is None or row_var is None:
-        row_dev = row_var = [0.0] * len(worker_ids)
+        row_dev = row_var = zeros
+    row_evidence = zeros if row_evidence is None else row_evidence
     acc: dict[str, list[float]] = {}
     rows = zip(worker_ids, on_policy, row_k3, row_logratio, row_tokens, row_dev, row_var,
-               strict=True)  # fmt: skip
-    for w, on, *sums in rows:  # sums: k3, log-ratio, tokens, dev, var
+               row_evidence, strict=True)  # fmt: skip
+    for w, on, *sums in rows:  # sums: k3, log-ratio, tokens, dev, var, evidence
         if not w or not on or sums[2] <= 0:
             continue
-        s = acc.setdefault(str(w), [0.0] * 5)
+        s = acc.setdefault(str(w), [0.0] * 6)
         for i, x in enumerate(sums):
             s[i] += float(x)
     return [
         AuditStat(worker_id=w, version=int(version), tokens=int(n), sum_k3=a, sum_logratio=b,
-                  sum_dev=d, sum_var=v)
-        for w, (a, b, n, d, v) in sorted(acc.items())
+                  sum_dev=d, sum_var=v, sum_evidence=e)
+        for w, (a, b, n, d, v, e) in sorted(acc.items())
     ]  # fmt: skip
 
 
@@ -150,16 +159,17 @@ class WorkerAudit:
         """From the controller's config (its audit_* keys)."""
         thresholds = (c.audit_kl_threshold, c.audit_logratio_threshold)
         window = (c.audit_min_tokens, c.audit_window_tokens)
-        return cls(AuditConfig(*thresholds, *window, c.audit_sampling_z), db)
+        sampling = (c.audit_sampling_z, c.audit_sampling_evidence)
+        return cls(AuditConfig(*thresholds, *window, *sampling), db)
 
     def add(self, stat: AuditStat) -> str | None:
         """Fold in one stat; returns why the worker must be quarantined, else None."""
         c = self.config
-        numbers = (stat.sum_k3, stat.sum_logratio, stat.sum_dev, stat.sum_var)
+        numbers = (stat.sum_k3, stat.sum_logratio, stat.sum_dev, stat.sum_var, stat.sum_evidence)
         if stat.tokens <= 0 or not all(math.isfinite(x) for x in numbers):
             return None if stat.tokens <= 0 else "non-finite audit numbers"
         s = self.db.audit_sums(stat.worker_id) or dict(
-            k3=0.0, lr=0.0, n=0.0, total=0.0, dev=0.0, var=0.0
+            k3=0.0, lr=0.0, n=0.0, total=0.0, dev=0.0, var=0.0, cusum=0.0
         )
         keep = math.exp(-stat.tokens / c.window_tokens)
         s["k3"] = keep * s["k3"] + stat.sum_k3
@@ -170,8 +180,18 @@ class WorkerAudit:
         # honest sampler (a weighted martingale sum), and only the recent window counts.
         s["dev"] = keep * s["dev"] + stat.sum_dev
         s["var"] = keep * keep * s["var"] + stat.sum_var
+        # The evidence test's CUSUM (sampling_check.py): valid at any token count, so it
+        # judges before min_tokens (a one-token-answer picker would otherwise last 64
+        # groups); the reset at 0 keeps an honest past from hiding a later change.
+        s["cusum"] = max(0.0, s["cusum"] + stat.sum_evidence)
         self.db.put_audit_sums(stat.worker_id, s)
         kl, lr = s["k3"] / s["n"], s["lr"] / s["n"]
+        if c.sampling_evidence > 0 and s["cusum"] >= c.sampling_evidence:
+            return (
+                f"sampled tokens likelier than the policy samples: evidence "
+                f"{s['cusum']:.1f} (threshold {c.sampling_evidence:g}, ln of the likelihood "
+                f"ratio) after {s['total']:.0f} audited tokens"
+            )
         if s["total"] < c.min_tokens:
             return None
         z = sampling_check.z_score(s["dev"], s["var"])
@@ -206,14 +226,17 @@ class WorkerAudit:
         return out
 
     def score(self, worker_id: str) -> dict:
-        """{'kl', 'logratio', 'sampling_z', 'tokens'} of a worker (zeros before any audit)."""
+        """{'kl', 'logratio', 'sampling_z', 'sampling_evidence', 'tokens'} of a worker
+        (zeros before any audit)."""
         s = self.db.audit_sums(worker_id)
         if not s or s["n"] <= 0:
-            return {"kl": 0.0, "logratio": 0.0, "sampling_z": 0.0, "tokens": 0.0}
+            return {"kl": 0.0, "logratio": 0.0, "sampling_z": 0.0, "sampling_evidence": 0.0,
+                    "tokens": 0.0}  # fmt: skip
         return {
             "kl": s["k3"] / s["n"],
             "logratio": s["lr"] / s["n"],
             "sampling_z": sampling_check.z_score(s["dev"], s["var"]),
+            "sampling_evidence": s["cusum"],
             "tokens": s["total"],
         }
 

@@ -50,6 +50,9 @@ class ControllerConfig:
     # The sampling check (bridge/contracts/sampling_check.py): quarantine a worker whose
     # tokens' likelihood under the policy is |Z| past this (not sampled by it); 0 = off.
     audit_sampling_z: float = 6.0
+    # ... and its evidence test (any token count): the CUSUM of log e-values past this
+    # (ln of 1 / the false-alarm rate per stat) quarantines; 0 = off.
+    audit_sampling_evidence: float = 23.0
     # Cost-aware activation (fleet_plan.py): the cheapest set covering (1 + margin) * R / T.
     activation: bool = False
     activation_margin: float = 0.1

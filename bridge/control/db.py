@@ -58,7 +58,8 @@ CREATE TABLE IF NOT EXISTS fleet (
   changed_at REAL NOT NULL DEFAULT 0, standby_s REAL NOT NULL DEFAULT 0, rollouts_per_s REAL);
 CREATE TABLE IF NOT EXISTS audit (
   worker_id TEXT PRIMARY KEY, k3 REAL NOT NULL, lr REAL NOT NULL, n REAL NOT NULL,
-  total REAL NOT NULL, dev REAL NOT NULL DEFAULT 0, var REAL NOT NULL DEFAULT 0);
+  total REAL NOT NULL, dev REAL NOT NULL DEFAULT 0, var REAL NOT NULL DEFAULT 0,
+  cusum REAL NOT NULL DEFAULT 0);
 CREATE TABLE IF NOT EXISTS quarantine (
   worker_id TEXT PRIMARY KEY, at REAL NOT NULL, why TEXT NOT NULL,
   dropped_groups INTEGER NOT NULL);
@@ -78,7 +79,7 @@ class ControllerDB(LeaseRows):
         self.conn.execute("PRAGMA synchronous=NORMAL")  # durability: sync() (group commit)
         self.conn.executescript(_SCHEMA)
         audit_cols = {r[1] for r in self.conn.execute("PRAGMA table_info(audit)")}
-        for col in ("dev", "var"):  # the sampling check's sums, new in an older database
+        for col in ("dev", "var", "cusum"):  # the sampling check's, new in an older database
             if col not in audit_cols:
                 self.conn.execute(f"ALTER TABLE audit ADD COLUMN {col} REAL NOT NULL DEFAULT 0")
         self.group_commit = GroupCommit(path + "-wal")
@@ -311,18 +312,18 @@ class ControllerDB(LeaseRows):
     # In the database, not in memory: a controller restart must neither forget a worker's
     # evidence nor let a quarantined worker back in.
     def audit_sums(self, worker_id: str) -> dict[str, float] | None:
-        """The token-decayed sums {k3, lr, n, total, dev, var} of `worker_id`, None before
-        any (dev, var: the sampling check's, audit.py)."""
+        """The token-decayed sums {k3, lr, n, total, dev, var, cusum} of `worker_id`, None
+        before any (dev, var, cusum: the sampling check's, audit.py)."""
         rows = self.q(
-            "SELECT k3, lr, n, total, dev, var FROM audit WHERE worker_id=?", (worker_id,)
+            "SELECT k3, lr, n, total, dev, var, cusum FROM audit WHERE worker_id=?", (worker_id,)
         )
         return dict(rows[0]) if rows else None
 
     def put_audit_sums(self, worker_id: str, sums: dict[str, float]) -> None:
         self._x(
-            "INSERT OR REPLACE INTO audit(worker_id, k3, lr, n, total, dev, var)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (worker_id, *(sums[k] for k in ("k3", "lr", "n", "total", "dev", "var"))),
+            "INSERT OR REPLACE INTO audit(worker_id, k3, lr, n, total, dev, var, cusum)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (worker_id, *(sums[k] for k in ("k3", "lr", "n", "total", "dev", "var", "cusum"))),
         )
 
     def quarantine_worker(self, worker_id: str, at: float, why: str, dropped: int) -> None:

@@ -67,7 +67,8 @@ class Audit:
     """Audit each worker's behaviour log-probs against the learner's own, and whether its
     tokens look sampled from the policy (bridge/contracts/sampling_check.py), on the rows
     the learner's pre-update version sampled (the step recomputed them anyway), and on a
-    sampled re-score of rows tagged with older versions. A worker past the thresholds is
+    sampled re-score of rows tagged with older versions (every step for workers not yet
+    judged: rescore.py's focus). A worker past the thresholds is
     quarantined (and logged) by the controller."""
 
     def __init__(self, ctl, source, rescorer):
@@ -75,18 +76,19 @@ class Audit:
 
     def after_step(self, learner, metrics: dict) -> dict:
         r, version = learner.last_rows, learner.step - 1
-        self.ctl.audit(
-            audit.row_sums_to_worker_stats(
-                self.source.last_row_workers,
-                r["tokens"] > 0,
-                r["k3"],
-                r["logratio"],
-                r["tokens"],
-                version=version,
-                row_dev=r.get("dev"),
-                row_var=r.get("var"),
-            )
+        stats = audit.row_sums_to_worker_stats(
+            self.source.last_row_workers,
+            r["tokens"] > 0,
+            r["k3"],
+            r["logratio"],
+            r["tokens"],
+            version=version,
+            row_dev=r.get("dev"),
+            row_var=r.get("var"),
+            row_evidence=r.get("evidence"),
         )
+        self.ctl.audit(stats)
+        self.rescorer.note(stats)  # which workers the re-score must look at next
         older = self.rescorer.maybe(learner.rl_steps, self.source.last_groups, version)
         if not older:
             return {}

@@ -16,8 +16,17 @@ the tokens tagged with it: a mixed row (a swap mid-generation; the train step sk
 audited token by token, each under the version it claims. The per-worker k3 / log-ratio
 sums go to the same `ctl.audit` as the train step's.
 
+Focus (`focus`, audit_focus.py; `controller.audit_focus`): besides that shared sample, the
+rows of workers the audit cannot judge yet (fewer than `audit_min_tokens` audited tokens,
+or a sampling Z drifting towards the threshold) are re-scored on EVERY step, up to
+`max_rows` per worker and version, so a new worker whose rows are mostly old is judged
+within a few of its groups instead of minutes (the hostile soak's greedy picker:
+BUILD_NOTES.md).
+
 Cost: up to S + 1 version reads from the store plus one forward over `max_rows` rows each,
-per `every` steps, and transiently a second copy of the params in the learner's memory (for models
+per `every` steps (and per step while some unsettled worker sent old rows: bounded by
+`audit_min_tokens` tokens per worker), and transiently a second copy of the params in the
+learner's memory (for models
 near the accelerator's limit, raise `every` or set it to 0 to turn the re-score off). The
 store's copy is the published one (bridge.publish_dtype), the bytes the workers load, so an
 honest bf16 worker scores the same as against its own weights.
@@ -30,6 +39,7 @@ evaluation: vLLM reports the untempered log-softmax, i.e. temperature 1).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -42,15 +52,21 @@ from bridge.model import layouts
 from bridge.model.config import ModelConfig
 from learner_jax import model, sharding
 from learner_jax import truncation as truncation_lib
+from learner_jax.rl.audit_focus import AuditFocus
 
 
 class VersionRescorer:
     def __init__(self, store, cfg: ModelConfig, mesh=None, rules=sharding.DEFAULT_RULES, *,
                  every: int, max_rows: int, seed: int = 0, temperature: float = 1.0,
                  truncation: truncation_lib.Truncation = truncation_lib.NONE,
-                 params_fn=None):  # fmt: skip
+                 params_fn=None, focus: AuditFocus | None = None,
+                 options: model.ModelOptions | None = None):  # fmt: skip
         """`params_fn(version)`: the params of a stored version, instead of reading full
-        weights (a LoRA run's store holds adapter versions: AdapterVersions.params)."""
+        weights (a LoRA run's store holds adapter versions: AdapterVersions.params).
+        `focus`: re-score unsettled workers' rows every step (audit_focus.py); None = the
+        shared sample alone. `options`: the learner's attention and log-prob chunking
+        (`model.logprob_chunk`: without it a re-score of 16 rows of 1k tokens at vocabulary
+        151k would hold ~10 GB of logits)."""
         if every < 0 or max_rows < 1:
             raise ValueError(f"rescore every={every} (>= 0) / max_rows={max_rows} (>= 1)")
         if not temperature > 0:
@@ -58,7 +74,8 @@ class VersionRescorer:
         self.store, self.cfg, self.every, self.max_rows = store, cfg, every, max_rows
         self.targets = None if mesh is None else sharding.param_shardings(cfg, mesh, rules)
         self.rng = np.random.default_rng(seed)
-        net = model.Transformer(cfg)
+        options = dataclasses.replace(options or model.ModelOptions(), remat="none")
+        net = model.Transformer(cfg, options=options)
         # The distribution the workers sampled from (the run's temperature and truncation,
         # as the train step scores; evaluation rows: the eval temperature): log p(token),
         # and H and Var[log p] per position for the sampling check
@@ -71,15 +88,19 @@ class VersionRescorer:
             static_argnums=(5, 6),
         )
         self.last: dict = {}
+        self.focus = focus
         if params_fn is not None:
             self.params = params_fn
 
     @classmethod
-    def for_run(cls, config, store, learner, publisher, leader) -> VersionRescorer:
-        """The training binary's re-scorer: the controller's audit settings, the run's
-        sampling, and for LoRA the stored adapter versions. Process 0 alone runs it, so with
+    def for_run(cls, config, store, learner, publisher, leader, audit_cfg) -> VersionRescorer:
+        """The training binary's re-scorer: the controller's audit settings (`audit_cfg`,
+        its ControllerConfig: the thresholds the focus follows), the run's sampling, and for
+        LoRA the stored adapter versions. Process 0 alone runs it, so with
         several processes (`leader` set) it stays on its own devices: a computation on the
         global mesh would wait for the others forever."""
+        from learner_jax import run_config  # the training binary's module, not a dependency
+
         c, adapters = config.controller, publisher.adapters
         return cls(
             store if adapters is None else adapters.store,
@@ -92,43 +113,67 @@ class VersionRescorer:
             temperature=float(config.rollout.temperature),
             truncation=truncation_lib.from_rollout(config.rollout),
             params_fn=adapters and adapters.params,
+            focus=AuditFocus.for_controller(audit_cfg) if c.audit_focus else None,
+            options=run_config.model_options(config),
         )
+
+    def note(self, stats) -> None:
+        """Tell the focus about audit stats made elsewhere (the train step's rows)."""
+        if self.focus is not None:
+            self.focus.note(stats)
 
     def maybe(self, rl_step: int, groups, current_version: int) -> list[audit.AuditStat]:
         """Audit stats of a re-score of every version the batch's tokens carry (the train
-        step audits the rows wholly of `current_version`), on every `every`-th RL step."""
-        if not self.every or rl_step % self.every:
+        step audits the rows wholly of `current_version`): a sample of all rows on every
+        `every`-th RL step, and the rows of unsettled workers (the focus) on every step."""
+        if not self.every:
             return []
+        scheduled = rl_step % self.every == 0
+        urgent = self.focus.urgent if self.focus is not None else (lambda w: False)
         rows = [
             (g.worker_id, t)
             for g in groups
             for t in g.trajectories
             if g.worker_id and set(t.versions) != {current_version}
-        ]
+            and (scheduled or urgent(g.worker_id))
+        ]  # fmt: skip
         have = set(self.store.versions())
         # Every tag, not only the oldest: a lie about any version but the oldest would
         # otherwise never be looked at. Mixed rows (a swap mid-generation) are scored per
         # token, each under the version it claims.
         versions = sorted({v for _, t in rows for v in t.versions} & have)
-        t0, stats, picked = time.perf_counter(), [], 0
+        t0, stats, picked, focused = time.perf_counter(), [], 0, 0
         for version in versions:
             of_v = [(w, t) for w, t in rows if version in t.versions]
-            pick = self.rng.choice(len(of_v), size=min(self.max_rows, len(of_v)), replace=False)
+            # Up to max_rows of each unsettled worker's rows (a cheater cannot hide among
+            # new ids), on top of the shared sample of the others', not instead of it (a
+            # stream of new ids cannot crowd the settled workers' rows out).
+            first = [r for w in sorted({w for w, _ in of_v if urgent(w)})
+                     for r in self._sample([x for x in of_v if x[0] == w])]  # fmt: skip
+            rest = [r for r in of_v if not urgent(r[0])]
+            chosen = first + (self._sample(rest) if scheduled else [])
             try:
-                stats += self.rescore(version, [of_v[i] for i in sorted(pick)])
+                stats += self.rescore(version, chosen)
             except Exception as e:  # noqa: BLE001 - gc'd or corrupt meanwhile: skip, never fail the run
                 logging.warning("audit re-score of version %d skipped: %s", version, e)
                 continue
-            picked += len(pick)
+            picked += len(chosen)
+            focused += len(first)
         if not picked:
             return []
         self.last = {
             "audit/rescored_rows": float(picked),
+            "audit/rescored_focus_rows": float(focused),
             "audit/rescored_versions": float(len(versions)),
             "audit/rescored_version_lag": float(current_version - versions[0]),
             "audit/rescore_s": time.perf_counter() - t0,
         }
         return stats
+
+    def _sample(self, rows):
+        """Up to `max_rows` of `rows`, seeded choice, in their order."""
+        pick = self.rng.choice(len(rows), size=min(self.max_rows, len(rows)), replace=False)
+        return [rows[i] for i in sorted(pick)]
 
     def rescore_eval(self, rows) -> list[audit.AuditStat]:
         """Audit stats of eval rows [(worker_id, version, temperature, Trajectory)] (the
@@ -169,11 +214,19 @@ class VersionRescorer:
         if not rows:
             return []
         params = self.params(version)
+        stats = []
+        for lo in range(0, len(rows), self.max_rows):
+            stats += self._score(params, version, rows[lo : lo + self.max_rows], sampling)
+        self.note(stats)
+        return stats
+
+    def _score(self, params, version: int, rows, sampling) -> list[audit.AuditStat]:
+        """`rescore` of at most `max_rows` rows under `params`."""
         # Fixed shapes (max_rows x a power of two) so the jitted forward compiles once or
         # twice per run, not once per distinct row length.
         width = max(len(t.prompt_token_ids) + len(t.completion_token_ids) for _, t in rows)
         width = max(16, 1 << (width - 1).bit_length())
-        n = max(self.max_rows, len(rows))
+        n = self.max_rows
         tokens = np.zeros((n, width), np.int32)
         seg = np.zeros((n, width), np.int32)
         behaviour = np.zeros((n, width - 1), np.float32)
@@ -190,7 +243,7 @@ class VersionRescorer:
             mask[i, len(p) - 1 : len(p) + len(c) - 1] = np.asarray(t.mask) * of_version
         pos = np.broadcast_to(np.arange(width - 1, dtype=np.int32), (n, width - 1))
         temp, trunc = sampling or self.sampling
-        learner, entropy, _, variance = (
+        learner, entropy, _, variance, collision = (
             np.asarray(x, np.float64)
             for x in self._stats(
                 params, tokens[:, :-1], pos, seg[:, :-1], tokens[:, 1:], temp, trunc
@@ -204,9 +257,11 @@ class VersionRescorer:
         row_dev, row_var, _ = (
             x[:k] for x in sampling_check.row_sums(learner, entropy, variance, mask)
         )
+        row_evid = sampling_check.row_evidence(learner, collision, mask)[:k]
         ones = np.ones(k, bool)
         stats = audit.row_sums_to_worker_stats(
-            [w for w, _ in rows], ones, row_k3, row_lr, row_n, version, row_dev, row_var
-        )
+            [w for w, _ in rows], ones, row_k3, row_lr, row_n, version, row_dev, row_var,
+            row_evid,
+        )  # fmt: skip
         logging.debug("re-scored %d rows of version %d: %s", k, version, stats)
         return stats

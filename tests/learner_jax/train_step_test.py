@@ -262,7 +262,8 @@ def test_remat_step_equals_plain_step(remat):
 
 def test_sampling_check_rows_equal_numpy_moments_of_the_processed_distribution():
     """The step's per-row sampling-check sums (bridge/contracts/sampling_check.py: sum of
-    log p + H and of Var_p[log p] over on-policy completion tokens) equal a float64 numpy
+    log p + H, of Var_p[log p] and of the evidence log p - log sum p^2 over on-policy
+    completion tokens) equal a float64 numpy
     computation from the model's logits under the run's temperature and top-k, the
     distribution a worker samples from (truncation.py; the target token always kept)."""
     from bridge.contracts import sampling_check
@@ -286,9 +287,12 @@ def test_sampling_check_rows_equal_numpy_moments_of_the_processed_distribution()
     entropy, variance = sampling_check.position_moments(np.where(keep, logp_all, -np.inf))
     mm = np.asarray(batch.loss_mask * batch.seq_mask[:, None] * batch.on_policy[:, None])
     want_dev, want_var, _ = sampling_check.row_sums(logp, entropy, variance, mm)
+    collision = sampling_check.log_collision(np.where(keep, logp_all, -np.inf))
+    want_evidence = sampling_check.row_evidence(logp, collision, mm)
     *_, metrics = run_step({"data": 1}, step_cfg, batch)
     row_scale = T * np.log(CFG.vocab_size) ** 2
     assert_close_at_scale(metrics[train_step.ROWS + "dev"], want_dev, scale=row_scale)
     assert_close_at_scale(metrics[train_step.ROWS + "var"], want_var, scale=row_scale)
+    assert_close_at_scale(metrics[train_step.ROWS + "evidence"], want_evidence, scale=row_scale)
     assert (want_var[mm.sum(1) > 0] > 0).all() and (mm.sum(1) > 0).sum() >= 4  # compared
     assert (metrics[train_step.ROWS + "dev"][mm.sum(1) == 0] == 0).all()  # off-policy rows

@@ -55,3 +55,30 @@ def test_audit_evidence_survives_a_restart(tmp_path):
     # 15 + 15 tokens pass audit_min_tokens only if the first 15 were remembered.
     assert again.audit([half]) == [w]
     assert again.status()["run"]["workers"]["quarantined"] == 1
+
+
+def test_sampling_evidence_judges_before_min_tokens_and_survives_a_restart(tmp_path):
+    """The sampling check's evidence CUSUM (bridge/contracts/sampling_check.py): a picker
+    whose stats carry positive evidence is quarantined past audit_sampling_evidence long
+    before audit_min_tokens; an honest worker's negative evidence never accumulates (the
+    CUSUM resets at 0, so it banks no credit either); a restart keeps the CUSUM."""
+    clock = Clock()
+    cfg = dict(audit_min_tokens=256, audit_sampling_evidence=23.0)
+    ctl = make(tmp_path, clock, **cfg)
+    picker, honest = worker(ctl), worker(ctl)
+
+    def stat(w, evidence):  # 4 tokens of true log-probs (k3 0), Z inside its bound
+        return audit.AuditStat(w, 0, tokens=4, sum_k3=0.0, sum_logratio=0.0, sum_dev=0.5,
+                               sum_var=1.0, sum_evidence=evidence)  # fmt: skip
+
+    for _ in range(50):  # an honest past: a deep negative sum, reset to 0 each time
+        assert ctl.audit([stat(honest, -2.0), stat(picker, -2.0)]) == []
+    for _ in range(4):  # 4 x 4.0 = 16 < 23: no verdict yet
+        assert ctl.audit([stat(picker, 4.0)]) == []
+    assert ctl.auditor.score(picker)["sampling_evidence"] == 16.0
+    ctl.close()
+    again = make(tmp_path, clock, **cfg)
+    assert again.audit([stat(picker, 4.0)]) == []  # 20
+    assert again.audit([stat(picker, 4.0), stat(honest, -2.0)]) == [picker]  # 24 >= 23
+    assert again.auditor.score(picker)["tokens"] < 256
+    assert again.auditor.score(honest)["sampling_evidence"] == 0.0

@@ -7,9 +7,11 @@ import torch
 from safetensors.numpy import save_file
 from transformers import AutoModelForCausalLM
 
+from bridge.control.audit import AuditStat
 from bridge.control.protocol import ConsumedGroup, Trajectory
 from bridge.model import tiny_model
 from bridge.store.weight_store import WeightStore
+from learner_jax.rl.audit_focus import AuditFocus
 from learner_jax.rl.rescore import VersionRescorer
 
 
@@ -174,3 +176,43 @@ def test_eval_rows_are_audited_under_their_version_and_temperature(tmp_path):
     assert s.tokens == 18 and s.sum_k3 / 18 > 0.01
     # A version the store no longer has is skipped, not an error.
     assert rescorer.rescore_eval([("honest", 9, 0.5, rows[0][3])]) == []
+
+
+def test_focus_rescores_unsettled_workers_every_step_and_settled_ones_by_sample(tmp_path):
+    """Issue 23 item 6, speed (learner_jax/rl/audit_focus.py): rows of a worker with fewer
+    than min_tokens audited tokens, or with a sampling Z past half the threshold, are
+    re-scored on every step; a settled worker's only on the shared sample's steps, and
+    there alongside the unsettled ones (a stream of new workers cannot crowd it out)."""
+    cfg = tiny_model.tiny_config("qwen3", num_layers=2)
+    store = WeightStore(str(tmp_path / "store"))
+    store.publish(3, 3, tiny_model.random_hf_weights(cfg, seed=1).items(), cfg.to_hf_dict(),
+                  "float32")  # fmt: skip
+    focus = AuditFocus(min_tokens=20, suspect_z=3.0, window_tokens=4096)
+    rescorer = VersionRescorer(store, cfg, every=10, max_rows=2, focus=focus)
+
+    def group(worker, k):
+        rows = [_traj([1, 5, 9], [4, 6, 8, 10], [-1.0] * 4, 3, i) for i in range(k)]
+        return ConsumedGroup(group_id=k, prompt_id="p", prompt="", answer="",
+                             trajectories=rows, worker_id=worker)  # fmt: skip
+
+    def tokens(rl_step, *groups):
+        out = {}
+        for s in rescorer.maybe(rl_step, list(groups), current_version=5):
+            out[s.worker_id] = out.get(s.worker_id, 0) + s.tokens
+        return out
+
+    focus.note([AuditStat("settled", 3, 100, 0.0, 0.0, sum_dev=1.0, sum_var=50.0)])
+    # Not a sample step: max_rows of each new worker's rows (two workers: two chunks), not
+    # the settled worker's.
+    assert tokens(1, group("new", 3), group("settled", 3), group("new2", 2)) == {
+        "new": 8, "new2": 8}  # fmt: skip
+    assert rescorer.last["audit/rescored_focus_rows"] == 4
+    assert tokens(2, group("new", 3)) == {"new": 8}
+    assert tokens(3, group("new", 3)) == {"new": 8}  # 24 tokens: past min_tokens now
+    assert not focus.urgent("new") and tokens(4, group("new", 3)) == {}
+    # A settled worker whose Z drifts past suspect_z is looked at every step again.
+    focus.note([AuditStat("settled", 3, 10, 0.0, 0.0, sum_dev=30.0, sum_var=10.0)])
+    assert focus.urgent("settled") and tokens(5, group("settled", 1)) == {"settled": 4}
+    # A sample step: max_rows of the settled rows on top of the unsettled worker's.
+    assert tokens(10, group("fresh", 2), group("new", 3)) == {"fresh": 8, "new": 8}
+    assert rescorer.last["audit/rescored_rows"] == 4
