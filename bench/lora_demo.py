@@ -9,8 +9,9 @@ Stages, each a real training-binary (or export) process, skipped when its output
   1. `DIR/sft`: configs/tiny_arith.py SFT only (`sft.steps` = the demo's 2000,
      `total_steps=0`): full weights, the demo's warm start;
   2. `DIR/sft_export`: `python -m bridge.export` of its last step (fp32, HF layout);
-  3. `DIR/full`: configs/tiny_arith.py RL from that export (`model.hf_dir`, `sft.steps=0`);
-  4. `DIR/lora`: configs/tiny_arith_lora.py RL from the same export;
+  3. `DIR/lora`: configs/tiny_arith_lora.py RL from that export (`model.hf_dir`,
+     `sft.steps=0`);
+  4. `DIR/full`: configs/tiny_arith.py RL from the same export;
   5. with `fleet_eval_steps` > 0, `DIR/lora_fleet_eval`: the LoRA arm again for that many
      steps with `eval.on=fleet`: the workers evaluate adapter versions (eval leases of
      exactly that adapter), the learner audits the eval rows under the stored adapter
@@ -111,7 +112,8 @@ def prepare(
               f"--config.total_steps={rl_steps}", "--config.model.dtype=float32",
               *shlex.split(arm_args)]  # fmt: skip
     lora = common + shlex.split(lora_args)
-    arms = {"full": ("configs/tiny_arith.py", common), "lora": ("configs/tiny_arith_lora.py", lora)}
+    # LoRA first: its outcome is the open question, so it is known while the full arm runs.
+    arms = {"lora": ("configs/tiny_arith_lora.py", lora), "full": ("configs/tiny_arith.py", common)}
     if fleet_eval_steps > 0:
         fleet = [*lora, f"--config.total_steps={fleet_eval_steps}", "--config.eval.on=fleet"]
         arms["lora_fleet_eval"] = ("configs/tiny_arith_lora.py", fleet)
