@@ -109,11 +109,14 @@ def prepare(
             os.path.join(root, "export.log"),
         )  # fmt: skip
     common = [f"--config.model.hf_dir={export}", "--config.sft.steps=0",
-              f"--config.total_steps={rl_steps}", "--config.model.dtype=float32",
-              *shlex.split(arm_args)]  # fmt: skip
-    lora = common + shlex.split(lora_args)
+              "--config.model.dtype=float32", *shlex.split(arm_args)]  # fmt: skip
+    lora = [*common, *shlex.split(lora_args)]
+    steps = f"--config.total_steps={rl_steps}"
     # LoRA first: its outcome is the open question, so it is known while the full arm runs.
-    arms = {"lora": ("configs/tiny_arith_lora.py", lora), "full": ("configs/tiny_arith.py", common)}
+    arms = {
+        "lora": ("configs/tiny_arith_lora.py", [*lora, steps]),
+        "full": ("configs/tiny_arith.py", [*common, steps]),
+    }
     if fleet_eval_steps > 0:
         fleet = [*lora, f"--config.total_steps={fleet_eval_steps}", "--config.eval.on=fleet"]
         arms["lora_fleet_eval"] = ("configs/tiny_arith_lora.py", fleet)
