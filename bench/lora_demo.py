@@ -126,7 +126,13 @@ def prepare(
             print(f"{arm}: {workdir} already ran (delete it to rerun)", flush=True)
             continue
         t0 = time.time()
-        rss = run_logged(train_cmd(config, workdir, args), os.path.join(root, f"{arm}.log"))
+        try:
+            rss = run_logged(train_cmd(config, workdir, args), os.path.join(root, f"{arm}.log"))
+        except RuntimeError as e:
+            if arm in ("lora", "full"):
+                raise
+            print(f"{arm} failed (the arms' table still follows): {e}", flush=True)
+            continue
         with open(os.path.join(workdir, RSS_FILE), "w") as f:
             json.dump({"peak_rss_bytes": rss, "wall_s": time.time() - t0, "args": args}, f)
     return os.path.join(root, "lora"), os.path.join(root, "full")
