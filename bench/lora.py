@@ -15,7 +15,9 @@ Rows (arm = lora | full):
 - parity: learner LoRA log-probs vs transformers + peft with the same adapter (1e-4).
 - with --runs=LORA_WORKDIR,FULL_WORKDIR, two real demo runs (bench/lora_runs.py): held-out
   accuracy, median `bridge/version_bytes`, median swap time (publish -> worker serving it),
-  median RL step time, RL wall time; rows `run_*`, headline `run_*`.
+  median RL step time, RL wall time; rows `run_*`, headline `run_*`, and a side-by-side
+  table. --demo_root=DIR runs them first (bench/lora_demo.py): the demo's SFT once, its
+  export, then full RL and LoRA RL from that same policy, --rl_steps each.
 Headline: bytes_ratio (adapter / full at Qwen3-0.6B, rank --rank), parity_ok, swap_vs_full,
 step_time_ratio, state_bytes_ratio. The goal line (bytes_ratio <= 2%) is printed last.
 """
@@ -44,6 +46,16 @@ _HIDDEN = flags.DEFINE_integer("hidden", 256, "hidden size of the learner-arm mo
 _SWAP = flags.DEFINE_bool("swap", True, "time swaps on the real vLLM engine")
 _RUNS = flags.DEFINE_string(
     "runs", "", "LORA_WORKDIR,FULL_WORKDIR: two demo runs side by side (bench/lora_runs.py)"
+)
+_DEMO_ROOT = flags.DEFINE_string(
+    "demo_root", "", "run the demo's SFT once, then full and LoRA RL from it (bench/lora_demo.py)"
+)
+_SFT_STEPS = flags.DEFINE_integer("sft_steps", 2000, "--demo_root: SFT steps (the demo's)")
+_RL_STEPS = flags.DEFINE_integer("rl_steps", 300, "--demo_root: RL steps of each arm (the demo's)")
+_LORA_ARGS = flags.DEFINE_string("lora_args", "", "--demo_root: extra flags of the LoRA arm")
+_ARM_ARGS = flags.DEFINE_string("arm_args", "", "--demo_root: extra flags of both arms")
+_FLEET_EVAL_STEPS = flags.DEFINE_integer(
+    "fleet_eval_steps", 20, "--demo_root: steps of a LoRA run with eval.on=fleet (0 = none)"
 )
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
@@ -200,6 +212,14 @@ def main(argv):
     from learner_jax import lora
 
     rank = _RANK.value
+    runs = _RUNS.value.split(",") if _RUNS.value else None
+    if _DEMO_ROOT.value:  # first: the slow part, and a failure here should not wait
+        from bench import lora_demo
+
+        runs = lora_demo.prepare(
+            _DEMO_ROOT.value, _SFT_STEPS.value, _RL_STEPS.value, _LORA_ARGS.value,
+            _ARM_ARGS.value, _FLEET_EVAL_STEPS.value,
+        )  # fmt: skip
     q = presets.qwen3_0p6b()
     a, f = adapter_params(q, rank), full_params(q)
     rows = [
@@ -228,10 +248,10 @@ def main(argv):
             {"arm": "lora" if k.startswith("adapter") else "full", "what": k, "value": v}
             for k, v in swap.items()
         ]
-    if _RUNS.value:
+    if runs:
         from bench import lora_runs
 
-        run_rows, run_head = lora_runs.rows(*_RUNS.value.split(","))
+        run_rows, run_head = lora_runs.rows(*runs)
         rows += run_rows
     headline = {
         "bytes_ratio": a / f,
@@ -240,7 +260,7 @@ def main(argv):
         "step_time_ratio": arms["lora"]["step_s"] / arms["full"]["step_s"],
         "state_bytes_ratio": arms["lora"]["state_bytes"] / arms["full"]["state_bytes"],
         "trained_bytes_ratio": arms["lora"]["trained_bytes"] / arms["full"]["trained_bytes"],
-        **(run_head if _RUNS.value else {}),
+        **(run_head if runs else {}),
     }
     print(f"{'arm':6s}{'what':42s}{'value':>16s}")
     for r in rows:
@@ -251,6 +271,13 @@ def main(argv):
             else f"{r['arm']:6s}{r['what']:42s}{v:16d}"
         )
     print(json.dumps(headline))
+    if runs:
+        stats = {arm: lora_runs.run_stats(d) for arm, d in zip(("lora", "full"), runs, strict=True)}
+        print(lora_runs.table(stats))
+    if _DEMO_ROOT.value and _FLEET_EVAL_STEPS.value > 0:
+        fleet = lora_demo.fleet_eval_stats(os.path.join(_DEMO_ROOT.value, "lora_fleet_eval"))
+        headline["lora_fleet_eval"] = fleet
+        print(f"LoRA with eval.on=fleet: {json.dumps(fleet)}")
     with open(_OUT.value, "w") as fh:
         json.dump({"headline": headline, "rows": rows}, fh, indent=1)
     ok = "MET" if headline["bytes_ratio"] <= 0.02 else "NOT MET"

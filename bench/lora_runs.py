@@ -11,8 +11,10 @@ Read from each workdir (what the training binary wrote, nothing re-run):
   (worker, version) in swaps.jsonl: the fetch + load + canary a version costs a worker,
   plus up to one lease poll;
 - learner step time: median `time/step_s` of the RL steps; RL wall: first to last RL line;
-- learner memory is not in a run's files: bench.lora's learner arm measures it (state
-  bytes, XLA temp bytes); pass the demo's shape (--layers=4 --hidden=128) to match.
+- learner memory: the learner process's peak RSS when bench/lora_demo.py ran the arm
+  (`bench_rss.json`, NaN otherwise); bench.lora's learner arm measures the JAX side
+  (state bytes, XLA temp bytes); pass the demo's shape (--layers=4 --hidden=128) to match.
+`table` prints the two runs side by side, held-out accuracy as before -> final (best).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ def run_stats(workdir: str) -> dict:
         raise ValueError(f"{workdir} has no RL steps in metrics.jsonl")
     evals = _jsonl(os.path.join(workdir, "eval.jsonl"))
     before = [e["accuracy"] for e in evals if e.get("tag") == "before"]
+    rss = _jsonl(os.path.join(workdir, "bench_rss.json"))
     swaps = _jsonl(os.path.join(workdir, "swaps.jsonl"))
     lat = [s["seen_at"] - s["published_at"] for s in swaps if s.get("published_at")]
     vbytes = [r["bridge/version_bytes"] for r in rl if "bridge/version_bytes" in r]
@@ -45,12 +48,14 @@ def run_stats(workdir: str) -> dict:
     return {
         "heldout_before": before[0] if before else float("nan"),
         "heldout_final": evals[-1]["accuracy"] if evals else float("nan"),
+        "heldout_best": max(e["accuracy"] for e in evals) if evals else float("nan"),
         "version_bytes": float(np.median(vbytes)) if vbytes else float("nan"),
         "swap_s_median": float(np.median(lat)) if lat else float("nan"),
         "swaps": len(lat),
         "rl_step_s_median": float(np.median([r["time/step_s"] for r in rl])),
         "rl_steps": len(rl),
         "rl_wall_s": (max(times) - min(times)) if len(times) > 1 else float("nan"),
+        "learner_peak_rss_bytes": rss[0]["peak_rss_bytes"] if rss else float("nan"),
     }
 
 
@@ -68,3 +73,31 @@ def rows(lora_dir: str, full_dir: str) -> tuple[list[dict], dict]:
         "run_heldout_final": {"lora": lo["heldout_final"], "full": fu["heldout_final"]},
     }
     return out, head
+
+
+def table(stats: dict[str, dict]) -> str:
+    """`run_stats` of the arms (lora, full) as a markdown table, one column per arm."""
+    arms = list(stats)
+
+    def fmt(key, st):
+        v = st[key]
+        if key == "heldout_before":
+            return f"{v:.3f} -> {st['heldout_final']:.3f} (best {st['heldout_best']:.3f})"
+        if key in ("version_bytes", "learner_peak_rss_bytes"):
+            return f"{v:,.0f}" if v == v else "n/a"
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    names = {
+        "heldout_before": "held-out accuracy, before -> final",
+        "version_bytes": "bridge/version_bytes (median)",
+        "swap_s_median": "publish -> serving, s (median)",
+        "swaps": "(worker, version) swaps",
+        "rl_step_s_median": "RL step, s (median)",
+        "rl_steps": "RL steps",
+        "rl_wall_s": "RL wall, s",
+        "learner_peak_rss_bytes": "learner peak RSS, bytes",
+    }
+    lines = ["| | " + " | ".join(arms) + " |", "|---" * (len(arms) + 1) + "|"]
+    for key, name in names.items():
+        lines.append(f"| {name} | " + " | ".join(fmt(key, stats[a]) for a in arms) + " |")
+    return "\n".join(lines)

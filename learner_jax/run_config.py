@@ -185,11 +185,27 @@ def check_packing(config) -> None:
             f"batch.pack_len={pack_len} < max_prompt_len + max_answer_len = {width}: the "
             "longest sequence would not fit a packed row (0 = that width)"
         )
-    d = config.get("distributed", {})
-    if b.get("packing", False) and (d.get("num_processes", 0) > 1 or d.get("auto", False)):
+    if b.get("packing", False) and several_processes(config):
         # Each process holds only its own rows of a step (rl/mirror.py), while the packing
         # is computed from every row's length: the processes would pack differently.
         raise ValueError("batch.packing runs on one learner process only (for now)")
+
+
+def several_processes(config) -> bool:
+    d = config.get("distributed", {})
+    return d.get("num_processes", 0) > 1 or d.get("auto", False)
+
+
+def check_lora(config) -> None:
+    """`learner.lora.*`, and LoRA on one learner process: adapter versions are gathered
+    and written by one process (rl/adapter_versions.py), and nothing of a LoRA run
+    (the frozen base, adapter gathering, publishing) has run across processes."""
+    if lora.from_config(config) is not None and several_processes(config):
+        raise ValueError(
+            "learner.lora.rank > 0 runs on one learner process only (for now): adapter "
+            "versions are published by one process; use one process (its mesh may span "
+            "all of its host's devices) or full-weight training (learner.lora.rank=0)"
+        )
 
 
 def prompt_format(config, task=None) -> PromptFormat:
@@ -226,7 +242,7 @@ def validate(config) -> None:
     """Every config error that can be found without touching the workdir, raised early."""
     check_batch_sizes(config, make_mesh(config))
     sharding_rules(config)
-    lora.from_config(config)  # learner.lora.*
+    check_lora(config)  # learner.lora.*
     check_rl_schedule(config)
     truncation.check_rollout(config.rollout)
     check_loss(config)

@@ -16,9 +16,9 @@ be reading the oldest one a trajectory is allowed to come from (plus, with delta
 the chain back to its anchor: WeightStore.gc). With `delta` (`bridge.delta.*`,
 `delta_publisher`) versions are published as patches on the previous one
 (bridge/delta/publisher.py); each publishing step reports `bridge/version_bytes` and
-`bridge/delta_density`. With LoRA (`learner.lora.rank > 0`, one learner process) each
-version is the adapter alone, over a base published once (learner_jax/rl/adapter_versions.py),
-and the fleet is told the adapter sub-store.
+`bridge/delta_density`. With LoRA (`learner.lora.rank > 0`; one learner process:
+run_config.check_lora) each version is the adapter alone, over a base published once
+(learner_jax/rl/adapter_versions.py), and the fleet is told the adapter sub-store.
 """
 
 from __future__ import annotations
@@ -170,12 +170,9 @@ class WeightPublisher:
         model_files.publish(store, learner.hf_dir)
         self.canary = Canary(learner, vocab_size, bos_id, seed)
         self.adapters = None
-        if getattr(learner, "lora", None) is not None:
-            if mirror is None:  # adapters are gathered on one host: one learner process
-                self.adapters = AdapterVersions(store, learner, self.canary, keep - 1, own_store)
-                self.delta = None  # an adapter is already ~1% of the model
-            else:
-                logging.warning("LoRA with several learner processes: publishing merged weights")
+        if getattr(learner, "lora", None) is not None:  # one process (run_config.check_lora)
+            self.adapters = AdapterVersions(store, learner, self.canary, keep - 1, own_store)
+            self.delta = None  # an adapter is already ~1% of the model
         self._background = BackgroundPublisher(self.publish) if background else None
         self._snapshot = jax.jit(lambda p: jax.tree.map(jnp.copy, p))
 

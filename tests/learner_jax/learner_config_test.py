@@ -183,6 +183,22 @@ def test_packing_config_is_checked():
         validate(c)
 
 
+def test_lora_across_learner_processes_is_refused():
+    """Adapter versions are published by one process: LoRA with several is refused at
+    validation, with what to do instead (not silently published as merged weights)."""
+    from learner_jax.run_config import validate
+
+    c = tiny_arith()
+    c.learner.lora.rank = 16
+    validate(c)  # one process
+    c.distributed.num_processes = 2
+    with pytest.raises(ValueError, match="learner.lora.rank > 0 runs on one learner process"):
+        validate(c)
+    c.distributed.num_processes, c.distributed.auto = 0, True
+    with pytest.raises(ValueError, match="learner.lora.rank > 0 runs on one learner process"):
+        validate(c)
+
+
 def test_broadcast_auto_follows_the_store_and_a_bad_mode_fails_validation():
     from learner_jax.run_config import broadcast_mode, validate
 
