@@ -41,6 +41,7 @@ from learner_jax import (
     train_step,
     wandb_sink,
 )
+from learner_jax.dtypes import publish_dtype
 from learner_jax.metrics import MetricsWriter
 from learner_jax.model_dir import prepare_model_dir
 from learner_jax.run_config import (
@@ -49,7 +50,6 @@ from learner_jax.run_config import (
     checkpoint_config,
     make_mesh,
     optimizer_config,
-    publish_dtype,
     sharding_rules,
     step_config,
 )
