@@ -297,6 +297,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             where=os.path.join(workdir, "workers"),
         )
         rescorer = rescore.VersionRescorer.for_run(config, store, learner, publisher, leader)
+        evaluation = fleet_eval.evaluation_hook(config, ctl, task, eval_log, workdir, end, rescorer)
         # 5. The RL loop, and what runs after each of its updates, in this order.
         run_rl(
             learner,
@@ -304,10 +305,12 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             [
                 hooks.Publish(publisher, ctl),
                 hooks.Audit(ctl, source, rescorer),
-                fleet_eval.evaluation_hook(config, ctl, task, eval_log, workdir, end, rescorer),
+                evaluation,
                 hooks.Fleet(follower, source),
             ],
         )
+        if not ctrl_c.requested():  # eval.on=fleet: the last step's version too (eval.final_wait_s)
+            fleet_eval.final_wait(evaluation)
         # 6. Tell the workers the run is over (finished or Ctrl-C; not on a crash, whose
         # rerun they can rejoin) and give polling ones a moment to hear it and exit 0; then
         # workers, publisher, watcher, server and controller stop; then the closing numbers.

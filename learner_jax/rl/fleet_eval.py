@@ -21,9 +21,16 @@ log-probs included); the hook re-scores them under that version (`rescore.Versio
 rescore_eval`) and sends the per-worker sums to `ctl.audit` like the train step's, so an
 eval worker with wrong log-probs is quarantined like a rollout worker
 (`audit/eval_rows` counts them; off with `eval.audit=False` or
-`controller.audit_rescore_every=0`). Cost on the learner's thread: one version read from
-the store and a 16-row forward per evaluated version (0.1-0.6 s on the 2-core CPU box,
-where the tiny model's train step is ~0.5 s; BUILD_NOTES.md issue 26 follow-up).
+`controller.audit_rescore_every=0`). The re-score (a version read from the store and a
+16-row forward, 0.1-0.6 s on the 2-core CPU box) runs on a background thread, never in the
+learner's loop: on the learner's thread it was idle time that eval off does not have.
+The verdicts reach `ctl.audit` from the learner's thread, on the step after.
+
+The run's end (`finish`, train.py): the evaluation asked at the last step (and any other
+still pending) is waited for, up to `eval.final_wait_s` seconds, before the workers are
+told the run is over (the learner no longer consumes: admission fills and the workers'
+idle capacity goes to evaluation), so eval.jsonl has the final version; past the limit a
+warning names the versions missing.
 
 With `task.eval_file` set, the held-out prompts are that benchmark file's, scored by
 math-verify (bridge/tasks/eval_file.py) in the controller's reward pool.
@@ -35,6 +42,8 @@ schedule.
 from __future__ import annotations
 
 import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from learner_jax.rl import hooks
 
@@ -52,12 +61,15 @@ def eval_place(config) -> str:
 class FleetEval:
     def __init__(
         self, ctl, prompts, n, temperature, period, end, start, eval_file="", rescorer=None,
-        publish_every=1,
+        publish_every=1, final_wait_s=120.0,
     ):  # fmt: skip
         self.ctl, self.prompts, self.n, self.temperature = ctl, prompts, n, temperature
         self.period, self.end, self.start, self.eval_file = period, end, start, eval_file
         self.rescorer, self.publish_every = rescorer, max(1, int(publish_every))
         self.requested: set[int] = set()
+        self.final_wait_s = float(final_wait_s)
+        self._auditor = ThreadPoolExecutor(1, thread_name_prefix="eval-audit")
+        self._audits: list = []  # (futures of) re-scores of eval rows, oldest first
 
     def after_step(self, learner, metrics: dict) -> dict:
         step = learner.step
@@ -71,21 +83,64 @@ class FleetEval:
                 "request", version, self.prompts, self.n, self.temperature, step=step,
                 eval_file=self.eval_file,
             )  # fmt: skip
+        return self._collect()
+
+    def _collect(self) -> dict:
+        """Finished evaluations' metrics; eval rows off to the background audit, and the
+        verdicts of finished audits to the controller."""
         out = {}
         for r in self.ctl.evaluation("take_results"):
             out.update({k: v for k, v in r.items() if k.startswith("eval/")})
             out["eval/version"] = r["version"]
             logging.info(
-                "fleet eval of version %d: accuracy %.3f, pass@%d %.3f",
-                r["version"], r["eval/accuracy"], r["n"], r["eval/pass@k"],
+                "fleet eval of version %d (asked for %s): accuracy %.3f, pass@%d %.3f",
+                r["version"], r.get("requested", [r["version"]]), r["eval/accuracy"], r["n"],
+                r["eval/pass@k"],
             )  # fmt: skip
         rows = self.ctl.evaluation("take_audit_rows")
         if rows and self.rescorer is not None and self.rescorer.every:
-            stats = self.rescorer.rescore_eval(rows)
+            self._audits.append(self._auditor.submit(self.rescorer.rescore_eval, rows))
+            out["audit/eval_rows"] = float(len(rows))
+        while self._audits and self._audits[0].done():
+            stats = self._audits.pop(0).result()
             if stats:
                 self.ctl.audit(stats)
-            out["audit/eval_rows"] = float(len(rows))
         return out
+
+    def finish(self, timeout_s: float, poll_s: float = 0.2) -> dict:
+        """Wait up to `timeout_s` for every pending evaluation (the last step's included) and
+        the audits of its rows; returns the eval metrics that arrived meanwhile."""
+        deadline = time.monotonic() + timeout_s
+        out, waiting = {}, self.ctl.evaluation("pending_versions")
+        if waiting:
+            logging.info(
+                "waiting up to %.0fs (eval.final_wait_s) for the fleet evaluation of "
+                "version(s) %s", timeout_s, waiting,
+            )  # fmt: skip
+        while True:
+            out.update(self._collect())
+            waiting = self.ctl.evaluation("pending_versions")
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(poll_s)
+        if waiting:
+            logging.warning(
+                "gave up waiting for the fleet evaluation of version(s) %s after %.0fs "
+                "(eval.final_wait_s): eval.jsonl lacks them", waiting, timeout_s,
+            )  # fmt: skip
+        for f in self._audits:  # the last verdicts (a 16-row forward each)
+            try:
+                f.result(timeout=max(1.0, deadline - time.monotonic()))
+            except Exception as e:  # noqa: BLE001 - a late audit must not fail a finished run
+                logging.warning("audit of eval rows not finished: %s", e)
+        out.update(self._collect())
+        self._auditor.shutdown(wait=False)
+        return out
+
+
+def final_wait(hook) -> dict:
+    """train.py at the run's end: `FleetEval.finish` for `eval.on=fleet`, else nothing."""
+    return hook.finish(hook.final_wait_s) if isinstance(hook, FleetEval) else {}
 
 
 def evaluation_hook(config, ctl, task, eval_log, workdir: str, end: int, rescorer=None):
@@ -93,6 +148,9 @@ def evaluation_hook(config, ctl, task, eval_log, workdir: str, end: int, rescore
     if eval_place(config) == "learner":
         return hooks.Evaluate(eval_log)
     e = config.eval
+    final_wait_s = float(e.get("final_wait_s", 120.0))
+    if not final_wait_s >= 0:
+        raise ValueError(f"eval.final_wait_s must be >= 0 seconds, got {final_wait_s}")
     ctl.evaluation("configure", workdir)  # eval.jsonl, eval_samples.jsonl
     prompts = task.eval_prompts()
     path = str(config.task.get("eval_file", "") or "")
@@ -104,5 +162,5 @@ def evaluation_hook(config, ctl, task, eval_log, workdir: str, end: int, rescore
         ctl, prompts, int(e.get("n", 4)), float(e.get("temperature", 0.0)),
         config.rollout.eval_period, end, eval_log.rl_start, path,
         rescorer if bool(e.get("audit", True)) else None,
-        int(config.get("publish_every", 1)),
+        int(config.get("publish_every", 1)), final_wait_s,
     )  # fmt: skip
