@@ -343,7 +343,7 @@ class EvalBoard:
 
     def _move(self, version: int, to: int) -> None:
         asked = self.requested.get(version, [version])
-        logging.warning(
+        logging.info(  # routine when rollouts keep the fleet busy: eval.jsonl says it
             "fleet eval of version %d: no live worker holds it any more; evaluating version "
             "%d instead (eval.jsonl: version %d, requested %s)", version, to, to, asked,
         )  # fmt: skip

@@ -45,6 +45,7 @@ import logging
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from learner_jax import console
 from learner_jax.rl import hooks
 
 PLACES = ("learner", "fleet")
@@ -115,7 +116,7 @@ class FleetEval:
         if waiting:
             logging.info(
                 "waiting up to %.0fs (eval.final_wait_s) for the fleet evaluation of "
-                "version(s) %s", timeout_s, waiting,
+                "version(s) %s", timeout_s, waiting, extra=console.SHOW,
             )  # fmt: skip
         while True:
             out.update(self._collect())
