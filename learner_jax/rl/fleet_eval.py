@@ -1,6 +1,8 @@
-"""`eval.on=fleet`: held-out evaluation by the workers, the learner never waits for it.
+"""`eval.on=fleet`: held-out evaluation by the workers; the learner waits for it only
+after its last step (`eval.final_wait_s`).
 
     hook = evaluation_hook(config, ctl, task, eval_log, workdir, end)   # train.py's hooks
+    final_wait(hook)                                                    # after the RL loop
 
 On the evaluation schedule (`rollout.eval_period` RL steps, and the last step) the hook
 asks the controller to evaluate the version this step publishes (version = learner step;
@@ -9,7 +11,8 @@ background publishing that is the previous version, which the workers leave as s
 this step's lands, so its evaluation often found no worker on it (version 103 of the
 first two-worker run never got one). It asks (bridge/control/eval_leases.py:
 `eval.n` samples per held-out prompt at `eval.temperature`, only workers on exactly that
-version take them, scored by the trusted scorer) and goes on training. Finished
+version take them when rollouts leave them idle, scored by the trusted scorer; a version
+no live worker is on any more is evaluated at the newest) and goes on training. Finished
 evaluations arrive on later steps: their eval/accuracy, eval/pass@1, eval/pass@k,
 eval/mean_length, eval/think_length (and eval/version, the version they measured) join
 that step's metrics line, and their summaries are in `<workdir>/eval.jsonl` (tag "fleet",
