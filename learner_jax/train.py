@@ -309,8 +309,8 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
                 hooks.Fleet(follower, source),
             ],
         )
-        if not ctrl_c.requested():  # eval.on=fleet: the last step's version too (eval.final_wait_s)
-            fleet_eval.final_wait(evaluation)
+        # eval.on=fleet: the last step's version too (eval.final_wait_s), unless Ctrl-C
+        fleet_eval.final_wait(evaluation, wait=not ctrl_c.requested())
         # 6. Tell the workers the run is over (finished or Ctrl-C; not on a crash, whose
         # rerun they can rejoin) and give polling ones a moment to hear it and exit 0; then
         # workers, publisher, watcher, server and controller stop; then the closing numbers.

@@ -24,10 +24,15 @@ log-probs included); the hook re-scores them under that version (`rescore.Versio
 rescore_eval`) and sends the per-worker sums to `ctl.audit` like the train step's, so an
 eval worker with wrong log-probs is quarantined like a rollout worker
 (`audit/eval_rows` counts them; off with `eval.audit=False` or
-`controller.audit_rescore_every=0`). The re-score (a version read from the store and a
-16-row forward, 0.1-0.6 s on the 2-core CPU box) runs on a background thread, never in the
-learner's loop: on the learner's thread it was idle time that eval off does not have.
-The verdicts reach `ctl.audit` from the learner's thread, on the step after.
+`controller.audit_rescore_every=0`).
+
+Off the learner's loop: a background thread (started at the first request) polls the
+controller every `poll_s` for finished evaluations and audit rows, runs the re-score (a
+version read from the store and a 16-row forward, 0.1-0.6 s on the 2-core CPU box) and
+sends the verdicts; `after_step` only drains what it brought (no controller call) and
+asks for an evaluation every `rollout.eval_period` steps. In the learner's loop the two
+polling calls per step (to a controller in its own process) and the re-score were idle
+time that eval off does not have.
 
 The run's end (`finish`, train.py): the evaluation asked at the last step (and any other
 still pending) is waited for, up to `eval.final_wait_s` seconds, before the workers are
@@ -45,8 +50,9 @@ schedule.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 from learner_jax import console
 from learner_jax.rl import hooks
@@ -65,17 +71,21 @@ def eval_place(config) -> str:
 class FleetEval:
     def __init__(
         self, ctl, prompts, n, temperature, period, end, start, eval_file="", rescorer=None,
-        publish_every=1, final_wait_s=120.0,
+        publish_every=1, final_wait_s=120.0, poll_s=0.5,
     ):  # fmt: skip
         self.ctl, self.prompts, self.n, self.temperature = ctl, prompts, n, temperature
         self.period, self.end, self.start, self.eval_file = period, end, start, eval_file
         self.rescorer, self.publish_every = rescorer, max(1, int(publish_every))
         self.requested: set[int] = set()
-        self.final_wait_s = float(final_wait_s)
-        self._auditor = ThreadPoolExecutor(1, thread_name_prefix="eval-audit")
-        self._audits: list = []  # (futures of) re-scores of eval rows, oldest first
+        self.final_wait_s, self.poll_s = float(final_wait_s), float(poll_s)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # metrics from the poller
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
+        self._failing = False  # the poller's controller calls fail (logged once a streak)
 
     def after_step(self, learner, metrics: dict) -> dict:
+        """Ask for this step's evaluation when due (one controller call, every
+        `rollout.eval_period` steps); the metrics the background poller brought in."""
         step = learner.step
         due = step >= self.end or (self.period and (step - self.start) % self.period == 0)
         version = metrics.get("policy_version")  # the Publish hook runs first
@@ -87,42 +97,73 @@ class FleetEval:
                 "request", version, self.prompts, self.n, self.temperature, step=step,
                 eval_file=self.eval_file,
             )  # fmt: skip
-        return self._collect()
+            if self._poller is None:
+                self._poller = threading.Thread(target=self._poll, name="fleet-eval", daemon=True)
+                self._poller.start()
+        return self._drain()
 
-    def _collect(self) -> dict:
-        """Finished evaluations' metrics; eval rows off to the background audit, and the
-        verdicts of finished audits to the controller."""
-        out = {}
-        for r in self.ctl.evaluation("take_results"):
-            out.update({k: v for k, v in r.items() if k.startswith("eval/")})
-            out["eval/version"] = r["version"]
-            logging.info(
-                "fleet eval of version %d (asked for %s): accuracy %.3f, pass@%d %.3f",
-                r["version"], r.get("requested", [r["version"]]), r["eval/accuracy"], r["n"],
-                r["eval/pass@k"],
-            )  # fmt: skip
-        rows = self.ctl.evaluation("take_audit_rows")
-        if rows and self.rescorer is not None and self.rescorer.every:
-            self._audits.append(self._auditor.submit(self.rescorer.rescore_eval, rows))
-            out["audit/eval_rows"] = float(len(rows))
-        while self._audits and self._audits[0].done():
-            stats = self._audits.pop(0).result()
-            if stats:
-                self.ctl.audit(stats)
-        return out
+    def _poll(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self._collect()
+
+    def _collect(self) -> None:
+        """Off the learner's thread: finished evaluations' metrics to the inbox, and their
+        sampled rows re-scored and the verdicts sent to the controller (`ctl.audit`)."""
+        try:
+            out = {}
+            for r in self.ctl.evaluation("take_results"):
+                out.update({k: v for k, v in r.items() if k.startswith("eval/")})
+                out["eval/version"] = r["version"]
+                logging.info(
+                    "fleet eval of version %d (asked for %s): accuracy %.3f, pass@%d %.3f",
+                    r["version"], r.get("requested", [r["version"]]), r["eval/accuracy"],
+                    r["n"], r["eval/pass@k"],
+                )  # fmt: skip
+            if out:
+                self._inbox.put(out)
+            rows = self.ctl.evaluation("take_audit_rows")
+            if rows and self.rescorer is not None and self.rescorer.every:
+                stats = self.rescorer.rescore_eval(rows)
+                if stats:
+                    self.ctl.audit(stats)
+                self._inbox.put({"audit/eval_rows": float(len(rows))})
+            self._failing = False
+        except Exception as e:  # noqa: BLE001 - the controller restarting: try again later
+            if not self._failing:
+                logging.warning("fleet eval: polling the controller failed: %s", e)
+            self._failing = True
+
+    def _drain(self) -> dict:
+        out: dict = {}
+        while True:
+            try:
+                got = self._inbox.get_nowait()
+            except queue.Empty:
+                return out
+            rows = out.get("audit/eval_rows", 0.0) + got.get("audit/eval_rows", 0.0)
+            out.update(got)
+            if rows:
+                out["audit/eval_rows"] = rows
+
+    def close(self) -> None:
+        """Stop the poller (after its current call)."""
+        self._stop.set()
+        if self._poller is not None:
+            self._poller.join()
 
     def finish(self, timeout_s: float, poll_s: float = 0.2) -> dict:
         """Wait up to `timeout_s` for every pending evaluation (the last step's included) and
-        the audits of its rows; returns the eval metrics that arrived meanwhile."""
+        the audit of its rows; returns the eval metrics not yet on a metrics line."""
+        self.close()  # from here on this thread polls
         deadline = time.monotonic() + timeout_s
-        out, waiting = {}, self.ctl.evaluation("pending_versions")
+        waiting = self.ctl.evaluation("pending_versions")
         if waiting:
             logging.info(
                 "waiting up to %.0fs (eval.final_wait_s) for the fleet evaluation of "
                 "version(s) %s", timeout_s, waiting, extra=console.SHOW,
             )  # fmt: skip
         while True:
-            out.update(self._collect())
+            self._collect()
             waiting = self.ctl.evaluation("pending_versions")
             if not waiting or time.monotonic() >= deadline:
                 break
@@ -132,19 +173,19 @@ class FleetEval:
                 "gave up waiting for the fleet evaluation of version(s) %s after %.0fs "
                 "(eval.final_wait_s): eval.jsonl lacks them", waiting, timeout_s,
             )  # fmt: skip
-        for f in self._audits:  # the last verdicts (a 16-row forward each)
-            try:
-                f.result(timeout=max(1.0, deadline - time.monotonic()))
-            except Exception as e:  # noqa: BLE001 - a late audit must not fail a finished run
-                logging.warning("audit of eval rows not finished: %s", e)
-        out.update(self._collect())
-        self._auditor.shutdown(wait=False)
-        return out
+        self._collect()
+        return self._drain()
 
 
-def final_wait(hook) -> dict:
-    """train.py at the run's end: `FleetEval.finish` for `eval.on=fleet`, else nothing."""
-    return hook.finish(hook.final_wait_s) if isinstance(hook, FleetEval) else {}
+def final_wait(hook, wait: bool = True) -> dict:
+    """train.py at the run's end: `FleetEval.finish` for `eval.on=fleet` (`wait` False,
+    e.g. after Ctrl-C: only stop its poller), else nothing."""
+    if not isinstance(hook, FleetEval):
+        return {}
+    if not wait:
+        hook.close()
+        return {}
+    return hook.finish(hook.final_wait_s)
 
 
 def evaluation_hook(config, ctl, task, eval_log, workdir: str, end: int, rescorer=None):

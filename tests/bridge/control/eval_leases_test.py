@@ -288,9 +288,11 @@ def test_the_learner_asks_for_the_version_its_step_publishes(service):
     hook.after_step(types.SimpleNamespace(step=4, rl_steps=4), {"policy_version": 3})
     hook.after_step(types.SimpleNamespace(step=6, rl_steps=6), {"policy_version": 5})  # not due
     assert set(ctl.evals.pending) == {4}
+    hook.close()
     hook = FleetEval(ctl, prompts, 1, 1.0, period=4, end=100, start=0, publish_every=3)
     hook.after_step(types.SimpleNamespace(step=8, rl_steps=8), {"policy_version": 6})
     assert set(ctl.evals.pending) == {4, 6}
+    hook.close()
 
 
 def test_one_worker_per_version_is_held(service):
@@ -429,10 +431,11 @@ def test_a_dead_holder_leaves_the_hold_to_a_live_worker(clocked):
     assert is_eval(rb) and rb.eval_pending, rb
 
 
-def test_the_run_waits_for_its_last_evaluation(clocked, caplog):
-    """FleetEval.finish (train.py at the end, `eval.final_wait_s`): the evaluation asked at
-    the last step arrives while the learner waits; with no worker to do it the wait ends at
-    the limit with a warning naming the version."""
+def test_results_arrive_off_the_learners_thread_and_the_run_waits_for_the_last(clocked, caplog):
+    """FleetEval: a background poller brings finished evaluations to the next `after_step`
+    (which itself calls the controller only to ask, every `eval_period` steps); `finish`
+    (train.py at the end, `eval.final_wait_s`) waits for the evaluation asked at the last
+    step; with no worker to do it the wait ends at the limit with a warning naming it."""
     import threading
     import types
 
@@ -440,23 +443,45 @@ def test_the_run_waits_for_its_last_evaluation(clocked, caplog):
 
     ctl, _ = clocked
     ctl.publish(5)
-    hook = FleetEval(ctl, PROMPTS[:2], 1, 1.0, period=0, end=5, start=0)
-    hook.after_step(types.SimpleNamespace(step=5, rl_steps=5), {"policy_version": 4})
-    assert ctl.evaluation("pending_versions") == [5]
+    hook = FleetEval(ctl, PROMPTS[:2], 1, 1.0, period=1, end=7, start=0, poll_s=0.05)
+    step = lambda k: hook.after_step(types.SimpleNamespace(step=k, rl_steps=k), {})  # noqa: E731
+    assert step(5) == {} and ctl.evaluation("pending_versions") == [5]
     saturate(ctl)
+    w = worker(ctl)
 
-    def late_worker():
-        w = worker(ctl)
-        r = ask(ctl, w, 5, k=2)
-        answer(ctl, w, r.lease, 5)
+    def do(version):
+        r = ask(ctl, w, version, k=2)
+        answer(ctl, w, r.lease, version)
 
-    timer = threading.Timer(0.5, late_worker)
+    do(5)
+    calls = []
+    ctl.evaluation = lambda *a, **k: (
+        calls.append(threading.get_ident()) or Controller.evaluation(ctl, *a, **k)
+    )
+    got = {}
+    for _ in range(200):  # the poller's 0.05 s, with ample slack
+        got = hook._drain()
+        if got:
+            break
+        threading.Event().wait(0.05)
+    assert got["eval/version"] == 5
+    calls.clear()
+    assert step(5) == {}  # asked already, nothing new: no controller call on this thread
+    for _ in range(200):
+        if calls:  # the poller's
+            break
+        threading.Event().wait(0.05)
+    assert calls and threading.get_ident() not in calls
+    step(6)  # the last step's evaluation
+    ctl.publish(6)
+    saturate(ctl)
+    timer = threading.Timer(0.3, do, args=(6,))
     timer.start()
     out = hook.finish(timeout_s=60.0, poll_s=0.05)
     timer.join()
-    assert out["eval/version"] == 5
-    hook = FleetEval(ctl, PROMPTS[:2], 1, 1.0, period=0, end=6, start=0)
-    hook.after_step(types.SimpleNamespace(step=6, rl_steps=6), {"policy_version": 5})
+    assert out["eval/version"] == 6
+    hook = FleetEval(ctl, PROMPTS[:2], 1, 1.0, period=0, end=7, start=0)
+    hook.after_step(types.SimpleNamespace(step=7, rl_steps=7), {})
     with caplog.at_level("WARNING"):
         assert hook.finish(timeout_s=0.3, poll_s=0.05) == {}
-    assert "gave up waiting for the fleet evaluation of version(s) [6]" in caplog.text
+    assert "gave up waiting for the fleet evaluation of version(s) [7]" in caplog.text
