@@ -179,6 +179,9 @@ def get_config() -> ConfigDict:
     c.eval.n = 4
     c.eval.temperature = 0.0
     c.eval.audit = True  # fleet: re-score a sample of each evaluation's rows (the audit)
+    # fleet: at the run's end, wait this long for the evaluations still pending (the last
+    # step's version) before the workers are sent home; past it, a warning names them.
+    c.eval.final_wait_s = 120.0
     c.rollout.wait_timeout_s = 900.0  # no batch for this long = the fleet is broken: stop
 
     # The binary's own fleet (learner_jax/local_fleet.py, learner_jax/rl/fleet.py): started

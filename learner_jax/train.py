@@ -299,6 +299,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         rescorer = rescore.VersionRescorer.for_run(
             config, store, learner, publisher, leader, ctl.config
         )
+        evaluation = fleet_eval.evaluation_hook(config, ctl, task, eval_log, workdir, end, rescorer)
         # 5. The RL loop, and what runs after each of its updates, in this order.
         run_rl(
             learner,
@@ -306,10 +307,12 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             [
                 hooks.Publish(publisher, ctl),
                 hooks.Audit(ctl, source, rescorer),
-                fleet_eval.evaluation_hook(config, ctl, task, eval_log, workdir, end, rescorer),
+                evaluation,
                 hooks.Fleet(follower, source),
             ],
         )
+        # eval.on=fleet: the last step's version too (eval.final_wait_s), unless Ctrl-C
+        fleet_eval.final_wait(evaluation, wait=not ctrl_c.requested())
         # 6. Tell the workers the run is over (finished or Ctrl-C; not on a crash, whose
         # rerun they can rejoin) and give polling ones a moment to hear it and exit 0; then
         # workers, publisher, watcher, server and controller stop; then the closing numbers.

@@ -22,6 +22,7 @@ reference the controller (prime-rl's orchestrator is the model):
 - `broadcast` (bridge/broadcast/state.py): relay routes in every heartbeat/lease answer.
 - `run_end` (run_end.py): after `end_run()` every poll answers `run_over`.
 - `limits` (limits.py): per-worker request rates, lease counts ("lease_limit"), token lifetimes.
+- `evals` (eval_leases.py): evaluation leases, only to capacity rollouts leave idle.
 
 Leases expire `lease_ttl_s` after issue, renewed by heartbeats; expired or released work goes
 back to the front of the queue. A heartbeat takes no lock and no SQLite (hot_state.py).
@@ -48,7 +49,7 @@ from bridge.control import audit as audit_lib
 from bridge.control import fleet_status, limits
 from bridge.control.config import ControllerConfig
 from bridge.control.db import ControllerDB
-from bridge.control.eval_leases import LEARNER_CALLS, EvalBoard
+from bridge.control.eval_leases import EvalBoard, eval_idle
 from bridge.control.fleet_plan import FleetPlan
 from bridge.control.heartbeat_pacing import HeartbeatPacing
 from bridge.control.hot_state import HotFlusher
@@ -274,11 +275,15 @@ class Controller(LearnerCalls):
                 return LeaseResponse(
                     reason="inactive", retry_after_s=c.heartbeat_interval_s, **reply
                 )
-            evaluation, more = self.evals.offer(worker_id, req.worker_version, now, req.max_groups)
-            if evaluation is not None:  # exactly the worker's version, before rollout work
-                return LeaseResponse(lease=evaluation, eval_pending=more, **reply)
             profile = self.workers.profile(worker_id)
             lease, reason, retry = self.leasing.offer(worker_id, req, ann.version, profile)
+            if lease is None and eval_idle(reason, self.leasing.room(ann.version, ann.version)):
+                live = self.workers.live_versions(now)  # eval_leases.py: idle capacity only
+                ev, more = self.evals.offer(worker_id, req.worker_version, now, req.max_groups,
+                                            newest=ann.version, live=live)  # fmt: skip
+                if ev is not None:  # exactly the worker's version
+                    return LeaseResponse(lease=ev, eval_pending=more, **reply)
+            self.evals.unhold(worker_id)  # rollout work or none: it swaps as usual
             if lease is None:
                 return LeaseResponse(reason=reason, retry_after_s=retry, **reply)
             return LeaseResponse(lease=lease, **reply)
@@ -326,13 +331,6 @@ class Controller(LearnerCalls):
                 announcement=self.versions.current(),
                 swap_to=self.versions.swap_to(self.workers.version(worker_id)),
             )
-
-    def evaluation(self, call: str, *args, **kwargs):
-        """The learner's side of the eval leases (eval_leases.py `LEARNER_CALLS`), one
-        method so a controller in its own process (process.py) serves them too."""
-        if call not in LEARNER_CALLS:
-            raise ValueError(f"evaluation call must be one of {LEARNER_CALLS}, got {call!r}")
-        return getattr(self.evals, call)(*args, **kwargs)
 
     # -- behaviour log-prob audit (bridge/control/audit.py) ------------------------------
     def audit(self, stats: Sequence[audit_lib.AuditStat]) -> list[str]:

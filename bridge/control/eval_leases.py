@@ -3,41 +3,51 @@
     board = EvalBoard(config, task_name, content, out_path="<workdir>/eval.jsonl",
                       samples_path="<workdir>/eval_samples.jsonl")
     board.request(version=v, prompts=task.eval_prompts(), n=8, temperature=0.0, step=s)
-    lease, more = board.offer(worker_id, worker_version, now)   # Controller.lease, first
+    if eval_idle(reason, room):                    # Controller.lease: rollouts refused
+        lease, more = board.offer(worker_id, worker_version, now, newest=n, live=live)
     board.check(worker_id, submission) -> (groups, prompts) # Controller.submit: the checks
     board.accept(worker_id, submission, scored)             # ... then the trusted scores
     board.take_results() -> [{"version": v, "eval/accuracy": ..., ...}]   # learner metrics
     board.take_audit_rows() -> [(worker_id, version, temperature, Trajectory)]  # the audit
+    board.pending_versions() -> [v, ...]                    # the learner's wait at the end
 
 The learner asks for an evaluation of version v when it publishes v and goes on training
 (it never waits). The held-out prompts become eval groups (`n` samples each at the eval
-temperature, 0 = greedy) that only a worker whose current version is exactly v is offered,
-ahead of rollout work; every token of the submission must carry version v (else 422 and
-the group goes back to the queue), the whole group passes the rollout checks
-(validation.check_group), and the controller's trusted scorer (rewards.py, the same
-hidden-token and `</think>` rules) scores it. Eval groups live only here, never in the
-database's group table, so no path hands them to the learner as training data.
+temperature, 0 = greedy) that only a worker whose current version is exactly v is offered;
+every token of the submission must carry version v (else 422 and the group goes back to
+the queue), the whole group passes the rollout checks (validation.check_group), and the
+controller's trusted scorer (rewards.py, the same hidden-token and `</think>` rules) scores
+it. Eval groups live only here, never in the database's group table, so no path hands them
+to the learner as training data.
+
+Idle capacity only (`eval_idle`, Controller.lease): a worker is offered eval work only when
+rollout work was refused it and no worker could be given any now: admission is full at the
+newest version (the learner already has every group the staleness bound lets it use
+leased or buffered), or the worker itself is refused as too slow. Rollout work always comes
+first, so evaluation never takes a worker the learner's next batch needs; what it costs is
+at most one eval lease's time once room opens (`max_groups_per_lease` groups).
 
 When every group of version v is in, a summary line goes to `eval.jsonl` (tag "fleet",
-the version, the learner step that published it and `accuracy`, so the run report plots
-it with the learner's own evaluations) and one line per prompt (rewards, lengths) to
-`eval_samples.jsonl`, both tagged with the version; the summary's `eval/accuracy` (share of
-correct samples, reward >= 1), `eval/pass@1`, `eval/pass@k` (unbiased, k = n), and
-`eval/mean_length` / `eval/think_length` (completion tokens) wait in `take_results` for the
-learner's next metrics line. Leases expire after `lease_ttl_s` (groups requeue); when more
-than `keep_versions` unfinished evaluations are older than a new request, the oldest are
-dropped unfinished (no worker holds their version any more). In memory: a restarted
-controller asks again at the next publish.
+`version` evaluated, `requested` versions it answers, the learner step that asked and
+`accuracy`, plotted by the run report) and one line per prompt to `eval_samples.jsonl`
+(eval_results.py); its eval/ metrics wait in `take_results` for the learner's next metrics
+line. Leases expire after `lease_ttl_s` (groups requeue); when more than `keep_versions`
+unfinished evaluations are older than a new request, the oldest are dropped unfinished.
+In memory: a restarted controller asks again at the next publish.
 
-Large evaluation sets finish: workers swap to the newest version between leases, so a
-version's evaluation would only get the leases its workers took before the next publish.
-While eval groups of version v are queued, the lease and submit replies to a worker on v
-say `eval_pending` and the worker keeps v loaded (no swap) for its next lease request,
-which takes more of v's evaluation (eval leases come first); once v's queue is empty it
-swaps as usual. One worker per version is held (the first told so): the others still take
-v's eval leases while they are on v, but swap as usual and keep producing rollouts (with
-every worker held, the learner waited up to 1.1 s for data at each evaluation). Eval
-tokens are never trained on, so holding an old version breaks no staleness bound.
+A version no worker loads is evaluated at the newest: workers only move up, so once the
+newest announced version is past v and no live worker (heard within `worker_timeout_s`)
+is on v, nobody will ever generate with v. Its evaluation then moves to the newest
+version (all prompts again, none of v's partial results: a summary is of one version
+only), or joins that version's own queued evaluation; the summary's `requested` lists v.
+
+Large evaluation sets finish: workers swap to the newest version between leases. The eval
+lease and submit replies to a worker on v say `eval_pending` while v's eval groups are
+queued, and the worker keeps v loaded (no swap) for its next request. One worker per
+version is held (the first told so); the hold ends when that worker gets rollout work or
+"behind" instead (room opened: it swaps), when its eval lease expires, or when it is no
+longer live (a dead holder must not pin the version: another worker on v takes the hold).
+Eval tokens are never trained on, so holding an old version breaks no staleness bound.
 
 Audit: eval rows carry the worker's log-probs like rollouts, so the learner audits them
 the same way (learner_jax/rl/rescore.py under the version evaluated, bridge/control/audit.py
@@ -49,22 +59,33 @@ a worker cannot tell which of its eval samples will be checked.
 from __future__ import annotations
 
 import itertools
-import json
+import logging
 import os
-import random
 import threading
 import uuid
 
-from bridge.contracts import pass_at_k
+from bridge.control import eval_results
 from bridge.control.config import ControllerConfig
 from bridge.control.lease_content import LeaseContent
-from bridge.control.protocol import Lease, PromptGroup, SamplingParams, Submission, Trajectory
+from bridge.control.protocol import Lease, PromptGroup, SamplingParams, Submission
 from bridge.control.validation import SubmissionError, check_group
 from bridge.tasks import Prompt
 
-LEARNER_CALLS = ("configure", "request", "take_results", "take_audit_rows")  # Controller.evaluation
+# Controller.evaluation: what the learner may call (the controller may be another process)
+LEARNER_CALLS = ("configure", "request", "take_results", "take_audit_rows", "pending_versions")
+IDLE_REASONS = ("full", "behind", "too_slow")  # rollout refusals eval work may fill
 EVAL_GROUP_BASE = 1 << 50  # eval group ids: far above the database's training group ids
 LEASE_PREFIX = "eval-"
+
+
+def eval_idle(reason: str, room_at_newest: int) -> bool:
+    """Whether a worker refused rollout work for `reason` may be given eval work: it is
+    too slow for fresh rollouts, or no worker could be admitted more rollout work now
+    (`room_at_newest` <= 0: leased + buffered fill what the staleness bound lets the
+    learner use). Never in place of rollout work the learner will take."""
+    if reason == "too_slow":
+        return True
+    return reason in IDLE_REASONS and room_at_newest <= 0
 
 
 class EvalBoard:
@@ -90,10 +111,9 @@ class EvalBoard:
         self.leases: dict[str, dict] = {}  # lease id -> {worker, version, groups, expires}
         self.pending: dict[int, int] = {}  # version -> groups not yet scored
         self.results: list[dict] = []  # finished versions' summaries, for the learner
-        self.audit_rows, self._rng = audit_rows, random.Random(seed)
+        self.reservoir = eval_results.Reservoir(audit_rows, seed)  # for the audit
         self.temperatures: dict[int, float] = {}  # version -> its eval temperature
-        self._sampled: dict[int, list] = {}  # version -> reservoir of (worker, traj)
-        self._seen: dict[int, int] = {}  # version -> trajectories offered to the reservoir
+        self.requested: dict[int, list[int]] = {}  # version -> the requests it answers
         self.audit_ready: list[tuple] = []  # (worker, version, temperature, Trajectory)
         self.holders: dict[int, str] = {}  # version -> the one worker kept on it
 
@@ -140,6 +160,7 @@ class EvalBoard:
             self.pending[version] = len(prompts)
             self.steps[version] = version if step is None else int(step)
             self.temperatures[version] = float(temperature)
+            self.requested[version] = [version]
             if scorer is not None:
                 self.scorers[version] = scorer
             for old in sorted(self.pending)[: -(self.keep_versions + 1)]:
@@ -151,6 +172,11 @@ class EvalBoard:
             out, self.results = self.results, []
             return out
 
+    def pending_versions(self) -> list[int]:
+        """Versions whose evaluation is queued or running (moved ones: their new version)."""
+        with self._lock:
+            return sorted(self.pending)
+
     def take_audit_rows(self) -> list[tuple]:
         """The sampled eval trajectories of finished (or dropped) versions, once each:
         [(worker_id, version, temperature, Trajectory)]."""
@@ -159,11 +185,20 @@ class EvalBoard:
             return out
 
     # -- workers -----------------------------------------------------------------------------
-    def offer(self, worker_id: str, worker_version: int, now: float, max_groups: int = 1):
+    def offer(
+        self, worker_id: str, worker_version: int, now: float, max_groups: int = 1,
+        newest: int | None = None, live: dict[str, int] | None = None,
+    ):  # fmt: skip
         """(an eval lease of version `worker_version` exactly, or None (no such work);
-        whether more of that version's eval groups stay queued: `eval_pending`)."""
+        whether more of that version's eval groups stay queued: `eval_pending`). `newest`:
+        the announced version; `live`: worker id -> version of the live workers (the
+        others' holds end; versions none of them is on, older than `newest`, move there)."""
         with self._lock:
             self._expire(now)
+            if live is not None:
+                self._forget_dead(live)
+                if newest is not None:
+                    self._follow(newest, live)
             rows = [
                 g for g in self.groups.values()
                 if g["state"] == "queued" and g["version"] == worker_version
@@ -180,6 +215,12 @@ class EvalBoard:
             )
             lease = Lease(lease_id=lease_id, expires_at=expires, groups=[g["group"] for g in rows])
             return lease, self._hold(worker_id, worker_version)
+
+    def unhold(self, worker_id: str) -> None:
+        """`worker_id` got rollout work (or "behind"): it swaps, so it holds nothing."""
+        with self._lock:
+            for v in [v for v, w in self.holders.items() if w == worker_id]:
+                del self.holders[v]
 
     def owns(self, lease_id: str) -> bool:
         return lease_id.startswith(LEASE_PREFIX)
@@ -240,8 +281,8 @@ class EvalBoard:
                     continue
                 row.update(state="done", trajectories=trajs, worker=worker_id)
                 for t in trajs:
-                    self._sample(row["version"], worker_id, t)
-                self._write(self.samples_path, [self._prompt_line(row)])
+                    self.reservoir.add(row["version"], worker_id, t)
+                eval_results.write(self.samples_path, [eval_results.prompt_line(row)])
                 taken += 1
                 self.pending[row["version"]] -= 1
                 if self.pending[row["version"]] == 0:
@@ -281,7 +322,45 @@ class EvalBoard:
     # -- inside the lock -------------------------------------------------------------------
     def _expire(self, now: float) -> None:
         for lease_id in [k for k, v in self.leases.items() if v["expires"] <= now]:
+            lease = self.leases[lease_id]
+            if self.holders.get(lease["version"]) == lease["worker"]:
+                del self.holders[lease["version"]]  # its holder lost it: maybe dead
             self._requeue(lease_id)
+
+    def _forget_dead(self, live: dict[str, int]) -> None:
+        """A holder no longer live (or no longer on its version) holds nothing."""
+        for v, w in list(self.holders.items()):
+            if live.get(w) != v:
+                del self.holders[v]
+
+    def _follow(self, newest: int, live: dict[str, int]) -> None:
+        """Move the evaluation of each version older than `newest` that no live worker is
+        on to `newest`: nobody will load it again (workers only move up)."""
+        on = set(live.values())
+        for v in sorted(self.pending):
+            if v < newest and v not in on:
+                self._move(v, newest)
+
+    def _move(self, version: int, to: int) -> None:
+        asked = self.requested.get(version, [version])
+        logging.info(  # routine when rollouts keep the fleet busy: eval.jsonl says it
+            "fleet eval of version %d: no live worker holds it any more; evaluating version "
+            "%d instead (eval.jsonl: version %d, requested %s)", version, to, to, asked,
+        )  # fmt: skip
+        if to not in self.pending:  # all prompts again, at `to`
+            rows = [g for g in self.groups.values() if g["version"] == version]
+            for row in rows:
+                gid = next(self._ids)
+                group = row["group"].model_copy(update={"group_id": gid})
+                self.groups[gid] = dict(version=to, prompt=row["prompt"], group=group,
+                                        state="queued")  # fmt: skip
+            self.pending[to], self.requested[to] = len(rows), []
+            self.steps[to] = self.steps.get(version, version)
+            self.temperatures[to] = self.temperatures.get(version, 1.0)
+            if version in self.scorers:
+                self.scorers[to] = self.scorers[version]
+        self.requested[to] = sorted(set(self.requested[to]) | set(asked))
+        self._drop(version)
 
     def _requeue(self, lease_id: str) -> None:
         lease = self.leases.pop(lease_id, None)
@@ -289,61 +368,19 @@ class EvalBoard:
             if gid in self.groups and self.groups[gid]["state"] == "leased":
                 self.groups[gid]["state"] = "queued"
 
-    def _sample(self, version: int, worker_id: str, traj) -> None:
-        """Reservoir sampling: each accepted trajectory of `version` is kept with equal odds."""
-        seen = self._seen[version] = self._seen.get(version, 0) + 1
-        kept = self._sampled.setdefault(version, [])
-        if len(kept) < self.audit_rows:
-            kept.append((worker_id, traj))
-        else:
-            j = self._rng.randrange(seen)
-            if j < self.audit_rows:
-                kept[j] = (worker_id, traj)
-
     def _drop(self, version: int) -> None:
         for gid in [k for k, g in self.groups.items() if g["version"] == version]:
             del self.groups[gid]
-        self.pending.pop(version, None)
-        self.steps.pop(version, None)
-        self.scorers.pop(version, None)
-        self.holders.pop(version, None)
+        for d in (self.pending, self.steps, self.scorers, self.holders, self.requested):
+            d.pop(version, None)
         temperature = self.temperatures.pop(version, 1.0)
-        self._seen.pop(version, None)
-        for worker, traj in self._sampled.pop(version, []):  # finished or not: audit them
+        for worker, traj in self.reservoir.pop(version):  # finished or not: audit them
             self.audit_ready.append((worker, version, temperature, traj))
-
-    @staticmethod
-    def _prompt_line(row) -> dict:
-        trajs: list[Trajectory] = row["trajectories"]
-        return {
-            "tag": "fleet", "type": "prompt", "version": row["version"],
-            "prompt_id": row["prompt"].prompt_id, "worker": row["worker"],
-            "rewards": [t.reward for t in trajs],
-            "lengths": [len(t.completion_token_ids) for t in trajs],
-            "think_tokens": [t.think_tokens for t in trajs],
-        }  # fmt: skip
 
     def _finish(self, version: int) -> None:
         rows = [g for g in self.groups.values() if g["version"] == version]
-        trajs = [t for g in rows for t in g["trajectories"]]
-        n = len(rows[0]["trajectories"])
-        counts = [(n, sum(t.reward >= 1.0 for t in g["trajectories"])) for g in rows]
-        accuracy = sum(c for _, c in counts) / (n * len(rows))
-        summary = {
-            "tag": "fleet", "type": "summary", "version": version, "prompts": len(rows), "n": n,
-            "step": self.steps.get(version, version), "accuracy": accuracy,
-            "eval/accuracy": accuracy,
-            "eval/pass@1": pass_at_k.mean_pass_at_k(counts, 1),
-            "eval/pass@k": pass_at_k.mean_pass_at_k(counts, n),
-            "eval/mean_length": sum(len(t.completion_token_ids) for t in trajs) / len(trajs),
-            "eval/think_length": sum(t.think_tokens for t in trajs) / len(trajs),
-        }  # fmt: skip
-        self._write(self.out_path, [summary])
+        step = self.steps.get(version, version)
+        summary = eval_results.summary(version, rows, step, self.requested.get(version, []))
+        eval_results.write(self.out_path, [summary])
         self.results.append(summary)
         self._drop(version)
-
-    @staticmethod
-    def _write(path: str | None, lines: list[dict]) -> None:
-        if path:
-            with open(path, "a") as f:
-                f.writelines(json.dumps(x) + "\n" for x in lines)

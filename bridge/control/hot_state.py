@@ -122,6 +122,11 @@ class HotWorkers:
             self._dirty.add(worker_id)
             return billed
 
+    def live_versions(self, since: float) -> dict[str, int]:
+        """worker id -> reported version of every worker heard at or after `since`."""
+        with self._lock:
+            return {k: w.version for k, w in self._w.items() if w.last_seen >= since}
+
     def take_swaps(self) -> list[tuple[str, int, float]]:
         with self._lock:
             out, self._swaps = self._swaps, []

@@ -1,8 +1,9 @@
 """The learner's calls on the controller (a part of `Controller`, controller.py, kept in
-its own file): batches, the capacity model's learner reports, the checkpoint cursor.
+its own file): batches, the capacity model's learner reports, the checkpoint cursor,
+the eval board's learner side (`evaluation`).
 
-`Controller` provides `_op`, `lock`, `_new_work`, `_polling`, `_stats`, `learner`, `fleet`
-and `db`; the batch logic itself is learner_api.py's `LearnerSide`.
+`Controller` provides `_op`, `lock`, `_new_work`, `_polling`, `_stats`, `learner`, `fleet`,
+`evals` and `db`; the batch logic itself is learner_api.py's `LearnerSide`.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import time
 
 from bridge.control import rollback
+from bridge.control.eval_leases import LEARNER_CALLS
 from bridge.control.protocol import ConsumedGroup
 
 
@@ -85,3 +87,10 @@ class LearnerCalls:
 
     def forget_consumed(self, up_to_step: int) -> int:
         return self.learner.forget_consumed(up_to_step)
+
+    def evaluation(self, call: str, *args, **kwargs):
+        """The learner's side of the eval leases (eval_leases.py `LEARNER_CALLS`), one
+        method so a controller in its own process (process.py) serves them too."""
+        if call not in LEARNER_CALLS:
+            raise ValueError(f"evaluation call must be one of {LEARNER_CALLS}, got {call!r}")
+        return getattr(self.evals, call)(*args, **kwargs)

@@ -68,6 +68,10 @@ class Leasing:
             min(version, newest), next_step, c.staleness, c.groups_per_step
         )
 
+    def room(self, version: int, newest: int) -> int:
+        """Groups a lease at `version` may still add to the leased + buffered ones."""
+        return self.capacity(version, newest) - self.db.count("leased") - self.db.count("buffered")
+
     def behind(self, worker_id: str, req: LeaseRequest, newest: int) -> bool:
         """More than `max_version_lag` versions behind the newest. A newest version the
         worker is fetching in the background (a relay hop, a WAN download) does not count:
@@ -108,7 +112,7 @@ class Leasing:
             max_groups_per_lease=c.max_groups_per_lease,
         ) - self.db.groups_held(worker_id)
         version, step = min(req.worker_version, newest), self.db.get("next_step", 0)
-        room = self.capacity(version, newest) - self.db.count("leased") - self.db.count("buffered")
+        room = self.room(version, newest)
         k = min(req.max_groups, c.max_groups_per_lease, room, worker_room)
         if room <= 0:
             self.held_back(worker_id, now)

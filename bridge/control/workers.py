@@ -150,6 +150,11 @@ class WorkerRegistry:
         w = self.hot.get(worker_id)  # in memory: a heartbeat asks
         return w is not None and w.enabled and self.fleet.is_active(worker_id)
 
+    def live_versions(self, now: float) -> dict[str, int]:
+        """worker id -> version of the workers heard within `worker_timeout_s` (not left,
+        not quarantined): the others are dead to the eval board (eval_leases.py)."""
+        return self.hot.live_versions(now - self.config.worker_timeout_s)
+
     def leave(self, worker_id: str) -> None:
         """The worker said goodbye: its leases end (their groups requeue)."""
         for lease_id in self.db.active_leases(worker_id):

@@ -1,6 +1,8 @@
-"""`eval.on=fleet`: held-out evaluation by the workers, the learner never waits for it.
+"""`eval.on=fleet`: held-out evaluation by the workers; the learner waits for it only
+after its last step (`eval.final_wait_s`).
 
     hook = evaluation_hook(config, ctl, task, eval_log, workdir, end)   # train.py's hooks
+    final_wait(hook)                                                    # after the RL loop
 
 On the evaluation schedule (`rollout.eval_period` RL steps, and the last step) the hook
 asks the controller to evaluate the version this step publishes (version = learner step;
@@ -9,7 +11,8 @@ background publishing that is the previous version, which the workers leave as s
 this step's lands, so its evaluation often found no worker on it (version 103 of the
 first two-worker run never got one). It asks (bridge/control/eval_leases.py:
 `eval.n` samples per held-out prompt at `eval.temperature`, only workers on exactly that
-version take them, scored by the trusted scorer) and goes on training. Finished
+version take them when rollouts leave them idle, scored by the trusted scorer; a version
+no live worker is on any more is evaluated at the newest) and goes on training. Finished
 evaluations arrive on later steps: their eval/accuracy, eval/pass@1, eval/pass@k,
 eval/mean_length, eval/think_length (and eval/version, the version they measured) join
 that step's metrics line, and their summaries are in `<workdir>/eval.jsonl` (tag "fleet",
@@ -21,9 +24,21 @@ log-probs included); the hook re-scores them under that version (`rescore.Versio
 rescore_eval`) and sends the per-worker sums to `ctl.audit` like the train step's, so an
 eval worker with wrong log-probs is quarantined like a rollout worker
 (`audit/eval_rows` counts them; off with `eval.audit=False` or
-`controller.audit_rescore_every=0`). Cost on the learner's thread: one version read from
-the store and a 16-row forward per evaluated version (0.1-0.6 s on the 2-core CPU box,
-where the tiny model's train step is ~0.5 s; BUILD_NOTES.md issue 26 follow-up).
+`controller.audit_rescore_every=0`).
+
+Off the learner's loop: a background thread (started at the first request) polls the
+controller every `poll_s` for finished evaluations and audit rows, runs the re-score (a
+version read from the store and a 16-row forward, 0.1-0.6 s on the 2-core CPU box) and
+sends the verdicts; `after_step` only drains what it brought (no controller call) and
+asks for an evaluation every `rollout.eval_period` steps. In the learner's loop the two
+polling calls per step (to a controller in its own process) and the re-score were idle
+time that eval off does not have.
+
+The run's end (`finish`, train.py): the evaluation asked at the last step (and any other
+still pending) is waited for, up to `eval.final_wait_s` seconds, before the workers are
+told the run is over (the learner no longer consumes: admission fills and the workers'
+idle capacity goes to evaluation), so eval.jsonl has the final version; past the limit a
+warning names the versions missing.
 
 With `task.eval_file` set, the held-out prompts are that benchmark file's, scored by
 math-verify (bridge/tasks/eval_file.py) in the controller's reward pool.
@@ -35,7 +50,11 @@ schedule.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
+import time
 
+from learner_jax import console
 from learner_jax.rl import hooks
 
 PLACES = ("learner", "fleet")
@@ -52,14 +71,21 @@ def eval_place(config) -> str:
 class FleetEval:
     def __init__(
         self, ctl, prompts, n, temperature, period, end, start, eval_file="", rescorer=None,
-        publish_every=1,
+        publish_every=1, final_wait_s=120.0, poll_s=0.5,
     ):  # fmt: skip
         self.ctl, self.prompts, self.n, self.temperature = ctl, prompts, n, temperature
         self.period, self.end, self.start, self.eval_file = period, end, start, eval_file
         self.rescorer, self.publish_every = rescorer, max(1, int(publish_every))
         self.requested: set[int] = set()
+        self.final_wait_s, self.poll_s = float(final_wait_s), float(poll_s)
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # metrics from the poller
+        self._stop = threading.Event()
+        self._poller: threading.Thread | None = None
+        self._failing = False  # the poller's controller calls fail (logged once a streak)
 
     def after_step(self, learner, metrics: dict) -> dict:
+        """Ask for this step's evaluation when due (one controller call, every
+        `rollout.eval_period` steps); the metrics the background poller brought in."""
         step = learner.step
         due = step >= self.end or (self.period and (step - self.start) % self.period == 0)
         version = metrics.get("policy_version")  # the Publish hook runs first
@@ -71,21 +97,95 @@ class FleetEval:
                 "request", version, self.prompts, self.n, self.temperature, step=step,
                 eval_file=self.eval_file,
             )  # fmt: skip
-        out = {}
-        for r in self.ctl.evaluation("take_results"):
-            out.update({k: v for k, v in r.items() if k.startswith("eval/")})
-            out["eval/version"] = r["version"]
+            if self._poller is None:
+                self._poller = threading.Thread(target=self._poll, name="fleet-eval", daemon=True)
+                self._poller.start()
+        return self._drain()
+
+    def _poll(self) -> None:
+        while not self._stop.wait(self.poll_s):
+            self._collect()
+
+    def _collect(self) -> None:
+        """Off the learner's thread: finished evaluations' metrics to the inbox, and their
+        sampled rows re-scored and the verdicts sent to the controller (`ctl.audit`)."""
+        try:
+            out = {}
+            for r in self.ctl.evaluation("take_results"):
+                out.update({k: v for k, v in r.items() if k.startswith("eval/")})
+                out["eval/version"] = r["version"]
+                logging.info(
+                    "fleet eval of version %d (asked for %s): accuracy %.3f, pass@%d %.3f",
+                    r["version"], r.get("requested", [r["version"]]), r["eval/accuracy"],
+                    r["n"], r["eval/pass@k"],
+                )  # fmt: skip
+            if out:
+                self._inbox.put(out)
+            rows = self.ctl.evaluation("take_audit_rows")
+            if rows and self.rescorer is not None and self.rescorer.every:
+                stats = self.rescorer.rescore_eval(rows)
+                if stats:
+                    self.ctl.audit(stats)
+                self._inbox.put({"audit/eval_rows": float(len(rows))})
+            self._failing = False
+        except Exception as e:  # noqa: BLE001 - the controller restarting: try again later
+            if not self._failing:
+                logging.warning("fleet eval: polling the controller failed: %s", e)
+            self._failing = True
+
+    def _drain(self) -> dict:
+        out: dict = {}
+        while True:
+            try:
+                got = self._inbox.get_nowait()
+            except queue.Empty:
+                return out
+            rows = out.get("audit/eval_rows", 0.0) + got.get("audit/eval_rows", 0.0)
+            out.update(got)
+            if rows:
+                out["audit/eval_rows"] = rows
+
+    def close(self) -> None:
+        """Stop the poller (after its current call)."""
+        self._stop.set()
+        if self._poller is not None:
+            self._poller.join()
+
+    def finish(self, timeout_s: float, poll_s: float = 0.2) -> dict:
+        """Wait up to `timeout_s` for every pending evaluation (the last step's included) and
+        the audit of its rows; returns the eval metrics not yet on a metrics line."""
+        self.close()  # from here on this thread polls
+        deadline = time.monotonic() + timeout_s
+        waiting = self.ctl.evaluation("pending_versions")
+        if waiting:
             logging.info(
-                "fleet eval of version %d: accuracy %.3f, pass@%d %.3f",
-                r["version"], r["eval/accuracy"], r["n"], r["eval/pass@k"],
+                "waiting up to %.0fs (eval.final_wait_s) for the fleet evaluation of "
+                "version(s) %s", timeout_s, waiting, extra=console.SHOW,
             )  # fmt: skip
-        rows = self.ctl.evaluation("take_audit_rows")
-        if rows and self.rescorer is not None and self.rescorer.every:
-            stats = self.rescorer.rescore_eval(rows)
-            if stats:
-                self.ctl.audit(stats)
-            out["audit/eval_rows"] = float(len(rows))
-        return out
+        while True:
+            self._collect()
+            waiting = self.ctl.evaluation("pending_versions")
+            if not waiting or time.monotonic() >= deadline:
+                break
+            time.sleep(poll_s)
+        if waiting:
+            logging.warning(
+                "gave up waiting for the fleet evaluation of version(s) %s after %.0fs "
+                "(eval.final_wait_s): eval.jsonl lacks them", waiting, timeout_s,
+            )  # fmt: skip
+        self._collect()
+        return self._drain()
+
+
+def final_wait(hook, wait: bool = True) -> dict:
+    """train.py at the run's end: `FleetEval.finish` for `eval.on=fleet` (`wait` False,
+    e.g. after Ctrl-C: only stop its poller), else nothing."""
+    if not isinstance(hook, FleetEval):
+        return {}
+    if not wait:
+        hook.close()
+        return {}
+    return hook.finish(hook.final_wait_s)
 
 
 def evaluation_hook(config, ctl, task, eval_log, workdir: str, end: int, rescorer=None):
@@ -93,6 +193,9 @@ def evaluation_hook(config, ctl, task, eval_log, workdir: str, end: int, rescore
     if eval_place(config) == "learner":
         return hooks.Evaluate(eval_log)
     e = config.eval
+    final_wait_s = float(e.get("final_wait_s", 120.0))
+    if not final_wait_s >= 0:
+        raise ValueError(f"eval.final_wait_s must be >= 0 seconds, got {final_wait_s}")
     ctl.evaluation("configure", workdir)  # eval.jsonl, eval_samples.jsonl
     prompts = task.eval_prompts()
     path = str(config.task.get("eval_file", "") or "")
@@ -104,5 +207,5 @@ def evaluation_hook(config, ctl, task, eval_log, workdir: str, end: int, rescore
         ctl, prompts, int(e.get("n", 4)), float(e.get("temperature", 0.0)),
         config.rollout.eval_period, end, eval_log.rl_start, path,
         rescorer if bool(e.get("audit", True)) else None,
-        int(config.get("publish_every", 1)),
+        int(config.get("publish_every", 1)), final_wait_s,
     )  # fmt: skip

@@ -1,5 +1,6 @@
 """Eval leases (issue 26 item 1) through the real HTTP service: the controller offers
-evaluation work for version v only to a worker on exactly v (ahead of rollout work), refuses
+evaluation work for version v only to a worker on exactly v (only capacity rollouts leave
+idle: `saturate` fills admission first), refuses
 results tagged with another version (422, the group goes back to the queue), scores honest
 ones with the trusted scorer, writes eval.jsonl lines tagged with v, and hands the learner
 eval/accuracy, eval/pass@1, eval/pass@k and eval/mean_length; nothing of it reaches a
@@ -13,7 +14,13 @@ import pytest
 
 from bridge.control.config import ControllerConfig
 from bridge.control.controller import Controller
-from bridge.control.protocol import SamplingParams
+from bridge.control.protocol import (
+    Heartbeat,
+    LeaseRequest,
+    SamplingParams,
+    Submission,
+    WorkerProfile,
+)
 from bridge.control.service import ServerOptions, load_or_create_join_secret, serve_controller
 from bridge.model.tiny_model import EOS_ID, char_vocab
 from bridge.tasks import make_task
@@ -45,6 +52,19 @@ PROFILE = {"accelerator": "cpu", "price_per_hour": 0.0, "max_concurrent_sequence
 N = 3
 
 
+def saturate(ctl):
+    """Lease rollout work to filler workers until admission is full at the newest version:
+    from then on no worker can get rollout work, and eval leases fill the idle capacity."""
+    newest = ctl.announcement().version
+    for _ in range(10):
+        with ctl.lock:
+            if ctl.leasing.room(newest, newest) <= 0:
+                return
+        filler, _ = ctl.register(WorkerProfile(**PROFILE))
+        ctl.lease(filler, LeaseRequest(worker_version=newest, max_groups=16))
+    raise AssertionError("admission never filled")
+
+
 def register(client, secret):
     reg = client.post("/v1/register", json={"join_secret": secret, "profile": PROFILE}).json()
     return {"Authorization": f"Bearer {reg['token']}"}
@@ -70,6 +90,7 @@ def test_eval_leases_at_exactly_one_version(service):
     ctl.publish(0)
     ctl.publish(1)
     assert ctl.evaluation("request", 1, prompts, n=N, temperature=0.6, step=7) == 2
+    saturate(ctl)
     old, new = register(client, secret), register(client, secret)
 
     # A worker on version 0 is not offered version 1's evaluation: rollout work instead.
@@ -122,9 +143,9 @@ def test_eval_leases_at_exactly_one_version(service):
     # Never trained on: no eval group is buffered for the learner.
     with ctl.lock:
         assert ctl.db.count("buffered") == 0
-    # Nothing left to evaluate: the version-1 worker gets rollout work.
+    # Nothing left to evaluate (and admission full): the version-1 worker gets no lease.
     r = client.post("/v1/lease", headers=new, json={"worker_version": 1, "max_groups": 1})
-    assert not r.json()["lease"]["lease_id"].startswith("eval-"), r.json()
+    assert r.json()["lease"] is None and r.json()["reason"] == "full", r.json()
 
 
 def test_a_benchmark_file_is_scored_by_its_own_task(service, tmp_path):
@@ -138,6 +159,7 @@ def test_a_benchmark_file_is_scored_by_its_own_task(service, tmp_path):
     ctl.publish(0)
     prompts = file_task.eval_prompts()
     assert ctl.evaluation("request", 0, prompts, 2, 1.0, eval_file=str(path))
+    saturate(ctl)
     headers = register(client, secret)
     r = client.post("/v1/lease", headers=headers, json={"worker_version": 0, "max_groups": 1})
     lease = r.json()["lease"]
@@ -157,6 +179,7 @@ def test_greedy_evaluation_asks_for_one_sample(service):
     ctl, _, client, secret, _ = service
     ctl.publish(0)
     ctl.evals.request(0, make_task("arithmetic").eval_prompts()[:1], n=4, temperature=0.0)
+    saturate(ctl)
     r = client.post("/v1/lease", headers=register(client, secret), json={"worker_version": 0})
     [group] = r.json()["lease"]["groups"]
     assert group["n"] == 1 and group["sampling"]["temperature"] == 0.0
@@ -169,10 +192,11 @@ def test_eval_rows_are_sampled_for_the_audit(service):
     sample of each version's trajectories (with the worker and the eval temperature) for
     the learner's audit, handed over once the version is finished, each row once."""
     ctl, _, client, secret, _ = service
-    ctl.evals.audit_rows = 4
+    ctl.evals.reservoir.size = 4
     prompts = make_task("arithmetic", format_reward=0.1).eval_prompts()[:3]
     ctl.publish(0)
     assert ctl.evaluation("request", 0, prompts, n=N, temperature=0.7) == 3
+    saturate(ctl)
     headers = register(client, secret)
     r = client.post("/v1/lease", headers=headers, json={"worker_version": 0, "max_groups": 3})
     lease = r.json()["lease"]
@@ -199,6 +223,7 @@ def test_a_dropped_version_is_still_audited(service):
     prompts = make_task("arithmetic", format_reward=0.1).eval_prompts()[:2]
     ctl.publish(0)
     ctl.evaluation("request", 0, prompts, n=2, temperature=1.0)
+    saturate(ctl)
     headers = register(client, secret)
     r = client.post("/v1/lease", headers=headers, json={"worker_version": 0, "max_groups": 1})
     lease = r.json()["lease"]
@@ -229,6 +254,7 @@ def test_a_worker_is_told_to_keep_its_version_while_its_eval_is_queued(service):
     pending = []
     for k in range(3):
         ctl.publish(2 + k)  # the learner moves on
+        saturate(ctl)
         r = client.post("/v1/lease", headers=headers, json={"worker_version": 1, "max_groups": 1})
         body = r.json()
         lease = body["lease"]
@@ -262,9 +288,11 @@ def test_the_learner_asks_for_the_version_its_step_publishes(service):
     hook.after_step(types.SimpleNamespace(step=4, rl_steps=4), {"policy_version": 3})
     hook.after_step(types.SimpleNamespace(step=6, rl_steps=6), {"policy_version": 5})  # not due
     assert set(ctl.evals.pending) == {4}
+    hook.close()
     hook = FleetEval(ctl, prompts, 1, 1.0, period=4, end=100, start=0, publish_every=3)
     hook.after_step(types.SimpleNamespace(step=8, rl_steps=8), {"policy_version": 6})
     assert set(ctl.evals.pending) == {4, 6}
+    hook.close()
 
 
 def test_one_worker_per_version_is_held(service):
@@ -275,6 +303,7 @@ def test_one_worker_per_version_is_held(service):
     prompts = make_task("arithmetic", format_reward=0.1).eval_prompts()[:3]
     ctl.publish(1)
     ctl.evaluation("request", 1, prompts, n=1, temperature=1.0)
+    saturate(ctl)
     a, b = register(client, secret), register(client, secret)
 
     def lease(headers):
@@ -288,3 +317,171 @@ def test_one_worker_per_version_is_held(service):
     last = lease(a)
     assert last["eval_pending"] is False  # nothing left queued
     assert ctl.evals.holders == {}
+
+
+# -- idle capacity only, abandoned versions, dead holders, the run's last evaluation ----------
+@pytest.fixture
+def clocked(tmp_path, text_codec):
+    """The controller object on a hand-moved clock (worker liveness), no HTTP."""
+    now = [1000.0]
+    ctl = Controller(
+        ControllerConfig(
+            staleness=1, groups_per_step=2, group_size=2, vocab_size=100, hot_flush_s=0,
+            sampling=SamplingParams(max_tokens=4), reward_timeout_s=0.0,
+        ),
+        str(tmp_path / "controller.db"),
+        make_task("arithmetic", format_reward=0.1),
+        clock=lambda: now[0],
+        codec=text_codec,
+    )  # fmt: skip
+    ctl.evaluation("configure", str(tmp_path))
+    yield ctl, now
+    ctl.close()
+
+
+PROMPTS = make_task("arithmetic", format_reward=0.1).eval_prompts()[:4]
+
+
+def worker(ctl):
+    return ctl.register(WorkerProfile(**PROFILE))[0]
+
+
+def ask(ctl, worker_id, version, k=1):
+    return ctl.lease(worker_id, LeaseRequest(worker_version=version, max_groups=k))
+
+
+def answer(ctl, worker_id, lease, version):
+    groups = [
+        {"group_id": g.group_id, "trajectories": trajs(g.model_dump(), ["7"] * g.n, version)}
+        for g in lease.groups
+    ]
+    return ctl.submit(worker_id, Submission.model_validate({"lease_id": lease.lease_id,
+                                                            "groups": groups}))  # fmt: skip
+
+
+def is_eval(r):
+    return r.lease is not None and r.lease.lease_id.startswith("eval-")
+
+
+def test_eval_work_only_fills_capacity_rollouts_leave_idle(clocked):
+    """Rollout work comes first: while the learner can still use rollouts, a worker on v
+    with v's evaluation queued gets rollout work, or (v no longer the newest) "behind" and
+    swaps; eval work only once admission is full at the newest version."""
+    ctl, _ = clocked
+    ctl.publish(0)
+    ctl.evaluation("request", 0, PROMPTS[:2], n=1, temperature=1.0)
+    w = worker(ctl)
+    r = ask(ctl, w, 0)
+    assert r.lease is not None and not is_eval(r), r
+    ctl.publish(1)
+    r = ask(ctl, w, 0)
+    assert r.lease is None and r.reason == "behind" and not r.eval_pending, r
+    saturate(ctl)
+    r = ask(ctl, w, 0)
+    assert is_eval(r) and r.eval_pending, r
+
+
+def test_a_version_no_live_worker_is_on_is_evaluated_at_the_newest(clocked):
+    """Workers only move up: once the newest version is past v and no live worker is on v,
+    v's evaluation moves to the newest (eval.jsonl: the version evaluated, and the
+    versions requested); with the newest's own evaluation queued, the two merge."""
+    ctl, _ = clocked
+    ctl.publish(1)
+    ctl.evaluation("request", 1, PROMPTS[:2], n=1, temperature=1.0, step=11)
+    ctl.publish(2)  # every worker is on 2
+    saturate(ctl)
+    w = worker(ctl)
+    r = ask(ctl, w, 2, k=2)
+    assert is_eval(r) and len(r.lease.groups) == 2, r
+    assert answer(ctl, w, r.lease, 2).accepted
+    [summary] = ctl.evaluation("take_results")
+    assert (summary["version"], summary["requested"], summary["step"]) == (2, [1], 11)
+    ctl.publish(3)
+    ctl.evaluation("request", 3, PROMPTS[:2], n=1, temperature=1.0)
+    ctl.evaluation("request", 4, PROMPTS[:2], n=1, temperature=1.0)
+    ctl.publish(4)
+    saturate(ctl)
+    r = ask(ctl, w, 4, k=4)
+    assert is_eval(r) and len(r.lease.groups) == 2, r  # one evaluation, not two
+    answer(ctl, w, r.lease, 4)
+    [summary] = ctl.evaluation("take_results")
+    assert (summary["version"], summary["requested"]) == (4, [3, 4])
+    with open(ctl.evals.out_path) as f:
+        assert [(x["version"], x["requested"]) for x in map(json.loads, f)] == [
+            (2, [1]), (4, [3, 4])
+        ]  # fmt: skip
+    assert ctl.evaluation("pending_versions") == []
+
+
+def test_a_dead_holder_leaves_the_hold_to_a_live_worker(clocked):
+    """The worker held on v falls silent (past `worker_timeout_s`): the next live worker on
+    v is told `eval_pending` and keeps v until its evaluation is done."""
+    ctl, now = clocked
+    ctl.publish(1)
+    ctl.evaluation("request", 1, PROMPTS, n=1, temperature=1.0)
+    saturate(ctl)
+    a, b = worker(ctl), worker(ctl)
+    ra = ask(ctl, a, 1)
+    assert is_eval(ra) and ra.eval_pending and answer(ctl, a, ra.lease, 1).eval_pending
+    rb = ask(ctl, b, 1)
+    assert is_eval(rb) and not rb.eval_pending  # a holds v
+    now[0] += ctl.config.worker_timeout_s + 1  # a is dead; b's lease and the fillers' run on
+    ctl.heartbeat(b, Heartbeat(worker_version=1))
+    rb = ask(ctl, b, 1)
+    assert is_eval(rb) and rb.eval_pending, rb
+
+
+def test_results_arrive_off_the_learners_thread_and_the_run_waits_for_the_last(clocked, caplog):
+    """FleetEval: a background poller brings finished evaluations to the next `after_step`
+    (which itself calls the controller only to ask, every `eval_period` steps); `finish`
+    (train.py at the end, `eval.final_wait_s`) waits for the evaluation asked at the last
+    step; with no worker to do it the wait ends at the limit with a warning naming it."""
+    import threading
+    import types
+
+    from learner_jax.rl.fleet_eval import FleetEval
+
+    ctl, _ = clocked
+    ctl.publish(5)
+    hook = FleetEval(ctl, PROMPTS[:2], 1, 1.0, period=1, end=7, start=0, poll_s=0.05)
+    step = lambda k: hook.after_step(types.SimpleNamespace(step=k, rl_steps=k), {})  # noqa: E731
+    assert step(5) == {} and ctl.evaluation("pending_versions") == [5]
+    saturate(ctl)
+    w = worker(ctl)
+
+    def do(version):
+        r = ask(ctl, w, version, k=2)
+        answer(ctl, w, r.lease, version)
+
+    do(5)
+    calls = []
+    ctl.evaluation = lambda *a, **k: (
+        calls.append(threading.get_ident()) or Controller.evaluation(ctl, *a, **k)
+    )
+    got = {}
+    for _ in range(200):  # the poller's 0.05 s, with ample slack
+        got = hook._drain()
+        if got:
+            break
+        threading.Event().wait(0.05)
+    assert got["eval/version"] == 5
+    calls.clear()
+    assert step(5) == {}  # asked already, nothing new: no controller call on this thread
+    for _ in range(200):
+        if calls:  # the poller's
+            break
+        threading.Event().wait(0.05)
+    assert calls and threading.get_ident() not in calls
+    step(6)  # the last step's evaluation
+    ctl.publish(6)
+    saturate(ctl)
+    timer = threading.Timer(0.3, do, args=(6,))
+    timer.start()
+    out = hook.finish(timeout_s=60.0, poll_s=0.05)
+    timer.join()
+    assert out["eval/version"] == 6
+    hook = FleetEval(ctl, PROMPTS[:2], 1, 1.0, period=0, end=7, start=0)
+    hook.after_step(types.SimpleNamespace(step=7, rl_steps=7), {})
+    with caplog.at_level("WARNING"):
+        assert hook.finish(timeout_s=0.3, poll_s=0.05) == {}
+    assert "gave up waiting for the fleet evaluation of version(s) [7]" in caplog.text
