@@ -149,6 +149,13 @@ def _describe(action: str) -> str:
     return f" opp {action}."
 
 
+def _ask(card: str) -> str:
+    """The prompt for a decision restates the model's card right before it answers: the
+    tiny character-level policy read the card at the start of the text not at all
+    (BUILD_NOTES.md, issue 27: every information set's policy was the same)."""
+    return f" you {card}:"
+
+
 @register_env("kuhn_poker", max_turns=2, turn_max_tokens=1)
 class KuhnPoker(Environment):
     """One hand of Kuhn poker for the model against `OPPONENT` (see the module docstring)."""
@@ -160,7 +167,7 @@ class KuhnPoker(Environment):
         text = f"Kuhn {self.model}."
         if self.seat == 1:
             text += _describe(self._opponent_acts())
-        return text + " you:"
+        return text + _ask(self.model)
 
     def _opponent_acts(self) -> str:
         p = _opponent_p(self.history, self.opp)
@@ -184,7 +191,7 @@ class KuhnPoker(Environment):
         text = _describe(self._opponent_acts())
         if _terminal(self.history):
             return text + f" end {self.opp}.", self._result(), True
-        return text + " you:", 0.0, False
+        return text + _ask(self.model), 0.0, False
 
     def unfinished_reward(self) -> float:
         return -1.0  # a hand left unplayed counts as a fold (stalling must not pay)
@@ -213,9 +220,9 @@ def decision_points() -> list[tuple[tuple[str, str], list[str]]]:
     out = []
     for card, h in INFO_SETS:
         if h == "":
-            out.append(((card, h), [f"Kuhn {card}. you:"]))
+            out.append(((card, h), [f"Kuhn {card}.{_ask(card)}"]))
         elif h == "cb":
-            out.append(((card, h), [f"Kuhn {card}. you:", "c", _describe("b") + " you:"]))
+            out.append(((card, h), [f"Kuhn {card}.{_ask(card)}", "c", _describe("b") + _ask(card)]))
         else:
-            out.append(((card, h), [f"Kuhn {card}.{_describe(h)} you:"]))
+            out.append(((card, h), [f"Kuhn {card}.{_describe(h)}{_ask(card)}"]))
     return out
