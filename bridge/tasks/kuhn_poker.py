@@ -145,6 +145,19 @@ def uniform_policy(card: str, history: str) -> dict[str, float]:
     return {a: 1.0 / 3 for a in ACTIONS}
 
 
+@functools.cache
+def sft_teacher() -> dict[tuple[str, str], dict[str, float]]:
+    """The format teacher's strategy: per information set, half uniform and half a fixed
+    random draw (seeded, chosen without looking at rewards), so every action keeps >= 1/6
+    and the answer depends on the card and the history."""
+    rng = random.Random("kuhn_poker/sft_teacher")
+    out = {}
+    for key in INFO_SETS:
+        draw = [rng.expovariate(1.0) for _ in ACTIONS]  # a flat Dirichlet sample
+        out[key] = {a: 0.5 / 3 + 0.5 * d / sum(draw) for a, d in zip(ACTIONS, draw)}
+    return out
+
+
 def _describe(action: str) -> str:
     return f" opp {action}."
 
@@ -197,12 +210,18 @@ class KuhnPoker(Environment):
         return -1.0  # a hand left unplayed counts as a fold (stalling must not pay)
 
     def demonstrations(self, seed: int) -> Iterator[tuple[str, str]]:
-        """Format only, no strategy: each first decision answered by a uniformly random
-        action letter (the uniform policy earns -0.37 chips per hand; SFT on these teaches
-        the action format, RL has to find the strategy)."""
+        """Format, no strategy: each first decision answered by a random action letter from
+        `sft_teacher()`, a mixed strategy drawn at random per information set (not from
+        rewards). It differs between information sets on purpose: a teacher that answers the
+        same way everywhere (the first version: uniform letters) trains the policy to
+        ignore its card and the history, and RL never recovered from that (BUILD_NOTES.md,
+        issue 27). SFT on these teaches the action format, RL has to find the strategy."""
         rng = random.Random(f"kuhn_poker/sft/{seed}")
+        teacher = sft_teacher()
         while True:
-            yield self.reset(rng.randrange(1 << 62)), rng.choice(ACTIONS)
+            prompt = self.reset(rng.randrange(1 << 62))
+            probs = teacher[(self.model, self.history)]
+            yield prompt, rng.choices(ACTIONS, weights=[probs[a] for a in ACTIONS])[0]
 
     def exact_eval(self) -> ExactEval:
         points = decision_points()
