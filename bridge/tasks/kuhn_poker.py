@@ -154,7 +154,7 @@ def sft_teacher() -> dict[tuple[str, str], dict[str, float]]:
     out = {}
     for key in INFO_SETS:
         draw = [rng.expovariate(1.0) for _ in ACTIONS]  # a flat Dirichlet sample
-        out[key] = {a: 0.5 / 3 + 0.5 * d / sum(draw) for a, d in zip(ACTIONS, draw)}
+        out[key] = {a: 0.5 / 3 + 0.5 * d / sum(draw) for a, d in zip(ACTIONS, draw, strict=True)}
     return out
 
 
