@@ -9,10 +9,11 @@ Episode seed s: the deal and seat are situation s % 12 (6 deals x 2 seats, so a 
 seed is a uniform deal), the opponent's mixed strategy draws from `random.Random(s)`.
 
 Text (short, for the character-level tiny model; one letter per action):
-    reset   "Kuhn Q. you:"                  (model first)
-            "Kuhn Q. opp b. you:"           (model second, the opponent bet)
+    reset   "Kuhn Q. you Q:"                (model first)
+            "Kuhn Q. opp b. you Q:"         (model second, the opponent bet)
     step    "c"/"check"/"call", "b"/"bet", "f"/"fold" (first word, case-insensitive);
-            anything else folds. Next observation e.g. " opp b. you:".
+            anything else folds. Next observation e.g. " opp b. you Q:" (the card is
+            restated before every answer).
 
 Exact evaluation: the model decides at 12 information sets (card x history "", "cb" in
 the first seat, "b", "c" in the second). `expected_reward(policy)` enumerates every deal,
