@@ -18,8 +18,9 @@ whose teacher answers from a random mixed strategy per information set (a teache
 answers the same everywhere made the policy blind to its card), then Dr. GRPO advantages
 (GRPO's per-group std normalization is biased when a group shares the hidden card) at
 lr 5e-4 with a 20-step warmup (1e-3 climbs faster, then collapses onto illegal tokens).
-Measured (seed 0, shared 2-core box at load 20-40): -0.385 after SFT, +0.06 after 45 RL
-steps, +0.15 after 100, +0.189 after 300 (flat from ~230). Within 5% of the optimum
+Measured (shared 2-core box): -0.385 after SFT, +0.06 after 45 RL steps, +0.15 after 100,
++0.189 / +0.188 / +0.190 after 300 for seeds 0 / 1 / 2 (flat from ~230; 4 min for the
+whole run at load 7-13, 20 min at load 24-40). Within 5% of the optimum
 (>= +0.2375) is NOT reached: with a J the policy folds everywhere and never learns the
 bluff after a check (-0.042 per hand), an exploration problem that is still open.
 
