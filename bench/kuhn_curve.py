@@ -21,6 +21,30 @@ from learner_jax.metrics import read_jsonl
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "the run's workdir", required=True)
 _OUT = flags.DEFINE_string("out", "", "also write the numbers here as JSON")
+_POLICY = flags.DEFINE_integer(
+    "policy", -1, "also print each decision's action probabilities at this step (-1 = last)"
+)
+
+
+def policy_table(row: dict) -> list[str]:
+    """Lines: each information set, the policy's P(c), P(b), P(other = fold) at one eval
+    row, the best response's action there and its probability (where the policy is wrong).
+    """
+    from bridge.tasks.kuhn_poker import INFO_SETS, best_response
+
+    _, best = best_response()
+    lines = [f"{'card':>4} {'hist':>4} {'P(c)':>6} {'P(b)':>6} {'fold':>6}  best  P(best)"]
+    for (card, hist), p in zip(INFO_SETS, row["action_probs"], strict=True):
+        fold = 1.0 - p.get("c", 0.0) - p.get("b", 0.0)
+        a = best[(card, hist)]
+        # at "" and "c" fold never helps; facing a bet "b" means call: the game's _legal
+        pa = {"c": p.get("c", 0.0) + (p.get("b", 0.0) if hist.endswith("b") else 0.0),
+              "b": p.get("b", 0.0), "f": fold}[a]  # fmt: skip
+        lines.append(
+            f"{card:>4} {hist or '-':>4} {p.get('c', 0):6.3f} {p.get('b', 0):6.3f} "
+            f"{fold:6.3f}  {a:>4}  {pa:6.3f}"
+        )
+    return lines
 
 
 def untrained_value(workdir: str) -> float | None:
@@ -110,6 +134,14 @@ def main(argv):
         f"before {c['before']:+.4f}  first eval (after SFT) {c['first_eval']:+.4f}  "
         f"after {c['after']:+.4f}  best {c['best']:+.4f}  optimum {c['optimum']:+.4f}"
     )
+    rows = [
+        r
+        for r in read_jsonl(os.path.join(_WORKDIR.value, "eval.jsonl"))
+        if "action_probs" in r and _POLICY.value in (-1, r["step"])
+    ]
+    if rows:
+        print(f"decisions at step {rows[-1]['step']}:")
+        print("\n".join(policy_table(rows[-1])))
     write(_WORKDIR.value, c)
     if _OUT.value:
         with open(_OUT.value, "w") as f:

@@ -99,6 +99,9 @@ def get_config() -> ConfigDict:
     # (IcePop) | seq_mis | geo_seq (learner_jax/losses.py docstring); is_cap is its c.
     c.loss.off_policy = config_dict.placeholder(str)
     c.loss.kl_coef = 0.0  # > 0 is refused: no reference model (run_config.check_loss)
+    # Entropy bonus: loss -= entropy_coef * mean full-vocabulary entropy at the sampled
+    # tokens (learner_jax/losses.py); keeps exploration alive (configs/kuhn_poker.py).
+    c.loss.entropy_coef = 0.0
     c.loss.dr_grpo_constant = config_dict.placeholder(float)  # None = padded answer length
 
     c.advantages = ConfigDict()

@@ -54,6 +54,12 @@ region is centred on where the learner is, not on the stale worker that sampled 
 tokens; the gap between the two is corrected by the (truncated) importance weight w.
 With prox == behavior and off_policy='none' every loss is its paper's on-policy form.
 
+Entropy bonus (entropy_coef = alpha > 0, any loss): loss - alpha * 1/sum(m) sum_bt m_bt H_bt,
+H_bt the full-vocabulary entropy of the learner's next-token distribution at the token
+(with gradient), the classic exploration bonus of A3C (Mnih et al., 2016) and PPO
+(Schulman et al., 2017). It keeps every decision's distribution from collapsing before
+the rarely visited follow-up decisions are learned (BUILD_NOTES.md, issue 27: Kuhn).
+
 Deliberate departures from the papers:
 - GRPO/DAPO/Dr. GRPO clip the ratio to the worker's (old) policy; we clip r = pi/pi_prox
   and carry pi_prox/pi_behavior as a separate stop-gradient weight (decoupled PPO).
@@ -97,6 +103,7 @@ class LossInputs:
     loss_mask: jax.Array  # [B, T] 1 on completion tokens only
     ref_logp: jax.Array | None = None  # [B, T] frozen reference policy (KL)
     seq_mask: jax.Array | None = None  # [B] 0 drops a sequence (filtered group, padding)
+    entropy: jax.Array | None = None  # [B, T] full-vocabulary entropy (entropy_coef > 0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,6 +116,7 @@ class LossConfig:
     kl_coef: float = 0.0
     dr_grpo_constant: float | None = None  # None: T, the padded completion length
     off_policy: str | None = None  # one of OFF_POLICY; None: from is_mode (module docstring)
+    entropy_coef: float = 0.0  # alpha of the entropy bonus (module docstring); 0 = off
 
     def __post_init__(self):
         if self.name not in _LOSSES:
@@ -130,6 +138,8 @@ class LossConfig:
             raise ValueError(f"is_cap must be > 0, got {self.is_cap}")
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if self.entropy_coef < 0:
+            raise ValueError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
         if self.dr_grpo_constant is not None and self.dr_grpo_constant <= 0:
             raise ValueError(f"dr_grpo_constant must be > 0, got {self.dr_grpo_constant}")
 
@@ -170,8 +180,16 @@ def available_losses() -> list[str]:
 
 
 def compute_loss(logp: jax.Array, batch: LossInputs, cfg: LossConfig):
-    """The loss named by cfg.name."""
-    return get_loss(cfg.name)(logp, batch, cfg)
+    """The loss named by cfg.name, minus the entropy bonus when cfg.entropy_coef > 0."""
+    loss, metrics = get_loss(cfg.name)(logp, batch, cfg)
+    if cfg.entropy_coef > 0:
+        if batch.entropy is None or batch.entropy.shape != logp.shape:
+            raise ValueError("entropy_coef > 0 needs batch.entropy, shaped like logp")
+        m, _, _ = _token_mask(batch)
+        bonus = _masked_mean(batch.entropy, m)
+        loss = loss - cfg.entropy_coef * bonus
+        metrics = dict(metrics, loss=jax.lax.stop_gradient(loss))
+    return loss, metrics
 
 
 # ----------------------------------------------------------------------------- helpers

@@ -211,6 +211,7 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
             advantages=mb.advantages,
             loss_mask=mb.loss_mask,
             seq_mask=mb.seq_mask,
+            entropy=entropy if step_cfg.loss.entropy_coef > 0 else None,
         )
         loss, metrics = losses.compute_loss(logp, inputs, step_cfg.loss)
         # mismatch/kl: k3 estimate of KL(behavior || learner) on rows the learner's current

@@ -9,10 +9,11 @@ Episode seed s: the deal and seat are situation s % 12 (6 deals x 2 seats, so a 
 seed is a uniform deal), the opponent's mixed strategy draws from `random.Random(s)`.
 
 Text (short, for the character-level tiny model; one letter per action):
-    reset   "Kuhn Q. you:"                  (model first)
-            "Kuhn Q. opp b. you:"           (model second, the opponent bet)
+    reset   "Kuhn Q. you Q:"                (model first)
+            "Kuhn Q. opp b. you Q:"         (model second, the opponent bet)
     step    "c"/"check"/"call", "b"/"bet", "f"/"fold" (first word, case-insensitive);
-            anything else folds. Next observation e.g. " opp b. you:".
+            anything else folds. Next observation e.g. " opp b. you Q:" (the card is
+            restated before every answer).
 
 Exact evaluation: the model decides at 12 information sets (card x history "", "cb" in
 the first seat, "b", "c" in the second). `expected_reward(policy)` enumerates every deal,
@@ -145,8 +146,28 @@ def uniform_policy(card: str, history: str) -> dict[str, float]:
     return {a: 1.0 / 3 for a in ACTIONS}
 
 
+@functools.cache
+def sft_teacher() -> dict[tuple[str, str], dict[str, float]]:
+    """The format teacher's strategy: per information set, half uniform and half a fixed
+    random draw (seeded, chosen without looking at rewards), so every action keeps >= 1/6
+    and the answer depends on the card and the history."""
+    rng = random.Random("kuhn_poker/sft_teacher")
+    out = {}
+    for key in INFO_SETS:
+        draw = [rng.expovariate(1.0) for _ in ACTIONS]  # a flat Dirichlet sample
+        out[key] = {a: 0.5 / 3 + 0.5 * d / sum(draw) for a, d in zip(ACTIONS, draw, strict=True)}
+    return out
+
+
 def _describe(action: str) -> str:
     return f" opp {action}."
+
+
+def _ask(card: str) -> str:
+    """The prompt for a decision restates the model's card right before it answers: the
+    tiny character-level policy read the card at the start of the text not at all
+    (BUILD_NOTES.md, issue 27: every information set's policy was the same)."""
+    return f" you {card}:"
 
 
 @register_env("kuhn_poker", max_turns=2, turn_max_tokens=1)
@@ -160,7 +181,7 @@ class KuhnPoker(Environment):
         text = f"Kuhn {self.model}."
         if self.seat == 1:
             text += _describe(self._opponent_acts())
-        return text + " you:"
+        return text + _ask(self.model)
 
     def _opponent_acts(self) -> str:
         p = _opponent_p(self.history, self.opp)
@@ -184,18 +205,24 @@ class KuhnPoker(Environment):
         text = _describe(self._opponent_acts())
         if _terminal(self.history):
             return text + f" end {self.opp}.", self._result(), True
-        return text + " you:", 0.0, False
+        return text + _ask(self.model), 0.0, False
 
     def unfinished_reward(self) -> float:
         return -1.0  # a hand left unplayed counts as a fold (stalling must not pay)
 
     def demonstrations(self, seed: int) -> Iterator[tuple[str, str]]:
-        """Format only, no strategy: each first decision answered by a uniformly random
-        action letter (the uniform policy earns -0.37 chips per hand; SFT on these teaches
-        the action format, RL has to find the strategy)."""
+        """Format, no strategy: each first decision answered by a random action letter from
+        `sft_teacher()`, a mixed strategy drawn at random per information set (not from
+        rewards). It differs between information sets on purpose: a teacher that answers the
+        same way everywhere (the first version: uniform letters) trains the policy to
+        ignore its card and the history, and RL never recovered from that (BUILD_NOTES.md,
+        issue 27). SFT on these teaches the action format, RL has to find the strategy."""
         rng = random.Random(f"kuhn_poker/sft/{seed}")
+        teacher = sft_teacher()
         while True:
-            yield self.reset(rng.randrange(1 << 62)), rng.choice(ACTIONS)
+            prompt = self.reset(rng.randrange(1 << 62))
+            probs = teacher[(self.model, self.history)]
+            yield prompt, rng.choices(ACTIONS, weights=[probs[a] for a in ACTIONS])[0]
 
     def exact_eval(self) -> ExactEval:
         points = decision_points()
@@ -213,9 +240,9 @@ def decision_points() -> list[tuple[tuple[str, str], list[str]]]:
     out = []
     for card, h in INFO_SETS:
         if h == "":
-            out.append(((card, h), [f"Kuhn {card}. you:"]))
+            out.append(((card, h), [f"Kuhn {card}.{_ask(card)}"]))
         elif h == "cb":
-            out.append(((card, h), [f"Kuhn {card}. you:", "c", _describe("b") + " you:"]))
+            out.append(((card, h), [f"Kuhn {card}.{_ask(card)}", "c", _describe("b") + _ask(card)]))
         else:
-            out.append(((card, h), [f"Kuhn {card}.{_describe(h)} you:"]))
+            out.append(((card, h), [f"Kuhn {card}.{_describe(h)}{_ask(card)}"]))
     return out

@@ -53,9 +53,10 @@ class EvalLog:
         row = {"tag": tag, "step": lrn.step, "accuracy": acc, "time": time.time(), **summary}
         self.extras = {k: v for k, v in summary.items() if k != "eval/accuracy"}
         if self.exact is not None:
-            row["expected_reward"] = self.exact.expected_reward(
-                lrn.policy_params, lrn.mesh, lrn.rules
-            )
+            probs = self.exact.action_probs(lrn.policy_params, lrn.mesh, lrn.rules)
+            row["expected_reward"] = float(self.exact.exact.value(probs))
+            # per decision point (the task's order): which decision is wrong, and when
+            row["action_probs"] = [{a: round(q, 5) for a, q in p.items()} for p in probs]
             row["optimum"] = self.exact.optimum
             row.update(self.exact.policy_stats(lrn.policy_params, lrn.mesh, lrn.rules))
             self.extras = {

@@ -6,6 +6,7 @@ buffered. The "worker" here plays Kuhn poker with scripted actions on its own co
 environment, exactly as rollout_gpu/episodes.py does with sampled ones."""
 
 import os
+import re
 
 import httpx
 import pytest
@@ -144,10 +145,12 @@ def _refused(served, mutate, status=422, match=""):
 @pytest.mark.parametrize("fake", [" opp c. you:", " opp b. you: "])
 def test_made_up_environment_tokens_are_refused(served, fake):
     def lie(trajs, group, codec):
-        t = trajs[0]  # "c", then the opponent's bet " opp b. you:": claim something else
+        t = trajs[0]  # "c", then the opponent's bet " opp b. you Q:": claim something else
         mask = t["completion_mask"]
         i, n = mask.index(0), mask.count(0)
-        assert codec.decode(t["completion_token_ids"][i : i + n]) == " opp b. you:"
+        assert re.fullmatch(
+            r" opp b\. you [JQK]:", codec.decode(t["completion_token_ids"][i : i + n])
+        )
         ids = codec.encode(fake)
         t["completion_token_ids"][i : i + n] = ids
         mask[i : i + n] = [0] * len(ids)
