@@ -103,8 +103,10 @@ def audit(db_path: str, accepted: list, consumed: list, group_size: int) -> dict
     kv = {r["key"]: json.loads(r["value"]) for r in conn.execute("SELECT key, value FROM kv")}
     conn.close()
     held = {g: r for g, r in rows.items() if r["state"] in ("buffered", "consumed")}
-    told = collections.Counter(gid for gid, _ in accepted)
-    last_lease = dict(accepted)  # a group accepted again after a stale drop: the last one
+    told = collections.Counter(gid for gid, *_ in accepted)
+    # A group accepted again after a stale drop is stored under the last acceptance in time
+    # (the client processes' lists are concatenated, not interleaved: sort by wall time).
+    last_lease = {gid: lease for gid, lease, *_ in sorted(accepted, key=lambda a: a[2:])}
     dropped = kv.get("staleness/dropped", 0)
     missing = [g for g in told if g not in rows]
     requeued = [g for g in told if g in rows and g not in held]

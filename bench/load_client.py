@@ -34,7 +34,9 @@ class Recorder:
         self.latency = collections.defaultdict(list)  # endpoint -> [seconds]
         self.status = collections.Counter()  # "endpoint status" -> count
         self.transport_errors = collections.Counter()  # endpoint -> count
-        self.accepted: list[tuple[int, str]] = []  # (group id, lease id)
+        # (group id, lease id, wall time): the time orders one group's acceptances across
+        # client processes (a group accepted again after a stale drop is stored under the last)
+        self.accepted: list[tuple[int, str, float]] = []
         self.duplicates = 0
         self.leases = 0
         self.reasons = collections.Counter()
@@ -166,7 +168,7 @@ class Fleet:
                 # After a lost reply (the controller was killed), "duplicate" is the
                 # acceptance that reply carried.
                 got = resp["accepted"] + (resp["duplicates"] if retried else [])
-                rec.accepted += [(gid, lease["lease_id"]) for gid in got]
+                rec.accepted += [(gid, lease["lease_id"], time.time()) for gid in got]
                 rec.submitted.append((time.monotonic() - rec.t0, len(got)))
                 rec.duplicates += len(resp["duplicates"])
                 if resp["swap_to"] is not None:

@@ -76,6 +76,14 @@ class LeaseTiming:
             worker_version, next_step, self.staleness, period, since
         )
 
+    def until_next_batch_s(self, now: float) -> float:
+        """Seconds until the learner's next batch is due at its measured pace (0 when unknown
+        or overdue). Until then a lease's window only shrinks, so a worker refused as too
+        slow cannot be admitted sooner: asking again before then is only load."""
+        if self.step_period_s is None or self.last_batch_at is None:
+            return 0.0
+        return max(0.0, self.last_batch_at + self.step_period_s - now)
+
     def fresh_enough(self, worker_id: str, worker_version: int, next_step: int, now: float):
         """(ok, latency, window): False only on a recent late lease and a too-long latency."""
         lat, window = self.latency.get(worker_id), self.window_s(worker_version, next_step, now)

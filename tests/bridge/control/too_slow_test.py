@@ -7,6 +7,7 @@ import logging
 import pytest
 from controller_helpers import Clock, make, submit_all, worker
 
+from bridge.control.lease_timing import _Latency
 from bridge.control.protocol import LeaseRequest
 
 
@@ -54,6 +55,30 @@ def test_a_worker_too_slow_for_the_staleness_bound_gets_no_work(tmp_path):
     clock.t += 1.0  # wait 6 s
     assert ctl.lease(slow, LeaseRequest(worker_version=6)).lease is not None
     assert ctl.stats()["fleet/too_slow_workers"] == 0
+
+
+def test_a_refused_worker_is_told_to_ask_again_when_the_next_batch_is_due(tmp_path):
+    """Before the learner's next batch a lease's window only shrinks, so the refusal's
+    retry_after_s is the time until that batch (at least the base retry_after_s)."""
+    clock, train_s = Clock(), 5.0
+    ctl = make(tmp_path, clock, staleness=0, groups_per_step=1, max_groups_per_lease=1,
+               retest_slow_after_s=1000.0, retry_after_s=0.5)  # fmt: skip
+    ctl.publish(0)
+    slow, fast = worker(ctl), worker(ctl)
+    for step in range(3):  # batches every 5.1 s
+        lease = ctl.lease(fast, LeaseRequest(worker_version=step)).lease
+        clock.t += 0.1
+        submit_all(ctl, fast, lease, versions=(step, step, step))
+        assert ctl.take_batch(step, 1)[0] is not None
+        clock.t += 2.0 if step == 2 else train_s  # 2.0 s after the last batch
+        ctl.publish(step + 1)
+    # The slow worker's last lease took 30 s and came back stale (as lease_timing records).
+    ctl.timing.latency[slow] = _Latency(seconds=30.0, measured_at=clock.t, late=True)
+    r = ctl.lease(slow, LeaseRequest(worker_version=3))
+    assert r.reason == "too_slow" and r.retry_after_s == pytest.approx(5.1 - 2.0)
+    clock.t += 3.5  # overdue: the window grows again with the wait, so the base retry
+    r = ctl.lease(slow, LeaseRequest(worker_version=3))
+    assert r.reason == "too_slow" and r.retry_after_s == pytest.approx(0.5)
 
 
 def one_lease_then_batches(tmp_path, batches, **cfg):
