@@ -132,6 +132,25 @@ def canary_failures(log_lines) -> list[str]:
     return [x for x in log_lines if "could not load version" in x and "Canary" in x]
 
 
+def exclusions(rows: list[dict]) -> list[dict]:
+    """Per binary run (the broadcast counters restart at 0): seconds and learner steps from
+    the run's first logged step to the first step the peer was out of the chain, and why."""
+    runs, out = [], []
+    for r in rows:
+        if not runs or r["broadcast/corrupt_reports"] < runs[-1][-1]["broadcast/corrupt_reports"]:
+            runs.append([])
+        runs[-1].append(r)
+    for run in runs:
+        hit = next((r for r in run if r["broadcast/excluded"]), None)
+        out.append({
+            "first_step": run[0]["step"],
+            "excluded_after_steps": hit["step"] - run[0]["step"] if hit else None,
+            "excluded_after_s": round(hit["time/wall"] - run[0]["time/wall"], 1) if hit else None,
+            "by": None if not hit else "proof" if hit["broadcast/corrupt_proven"] else "lies",
+        })  # fmt: skip
+    return out
+
+
 def verdict(peer: dict, metrics_rows: list[dict], worker_log_lines: list[str]) -> dict:
     """The soak's class-1 check (module docstring)."""
     rows = [r for r in metrics_rows if "broadcast/excluded" in r]  # the controller's stats
@@ -164,6 +183,7 @@ def verdict(peer: dict, metrics_rows: list[dict], worker_log_lines: list[str]) -
         "honest_excluded_at_steps": honest_excluded[:5],
         "false_reports_sent": peer.get("false_reports", 0),
         "false_reports_withdrawn": false,
+        "exclusions": exclusions(rows),
         "honest_swaps": swaps,
         "poisoned_loads": poisoned[:3],
         "peer": peer,

@@ -58,12 +58,19 @@ SWAP = "I1205 worker.py] now serving version 7 (swap 0.2s, canary ok)\n"
 
 
 def rows(**over):
-    return [{"step": 1, "loss": 0.1}, dict(ROW, step=2, **over)]
+    return [{"step": 1, "loss": 0.1}, dict(ROW, step=2, **{"time/wall": 5.0}, **over)]
 
 
 def test_verdict_passes_a_run_where_the_peer_was_caught():
     v = chaos_peer.verdict(PEER, rows(), [SWAP])
     assert v["ok"], v
+    zero = {k: 0 for k in ROW}  # a rerun: the controller's counters start again
+    restart = dict(zero, step=3, **{"time/wall": 9.0})
+    later = dict(ROW, step=5, **{"time/wall": 12.5})
+    assert chaos_peer.exclusions(rows()[1:] + [restart, later]) == [
+        {"first_step": 2, "excluded_after_steps": 0, "excluded_after_s": 0.0, "by": "proof"},
+        {"first_step": 3, "excluded_after_steps": 2, "excluded_after_s": 3.5, "by": "proof"},
+    ]
 
 
 @pytest.mark.parametrize(
