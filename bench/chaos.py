@@ -2,12 +2,13 @@
 
     python -m bench.chaos --out=/tmp/chaos.json [--minutes=10] [--seed=0] [--workers=3] \
         [--config=configs/tiny_arith.py] [--workdir=/tmp/echo2_chaos] [--set KEY=VALUE ...] \
-        [--faults=worker_kill,binary_kill,binary_restart,sigstop,corrupt,garbage] [--no-baseline]
+        [--faults=worker_kill,...,hostile_workers,hostile_peer] [--no-baseline] [--sft_from=DIR]
 
 One SFT warm start runs first (bench/arms.py); the soak and the fault-free baseline each
 start from a copy. The training binary runs with `local_workers=0` on a fixed controller
 port; the bench runs `--workers` `python -m rollout_gpu.worker` processes itself (joined
-with `<workdir>/join_token`, relay off so every worker reads the store), restarting any
+with `<workdir>/join_token`, relay off so every worker reads the store, unless fault
+`hostile_peer` makes the broadcast a relay chain: bench/chaos_peer.py), restarting any
 that exits (bench/chaos_soak.py). Faults, at seeded times within `--minutes`: kill -9 of a
 worker (restarted), kill -9 of the binary twice (rerun with the same workdir: it resumes
 from its checkpoint), a graceful restart (SIGINT, rerun: the controller restarts between
@@ -36,7 +37,7 @@ import sys
 import threading
 import time
 
-from bench import arms, chaos_audit, chaos_hostile
+from bench import arms, chaos_audit, chaos_hostile, chaos_peer
 from bench.chaos_soak import Soak
 
 LEASE_TTL_S = 60.0  # bridge/control/controller.py ControllerConfig.lease_ttl_s
@@ -48,6 +49,7 @@ ALL_FAULTS = (
     "corrupt",
     "garbage",
     "hostile_workers",
+    "hostile_peer",
 )
 
 
@@ -57,6 +59,8 @@ def schedule(faults: list[str], seconds: float, rng: random.Random) -> list[tupl
     j = lambda lo, hi: seconds * rng.uniform(lo, hi)  # noqa: E731
     if "hostile_workers" in faults:  # they stay for the whole soak (bench/chaos_hostile.py)
         plan.append((j(0.0, 0.02), "hostile_workers"))
+    if "hostile_peer" in faults:  # a corrupting relay, for the whole soak (bench/chaos_peer.py)
+        plan.append((j(0.0, 0.02), "hostile_peer"))
     if "sigstop" in faults:
         plan.append((j(0.02, 0.06), "sigstop"))
     if "binary_kill" in faults:
@@ -80,7 +84,7 @@ def vocab_size(workdir: str) -> int:
 def soak(config, base, workdir, overrides, n_workers, seconds, faults, seed, corrupt_count) -> dict:
     wd = os.path.join(workdir, "soak")
     shutil.copytree(base, wd)
-    s = Soak(config, wd, overrides, n_workers)
+    s = Soak(config, wd, overrides, n_workers, relay="hostile_peer" in faults)
     try:
         return _soak(s, wd, n_workers, seconds, faults, seed, corrupt_count)
     finally:
@@ -99,7 +103,7 @@ def _soak(s: Soak, wd: str, n_workers, seconds, faults, seed, corrupt_count) -> 
         raise RuntimeError(f"the soak never trained; see {wd}/binary-0.log")
     s.t0 = time.time()
     s.event("start", "learner", f"training; {n_workers} workers")
-    corrupt, hostile, hostile_workers = [], [], []
+    corrupt, hostile, hostile_workers, peer = [], [], [], None
     for at, fault in plan:
         time.sleep(max(0.0, at - (time.time() - s.t0)))
         if s.binary.poll() is not None:
@@ -122,8 +126,18 @@ def _soak(s: Soak, wd: str, n_workers, seconds, faults, seed, corrupt_count) -> 
                 secret = f.read().strip()
             hostile_workers = chaos_hostile.start(s.url, secret, wd, seed=seed)
             s.event("hostile_workers", "fleet", ", ".join(chaos_hostile.CLASSES))
+        elif fault == "hostile_peer":
+            with open(os.path.join(wd, "join_token")) as f:
+                peer = chaos_peer.start(s.url, f.read().strip())
+            s.event("hostile_peer", "fleet", "corrupting relay that lies about its parent")
     time.sleep(max(0.0, seconds - (time.time() - s.t0)))
     hostile_results = [w.stop() for w in hostile_workers]
+    peer_result = peer.stop() if peer is not None else None
+    if peer_result:
+        p = peer_result
+        s.event("hostile_peer", ",".join(p["worker_ids"]) or "?",
+                f"served {p['tampered_chunks']} altered chunks over {p['tampering_s']} s, "
+                f"{p['false_reports']} false reports")  # fmt: skip
     for r in hostile_results:
         s.event(f"hostile_{r['class']}", r["worker_id"] or "?",
                 f"statuses {r['statuses']}, accepted {r['accepted_groups']} groups, "
@@ -153,6 +167,14 @@ def _soak(s: Soak, wd: str, n_workers, seconds, faults, seed, corrupt_count) -> 
                for h in hostile if h.get("worker_id")]  # fmt: skip
     quarantined = {w for _, w in s.obs.quarantined}
     result["checks"]["quarantine"] = chaos_hostile.verdict(hostile_results + garbage, quarantined)
+    if peer_result is not None:  # 7. A corrupting relay poisons no one and is excluded.
+        with open(os.path.join(wd, "metrics.jsonl")) as f:
+            rows = [json.loads(x) for x in f]
+        lines = []
+        for i in range(n_workers):
+            with open(os.path.join(s.wlogs, f"worker-{i}.log"), errors="replace") as f:
+                lines += f.readlines()
+        result["checks"]["hostile_peer"] = chaos_peer.verdict(peer_result, rows, lines)
     result["ok"] = all(c["ok"] for c in result["checks"].values())
     for rec in corrupt:
         rec.pop("manifest", None)
@@ -228,10 +250,17 @@ def run(
     faults=ALL_FAULTS,
     with_baseline=True,
     corrupt_count=2,
+    sft_from=None,
 ) -> dict:
     overrides = ["total_steps=100000", "checkpoint.interval=5", *overrides]
     sft = [o for o in overrides if not o.startswith("total_steps=")]
-    base = arms.warm_start(config, workdir, sft)
+    if sft_from:  # an earlier run's warm start of the same config (saves its ~8 min here)
+        if os.path.abspath(sft_from).startswith(os.path.abspath(workdir) + os.sep):
+            raise ValueError(f"--sft_from={sft_from} is inside --workdir, which is wiped")
+        shutil.rmtree(workdir, ignore_errors=True)
+        base = shutil.copytree(sft_from, os.path.join(workdir, "sft"))
+    else:
+        base = arms.warm_start(config, workdir, sft)
     soaked = soak(
         config, base, workdir, overrides, workers, minutes * 60, list(faults), seed, corrupt_count
     )
@@ -279,6 +308,7 @@ def main():
     p.add_argument("--faults", default=",".join(ALL_FAULTS))
     p.add_argument("--corrupt_versions", type=int, default=2, help="consecutive versions")
     p.add_argument("--no-baseline", dest="baseline", action="store_false")
+    p.add_argument("--sft_from", default="", help="copy this warm start instead of training")
     a = p.parse_args()
     r = run(
         a.out,
@@ -291,6 +321,7 @@ def main():
         a.faults.split(","),
         a.baseline,
         a.corrupt_versions,
+        a.sft_from,
     )
     sys.exit(0 if r["ok"] else 1)
 

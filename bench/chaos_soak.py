@@ -29,12 +29,14 @@ def free_port() -> int:
 class Soak:
     """One run directory: the binary (rerun as needed), the bench's workers, the events."""
 
-    def __init__(self, config: str, workdir: str, overrides: list[str], n_workers: int):
-        self.config, self.workdir, self.n = config, workdir, n_workers
+    def __init__(self, config: str, workdir: str, overrides: list[str], n_workers: int,
+                 relay: bool = False):  # fmt: skip
+        self.config, self.workdir, self.n, self.relay = config, workdir, n_workers, relay
         self.port = free_port()
         self.overrides = [
             "local_workers=0",
             f"controller.port={self.port}",
+            *(["bridge.broadcast=chain"] if relay else []),  # peers relay chunks (chaos_peer)
             *overrides,
         ]
         self.url = f"http://127.0.0.1:{self.port}"
@@ -131,7 +133,7 @@ class Soak:
             "--max_num_seqs=64",
             "--cpu_kvcache_gib=1",
             f"--seed={1000 + i}",
-            "--norelay",
+            "--relay" if self.relay else "--norelay",
             "--max_backoff_s=2",
             "--grace_s=5",
             f"--region=chaos-{i}",
