@@ -159,7 +159,7 @@ def test_micro_batches_equal_full_batch(step_cfg):
         # The audit's per-row sums come back in batch row order whatever the micro-batching,
         # and they add up to the step's mismatch metric.
         rows = {k: v for k, v in ma.items() if k.startswith(train_step.ROWS)}
-        names = ("k3", "logratio", "tokens", "dev", "var")
+        names = ("k3", "logratio", "tokens", "dev", "var", "evidence")
         assert set(rows) == {train_step.ROWS + n for n in names}
         for key, value in rows.items():
             # A row sums up to T log-prob-sized terms (squared ones for the variance): its
