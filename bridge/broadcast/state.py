@@ -77,6 +77,7 @@ class BroadcastState:
         self.reporters: set[str] = set()  # workers that fetch through PeerSwap (report)
         self.corrupt_reports = 0
         self._rebuild_for: int = -1
+        self._pruned_at = float("-inf")
         # (worker, version) -> every relay URL routed to it for that version (parent first)
         self.routed: dict[tuple[str, int], list[str]] = {}
         # parent -> (version, bytes/s, payload bytes of the fetch it was measured on)
@@ -102,7 +103,8 @@ class BroadcastState:
     def heartbeat(self, worker_id: str, hb, now: float) -> None:
         """Record a heartbeat's broadcast fields (protocol.Heartbeat)."""
         with self.lock:
-            self._prune(now)
+            if now - self._pruned_at >= 1.0:  # O(fleet): once a second, not per heartbeat
+                self._prune(now)
             self.last_seen[worker_id] = now
             self.suspect.discard(worker_id)
             url = getattr(hb, "relay_url", "") or ""
@@ -202,6 +204,7 @@ class BroadcastState:
         self.suspect.discard(worker_id)
 
     def _prune(self, now: float) -> None:
+        self._pruned_at = now
         for w, t in list(self.last_seen.items()):
             if now - t > self.worker_timeout_s:
                 self._forget(w)

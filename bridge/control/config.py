@@ -36,6 +36,10 @@ class ControllerConfig:
     refuse_too_slow: bool = True  # freshness-aware leasing (bridge/control/lease_timing.py)
     retest_slow_after_s: float = 60.0  # a too-slow worker's latency is re-measured this often
     retry_after_s: float = 0.5
+    # Fleet-wide lease asks/s aimed at from workers refused for a full admission window:
+    # each is told to ask again after retry_after_s plus up to waiting workers / this
+    # (refusal_pacing.py). 0: no spread.
+    lease_retry_budget_per_s: float = 100.0
     seed: int = 0
     reward_timeout_s: float = 5.0  # per completion, in the reward pool (rewards.py)
     # A multi-turn task's episode budget: completion tokens in all, model and environment

@@ -278,7 +278,8 @@ class Controller(LearnerCalls):
             profile = self.workers.profile(worker_id)
             lease, reason, retry = self.leasing.offer(worker_id, req, ann.version, profile)
             if lease is None and eval_idle(reason, self.leasing.room(ann.version, ann.version)):
-                live = self.workers.live_versions(now)  # eval_leases.py: idle capacity only
+                # eval_leases.py: idle capacity only; the live fleet only if evals need it
+                live = None if self.evals.idle() else self.workers.live_versions(now)
                 ev, more = self.evals.offer(worker_id, req.worker_version, now, req.max_groups,
                                             newest=ann.version, live=live)  # fmt: skip
                 if ev is not None:  # exactly the worker's version

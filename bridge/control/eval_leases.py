@@ -222,6 +222,12 @@ class EvalBoard:
             for v in [v for v, w in self.holders.items() if w == worker_id]:
                 del self.holders[v]
 
+    def idle(self) -> bool:
+        """Nothing queued to evaluate and nobody held: `offer` needs no view of the live
+        fleet (building it is O(fleet) per refused lease: 11% of a 2000-worker controller)."""
+        with self._lock:
+            return not (self.pending or self.holders)
+
     def owns(self, lease_id: str) -> bool:
         return lease_id.startswith(LEASE_PREFIX)
 

@@ -8,7 +8,8 @@ on the worker's version (run over, nothing published, inactive).
 
 Admission (the rule and its derivation: bridge/contracts/staleness.py): a lease at version
 x may bring leased + buffered groups up to `admission_capacity(x, t, S, g)`, x being the
-worker's version, at most the newest published P. A worker more than m
+worker's version, at most the newest published P; with no room the answer is "full", and the
+idle fleet's asks are spread to a fleet-wide budget (refusal_pacing.py). A worker more than m
 (`max_version_lag`) versions behind P gets no work, only `swap_to` (reason "behind"),
 except one fetching P in the background (peer broadcast, `fetching_version`) or unable to
 load it (`unloadable_version`), which works one version behind: the broadcast overlaps
@@ -36,6 +37,7 @@ from bridge.control.lease_content import LeaseContent
 from bridge.control.lease_timing import LeaseTiming
 from bridge.control.prompt_stream import PromptStream
 from bridge.control.protocol import Lease, LeaseRequest, WorkerProfile
+from bridge.control.refusal_pacing import RefusalPacing
 
 
 class Leasing:
@@ -56,6 +58,7 @@ class Leasing:
         self.held_back = held_back
         self.timing, self.prompts, self.content = timing, prompts, content
         self._unloadable_logged: set[int] = set()  # versions a worker reported it cannot load
+        self.pacing = RefusalPacing(config)  # when a worker refused as "full" asks again
 
     def capacity(self, version: int, newest: int) -> int:
         """How many groups may be leased + buffered now for a lease generated at `version`
@@ -114,14 +117,16 @@ class Leasing:
         version, step = min(req.worker_version, newest), self.db.get("next_step", 0)
         room = self.room(version, newest)
         k = min(req.max_groups, c.max_groups_per_lease, room, worker_room)
-        if room <= 0:
+        if room <= 0:  # nobody is admitted before the next batch: the asks spread out
             self.held_back(worker_id, now)
-        if k <= 0:
+            return None, "full", self.pacing.full_retry_s(worker_id, now)
+        if k <= 0:  # this worker holds all it may: room opens when it submits
             return None, "full", c.retry_after_s
         if not self.timing.admit(worker_id, version, step, now, profile.price_per_hour):
             self.held_back(worker_id, now)
             # 2000 refused workers asking every retry_after_s were 290 leases/s of load.
             return None, "too_slow", max(c.retry_after_s, self.timing.until_next_batch_s(now))
+        self.pacing.admitted(worker_id)
         self._refill(k)
         rows = self.db.groups_in("queued", k)
         lease_id, expires = uuid.uuid4().hex, now + c.lease_ttl_s
