@@ -13,25 +13,20 @@ reference the controller (prime-rl's orchestrator is the model):
 - `intake` (intake.py): a submission checked, scored outside the lock (`scorer`,
   rewards.py), then accepted atomically; resubmissions are no-ops.
 - `learner` (learner_api.py): staleness-aware batches and the checkpoint cursor.
-- `auditor` (audit.py): the behaviour log-prob audit and quarantine, kept in the database
-  so a restart keeps them.
+- `auditor` (audit.py): the log-prob audit and quarantine, kept in the database.
 - `timing` (lease_timing.py): the step period and per-worker lease latency ("too_slow").
-- `fleet` (fleet_plan.py): capacity model on measured inputs and cost-aware activation;
-  with `activation` on, workers off the cheapest covering set are told `active=false` and
-  get no leases (reason "inactive").
+- `fleet` (fleet_plan.py): capacity model on measured inputs and cost-aware activation
+  (with `activation` on, workers off the cheapest covering set get reason "inactive").
 - `broadcast` (bridge/broadcast/state.py): relay routes in every heartbeat/lease answer.
-- `run_end` (run_end.py): after `end_run()` every poll answers `run_over`.
-- `limits` (limits.py): per-worker request rates, lease counts ("lease_limit"), token lifetimes.
+- `run_end` (run_end.py): after `end_run()` every poll answers `run_over`; `limits`
+  (limits.py): per-worker request rates, lease counts ("lease_limit"), token lifetimes.
 - `evals` (eval_leases.py): evaluation leases, only to capacity rollouts leave idle.
-
 Leases expire `lease_ttl_s` after issue, renewed by heartbeats; expired or released work goes
 back to the front of the queue. A heartbeat takes no lock and no SQLite (hot_state.py).
-`status()` is the fleet table of `python -m bridge.status` (fleet_status.py).
 
-Trust: the controller builds each leased prompt's token ids itself (`codec`, the run's
-tokenizer) and refuses a group generated from other ids; it scores every completion itself
-and never sends reference answers out; `audit` quarantines a worker whose behaviour
-log-probs stray from the learner's.
+Trust: the controller builds each leased prompt's token ids itself (`codec`) and refuses
+a group generated from other ids; it scores every completion itself, never sends reference
+answers out; `audit` quarantines a worker whose log-probs stray from the learner's.
 """
 
 from __future__ import annotations
@@ -256,7 +251,13 @@ class Controller(LearnerCalls):
             return self.leasing.capacity(newest if version is None else version, newest)
 
     def lease(self, worker_id: str, req: LeaseRequest) -> LeaseResponse:
-        with self._op():
+        r = self._lease(worker_id, req)
+        if r.lease is not None and not self.evals.owns(r.lease.lease_id):
+            self.db.sync()  # a grant is on disk before its reply; a refusal promises nothing
+        return r
+
+    def _lease(self, worker_id: str, req: LeaseRequest) -> LeaseResponse:
+        with self._op(durable=False):
             c, now = self.config, self.clock()
             self.db.expire_leases(now)
             self.learner.drop_stale(self.db.get("next_step", 0))

@@ -20,7 +20,7 @@ from controller_helpers import dump, make, register, worker
 
 from bridge.control import service as service_lib
 from bridge.control.db import ControllerDB
-from bridge.control.protocol import Heartbeat
+from bridge.control.protocol import Heartbeat, LeaseRequest
 from bridge.control.service import ServerOptions, serve_controller
 from tests.controller_helpers import submission_json
 
@@ -112,6 +112,32 @@ def test_acknowledged_submission_waits_for_its_fsync_heartbeat_does_not(service)
     release.set()
     t.join(30)
     assert replies[0].status_code == 200 and replies[0].json()["accepted"]
+
+
+def test_a_lease_grant_waits_for_its_fsync_a_refusal_does_not(tmp_path):
+    """A refusal ("full", "behind") promises nothing, so it is answered while the disk
+    works: 2000 workers' refusals each waited for an fsync before."""
+    ctl = make(tmp_path, staleness=0, groups_per_step=1, max_groups_per_lease=1)
+    ctl.publish(0)
+    a, b = worker(ctl), worker(ctl)
+    entered, release = _blocking_fsync(ctl.db.group_commit)
+    replies = {}
+
+    def ask(w):
+        replies[w] = ctl.lease(w, LeaseRequest(worker_version=0, max_groups=1))
+
+    grant = threading.Thread(target=ask, args=(a,))
+    grant.start()
+    assert entered.wait(30), "the grant never asked for an fsync"
+    grant.join(0.5)
+    assert grant.is_alive() and a not in replies  # granted, not yet on disk: no reply
+    refusal = threading.Thread(target=ask, args=(b,))
+    refusal.start()
+    refusal.join(10)
+    assert not refusal.is_alive() and replies[b].reason == "full"  # while the disk works
+    release.set()
+    grant.join(30)
+    assert replies[a].lease is not None
 
 
 def test_heartbeat_interval_grows_with_the_fleet(tmp_path):
