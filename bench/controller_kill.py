@@ -85,6 +85,9 @@ def run(args, config, workdir: str, tok_dir: str, codec, db_path: str) -> dict:
     proc.stop()
     clients = load_client.merge([json.load(open(o)) for o in outs])
     result = controller_load.summarize(args, clients, _NoTimer(), stats, wall, steps[0])
+    if killed is not None:  # workers resumed: groups accepted by the restarted controller
+        back = killed["at_s"] + killed["restart_s"]
+        killed["groups_accepted_after"] = sum(n for t, n in clients["submitted"] if t > back)
     result["killed"] = killed
     result["cpu_s"] = {
         "controller": cpu[0],

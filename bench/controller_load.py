@@ -173,6 +173,7 @@ def run(args: argparse.Namespace) -> dict:
         sampling=SamplingParams(max_tokens=args.max_tokens),
         vocab_size=codec.tok.get_vocab_size(),
         register_burst=max(64, args.workers),  # one IP for the whole simulated fleet
+        **({"lease_retry_budget_per_s": args.retry_budget} if args.retry_budget >= 0 else {}),
     )
     if args.kill_at_s > 0:  # the controller in its own process, SIGKILLed mid-run
         from bench import controller_kill
@@ -332,6 +333,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max_tokens", type=int, default=16)
     p.add_argument("--groups_per_step", type=int, default=256)
     p.add_argument("--staleness", type=int, default=2)
+    p.add_argument("--retry_budget", type=float, default=-1.0,
+                   help="lease_retry_budget_per_s (refusal_pacing.py); -1: default")  # fmt: skip
     p.add_argument("--timeout_s", type=float, default=60.0, help="client request timeout")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--workdir", default="")
