@@ -73,14 +73,30 @@ def _child(cfg, workdir, task, codec, options, token_file, resume, logs, authkey
     rpc.serve_forever()  # until the parent stops (SIGTERM) or kills it
 
 
-class _Handle:
-    """The learner's controller: calls go to the child; `config` is the parent's copy."""
+class ControllerDied(RuntimeError):
+    """The learner called the controller and its process was gone."""
 
-    def __init__(self, proxy, config):
-        self._proxy, self.config = proxy, config
+
+class _Handle:
+    """The learner's controller: calls go to the child; `config` is the parent's copy. A
+    call into a dead child raises `ControllerDied`, saying so and how to resume, instead of
+    the manager's bare EOFError / ConnectionResetError."""
+
+    def __init__(self, proxy, config, died):
+        self._proxy, self.config, self._died = proxy, config, died
 
     def __getattr__(self, name):
-        return getattr(self._proxy, name)
+        attr = getattr(self._proxy, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):
+            try:
+                return attr(*args, **kwargs)
+            except (EOFError, ConnectionError) as e:
+                raise ControllerDied(self._died()) from e
+
+        return call
 
 
 class ControllerProcess:
@@ -127,8 +143,18 @@ class ControllerProcess:
         _Manager.register("controller")
         manager = _Manager(address=address, authkey=self._authkey)
         manager.connect()
-        self.controller = _Handle(manager.controller(), self.config)
+        self.controller = _Handle(manager.controller(), self.config, self._death)
         return self
+
+    def _death(self) -> str:
+        if self._proc is not None:
+            self._proc.join(1.0)
+        code = self._proc.exitcode if self._proc is not None else None
+        db = os.path.join(self.args[1], DB_FILE)
+        return (
+            f"the controller process (pid {self.pid}) died (exit code {code}); everything "
+            f"acknowledged is in {db}: rerun the same command to resume"
+        )
 
     def alive(self) -> bool:
         return self._proc is not None and self._proc.is_alive()

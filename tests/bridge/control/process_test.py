@@ -9,10 +9,11 @@ import os
 import sqlite3
 
 import httpx
+import pytest
 from controller_helpers import PROFILE
 
 from bridge.control.config import ControllerConfig
-from bridge.control.process import DB_FILE, ControllerProcess
+from bridge.control.process import DB_FILE, ControllerDied, ControllerProcess
 from bridge.control.protocol import SamplingParams
 from bridge.control.service import ServerOptions, load_or_create_join_secret
 from bridge.tasks import make_task
@@ -60,6 +61,8 @@ def test_kill_9_of_the_controller_process_loses_nothing_acknowledged(tmp_path, t
 
         proc.kill()  # SIGKILL: no shutdown, no flush
         assert not proc.alive()
+        with pytest.raises(ControllerDied, match=r"died \(exit code -9\).*rerun"):
+            ctl.announcement()  # the learner's next call says what happened
         assert _held(workdir) == {g: 2 for g in acked}  # on disk, exactly once
 
         url = proc.url
