@@ -39,7 +39,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import time
 
 from bench import arms
 
@@ -137,6 +139,80 @@ def plot(cells: list[dict], png: str) -> None:
     plt.close(fig)
 
 
+KUHN_RECIPE = [  # F0's recipe (BUILD_NOTES.md, issue 27), pinned against config edits
+    "advantages.name=dr_grpo", "optimizer.learning_rate=5e-4",
+    "sft.steps=100", "sft.batch_size=64", "sft.micro_batch_size=64",
+]  # fmt: skip
+
+
+def cell_overrides(a, task: str, s: int, corr: str, seed: int) -> list[str]:
+    return [
+        f"total_steps={getattr(a, f'steps_{task}')}", f"staleness={s}", "publish_every=1",
+        "controller.refuse_too_slow=False", f"loss.off_policy={corr}", f"seed={seed}",
+        f"rollout.eval_period={getattr(a, f'eval_period_{task}')}",
+        f"optimizer.warmup_steps={getattr(a, f'warmup_{task}')}",
+        *([f"optimizer.learning_rate={a.lr_demo}"] if task == "demo" else []),
+        # a short run learns at the rate a long one starts with: no decay (says the notes)
+        "optimizer.end_lr_fraction=1.0",
+    ]  # fmt: skip
+
+
+def run_task(a, task: str, stales, corrections, seeds) -> list[dict]:
+    """Every cell of one task in this process, fed by one standing pool (sweep_cells.py)."""
+    from bench import sweep_cells
+
+    config_file, key, _ = TASKS[task]
+    target = getattr(a, f"target_{task}")
+    root = os.path.join(a.workdir, task)
+    pinned = KUHN_RECIPE if task == "kuhn" else []
+    # the arms repeat it, or they would resume the SFT phase up to the config's own count
+    sft = [f"sft.steps={a.sft_steps_demo}"] if task == "demo" and a.sft_steps_demo else []
+    given = getattr(a, f"warm_start_{task}")
+    if given:  # an existing SFT workdir of the same config (trials; the sweep runs its own)
+        shutil.rmtree(root, ignore_errors=True)
+        base = os.path.join(root, "sft")
+        shutil.copytree(given, base)
+    else:
+        base = arms.warm_start(config_file, root, [*pinned, *sft, *a.set])
+    t0 = time.monotonic()
+    first = sweep_cells.load(config_file, [*pinned, *sft, *a.set])
+    pool = sweep_cells.Pool(first, os.path.join(root, "pool"), a.throttle_s)
+    fixed = [*pinned, *sft, *pool.overrides(), *a.set]
+    cells = []
+    try:
+        # Warm-up (not cells): the pool's workers start, and one run per correction with
+        # the cells' exact config, stopped after 2 steps, compiles what the cells then load.
+        for corr in corrections:
+            wd = os.path.join(root, f"warmup_{corr}")
+            sweep_cells.copy_warm_start(base, wd)
+            config = sweep_cells.load(config_file, [*fixed, *cell_overrides(a, task, 2, corr, 0)])
+            secs = sweep_cells.run_cell(config, wd, pool, stop_after=2)
+            print(f"{task}: warm-up {corr} {secs:.0f} s", flush=True)
+        print(f"{task}: pool up and warm after {time.monotonic() - t0:.0f} s", flush=True)
+        for s in stales:
+            for corr in corrections:
+                for seed in seeds:
+                    name = f"S{s}_{corr}_seed{seed}"
+                    wd = os.path.join(root, name)
+                    sweep_cells.copy_warm_start(base, wd)
+                    config = sweep_cells.load(
+                        config_file, [*fixed, *cell_overrides(a, task, s, corr, seed)]
+                    )
+                    secs = sweep_cells.run_cell(config, wd, pool)
+                    cell = cell_result(wd, key, target, secs)
+                    cells.append({"task": task, "S": s, "correction": corr, "seed": seed, **cell})
+                    print(
+                        f"  {task} {name}: {cell['quality_before']} -> {cell['quality_final']}, "
+                        f"cell {secs:.1f} s, RL {cell['rl_wall_s']:.1f} s, "
+                        f"staleness {cell['staleness_mean']:.2f}/{cell['staleness_max']}, "
+                        f"util {cell['learner_utilization']:.2f} (load {os.getloadavg()[0]:.1f})",
+                        flush=True,
+                    )
+    finally:
+        pool.close()
+    return cells
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True)
@@ -146,55 +222,45 @@ def main():
     p.add_argument("--staleness", default="0,1,2,4,8")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--corrections", default="none,tis,token_mis")
-    p.add_argument("--steps_demo", type=int, default=30)
-    p.add_argument("--steps_kuhn", type=int, default=40)
+    p.add_argument("--steps_demo", type=int, default=20)
+    p.add_argument("--steps_kuhn", type=int, default=30)
+    p.add_argument("--eval_period_demo", type=int, default=5)
+    p.add_argument("--eval_period_kuhn", type=int, default=10)
+    p.add_argument("--warmup_demo", type=int, default=5)
+    p.add_argument("--warmup_kuhn", type=int, default=10)
+    p.add_argument("--lr_demo", type=float, default=3e-4)
     p.add_argument("--target_demo", type=float, default=TASKS["demo"][2])
     p.add_argument("--target_kuhn", type=float, default=TASKS["kuhn"][2])
     p.add_argument("--sft_steps_demo", type=int, default=0)
+    p.add_argument("--warm_start_demo", default="", help="reuse this SFT workdir (trials)")
+    p.add_argument("--warm_start_kuhn", default="", help="reuse this SFT workdir (trials)")
     p.add_argument("--throttle_s", type=float, default=1.0)
     p.add_argument("--workdir", default="/tmp/echo2_staleness_sweep")
+    p.add_argument("--compile_cache", default="", help="default: WORKDIR/jax_cache")
     p.add_argument("--set", nargs="*", default=[], help="extra KEY=VALUE config overrides")
     a = p.parse_args()
     if a.quick:
         a.staleness, a.seeds, a.corrections = "0,4", "0", "none,tis"
         a.steps_demo = a.steps_kuhn = 10
         a.sft_steps_demo = 100
+    from bench import sweep_cells
+
+    sweep_cells.enable_compile_cache(a.compile_cache or os.path.join(a.workdir, "jax_cache"))
     png = a.png or os.path.splitext(a.out)[0] + ".png"
     stales = [int(s) for s in a.staleness.split(",")]
     seeds = [int(s) for s in a.seeds.split(",")]
     corrections = a.corrections.split(",")
+    t0 = time.monotonic()
     cells = []
     for task in a.tasks.split(","):
-        config, key, _ = TASKS[task]
-        steps, target = getattr(a, f"steps_{task}"), getattr(a, f"target_{task}")
-        # the arms repeat it, or they would resume the SFT phase up to the config's own count
-        sft = [f"sft.steps={a.sft_steps_demo}"] if task == "demo" and a.sft_steps_demo else []
-        base = arms.warm_start(config, os.path.join(a.workdir, task), [*sft, *a.set])
-        for s in stales:
-            for corr in corrections:
-                for seed in seeds:
-                    name = f"S{s}_{corr}_seed{seed}"
-                    overrides = [
-                        f"total_steps={steps}", f"staleness={s}", "publish_every=1",
-                        "local_workers=2", f"fleet.throttle_s=(0.0,{a.throttle_s})",
-                        "controller.refuse_too_slow=False", f"loss.off_policy={corr}",
-                        f"seed={seed}", *sft, *a.set,
-                    ]  # fmt: skip
-                    wd = os.path.join(a.workdir, task, name)
-                    arm = arms.run_arm(config, base, os.path.join(a.workdir, task), name, overrides)
-                    cell = cell_result(wd, key, target, arm["process_wall_s"])
-                    cells.append({"task": task, "S": s, "correction": corr, "seed": seed, **cell})
-                    print(
-                        f"  {task} {name}: final {cell['quality_final']}, "
-                        f"{cell['process_wall_s']:.0f} s",
-                        flush=True,
-                    )
+        cells += run_task(a, task, stales, corrections, seeds)
     rows = summarize(cells)
     print_table(rows)
     plot(cells, png)
+    wall = time.monotonic() - t0
     with open(a.out, "w") as f:
-        json.dump({"table": rows, "cells": cells, "args": vars(a)}, f, indent=1)
-    print(f"wrote {a.out} and {png}")
+        json.dump({"table": rows, "cells": cells, "args": vars(a), "wall_s": wall}, f, indent=1)
+    print(f"wrote {a.out} and {png} after {wall:.0f} s (load {os.getloadavg()})")
 
 
 if __name__ == "__main__":
