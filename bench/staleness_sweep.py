@@ -1,37 +1,39 @@
 """How stale is too stale: quality and speed against S, per off-policy correction.
 
-    python -m bench.staleness_sweep --out=F.json [--quick] [--tasks=demo,kuhn] \
+    python -m bench.staleness_sweep --out=F.json [--png=F.png] [--quick] [--tasks=kuhn,demo] \
         [--staleness=0,1,2,4,8] [--seeds=0,1,2] [--corrections=none,tis,token_mis] \
-        [--steps_demo=30] [--steps_kuhn=40] [--sft_steps_demo=0] [--throttle_s=1.0] \
-        [--png=F.png]
+        [--steps_demo=12] [--steps_kuhn=24] [--throttle_s=1.0] [--set KEY=VALUE ...]
 
-For each task (demo: configs/tiny_arith.py, held-out accuracy; kuhn: configs/kuhn_poker.py,
-exact expected chips per hand) one SFT warm start runs once (bench/arms.py); every cell
-(S, correction, seed) then runs RL from a copy of it with the real local fleet: two vLLM
-workers, the second throttled by `--throttle_s` per lease (bench/slow_worker.py's
-fleet), `controller.refuse_too_slow=False` so the slow worker's trajectories are used and
-the staleness really reaches S, `loss.off_policy` = the correction (learner_jax/losses.py:
-`none`, `tis` truncated IS, `token_mis` two-sided masked IS, IcePop).
+For each task (demo: configs/tiny_arith.py, greedy held-out accuracy; kuhn:
+configs/kuhn_poker.py with its recipe pinned (KUHN_RECIPE), exact expected chips per hand)
+one SFT warm start runs once (bench/arms.py, seed 0); every cell (S, correction, seed) then
+runs RL from a copy of it with the real fleet: two vLLM workers, the second throttled by
+`--throttle_s` per lease, `controller.refuse_too_slow=False` so the slow worker's
+trajectories are used and the staleness really reaches S, `loss.off_policy` = the
+correction (learner_jax/losses.py: `none`, `tis` truncated IS, `token_mis` two-sided
+masked IS, IcePop), `seed` = the cell's seed (learner, prompt order; the SFT is shared).
+
+How the grid fits (bench/sweep_cells.py): all cells of a task run in this one process,
+each as the training binary's own `run()` (its controller, staleness rule, leases,
+publisher, evaluations), fed by one standing pool of two workers that rejoin every cell's
+controller at a fixed address (`controller.tell_run_over=False`), with JAX's persistent
+compilation cache. Before the cells, one warm-up run per correction (the cells' exact
+config, stopped after 2 steps) starts the pool and fills the cache, so no cell's RL time
+holds a compile or a worker start. Runs are shortened, not the grid: `--steps_*` RL steps
+per cell (12 demo, 24 Kuhn) with a short warmup (3 / 8 steps) and no lr decay
+(`optimizer.end_lr_fraction=1`: a short run learns at the rate a long one starts with);
+the demo at lr 3e-4 (its config's 1e-4 needs ~120 steps); evaluations every 3 / 4 steps.
 
 Per cell: final quality (the run's last evaluation), wall time from the first RL step to
 the first evaluation at or above the target (--target_demo, --target_kuhn; None if never),
-mean learner utilization, mean and max staleness, mean mismatch/kl. The table is the mean
-over seeds (and the per-seed values in the JSON); the PNG plots quality against wall time,
-one panel per (task, correction), one colour per S.
+mean learner utilization, mean and max staleness, mean mismatch/kl, the cell's wall time
+(process_wall_s: setup + RL + final evaluation). The table is the mean over seeds (per-seed
+values in the JSON); the PNG plots quality against wall time, one panel per (task,
+correction), one colour per S.
 
-`--sft_steps_demo` shortens the demo's warm start (0 = the config's own 2000 SFT steps,
-~3 minutes on a quiet 2-core machine, once per sweep).
-
-`--quick`: S in {0, 4}, seed 0, corrections none and tis, 10 RL steps per task and 100 demo
-SFT steps: a smoke run of the whole pipeline, not a measurement.
-
-Cost: every cell is a full `learner_jax.train` process (worker start ~28 s, vLLM warm-up,
-JAX compile) plus its steps, so the full grid (2 tasks x 5 S x 3 corrections x 3 seeds =
-90 cells) is shortened by steps per cell, never by cells. Estimated on a quiet 2-core
-machine from the demo's measured numbers (BUILD_NOTES.md: worker start ~28 s, ~0.6 s per
-demo step): ~60 s per demo cell and ~100 s per Kuhn cell, ~2 hours in all; the fixed cost
-per process, not the steps, is what exceeds the issue's 60 minutes (a sweep that keeps
-the workers and the compiled step across cells would fit; not built).
+`--quick`: S in {0, 4}, seed 0, corrections none and tis, 10 RL steps, 100 demo SFT steps:
+a smoke run of the whole pipeline, not a measurement. `--warm_start_TASK=DIR` reuses an
+existing SFT workdir of the same config instead of running one (trials).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ from bench import arms
 
 TASKS = {  # name: (config, eval key, default target)
     "demo": ("configs/tiny_arith.py", "accuracy", 0.5),
-    "kuhn": ("configs/kuhn_poker.py", "expected_reward", 0.0),
+    "kuhn": ("configs/kuhn_poker.py", "expected_reward", -0.15),
 }
 
 
@@ -157,7 +159,7 @@ def cell_overrides(a, task: str, s: int, corr: str, seed: int) -> list[str]:
     ]  # fmt: skip
 
 
-def run_task(a, task: str, stales, corrections, seeds) -> list[dict]:
+def run_task(a, task: str, stales, corrections, seeds, on_cell) -> list[dict]:
     """Every cell of one task in this process, fed by one standing pool (sweep_cells.py)."""
     from bench import sweep_cells
 
@@ -189,9 +191,9 @@ def run_task(a, task: str, stales, corrections, seeds) -> list[dict]:
             secs = sweep_cells.run_cell(config, wd, pool, stop_after=2)
             print(f"{task}: warm-up {corr} {secs:.0f} s", flush=True)
         print(f"{task}: pool up and warm after {time.monotonic() - t0:.0f} s", flush=True)
-        for s in stales:
-            for corr in corrections:
-                for seed in seeds:
+        for seed in seeds:  # seed outermost: a cut-short sweep still has every (S, correction)
+            for s in stales:
+                for corr in corrections:
                     name = f"S{s}_{corr}_seed{seed}"
                     wd = os.path.join(root, name)
                     sweep_cells.copy_warm_start(base, wd)
@@ -201,6 +203,7 @@ def run_task(a, task: str, stales, corrections, seeds) -> list[dict]:
                     secs = sweep_cells.run_cell(config, wd, pool)
                     cell = cell_result(wd, key, target, secs)
                     cells.append({"task": task, "S": s, "correction": corr, "seed": seed, **cell})
+                    on_cell(cells[-1])
                     print(
                         f"  {task} {name}: {cell['quality_before']} -> {cell['quality_final']}, "
                         f"cell {secs:.1f} s, RL {cell['rl_wall_s']:.1f} s, "
@@ -218,16 +221,16 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--png", default="")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--tasks", default="demo,kuhn")
+    p.add_argument("--tasks", default="kuhn,demo")
     p.add_argument("--staleness", default="0,1,2,4,8")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--corrections", default="none,tis,token_mis")
-    p.add_argument("--steps_demo", type=int, default=20)
-    p.add_argument("--steps_kuhn", type=int, default=30)
-    p.add_argument("--eval_period_demo", type=int, default=5)
-    p.add_argument("--eval_period_kuhn", type=int, default=10)
-    p.add_argument("--warmup_demo", type=int, default=5)
-    p.add_argument("--warmup_kuhn", type=int, default=10)
+    p.add_argument("--steps_demo", type=int, default=12)
+    p.add_argument("--steps_kuhn", type=int, default=24)
+    p.add_argument("--eval_period_demo", type=int, default=3)
+    p.add_argument("--eval_period_kuhn", type=int, default=4)
+    p.add_argument("--warmup_demo", type=int, default=3)
+    p.add_argument("--warmup_kuhn", type=int, default=8)
     p.add_argument("--lr_demo", type=float, default=3e-4)
     p.add_argument("--target_demo", type=float, default=TASKS["demo"][2])
     p.add_argument("--target_kuhn", type=float, default=TASKS["kuhn"][2])
@@ -242,6 +245,7 @@ def main():
     if a.quick:
         a.staleness, a.seeds, a.corrections = "0,4", "0", "none,tis"
         a.steps_demo = a.steps_kuhn = 10
+        a.warmup_demo = a.warmup_kuhn = 3
         a.sft_steps_demo = 100
     from bench import sweep_cells
 
@@ -252,8 +256,14 @@ def main():
     corrections = a.corrections.split(",")
     t0 = time.monotonic()
     cells = []
+
+    def save_partial(cell: dict) -> None:  # a sweep cut short keeps the cells it finished
+        cells.append(cell)
+        with open(a.out + ".partial", "w") as f:
+            json.dump({"cells": cells, "args": vars(a), "wall_s": time.monotonic() - t0}, f)
+
     for task in a.tasks.split(","):
-        cells += run_task(a, task, stales, corrections, seeds)
+        run_task(a, task, stales, corrections, seeds, save_partial)
     rows = summarize(cells)
     print_table(rows)
     plot(cells, png)
