@@ -113,6 +113,24 @@ def print_table(rows: list[dict]) -> None:
         print(f"{r['task']:<6}{r['S']:>3} {r['correction']:<10}" + "".join(cells))
 
 
+def markdown(rows: list[dict]) -> str:
+    """The table as markdown (README / BUILD_NOTES)."""
+    head = ("| task | S | correction | final quality (mean ± sd) | reached target | "
+            "time to target (median s) | learner utilization | staleness mean / max | "
+            "mismatch/kl |")  # fmt: skip
+    lines = [head, "|" + "---|" * 9]
+    f = lambda v, spec: "-" if v is None else format(v, spec)
+    for r in rows:
+        lines.append(
+            f"| {r['task']} | {r['S']} | {r['correction']} | "
+            f"{r['quality_final']:+.3f} ± {r['quality_final_sd']:.3f} | {r['reached_target']} | "
+            f"{f(r['time_to_target_s'], '.0f')} | {f(r['learner_utilization'], '.2f')} | "
+            f"{f(r['staleness_mean'], '.2f')} / {r['staleness_max']} | "
+            f"{f(r['mismatch_kl'], '.1e')} |"
+        )
+    return "\n".join(lines)
+
+
 def plot(cells: list[dict], png: str) -> None:
     import matplotlib
 
@@ -241,7 +259,16 @@ def main():
     p.add_argument("--workdir", default="/tmp/echo2_staleness_sweep")
     p.add_argument("--compile_cache", default="", help="default: WORKDIR/jax_cache")
     p.add_argument("--set", nargs="*", default=[], help="extra KEY=VALUE config overrides")
+    p.add_argument("--render", default="", help="table, markdown and PNG of a saved JSON")
     a = p.parse_args()
+    if a.render:  # a finished sweep's F.json, or a cut-short one's F.json.partial
+        with open(a.render) as f:
+            cells = json.load(f)["cells"]
+        rows = summarize(cells)
+        print_table(rows)
+        print(markdown(rows))
+        plot(cells, a.png or os.path.splitext(a.out)[0] + ".png")
+        return
     if a.quick:
         a.staleness, a.seeds, a.corrections = "0,4", "0", "none,tis"
         a.steps_demo = a.steps_kuhn = 10
@@ -266,6 +293,7 @@ def main():
         run_task(a, task, stales, corrections, seeds, save_partial)
     rows = summarize(cells)
     print_table(rows)
+    print(markdown(rows))
     plot(cells, png)
     wall = time.monotonic() - t0
     with open(a.out, "w") as f:
