@@ -62,6 +62,8 @@ def test_cell_and_summary(tmp_path):
     assert row["quality_final_sd"] == pytest.approx(0.1414213, rel=1e-5)
     assert row["reached_target"] == "1/2" and row["time_to_target_s"] == pytest.approx(7.5)
     assert row["staleness_max"] == 5
+    md = staleness_sweep.markdown([row]).splitlines()
+    assert md[2].startswith("| demo | 2 | tis | +0.450 ± 0.141 | 1/2 | 8 | 0.70 | 2.00 / 5 |")
 
 
 def test_cell_configs_take_the_overrides_and_refuse_unknown_keys():
