@@ -1,37 +1,39 @@
 """How stale is too stale: quality and speed against S, per off-policy correction.
 
-    python -m bench.staleness_sweep --out=F.json [--quick] [--tasks=demo,kuhn] \
+    python -m bench.staleness_sweep --out=F.json [--png=F.png] [--quick] [--tasks=kuhn,demo] \
         [--staleness=0,1,2,4,8] [--seeds=0,1,2] [--corrections=none,tis,token_mis] \
-        [--steps_demo=30] [--steps_kuhn=40] [--sft_steps_demo=0] [--throttle_s=1.0] \
-        [--png=F.png]
+        [--steps_demo=12] [--steps_kuhn=24] [--throttle_s=1.0] [--set KEY=VALUE ...]
 
-For each task (demo: configs/tiny_arith.py, held-out accuracy; kuhn: configs/kuhn_poker.py,
-exact expected chips per hand) one SFT warm start runs once (bench/arms.py); every cell
-(S, correction, seed) then runs RL from a copy of it with the real local fleet: two vLLM
-workers, the second throttled by `--throttle_s` per lease (bench/slow_worker.py's
-fleet), `controller.refuse_too_slow=False` so the slow worker's trajectories are used and
-the staleness really reaches S, `loss.off_policy` = the correction (learner_jax/losses.py:
-`none`, `tis` truncated IS, `token_mis` two-sided masked IS, IcePop).
+For each task (demo: configs/tiny_arith.py, greedy held-out accuracy; kuhn:
+configs/kuhn_poker.py with its recipe pinned (KUHN_RECIPE), exact expected chips per hand)
+one SFT warm start runs once (bench/arms.py, seed 0); every cell (S, correction, seed) then
+runs RL from a copy of it with the real fleet: two vLLM workers, the second throttled by
+`--throttle_s` per lease, `controller.refuse_too_slow=False` so the slow worker's
+trajectories are used and the staleness really reaches S, `loss.off_policy` = the
+correction (learner_jax/losses.py: `none`, `tis` truncated IS, `token_mis` two-sided
+masked IS, IcePop), `seed` = the cell's seed (learner, prompt order; the SFT is shared).
+
+How the grid fits (bench/sweep_cells.py): all cells of a task run in this one process,
+each as the training binary's own `run()` (its controller, staleness rule, leases,
+publisher, evaluations), fed by one standing pool of two workers that rejoin every cell's
+controller at a fixed address (`controller.tell_run_over=False`), with JAX's persistent
+compilation cache. Before the cells, one warm-up run per correction (the cells' exact
+config, stopped after 2 steps) starts the pool and fills the cache, so no cell's RL time
+holds a compile or a worker start. Runs are shortened, not the grid: `--steps_*` RL steps
+per cell (12 demo, 24 Kuhn) with a short warmup (3 / 8 steps) and no lr decay
+(`optimizer.end_lr_fraction=1`: a short run learns at the rate a long one starts with);
+the demo at lr 3e-4 (its config's 1e-4 needs ~120 steps); evaluations every 3 / 4 steps.
 
 Per cell: final quality (the run's last evaluation), wall time from the first RL step to
 the first evaluation at or above the target (--target_demo, --target_kuhn; None if never),
-mean learner utilization, mean and max staleness, mean mismatch/kl. The table is the mean
-over seeds (and the per-seed values in the JSON); the PNG plots quality against wall time,
-one panel per (task, correction), one colour per S.
+mean learner utilization, mean and max staleness, mean mismatch/kl, the cell's wall time
+(process_wall_s: setup + RL + final evaluation). The table is the mean over seeds (per-seed
+values in the JSON); the PNG plots quality against wall time, one panel per (task,
+correction), one colour per S.
 
-`--sft_steps_demo` shortens the demo's warm start (0 = the config's own 2000 SFT steps,
-~3 minutes on a quiet 2-core machine, once per sweep).
-
-`--quick`: S in {0, 4}, seed 0, corrections none and tis, 10 RL steps per task and 100 demo
-SFT steps: a smoke run of the whole pipeline, not a measurement.
-
-Cost: every cell is a full `learner_jax.train` process (worker start ~28 s, vLLM warm-up,
-JAX compile) plus its steps, so the full grid (2 tasks x 5 S x 3 corrections x 3 seeds =
-90 cells) is shortened by steps per cell, never by cells. Estimated on a quiet 2-core
-machine from the demo's measured numbers (BUILD_NOTES.md: worker start ~28 s, ~0.6 s per
-demo step): ~60 s per demo cell and ~100 s per Kuhn cell, ~2 hours in all; the fixed cost
-per process, not the steps, is what exceeds the issue's 60 minutes (a sweep that keeps
-the workers and the compiled step across cells would fit; not built).
+`--quick`: S in {0, 4}, seed 0, corrections none and tis, 10 RL steps, 100 demo SFT steps:
+a smoke run of the whole pipeline, not a measurement. `--warm_start_TASK=DIR` reuses an
+existing SFT workdir of the same config instead of running one (trials).
 """
 
 from __future__ import annotations
@@ -39,13 +41,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
+import time
 
 from bench import arms
 
 TASKS = {  # name: (config, eval key, default target)
     "demo": ("configs/tiny_arith.py", "accuracy", 0.5),
-    "kuhn": ("configs/kuhn_poker.py", "expected_reward", 0.0),
+    "kuhn": ("configs/kuhn_poker.py", "expected_reward", -0.15),
 }
 
 
@@ -109,6 +113,24 @@ def print_table(rows: list[dict]) -> None:
         print(f"{r['task']:<6}{r['S']:>3} {r['correction']:<10}" + "".join(cells))
 
 
+def markdown(rows: list[dict]) -> str:
+    """The table as markdown (README / BUILD_NOTES)."""
+    head = ("| task | S | correction | final quality (mean ± sd) | reached target | "
+            "time to target (median s) | learner utilization | staleness mean / max | "
+            "mismatch/kl |")  # fmt: skip
+    lines = [head, "|" + "---|" * 9]
+    f = lambda v, spec: "-" if v is None else format(v, spec)
+    for r in rows:
+        lines.append(
+            f"| {r['task']} | {r['S']} | {r['correction']} | "
+            f"{r['quality_final']:+.3f} ± {r['quality_final_sd']:.3f} | {r['reached_target']} | "
+            f"{f(r['time_to_target_s'], '.0f')} | {f(r['learner_utilization'], '.2f')} | "
+            f"{f(r['staleness_mean'], '.2f')} / {r['staleness_max']} | "
+            f"{f(r['mismatch_kl'], '.1e')} |"
+        )
+    return "\n".join(lines)
+
+
 def plot(cells: list[dict], png: str) -> None:
     import matplotlib
 
@@ -137,64 +159,146 @@ def plot(cells: list[dict], png: str) -> None:
     plt.close(fig)
 
 
+KUHN_RECIPE = [  # F0's recipe (BUILD_NOTES.md, issue 27), pinned against config edits
+    "advantages.name=dr_grpo", "optimizer.learning_rate=5e-4",
+    "sft.steps=100", "sft.batch_size=64", "sft.micro_batch_size=64",
+]  # fmt: skip
+
+
+def cell_overrides(a, task: str, s: int, corr: str, seed: int) -> list[str]:
+    return [
+        f"total_steps={getattr(a, f'steps_{task}')}", f"staleness={s}", "publish_every=1",
+        "controller.refuse_too_slow=False", f"loss.off_policy={corr}", f"seed={seed}",
+        f"rollout.eval_period={getattr(a, f'eval_period_{task}')}",
+        f"optimizer.warmup_steps={getattr(a, f'warmup_{task}')}",
+        *([f"optimizer.learning_rate={a.lr_demo}"] if task == "demo" else []),
+        # a short run learns at the rate a long one starts with: no decay (says the notes)
+        "optimizer.end_lr_fraction=1.0",
+    ]  # fmt: skip
+
+
+def run_task(a, task: str, stales, corrections, seeds, on_cell) -> list[dict]:
+    """Every cell of one task in this process, fed by one standing pool (sweep_cells.py)."""
+    from bench import sweep_cells
+
+    config_file, key, _ = TASKS[task]
+    target = getattr(a, f"target_{task}")
+    root = os.path.join(a.workdir, task)
+    pinned = KUHN_RECIPE if task == "kuhn" else []
+    # the arms repeat it, or they would resume the SFT phase up to the config's own count
+    sft = [f"sft.steps={a.sft_steps_demo}"] if task == "demo" and a.sft_steps_demo else []
+    given = getattr(a, f"warm_start_{task}")
+    if given:  # an existing SFT workdir of the same config (trials; the sweep runs its own)
+        shutil.rmtree(root, ignore_errors=True)
+        base = os.path.join(root, "sft")
+        shutil.copytree(given, base)
+    else:
+        base = arms.warm_start(config_file, root, [*pinned, *sft, *a.set])
+    t0 = time.monotonic()
+    first = sweep_cells.load(config_file, [*pinned, *sft, *a.set])
+    pool = sweep_cells.Pool(first, os.path.join(root, "pool"), a.throttle_s)
+    fixed = [*pinned, *sft, *pool.overrides(), *a.set]
+    cells = []
+    try:
+        # Warm-up (not cells): the pool's workers start, and one run per correction with
+        # the cells' exact config, stopped after 2 steps, compiles what the cells then load.
+        for corr in corrections:
+            wd = os.path.join(root, f"warmup_{corr}")
+            sweep_cells.copy_warm_start(base, wd)
+            config = sweep_cells.load(config_file, [*fixed, *cell_overrides(a, task, 2, corr, 0)])
+            secs = sweep_cells.run_cell(config, wd, pool, stop_after=2)
+            print(f"{task}: warm-up {corr} {secs:.0f} s", flush=True)
+        print(f"{task}: pool up and warm after {time.monotonic() - t0:.0f} s", flush=True)
+        for seed in seeds:  # seed outermost: a cut-short sweep still has every (S, correction)
+            for s in stales:
+                for corr in corrections:
+                    name = f"S{s}_{corr}_seed{seed}"
+                    wd = os.path.join(root, name)
+                    sweep_cells.copy_warm_start(base, wd)
+                    config = sweep_cells.load(
+                        config_file, [*fixed, *cell_overrides(a, task, s, corr, seed)]
+                    )
+                    secs = sweep_cells.run_cell(config, wd, pool)
+                    cell = cell_result(wd, key, target, secs)
+                    cells.append({"task": task, "S": s, "correction": corr, "seed": seed, **cell})
+                    on_cell(cells[-1])
+                    print(
+                        f"  {task} {name}: {cell['quality_before']} -> {cell['quality_final']}, "
+                        f"cell {secs:.1f} s, RL {cell['rl_wall_s']:.1f} s, "
+                        f"staleness {cell['staleness_mean']:.2f}/{cell['staleness_max']}, "
+                        f"util {cell['learner_utilization']:.2f} (load {os.getloadavg()[0]:.1f})",
+                        flush=True,
+                    )
+    finally:
+        pool.close()
+    return cells
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--png", default="")
     p.add_argument("--quick", action="store_true")
-    p.add_argument("--tasks", default="demo,kuhn")
+    p.add_argument("--tasks", default="kuhn,demo")
     p.add_argument("--staleness", default="0,1,2,4,8")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--corrections", default="none,tis,token_mis")
-    p.add_argument("--steps_demo", type=int, default=30)
-    p.add_argument("--steps_kuhn", type=int, default=40)
+    p.add_argument("--steps_demo", type=int, default=12)
+    p.add_argument("--steps_kuhn", type=int, default=24)
+    p.add_argument("--eval_period_demo", type=int, default=3)
+    p.add_argument("--eval_period_kuhn", type=int, default=4)
+    p.add_argument("--warmup_demo", type=int, default=3)
+    p.add_argument("--warmup_kuhn", type=int, default=8)
+    p.add_argument("--lr_demo", type=float, default=3e-4)
     p.add_argument("--target_demo", type=float, default=TASKS["demo"][2])
     p.add_argument("--target_kuhn", type=float, default=TASKS["kuhn"][2])
     p.add_argument("--sft_steps_demo", type=int, default=0)
+    p.add_argument("--warm_start_demo", default="", help="reuse this SFT workdir (trials)")
+    p.add_argument("--warm_start_kuhn", default="", help="reuse this SFT workdir (trials)")
     p.add_argument("--throttle_s", type=float, default=1.0)
     p.add_argument("--workdir", default="/tmp/echo2_staleness_sweep")
+    p.add_argument("--compile_cache", default="", help="default: WORKDIR/jax_cache")
     p.add_argument("--set", nargs="*", default=[], help="extra KEY=VALUE config overrides")
+    p.add_argument("--render", default="", help="table, markdown and PNG of a saved JSON")
     a = p.parse_args()
+    if a.render:  # a finished sweep's F.json, or a cut-short one's F.json.partial
+        with open(a.render) as f:
+            cells = json.load(f)["cells"]
+        rows = summarize(cells)
+        print_table(rows)
+        print(markdown(rows))
+        plot(cells, a.png or os.path.splitext(a.out)[0] + ".png")
+        return
     if a.quick:
         a.staleness, a.seeds, a.corrections = "0,4", "0", "none,tis"
         a.steps_demo = a.steps_kuhn = 10
+        a.warmup_demo = a.warmup_kuhn = 3
         a.sft_steps_demo = 100
+    from bench import sweep_cells
+
+    sweep_cells.enable_compile_cache(a.compile_cache or os.path.join(a.workdir, "jax_cache"))
     png = a.png or os.path.splitext(a.out)[0] + ".png"
     stales = [int(s) for s in a.staleness.split(",")]
     seeds = [int(s) for s in a.seeds.split(",")]
     corrections = a.corrections.split(",")
+    t0 = time.monotonic()
     cells = []
+
+    def save_partial(cell: dict) -> None:  # a sweep cut short keeps the cells it finished
+        cells.append(cell)
+        with open(a.out + ".partial", "w") as f:
+            json.dump({"cells": cells, "args": vars(a), "wall_s": time.monotonic() - t0}, f)
+
     for task in a.tasks.split(","):
-        config, key, _ = TASKS[task]
-        steps, target = getattr(a, f"steps_{task}"), getattr(a, f"target_{task}")
-        # the arms repeat it, or they would resume the SFT phase up to the config's own count
-        sft = [f"sft.steps={a.sft_steps_demo}"] if task == "demo" and a.sft_steps_demo else []
-        base = arms.warm_start(config, os.path.join(a.workdir, task), [*sft, *a.set])
-        for s in stales:
-            for corr in corrections:
-                for seed in seeds:
-                    name = f"S{s}_{corr}_seed{seed}"
-                    overrides = [
-                        f"total_steps={steps}", f"staleness={s}", "publish_every=1",
-                        "local_workers=2", f"fleet.throttle_s=(0.0,{a.throttle_s})",
-                        "controller.refuse_too_slow=False", f"loss.off_policy={corr}",
-                        f"seed={seed}", *sft, *a.set,
-                    ]  # fmt: skip
-                    wd = os.path.join(a.workdir, task, name)
-                    arm = arms.run_arm(config, base, os.path.join(a.workdir, task), name, overrides)
-                    cell = cell_result(wd, key, target, arm["process_wall_s"])
-                    cells.append({"task": task, "S": s, "correction": corr, "seed": seed, **cell})
-                    print(
-                        f"  {task} {name}: final {cell['quality_final']}, "
-                        f"{cell['process_wall_s']:.0f} s",
-                        flush=True,
-                    )
+        run_task(a, task, stales, corrections, seeds, save_partial)
     rows = summarize(cells)
     print_table(rows)
+    print(markdown(rows))
     plot(cells, png)
+    wall = time.monotonic() - t0
     with open(a.out, "w") as f:
-        json.dump({"table": rows, "cells": cells, "args": vars(a)}, f, indent=1)
-    print(f"wrote {a.out} and {png}")
+        json.dump({"table": rows, "cells": cells, "args": vars(a), "wall_s": wall}, f, indent=1)
+    print(f"wrote {a.out} and {png} after {wall:.0f} s (load {os.getloadavg()})")
 
 
 if __name__ == "__main__":

@@ -319,6 +319,11 @@ def get_config() -> ConfigDict:
     # The controller in a process of its own (bridge/control/process.py): workers over HTTP,
     # the learner over loopback, so a long train step never delays a heartbeat.
     c.controller.own_process = True
+    # At the run's end tell the workers "run over" (they leave and exit 0). False: say
+    # nothing, so workers started by hand (local_workers=0) stay and rejoin the next run
+    # served at the same controller.port and token_file, as after a crash (a standing pool
+    # serving consecutive runs: bench/staleness_sweep.py). The binary's own workers stop.
+    c.controller.tell_run_over = True
 
     # Prometheus text at GET /metrics on the controller's port (bridge/control/prometheus.py):
     # fleet gauges and per-endpoint latency histograms. Served to loopback callers only,

@@ -314,10 +314,11 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         # eval.on=fleet: the last step's version too (eval.final_wait_s), unless Ctrl-C
         fleet_eval.final_wait(evaluation, wait=not ctrl_c.requested())
         # 6. Tell the workers the run is over (finished or Ctrl-C; not on a crash, whose
-        # rerun they can rejoin) and give polling ones a moment to hear it and exit 0; then
-        # workers, publisher, watcher, server and controller stop; then the closing numbers.
-        ctl.end_run("interrupted" if ctrl_c.requested() else "finished")
-        ctl.wait_run_over_seen(timeout_s=max(10.0, 3 * ctl.config.heartbeat_interval_s))
+        # rerun they can rejoin; not with controller.tell_run_over=False: a standing pool)
+        # and give polling ones a moment to hear it and exit 0; then workers, publisher,
+        # watcher, server and controller stop; then the closing numbers.
+        reason = "interrupted" if ctrl_c.requested() else "finished"
+        serve.end_run(ctl, reason, tell=config.controller.get("tell_run_over", True))
         parts.close()
         if on_learner:
             eval_log.final()

@@ -68,6 +68,26 @@ def start_controller(cfg: ControllerConfig, run, resume, serving, own_process: b
     return ctl, server, [ctl.close, server.stop]
 
 
+def end_run(ctl, reason: str, tell: bool = True, drain_s: float | None = None) -> bool:
+    """The run's end as the workers hear it; True if every live worker heard it.
+
+    `tell` (`controller.tell_run_over`, default True): record the end, so every heartbeat
+    and lease answers "run over" and the workers leave and exit 0, and wait up to `drain_s`
+    (default three heartbeat intervals, at least 10 s) for the polling ones to hear it.
+    False: say nothing. Workers started outside the binary (`local_workers=0`, a standing
+    pool) then see the controller go away and rejoin the next run served at the same
+    address and join secret, as after a crash: the new controller's fresh database refuses
+    their old token and leases, they register again and load its announced version
+    (bench/staleness_sweep.py runs its cells so). The binary's own workers stop either way."""
+    if not tell:
+        logging.info("run %s; the workers are not told (controller.tell_run_over=False)", reason)
+        return False
+    ctl.end_run(reason)
+    if drain_s is None:
+        drain_s = max(10.0, 3 * ctl.config.heartbeat_interval_s)
+    return ctl.wait_run_over_seen(timeout_s=drain_s)
+
+
 def _child_logging(workdir: str) -> None:
     """In the controller's own process: the binary's console filter and `train.log`
     (appended by both processes, a line at a time), as when it shared the learner's."""

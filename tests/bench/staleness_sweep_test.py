@@ -5,6 +5,7 @@ A workdir with known metrics.jsonl / eval.jsonl lines: the cell's time to target
 first evaluation at or above the target (not the "before" one), counted from the start of
 the first RL step; means, maxima and the per-(task, S, correction) summary over seeds."""
 
+import argparse
 import json
 
 import pytest
@@ -61,3 +62,27 @@ def test_cell_and_summary(tmp_path):
     assert row["quality_final_sd"] == pytest.approx(0.1414213, rel=1e-5)
     assert row["reached_target"] == "1/2" and row["time_to_target_s"] == pytest.approx(7.5)
     assert row["staleness_max"] == 5
+    md = staleness_sweep.markdown([row]).splitlines()
+    assert md[2].startswith("| demo | 2 | tis | +0.450 ± 0.141 | 1/2 | 8 | 0.70 | 2.00 / 5 |")
+
+
+def test_cell_configs_take_the_overrides_and_refuse_unknown_keys():
+    # bench/sweep_cells.py `load`: what `--config.KEY=VALUE` does, for the in-process cells
+    from bench import sweep_cells
+
+    a = argparse.Namespace(
+        steps_kuhn=30, eval_period_kuhn=10, warmup_kuhn=10, steps_demo=20, eval_period_demo=5,
+        warmup_demo=5, lr_demo=3e-4,
+    )  # fmt: skip
+    over = staleness_sweep.cell_overrides(a, "demo", 4, "token_mis", 2)
+    pool = ["local_workers=0", "controller.port=12345", "controller.tell_run_over=False"]
+    c = sweep_cells.load("configs/tiny_arith.py", [*pool, *over, "fleet.throttle_s=(0.0,1.0)"])
+    assert (c.staleness, c.seed, c.total_steps, c.local_workers) == (4, 2, 20, 0)
+    assert c.loss.off_policy == "token_mis" and c.controller.refuse_too_slow is False
+    assert c.controller.port == 12345 and c.controller.tell_run_over is False
+    assert c.optimizer.learning_rate == 3e-4 and c.optimizer.warmup_steps == 5
+    assert c.optimizer.end_lr_fraction == 1.0 and c.fleet.throttle_s == (0.0, 1.0)
+    kuhn = sweep_cells.load("configs/kuhn_poker.py", staleness_sweep.KUHN_RECIPE)
+    assert kuhn.advantages.name == "dr_grpo" and kuhn.optimizer.learning_rate == 5e-4
+    with pytest.raises(KeyError, match="controller.tell_run_ovr"):
+        sweep_cells.load("configs/tiny_arith.py", ["controller.tell_run_ovr=False"])
