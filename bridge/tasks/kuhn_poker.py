@@ -163,16 +163,40 @@ def _describe(action: str) -> str:
     return f" opp {action}."
 
 
-def _ask(card: str) -> str:
+def _ask(card: str, history: str = "", show_history: bool = False) -> str:
     """The prompt for a decision restates the model's card right before it answers: the
     tiny character-level policy read the card at the start of the text not at all
-    (BUILD_NOTES.md, issue 27: every information set's policy was the same)."""
-    return f" you {card}:"
+    (BUILD_NOTES.md, issue 27: every information set's policy was the same). With
+    `show_history` it also restates the betting so far (" you J cb:"): the whole
+    information set next to the answer, the same facts the text already says further back."""
+    return f" you {card}{' ' + history if show_history and history else ''}:"
 
 
 @register_env("kuhn_poker", max_turns=2, turn_max_tokens=1)
 class KuhnPoker(Environment):
-    """One hand of Kuhn poker for the model against `OPPONENT` (see the module docstring)."""
+    """One hand of Kuhn poker for the model against `OPPONENT` (see the module docstring).
+
+    `illegal_penalty` (task option `task.illegal_penalty`, default 0): chips taken off the
+    TRAINING reward of a hand for each decision whose text is no action (it still folds).
+    The standard format penalty of LLM RL: the game counts such text as a fold, so without
+    it "fold" is 126 of the 128 tokens and the policy folds through junk, which spreads to
+    every information set at high learning rates (BUILD_NOTES.md, issue 27). The exact
+    evaluation measures the real game (junk = fold, no penalty), so its numbers and the
+    optimum (+0.25) do not depend on the option; junk can never beat the legal 'f'."""
+
+    def __init__(self, illegal_penalty: float = 0.0, show_history: bool = False):
+        try:
+            penalty = float(illegal_penalty)
+        except (TypeError, ValueError):
+            penalty = float("nan")
+        if not 0.0 <= penalty < float("inf"):
+            raise ValueError(
+                f"illegal_penalty must be a finite number >= 0, got {illegal_penalty!r}"
+            )
+        self.illegal_penalty = penalty
+        if not isinstance(show_history, bool):
+            raise ValueError(f"show_history must be true or false, got {show_history!r}")
+        self.show_history = show_history
 
     def reset(self, seed: int) -> str:
         self.model, self.opp, self.seat = SITUATIONS[seed % len(SITUATIONS)]
@@ -181,7 +205,7 @@ class KuhnPoker(Environment):
         text = f"Kuhn {self.model}."
         if self.seat == 1:
             text += _describe(self._opponent_acts())
-        return text + _ask(self.model)
+        return text + _ask(self.model, self.history, self.show_history)
 
     def _opponent_acts(self) -> str:
         p = _opponent_p(self.history, self.opp)
@@ -199,13 +223,15 @@ class KuhnPoker(Environment):
     def step(self, action: str) -> tuple[str, float, bool]:
         if _terminal(self.history):
             raise ValueError("the hand is over; reset first")
-        self.history += _legal(self.history, parse_action(action) or "f")
+        parsed = parse_action(action)
+        penalty = 0.0 if parsed is not None else -self.illegal_penalty
+        self.history += _legal(self.history, parsed or "f")
         if _terminal(self.history):
-            return f" end {self.opp}.", self._result(), True
+            return f" end {self.opp}.", self._result() + penalty, True
         text = _describe(self._opponent_acts())
         if _terminal(self.history):
-            return text + f" end {self.opp}.", self._result(), True
-        return text + _ask(self.model), 0.0, False
+            return text + f" end {self.opp}.", self._result() + penalty, True
+        return text + _ask(self.model, self.history, self.show_history), penalty, False
 
     def unfinished_reward(self) -> float:
         return -1.0  # a hand left unplayed counts as a fold (stalling must not pay)
@@ -225,7 +251,7 @@ class KuhnPoker(Environment):
             yield prompt, rng.choices(ACTIONS, weights=[probs[a] for a in ACTIONS])[0]
 
     def exact_eval(self) -> ExactEval:
-        points = decision_points()
+        points = decision_points(self.show_history)
         index = {key: i for i, (key, _) in enumerate(points)}
 
         def value(probs: list[dict[str, float]]) -> float:
@@ -234,15 +260,17 @@ class KuhnPoker(Environment):
         return ExactEval([t for _, t in points], parse_action, value, optimum())
 
 
-def decision_points() -> list[tuple[tuple[str, str], list[str]]]:
+def decision_points(show_history: bool = False) -> list[tuple[tuple[str, str], list[str]]]:
     """Each information set with the transcript the model sees there: [obs, action, obs,
     ...] ending with the observation it answers (one-letter actions)."""
     out = []
     for card, h in INFO_SETS:
+        ask = _ask(card, h, show_history)
         if h == "":
-            out.append(((card, h), [f"Kuhn {card}.{_ask(card)}"]))
+            out.append(((card, h), [f"Kuhn {card}.{ask}"]))
         elif h == "cb":
-            out.append(((card, h), [f"Kuhn {card}.{_ask(card)}", "c", _describe("b") + _ask(card)]))
+            first = f"Kuhn {card}.{_ask(card, '', show_history)}"
+            out.append(((card, h), [first, "c", _describe("b") + ask]))
         else:
-            out.append(((card, h), [f"Kuhn {card}.{_describe(h)}{_ask(card)}"]))
+            out.append(((card, h), [f"Kuhn {card}.{_describe(h)}{ask}"]))
     return out
