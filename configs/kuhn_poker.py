@@ -44,13 +44,12 @@ def get_config():
     c.task.reward_fn = ""
     c.task.module = ""  # a module to import first: your own environment (README)
     c.task.illegal_penalty = 0.0  # chips off the training reward for junk text (see below)
-    c.task.show_history = False  # restate the betting next to the card: " you J cb:"
 
     c.batch.groups_per_step = 16  # hands (each dealt n times: a GRPO group)
     c.batch.samples_per_group = 16
     c.batch.micro_batch_size = 256
     c.batch.max_prompt_len = 24  # BOS + "Kuhn J. opp b. you J:"
-    c.batch.max_answer_len = 20  # action + " opp b. you J cb:" + action
+    c.batch.max_answer_len = 16  # action + " opp b. you J:" + action
 
     # Format-only warm start: each first decision answered by a random action letter from a
     # random per-information-set strategy (KuhnPoker.demonstrations): legal actions and a

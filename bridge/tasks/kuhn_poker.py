@@ -163,13 +163,11 @@ def _describe(action: str) -> str:
     return f" opp {action}."
 
 
-def _ask(card: str, history: str = "", show_history: bool = False) -> str:
+def _ask(card: str) -> str:
     """The prompt for a decision restates the model's card right before it answers: the
     tiny character-level policy read the card at the start of the text not at all
-    (BUILD_NOTES.md, issue 27: every information set's policy was the same). With
-    `show_history` it also restates the betting so far (" you J cb:"): the whole
-    information set next to the answer, the same facts the text already says further back."""
-    return f" you {card}{' ' + history if show_history and history else ''}:"
+    (BUILD_NOTES.md, issue 27: every information set's policy was the same)."""
+    return f" you {card}:"
 
 
 @register_env("kuhn_poker", max_turns=2, turn_max_tokens=1)
@@ -184,7 +182,7 @@ class KuhnPoker(Environment):
     evaluation measures the real game (junk = fold, no penalty), so its numbers and the
     optimum (+0.25) do not depend on the option; junk can never beat the legal 'f'."""
 
-    def __init__(self, illegal_penalty: float = 0.0, show_history: bool = False):
+    def __init__(self, illegal_penalty: float = 0.0):
         try:
             penalty = float(illegal_penalty)
         except (TypeError, ValueError):
@@ -194,9 +192,6 @@ class KuhnPoker(Environment):
                 f"illegal_penalty must be a finite number >= 0, got {illegal_penalty!r}"
             )
         self.illegal_penalty = penalty
-        if not isinstance(show_history, bool):
-            raise ValueError(f"show_history must be true or false, got {show_history!r}")
-        self.show_history = show_history
 
     def reset(self, seed: int) -> str:
         self.model, self.opp, self.seat = SITUATIONS[seed % len(SITUATIONS)]
@@ -205,7 +200,7 @@ class KuhnPoker(Environment):
         text = f"Kuhn {self.model}."
         if self.seat == 1:
             text += _describe(self._opponent_acts())
-        return text + _ask(self.model, self.history, self.show_history)
+        return text + _ask(self.model)
 
     def _opponent_acts(self) -> str:
         p = _opponent_p(self.history, self.opp)
@@ -231,7 +226,7 @@ class KuhnPoker(Environment):
         text = _describe(self._opponent_acts())
         if _terminal(self.history):
             return text + f" end {self.opp}.", self._result() + penalty, True
-        return text + _ask(self.model, self.history, self.show_history), penalty, False
+        return text + _ask(self.model), penalty, False
 
     def unfinished_reward(self) -> float:
         return -1.0  # a hand left unplayed counts as a fold (stalling must not pay)
@@ -251,7 +246,7 @@ class KuhnPoker(Environment):
             yield prompt, rng.choices(ACTIONS, weights=[probs[a] for a in ACTIONS])[0]
 
     def exact_eval(self) -> ExactEval:
-        points = decision_points(self.show_history)
+        points = decision_points()
         index = {key: i for i, (key, _) in enumerate(points)}
 
         def value(probs: list[dict[str, float]]) -> float:
@@ -260,17 +255,15 @@ class KuhnPoker(Environment):
         return ExactEval([t for _, t in points], parse_action, value, optimum())
 
 
-def decision_points(show_history: bool = False) -> list[tuple[tuple[str, str], list[str]]]:
+def decision_points() -> list[tuple[tuple[str, str], list[str]]]:
     """Each information set with the transcript the model sees there: [obs, action, obs,
     ...] ending with the observation it answers (one-letter actions)."""
     out = []
     for card, h in INFO_SETS:
-        ask = _ask(card, h, show_history)
         if h == "":
-            out.append(((card, h), [f"Kuhn {card}.{ask}"]))
+            out.append(((card, h), [f"Kuhn {card}.{_ask(card)}"]))
         elif h == "cb":
-            first = f"Kuhn {card}.{_ask(card, '', show_history)}"
-            out.append(((card, h), [first, "c", _describe("b") + ask]))
+            out.append(((card, h), [f"Kuhn {card}.{_ask(card)}", "c", _describe("b") + _ask(card)]))
         else:
-            out.append(((card, h), [f"Kuhn {card}.{_describe(h)}{ask}"]))
+            out.append(((card, h), [f"Kuhn {card}.{_describe(h)}{_ask(card)}"]))
     return out
