@@ -174,24 +174,9 @@ def _ask(card: str) -> str:
 class KuhnPoker(Environment):
     """One hand of Kuhn poker for the model against `OPPONENT` (see the module docstring).
 
-    `illegal_penalty` (task option `task.illegal_penalty`, default 0): chips taken off the
-    TRAINING reward of a hand for each decision whose text is no action (it still folds).
-    The standard format penalty of LLM RL: the game counts such text as a fold, so without
-    it "fold" is 126 of the 128 tokens and the policy folds through junk, which spreads to
-    every information set at high learning rates (BUILD_NOTES.md, issue 27). The exact
-    evaluation measures the real game (junk = fold, no penalty), so its numbers and the
-    optimum (+0.25) do not depend on the option; junk can never beat the legal 'f'."""
-
-    def __init__(self, illegal_penalty: float = 0.0):
-        try:
-            penalty = float(illegal_penalty)
-        except (TypeError, ValueError):
-            penalty = float("nan")
-        if not 0.0 <= penalty < float("inf"):
-            raise ValueError(
-                f"illegal_penalty must be a finite number >= 0, got {illegal_penalty!r}"
-            )
-        self.illegal_penalty = penalty
+    Text that is no action folds (the game's rule); `invalid` says so, so the task option
+    `illegal_penalty` (EnvTask) can take chips off the TRAINING reward of such a hand. The
+    exact evaluation keeps measuring the game itself (junk = fold, no penalty)."""
 
     def reset(self, seed: int) -> str:
         self.model, self.opp, self.seat = SITUATIONS[seed % len(SITUATIONS)]
@@ -218,15 +203,16 @@ class KuhnPoker(Environment):
     def step(self, action: str) -> tuple[str, float, bool]:
         if _terminal(self.history):
             raise ValueError("the hand is over; reset first")
-        parsed = parse_action(action)
-        penalty = 0.0 if parsed is not None else -self.illegal_penalty
-        self.history += _legal(self.history, parsed or "f")
+        self.history += _legal(self.history, parse_action(action) or "f")
         if _terminal(self.history):
-            return f" end {self.opp}.", self._result() + penalty, True
+            return f" end {self.opp}.", self._result(), True
         text = _describe(self._opponent_acts())
         if _terminal(self.history):
-            return text + f" end {self.opp}.", self._result() + penalty, True
-        return text + _ask(self.model), penalty, False
+            return text + f" end {self.opp}.", self._result(), True
+        return text + _ask(self.model), 0.0, False
+
+    def invalid(self, action: str) -> bool:
+        return parse_action(action) is None
 
     def unfinished_reward(self) -> float:
         return -1.0  # a hand left unplayed counts as a fold (stalling must not pay)

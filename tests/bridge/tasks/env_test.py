@@ -165,11 +165,12 @@ def test_kuhn_demonstrations_are_format_only():
 
 
 def test_kuhn_illegal_penalty_changes_the_training_reward_not_the_exact_value():
-    """`illegal_penalty`: junk text still folds, and the TRAINING reward (the replay the
-    reward pool scores) is the fold's result minus the penalty; legal play is unchanged.
+    """`illegal_penalty` (an EnvTask option, Kuhn says what is `invalid`): junk text still
+    folds, and the TRAINING reward (the replay the reward pool scores) is the fold's result
+    minus the penalty; legal play is unchanged.
     The exact evaluation keeps measuring the real game (junk = fold, no penalty)."""
     plain, fined = make_task("kuhn_poker"), make_task("kuhn_poker", illegal_penalty=0.75)
-    assert fined.env.illegal_penalty == 0.75 and plain.env.illegal_penalty == 0.0
+    assert fined.illegal_penalty == 0.75 and plain.illegal_penalty == 0.0
     moves, fined_some = ["c", "b", "f", "fold", "x", "?", ""], 0
     for seed, a1, a2 in itertools.product(range(24), moves, moves):
         p = plain._prompt(seed)
@@ -201,6 +202,7 @@ def test_kuhn_illegal_penalty_changes_the_training_reward_not_the_exact_value():
     rng, e0, e1 = random.Random(3), plain.exact_eval(), fined.exact_eval()
     probs = [dict(zip("cb", (rng.random() / 2, rng.random() / 2), strict=True)) for _ in range(12)]
     assert e1.value(probs) == e0.value(probs) and e1.optimum == e0.optimum == pytest.approx(0.25)
+    assert make_task("holdem", illegal_penalty=0.75).illegal_penalty == 0.75  # any env task
     for bad in (-0.1, float("nan"), float("inf"), "x"):
         with pytest.raises(ValueError, match="illegal_penalty"):
             make_task("kuhn_poker", illegal_penalty=bad)
