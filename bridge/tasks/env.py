@@ -65,6 +65,11 @@ class Environment(abc.ABC):
         """Extra reward when the episode ends before `done` (budget or max_turns)."""
         return 0.0
 
+    def invalid(self, action: str) -> bool:
+        """True when `action` is no action of the game (the environment still applies its
+        rule for it, e.g. a fold); the task option `illegal_penalty` fines such turns."""
+        return False
+
     def exact_eval(self) -> ExactEval | None:
         """The policy's exact expected reward, for small games (None: not available)."""
         return None
@@ -133,21 +138,37 @@ class Replay:
     step_rewards: list[float]
 
 
-def replay(env: Environment, seed: int, actions: Sequence[str]) -> Replay:
+def replay(
+    env: Environment, seed: int, actions: Sequence[str], illegal_penalty: float = 0.0
+) -> Replay:
     """Run an episode from (seed, actions). It stops at `done`: actions beyond it are not
-    applied (fewer observations than actions tells the caller they were made up)."""
+    applied (fewer observations than actions tells the caller they were made up). Each
+    applied action the environment calls `invalid` costs `illegal_penalty` (in its step's
+    reward)."""
     env.reset(seed)
     observations, rewards, done = [], [], False
     for action in actions:
         if done:
             break
+        fine = illegal_penalty if illegal_penalty and env.invalid(action) else 0.0
         obs, r, done = env.step(action)
+        r = float(r) - fine
         if not done and not obs:
             raise RewardError(f"environment {env.name!r} returned an empty observation")
         observations.append(obs)
         rewards.append(float(r))
     total = sum(rewards) + (0.0 if done else float(env.unfinished_reward()))
     return Replay(total, observations, done, rewards)
+
+
+def _penalty(value: Any) -> float:
+    try:
+        penalty = float(value)
+    except (TypeError, ValueError):
+        penalty = float("nan")
+    if not 0.0 <= penalty < float("inf"):
+        raise ValueError(f"illegal_penalty must be a finite number >= 0, got {value!r}")
+    return penalty
 
 
 def _seed(label: str, index: int) -> int:
@@ -163,9 +184,12 @@ class EnvTask(Task):
     turn; the run's `batch.max_answer_len` bounds the whole episode), `eval_size` (held-out
     episodes, seeds from their own label so they never appear in training), `env_options`
     (a dict passed to the environment's constructor); any other option goes to the
-    environment too. Prompt ids are `<env>/<digest of the seed>`; `answer` holds the seed,
-    which only the trusted side sees: leases carry no seed, and workers get each observation
-    from the controller (bridge/control/episode_steps.py).
+    environment too, except `illegal_penalty` (default 0): chips taken off the TRAINING
+    reward for each model turn the environment calls `invalid` (the format penalty of LLM
+    RL; the environment's own rule for such text still applies, and `exact_eval`, which
+    measures the game itself, ignores it). Prompt ids are `<env>/<digest of the seed>`;
+    `answer` holds the seed, which only the trusted side sees: leases carry no seed, and
+    workers get each observation from the controller (bridge/control/episode_steps.py).
     """
 
     def __init__(
@@ -175,10 +199,12 @@ class EnvTask(Task):
         turn_max_tokens: int = 8,
         eval_size: int = 64,
         env_options: dict | None = None,
+        illegal_penalty: float = 0.0,
         **options: Any,
     ):
         if max_turns < 1 or turn_max_tokens < 1:
             raise ValueError(f"need max_turns >= 1 and turn_max_tokens >= 1 for {env!r}")
+        self.illegal_penalty = _penalty(illegal_penalty)
         self.name = self.env_name = env
         self.env_options = {**(env_options or {}), **options}
         self.max_turns, self.turn_max_tokens = int(max_turns), int(turn_max_tokens)
@@ -211,7 +237,7 @@ class EnvTask(Task):
         return int(prompt.answer)
 
     def episode(self, prompt: Prompt, actions: Sequence[str]) -> Replay:
-        return replay(self.new_env(), self.seed_of(prompt), actions)
+        return replay(self.new_env(), self.seed_of(prompt), actions, self.illegal_penalty)
 
     def reward(self, prompt: Prompt, completion: str) -> float:
         """The one-step case: the completion is the first (and only) action."""

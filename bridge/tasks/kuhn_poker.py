@@ -172,7 +172,11 @@ def _ask(card: str) -> str:
 
 @register_env("kuhn_poker", max_turns=2, turn_max_tokens=1)
 class KuhnPoker(Environment):
-    """One hand of Kuhn poker for the model against `OPPONENT` (see the module docstring)."""
+    """One hand of Kuhn poker for the model against `OPPONENT` (see the module docstring).
+
+    Text that is no action folds (the game's rule); `invalid` says so, so the task option
+    `illegal_penalty` (EnvTask) can take chips off the TRAINING reward of such a hand. The
+    exact evaluation keeps measuring the game itself (junk = fold, no penalty)."""
 
     def reset(self, seed: int) -> str:
         self.model, self.opp, self.seat = SITUATIONS[seed % len(SITUATIONS)]
@@ -206,6 +210,9 @@ class KuhnPoker(Environment):
         if _terminal(self.history):
             return text + f" end {self.opp}.", self._result(), True
         return text + _ask(self.model), 0.0, False
+
+    def invalid(self, action: str) -> bool:
+        return parse_action(action) is None
 
     def unfinished_reward(self) -> float:
         return -1.0  # a hand left unplayed counts as a fold (stalling must not pay)

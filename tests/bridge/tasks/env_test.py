@@ -162,3 +162,47 @@ def test_kuhn_demonstrations_are_format_only():
     assert share[-1] - share[0] > 0.2, share  # P(check) per prompt
     assert make_task("holdem").sft_examples(0) is not None  # none offered: an empty stream
     assert list(make_task("holdem").sft_examples(0)) == []
+
+
+def test_kuhn_illegal_penalty_changes_the_training_reward_not_the_exact_value():
+    """`illegal_penalty` (an EnvTask option, Kuhn says what is `invalid`): junk text still
+    folds, and the TRAINING reward (the replay the reward pool scores) is the fold's result
+    minus the penalty; legal play is unchanged.
+    The exact evaluation keeps measuring the real game (junk = fold, no penalty)."""
+    plain, fined = make_task("kuhn_poker"), make_task("kuhn_poker", illegal_penalty=0.75)
+    assert fined.illegal_penalty == 0.75 and plain.illegal_penalty == 0.0
+    moves, fined_some = ["c", "b", "f", "fold", "x", "?", ""], 0
+    for seed, a1, a2 in itertools.product(range(24), moves, moves):
+        p = plain._prompt(seed)
+        r0, r1 = plain.episode(p, [a1, a2]), fined.episode(p, [a1, a2])
+        applied = [a1, a2][: len(r0.observations)]  # actions after `done` are not applied
+        junk = sum(kuhn.parse_action(a) is None for a in applied)
+        assert r1.observations == r0.observations and r1.done == r0.done
+        assert r1.reward == r0.reward - 0.75 * junk, (seed, a1, a2)
+        fold = plain.episode(p, [*applied[:-1], "f"]).reward
+        if junk and kuhn.parse_action(applied[-1]) is None:  # junk = the fold, minus the fine
+            assert r1.reward == fold - 0.75 and r0.reward == fold
+        fined_some += junk > 0
+    assert fined_some > 0
+    # The reward pool's path (options as plain data) applies it too.
+    from bridge.tasks.env import replay_named
+
+    seed = fined._prompt(5)
+    assert (
+        replay_named(
+            "bridge.tasks",
+            "kuhn_poker",
+            {"illegal_penalty": 0.75},
+            (seed.prompt_id, seed.text, seed.answer),
+            ["x"],
+        )[0]
+        == plain.episode(seed, ["x"]).reward - 0.75
+    )
+    # Exact evaluation: the same number for a policy with junk mass, the same optimum.
+    rng, e0, e1 = random.Random(3), plain.exact_eval(), fined.exact_eval()
+    probs = [dict(zip("cb", (rng.random() / 2, rng.random() / 2), strict=True)) for _ in range(12)]
+    assert e1.value(probs) == e0.value(probs) and e1.optimum == e0.optimum == pytest.approx(0.25)
+    assert make_task("holdem", illegal_penalty=0.75).illegal_penalty == 0.75  # any env task
+    for bad in (-0.1, float("nan"), float("inf"), "x"):
+        with pytest.raises(ValueError, match="illegal_penalty"):
+            make_task("kuhn_poker", illegal_penalty=bad)
