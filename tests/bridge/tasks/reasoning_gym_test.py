@@ -5,9 +5,9 @@ import itertools
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
-from pathlib import Path
 
 from bridge.tasks import Prompt, RewardError, cached_task, make_task, score
 from bridge.tasks import reasoning_gym as rgt
