@@ -22,6 +22,10 @@ part shrinks the further SFT got in its jump (seed 0 +19, seed 2 +6.5, seed 1 no
 T = 1, RL raised the sampled reward in all three: 0.21 -> 0.25, 0.34 -> 0.44, 0.53 ->
 0.62). Shorter SFT (130 steps: 0.16) left RL too few right samples and at lr 3e-4 it
 collapsed to 0.
+Control (seed 0, SFT only): from the same 0.48, 50 more SFT steps reach 0.775 and 100
+reach 0.850, in 91 s; on this task imitation of right answers beats RL per step and per
+second. What this config shows is the whole pipeline (SFT, fleet, GRPO on a strict
+verifier) clearing +25 in <= 15 minutes, with RL's part measured, not RL doing the +25.
 
 Everything else is configs/reasoning_gym_arith.py and configs/tiny_arith.py.
 """
