@@ -5,6 +5,7 @@ import itertools
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,7 @@ from bridge.tasks import reasoning_gym as rgt
 
 pytest.importorskip("reasoning_gym")
 
+ROOT = Path(__file__).resolve().parents[3]
 OPTS = {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1}
 
 
@@ -136,3 +138,24 @@ def test_sft_examples_and_options(task):
         make_task("reasoning_gym", dataset="chain_sum", scoring="lenient")
     same = cached_task("reasoning_gym", task.options)
     assert same.eval_prompts() == task.eval_prompts()
+
+
+@pytest.mark.parametrize("name", ["reasoning_gym_arith", "reasoning_gym_spell_backward"])
+def test_config_prompts_and_answers_fit_the_batch(name, tiny_model_dir):
+    """A shipped config's held-out prompts and SFT answers (+ EOS) fit its token budget
+    under the character tokenizer: too long a prompt fails evaluation, and SFT cuts long
+    rows silently, so its answers would lose their closing tag."""
+    from bridge.contracts.prompt import TextCodec
+    from learner_jax.config_file import load_config
+    from learner_jax.train import make_task as task_from_config
+
+    config = load_config(str(ROOT / "configs" / f"{name}.py"))
+    t = task_from_config(config)
+    codec = TextCodec(tiny_model_dir)
+    b = config.batch
+    for text, answer in [(p.text, f"<answer>{p.answer}</answer>") for p in t.eval_prompts()] + (
+        _take(t.sft_examples(0), 500)
+    ):
+        assert len(codec.encode_prompt(text)) <= b.max_prompt_len, text
+        assert len(codec.encode(answer)) + 1 <= b.max_answer_len, answer
+        assert codec.decode(codec.encode(text)) == text  # every character is in the vocab
