@@ -142,7 +142,11 @@ def plot(cells: list[dict], png: str) -> None:
     stales = sorted({c["S"] for c in cells})
     colours = {s: plt.cm.viridis(i / max(len(stales) - 1, 1)) for i, s in enumerate(stales)}
     fig, axes = plt.subplots(
-        len(tasks), len(corrs), figsize=(4.2 * len(corrs), 3.4 * len(tasks)), squeeze=False
+        len(tasks),
+        len(corrs),
+        figsize=(4.2 * len(corrs), 3.4 * len(tasks)),
+        squeeze=False,
+        sharey="row",
     )  # one row per task, one column per correction
     for ax, (task, corr) in zip(axes.flat, [(t, c) for t in tasks for c in corrs], strict=True):
         for c in cells:
