@@ -137,19 +137,27 @@ def plot(cells: list[dict], png: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    panels = sorted({(c["task"], c["correction"]) for c in cells})
+    tasks = sorted({c["task"] for c in cells}, key=list(TASKS).index)
+    corrs = list(dict.fromkeys(c["correction"] for c in cells))
     stales = sorted({c["S"] for c in cells})
     colours = {s: plt.cm.viridis(i / max(len(stales) - 1, 1)) for i, s in enumerate(stales)}
-    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
-    for ax, (task, corr) in zip(axes[0], panels, strict=True):
+    fig, axes = plt.subplots(
+        len(tasks),
+        len(corrs),
+        figsize=(4.2 * len(corrs), 3.4 * len(tasks)),
+        squeeze=False,
+        sharey="row",
+    )  # one row per task, one column per correction
+    for ax, (task, corr) in zip(axes.flat, [(t, c) for t in tasks for c in corrs], strict=True):
         for c in cells:
             if (c["task"], c["correction"]) != (task, corr) or not c["curve"]:
                 continue
             xs, ys = zip(*c["curve"], strict=True)
             first = c["seed"] == min(x["seed"] for x in cells)
             ax.plot(
-                xs, ys, "o-", ms=2, color=colours[c["S"]], label=f"S={c['S']}" if first else None
-            )
+                xs, ys, "o-", ms=2, lw=1, color=colours[c["S"]],
+                label=f"S={c['S']}" if first else None,
+            )  # fmt: skip
         ax.set_title(f"{task}, {corr}", fontsize=10)
         ax.set_xlabel("wall time since first RL step (s)", fontsize=8)
         ax.set_ylabel(TASKS[task][1], fontsize=8)
