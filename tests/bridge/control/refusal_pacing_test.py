@@ -36,7 +36,7 @@ def test_full_refusals_are_spread_over_the_idle_fleet(tmp_path):
 
 
 def test_a_worker_holding_all_it_may_is_told_the_base_retry(tmp_path):
-    """"full" for the worker's own cap (room opens when it submits): no spread."""
+    """ "full" for the worker's own cap (room opens when it submits): no spread."""
     ctl = make(tmp_path, Clock(), staleness=3, groups_per_step=1, max_groups_per_lease=1,
                lease_retry_budget_per_s=0.001, lease_ttl_s=100.0)  # fmt: skip
     ctl.publish(0)
