@@ -70,15 +70,18 @@ def _submit_in_background(server, headers, lease):
 def test_group_commit_one_fsync_covers_every_commit_that_waited(tmp_path):
     db = ControllerDB(str(tmp_path / "c.db"))
     entered, release = _blocking_fsync(db.group_commit)
-    committed = threading.Barrier(9)
+    committed = threading.Barrier(9, timeout=30)
+    writer = (
+        threading.Lock()
+    )  # one transaction at a time on the connection, as the controller's lock
 
     def first():
-        with db.tx():
+        with writer, db.tx():
             db.put("k0", 0)
         db.sync()
 
     def later(i):
-        with db.tx():
+        with writer, db.tx():
             db.put(f"k{i}", i)
         committed.wait()
         db.sync()
