@@ -98,7 +98,7 @@ def get_config() -> ConfigDict:
     # Off-policy correction, overrides is_mode when set: none | tis | mask | token_mis
     # (IcePop) | seq_mis | geo_seq (learner_jax/losses.py docstring); is_cap is its c.
     c.loss.off_policy = config_dict.placeholder(str)
-    c.loss.kl_coef = 0.0  # > 0 is refused: no reference model (run_config.check_loss)
+    c.loss.kl_coef = 0.0  # beta of the KL penalty to the RL start's policy (reference_policy.py)
     # Entropy bonus: loss -= entropy_coef * mean full-vocabulary entropy at the sampled
     # tokens (learner_jax/losses.py); keeps exploration alive (configs/kuhn_poker.py).
     c.loss.entropy_coef = 0.0

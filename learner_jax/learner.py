@@ -37,6 +37,7 @@ from learner_jax import (
     lora_state,
     optim,
     packing,
+    reference_policy,
     train_state,
     train_step,
     wandb_sink,
@@ -125,6 +126,10 @@ class Learner:
             self._merge = lora_state.merge_fn(self.lora, self.shardings.frozen)
             if first == "rl":
                 self.cursor["rl_start_step"] = 0
+        # The KL penalty's frozen reference policy (reference_policy.py); None without it.
+        self.reference = None
+        if self.phase == "rl":
+            self._load_reference(fresh=self.ckpt.latest_step() is None)
         # Only process 0 writes metrics lines (every process computes the same numbers).
         self.metrics = (
             MetricsWriter(workdir, sinks=wandb_sink.sinks_for(config, workdir))
@@ -181,7 +186,19 @@ class Learner:
         init = jax.jit(self.optimizers["rl"].init, out_shardings=self.shardings.opt_state)
         self.state = self.state.replace(opt_state=init(self.state.params))
         self.cursor.update(phase="rl", rl_start_step=self.step)
+        self._load_reference(fresh=True)
         self.save(force=True)
+
+    def _load_reference(self, fresh: bool) -> None:
+        """The reference policy as the RL phase starts (`fresh`: snapshot and save the
+        current params), or the saved one on resume; nothing without a KL penalty."""
+        if not train_step.needs_reference(step_config(self.config, "rl")):
+            return
+        if fresh:
+            self.reference = reference_policy.snapshot(self.state.params, self.shardings.params)
+            reference_policy.save(self.workdir, self.reference)
+        else:
+            self.reference = reference_policy.restore(self.workdir, self.abstract.params)
 
     def train_step(self, batch: train_step.Batch, wait_s: float = 0.0) -> dict:
         """One optimizer update of the current phase; returns its metrics (host floats)."""
@@ -198,7 +215,9 @@ class Learner:
                 self.config.batch.get("pack_len", 0) or None,
             )
         t0 = time.perf_counter()
-        self.state, out = fn(self.state, train_step.put_batch(batch, self.mesh, self.rules))
+        batch = train_step.put_batch(batch, self.mesh, self.rules)
+        ref = self.reference if self.phase == "rl" else None
+        self.state, out = fn(self.state, batch, ref)
         out = jax.device_get(out)
         dt = time.perf_counter() - t0
         self._busy += dt

@@ -137,13 +137,13 @@ def check_rl_schedule(config) -> None:
 
 
 def check_loss(config) -> None:
-    """The RL loop computes no reference policy's log-probs (there is no reference model),
-    so a KL penalty to one cannot run: refused here, not at the first RL step."""
-    if loss_config(config).kl_coef > 0:
+    """The KL penalty's reference policy (learner_jax/reference_policy.py) is held by the
+    one learner process; a multi-process learner's followers do not load it."""
+    if loss_config(config).kl_coef > 0 and several_processes(config):
         raise ValueError(
-            f"loss.kl_coef={config.loss.kl_coef} is not supported: the KL penalty needs a "
-            "frozen reference policy's log-probs, which this learner does not compute; "
-            "set loss.kl_coef=0"
+            f"loss.kl_coef={config.loss.kl_coef} is not supported with several learner "
+            "processes (the reference policy lives in process 0 only); set loss.kl_coef=0 "
+            "or run one process"
         )
 
 

@@ -160,6 +160,16 @@ def batch_sharding(mesh: Mesh, rules: Sequence = sharding.DEFAULT_RULES) -> Name
     return NamedSharding(mesh, spec)
 
 
+def needs_reference(step_cfg: StepConfig) -> bool:
+    """An RL step with a KL penalty: it takes the frozen reference policy's params."""
+    return step_cfg.kind == "rl" and step_cfg.loss.kl_coef > 0
+
+
+def _check_reference(step_cfg: StepConfig, ref) -> None:
+    if (ref is not None) != needs_reference(step_cfg):
+        raise ValueError("pass the reference params exactly when loss.kl_coef > 0 (RL)")
+
+
 def _row_counts(mb: Batch) -> tuple[jax.Array, jax.Array]:
     """(kept sequences, loss tokens) of a batch, as the losses count them."""
     m = mb.loss_mask * mb.seq_mask[:, None]  # [B, T]
@@ -172,7 +182,7 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
         cfg, dtype=jnp.dtype(step_cfg.dtype), options=step_cfg.model_options, lora=step_cfg.lora
     )
 
-    def per_token(params, tokens, positions, segment_ids, targets, rngs=None):
+    def per_token(params, tokens, positions, segment_ids, targets, rngs=None, extra=True):
         """(log p(target), entropy, argmax == target) per input token, [rows, len] each."""
         rl = step_cfg.kind == "rl"  # SFT: the model's own distribution
         temperature, truncation = (
@@ -181,19 +191,20 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
         # RL: also Var_p[log p] per position, for the audit's sampling check.
         return model.token_stats(
             net, params, tokens, positions, segment_ids, targets, temperature, truncation, rngs,
-            variance=rl and step_cfg.sampling_check,
+            variance=rl and step_cfg.sampling_check and extra,
         )  # fmt: skip
 
-    def fn(params, mb: Batch, rngs=None):
+    def stats(params, mb: Batch, rngs=None, extra=True):
+        """per_token on the batch's rows ([B, T] out, packed or not); `extra=False` skips
+        the audit's variance pass (the reference policy's log-probs need none)."""
+        q = mb if mb.pack is None else mb.pack  # packed: rows gathered back to [B, T] below
+        out = per_token(params, q.tokens, q.positions, q.segment_ids, q.targets, rngs, extra)
         if mb.pack is None:
-            logp, entropy, correct, *var = per_token(
-                params, mb.tokens, mb.positions, mb.segment_ids, mb.targets, rngs
-            )
-        else:  # packed rows in, the [B, T] layout out: everything below is unchanged
-            p = mb.pack
-            packed = per_token(params, p.tokens, p.positions, p.segment_ids, p.targets, rngs)
-            t = mb.tokens.shape[1]
-            logp, entropy, correct, *var = (packing.unpack(x, p, t) for x in packed)
+            return out
+        return tuple(packing.unpack(x, mb.pack, mb.tokens.shape[1]) for x in out)
+
+    def fn(params, mb: Batch, rngs=None, ref=None):
+        logp, entropy, correct, *var = stats(params, mb, rngs)
         m = mb.loss_mask * mb.seq_mask[:, None]  # [B, T]
         sums = {
             "entropy": jax.lax.stop_gradient((entropy * m).sum()),
@@ -212,6 +223,8 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
             loss_mask=mb.loss_mask,
             seq_mask=mb.seq_mask,
             entropy=entropy if step_cfg.loss.entropy_coef > 0 else None,
+            # The reference policy's log-probs (KL penalty): no dropout, no gradient.
+            ref_logp=None if ref is None else jax.lax.stop_gradient(stats(ref, mb, extra=False)[0]),
         )
         loss, metrics = losses.compute_loss(logp, inputs, step_cfg.loss)
         # mismatch/kl: k3 estimate of KL(behavior || learner) on rows the learner's current
@@ -275,16 +288,20 @@ def make_step_fn(cfg: ModelConfig, optimizer: optax.GradientTransformation, step
     """The unjitted step (state, batch) -> (state, metrics); see `jit_step`."""
     objective = _objective(cfg, step_cfg)
 
-    def weighted(params, mb, w, frozen, rngs):
+    def weighted(params, mb, w, frozen, rngs, ref):
         # LoRA: params are the adapters, differentiated; the frozen base is not.
-        loss, aux = objective(lora_lib.combine(frozen, params), mb, rngs)
+        ref = None if ref is None else lora_lib.combine(frozen, ref)
+        loss, aux = objective(lora_lib.combine(frozen, params), mb, rngs, ref)
         return loss * w, aux
 
     grad_fn = jax.value_and_grad(weighted, has_aux=True)
     k = step_cfg.micro_batches
     by = "tokens" if step_cfg.kind == "sft" else _NORMALIZER[step_cfg.loss.name]
 
-    def step(state: TrainState, batch: Batch):
+    def step(state: TrainState, batch: Batch, ref=None):
+        """`ref`: the reference policy's params (a tree like `state.params`), which the KL
+        penalty needs (`needs_reference`); None otherwise."""
+        _check_reference(step_cfg, ref)
         if batch.size % k:
             raise ValueError(f"batch of {batch.size} rows does not split into {k} micro-batches")
         micro = _split(batch, k)
@@ -296,7 +313,7 @@ def make_step_fn(cfg: ModelConfig, optimizer: optax.GradientTransformation, step
         def body(grads, xs):
             mb, w, i = xs
             rngs = _dropout_rngs(step_cfg, state, i)
-            (_, (metrics, sums)), g = grad_fn(state.params, mb, w, state.frozen, rngs)
+            (_, (metrics, sums)), g = grad_fn(state.params, mb, w, state.frozen, rngs, ref)
             return jax.tree.map(jnp.add, grads, g), (metrics, sums)
 
         zeros = jax.tree.map(jnp.zeros_like, state.params)
@@ -339,16 +356,18 @@ def jit_step(
     `train_state.state_shardings`), batch rows as the 'batch' rule says, metrics replicated.
     Traced under the mesh and rules so the model's activation constraints apply.
     """
+    ins = (shardings, batch_sharding(mesh, rules))
     fn = jax.jit(
         make_step_fn(cfg, optimizer, step_cfg),
-        in_shardings=(shardings, batch_sharding(mesh, rules)),
+        in_shardings=ins + (shardings.params,) if needs_reference(step_cfg) else ins,
         out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())),
         donate_argnums=(0,) if donate else (),
     )
 
-    def step(state: TrainState, batch: Batch):
+    def step(state: TrainState, batch: Batch, ref=None):
+        _check_reference(step_cfg, ref)
         with sharding.use_mesh(mesh, rules):
-            return fn(state, batch)
+            return fn(state, batch) if ref is None else fn(state, batch, ref)
 
     step.jitted = fn
     return step

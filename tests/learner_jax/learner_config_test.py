@@ -213,12 +213,14 @@ def test_broadcast_auto_follows_the_store_and_a_bad_mode_fails_validation():
         validate(c)
 
 
-def test_kl_penalty_is_refused_at_validation():
+def test_kl_penalty_runs_on_one_learner_process_only():
     from learner_jax.run_config import validate
 
     c = tiny_arith()
-    c.loss.kl_coef = 0.1  # the RL loop has no reference model to compute ref_logp with
-    with pytest.raises(ValueError, match=r"loss.kl_coef=0.1 is not supported.*reference"):
+    c.loss.kl_coef = 0.1
+    validate(c)  # one process: the learner holds the reference policy
+    c.distributed.num_processes = 2  # followers would have no reference policy
+    with pytest.raises(ValueError, match=r"loss.kl_coef=0.1 is not supported.*processes"):
         validate(c)
 
 

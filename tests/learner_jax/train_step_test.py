@@ -327,3 +327,49 @@ def test_entropy_bonus_gradient_is_minus_alpha_times_mean_entropy_gradient():
     # The reported loss is the bonus alone: -alpha * mean entropy (policy term 0).
     ent = float(mean_entropy(state.params))
     assert_close_at_scale(m_on["loss"], -alpha * ent, scale=alpha * np.log(CFG.vocab_size))
+
+
+def test_kl_penalty_gradient_is_beta_times_the_k3_gradient_to_the_reference_params():
+    """loss.kl_coef through the jitted step, the reference given as params: with zero
+    advantages the step's gradient is exactly beta * grad of GRPO's sequence-then-batch
+    mean of k3(pi_ref || pi), computed here from the model at both param sets; the `kl`
+    metric is that mean of k3 over tokens, checked in float64 numpy."""
+    beta = 0.4
+    batch = dataclasses.replace(make_rl_batch(seed=5), advantages=np.zeros(B, np.float32))
+    mesh_items = (("data", 1),)
+    mesh, state, shardings = initial_state(mesh_items, GRADS)
+    noise = np.random.default_rng(1)
+    ref = jax.tree.map(  # another policy: the init params, perturbed
+        lambda p: p + 0.05 * noise.standard_normal(p.shape).astype(p.dtype),
+        jax.device_get(state.params),
+    )
+    ref = jax.device_put(ref, shardings.params)
+    cfg = train_step.StepConfig(kind="rl", loss=losses.LossConfig(name="grpo", kl_coef=beta))
+    step = train_step.jit_step(CFG, GRADS, cfg, mesh, shardings, donate=False)
+    with pytest.raises(ValueError, match="reference params"):
+        step(state, train_step.put_batch(batch, mesh))  # the penalty without its reference
+    new_state, metrics = step(state, train_step.put_batch(batch, mesh), ref)
+
+    m = np.asarray(batch.loss_mask * batch.seq_mask[:, None], np.float64)
+    n = m.sum(axis=1)
+    keep = n > 0
+
+    def logp_of(params):
+        args = (batch.tokens, batch.positions, batch.segment_ids, batch.targets)
+        return model.token_stats(model.Transformer(CFG), params, *args)[0]
+
+    ref_logp = logp_of(ref)
+
+    def penalty(params):
+        d = ref_logp - logp_of(params)
+        k3 = (jax.numpy.exp(d) - d - 1.0) * m
+        return beta * (k3.sum(axis=1)[keep] / n[keep]).mean()
+
+    want = jax.tree.map(np.asarray, jax.grad(penalty)(state.params))
+    got = jax.device_get(new_state.opt_state)
+    assert_trees_close_at_scale(got, want)
+    assert max(float(np.abs(g).max()) for g in jax.tree.leaves(got)) > 1e-4  # not vacuous
+    d = np.asarray(ref_logp, np.float64) - np.asarray(logp_of(state.params), np.float64)
+    kl = ((np.exp(d) - d - 1.0) * m).sum() / m.sum()
+    assert kl > 1e-4
+    assert_close_at_scale(metrics["kl"], kl, scale=kl)

@@ -169,3 +169,47 @@ def test_bad_config_writes_nothing(tmp_path):
     with pytest.raises(ValueError, match="unknown loss"):
         train.run(config, str(tmp_path / "wd"))
     assert not (tmp_path / "wd").exists()
+
+
+def test_kl_penalty_anchors_to_the_policy_the_rl_phase_started_from(tmp_path):
+    """loss.kl_coef > 0: the reference is the params at the RL boundary, saved once beside
+    the checkpoints and restored (not re-taken) on resume; the `kl` metric starts at 0
+    (policy == reference) and grows as RL moves the policy; a run whose RL phase began
+    without the penalty cannot add it on resume (no reference: a clear error)."""
+    from learner_jax import reference_policy
+    from learner_jax.learner import Learner
+
+    config = tiny_test_config()
+    config.sft.steps, config.total_steps = 1, 4
+    config.optimizer.warmup_steps = 0
+    config.checkpoint.keep = 10  # keep the boundary's checkpoint to compare with
+    config.loss.kl_coef = 0.5
+    wd = str(tmp_path / "kl")
+    learner = train.run(config, wd, items=_rl_items(5, 8, 12, 100))
+    assert learner.step == 5 and os.path.isdir(reference_policy.path(wd))
+    at_boundary, _ = checkpoint.Checkpointer(checkpoint.checkpoint_dir(wd)).restore(
+        learner.abstract, step=1
+    )
+
+    def same(a, b):
+        return all(
+            np.array_equal(x, y)
+            for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True)
+        )
+
+    assert same(jax.device_get(learner.reference), jax.device_get(at_boundary.params))
+    assert not same(jax.device_get(learner.state.params), jax.device_get(at_boundary.params))
+    kl = [r["kl"] for r in metrics_lib.read_metrics(wd) if r["phase"] == "rl"]
+    assert kl[0] < 1e-9 and min(kl[1:]) > 1e-6, kl  # k3 of float32 noise is ~1e-14
+    resumed = Learner(config, wd)  # at step 5: the reference comes back from disk
+    try:
+        assert same(jax.device_get(resumed.reference), jax.device_get(at_boundary.params))
+    finally:
+        resumed.close()
+
+    config.loss.kl_coef = 0.0
+    plain = str(tmp_path / "plain")
+    train.run(config, plain, items=_rl_items(2, 8, 12, 100)).close()
+    config.loss.kl_coef = 0.5
+    with pytest.raises(FileNotFoundError, match="began without the KL penalty"):
+        Learner(config, plain)
