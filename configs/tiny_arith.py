@@ -99,6 +99,7 @@ def get_config() -> ConfigDict:
     # (IcePop) | seq_mis | geo_seq (learner_jax/losses.py docstring); is_cap is its c.
     c.loss.off_policy = config_dict.placeholder(str)
     c.loss.kl_coef = 0.0  # beta of the KL penalty to the RL start's policy (reference_policy.py)
+    c.loss.kl_end_fraction = 1.0  # beta's cosine schedule ends at kl_coef * this (1: constant)
     # Entropy bonus: loss -= entropy_coef * mean full-vocabulary entropy at the sampled
     # tokens (learner_jax/losses.py); keeps exploration alive (configs/kuhn_poker.py).
     c.loss.entropy_coef = 0.0

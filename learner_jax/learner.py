@@ -216,8 +216,13 @@ class Learner:
             )
         t0 = time.perf_counter()
         batch = train_step.put_batch(batch, self.mesh, self.rules)
-        ref = self.reference if self.phase == "rl" else None
-        self.state, out = fn(self.state, batch, ref)
+        if self.phase == "rl" and self.reference is not None:  # the KL penalty
+            scale = reference_policy.kl_scale(
+                self.config.loss, self.rl_steps, self.config.total_steps
+            )  # this step's beta is the step's `kl_coef` metric
+            self.state, out = fn(self.state, batch, self.reference, scale)
+        else:
+            self.state, out = fn(self.state, batch)
         out = jax.device_get(out)
         dt = time.perf_counter() - t0
         self._busy += dt

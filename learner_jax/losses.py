@@ -104,6 +104,7 @@ class LossInputs:
     ref_logp: jax.Array | None = None  # [B, T] frozen reference policy (KL)
     seq_mask: jax.Array | None = None  # [B] 0 drops a sequence (filtered group, padding)
     entropy: jax.Array | None = None  # [B, T] full-vocabulary entropy (entropy_coef > 0)
+    kl_scale: jax.Array | None = None  # [] this step's factor on kl_coef (its schedule); None = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,6 +115,9 @@ class LossConfig:
     is_mode: str = "truncate"
     is_cap: float = 2.0
     kl_coef: float = 0.0
+    # The KL penalty's schedule over the RL steps: cosine from kl_coef down to
+    # kl_coef * kl_end_fraction (1 = constant); learner_jax/reference_policy.py.
+    kl_end_fraction: float = 1.0
     dr_grpo_constant: float | None = None  # None: T, the padded completion length
     off_policy: str | None = None  # one of OFF_POLICY; None: from is_mode (module docstring)
     entropy_coef: float = 0.0  # alpha of the entropy bonus (module docstring); 0 = off
@@ -140,6 +144,8 @@ class LossConfig:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
         if self.entropy_coef < 0:
             raise ValueError(f"entropy_coef must be >= 0, got {self.entropy_coef}")
+        if not 0.0 <= self.kl_end_fraction <= 1.0:
+            raise ValueError(f"kl_end_fraction must be in [0, 1], got {self.kl_end_fraction}")
         if self.dr_grpo_constant is not None and self.dr_grpo_constant <= 0:
             raise ValueError(f"dr_grpo_constant must be > 0, got {self.dr_grpo_constant}")
 
@@ -280,6 +286,11 @@ def _clipped_surrogate(ratio: jax.Array, adv: jax.Array, cfg: LossConfig):
     return -jnp.minimum(unclipped, clipped), (clipped < unclipped).astype(jnp.float32)
 
 
+def _beta(batch: LossInputs, cfg: LossConfig):
+    """This step's KL weight: kl_coef times the schedule's factor when one is given."""
+    return cfg.kl_coef if batch.kl_scale is None else cfg.kl_coef * batch.kl_scale
+
+
 def _k3(logp: jax.Array, ref_logp: jax.Array, m: jax.Array) -> jax.Array:
     return k3(_masked_diff(ref_logp, logp, m), xp=jnp)  # [B, T]
 
@@ -298,7 +309,8 @@ def _token_level_loss(logp, batch: LossInputs, cfg: LossConfig, aggregate):
     if batch.ref_logp is not None:
         k3 = _k3(logp, batch.ref_logp, m)  # [B, T]
         if cfg.kl_coef > 0:
-            loss = loss + cfg.kl_coef * aggregate(k3, m, n, keep)
+            loss = loss + _beta(batch, cfg) * aggregate(k3, m, n, keep)
+            metrics["kl_coef"] = jnp.asarray(_beta(batch, cfg), jnp.float32)
         metrics["kl"] = _masked_mean(k3, m)
     metrics.update(
         loss=loss,
@@ -361,7 +373,8 @@ def gspo_loss(logp, batch: LossInputs, cfg: LossConfig):
     if batch.ref_logp is not None:
         k3 = _k3(logp, batch.ref_logp, m)  # [B, T]
         if cfg.kl_coef > 0:
-            loss = loss + cfg.kl_coef * _batch_mean((k3 * m).sum(axis=1) / n1, keep)
+            loss = loss + _beta(batch, cfg) * _batch_mean((k3 * m).sum(axis=1) / n1, keep)
+            metrics["kl_coef"] = jnp.asarray(_beta(batch, cfg), jnp.float32)
         metrics["kl"] = _masked_mean(k3, m)
     metrics.update(
         loss=loss,

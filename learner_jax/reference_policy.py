@@ -16,6 +16,7 @@ boundary's own checkpoint).
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -24,6 +25,16 @@ import jax.numpy as jnp
 import orbax.checkpoint as ocp
 
 DIRNAME = "reference_policy"
+
+
+def kl_scale(loss_cfg, rl_step: int, total_steps: int) -> float:
+    """The factor on `loss.kl_coef` at RL update `rl_step` (0-based): a cosine from 1 down
+    to `loss.kl_end_fraction` over `total_steps`, then flat (1 throughout by default). A
+    large anchor early keeps rare actions explored while the policy finds them; a small
+    one late lets it commit to them (the KL's pull toward the warm start costs reward)."""
+    end = loss_cfg.get("kl_end_fraction", 1.0)
+    progress = min(rl_step / max(total_steps, 1), 1.0)
+    return end + (1.0 - end) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
 def path(workdir: str) -> str:

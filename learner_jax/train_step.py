@@ -203,7 +203,7 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
             return out
         return tuple(packing.unpack(x, mb.pack, mb.tokens.shape[1]) for x in out)
 
-    def fn(params, mb: Batch, rngs=None, ref=None):
+    def fn(params, mb: Batch, rngs=None, ref=None, kl_scale=None):
         logp, entropy, correct, *var = stats(params, mb, rngs)
         m = mb.loss_mask * mb.seq_mask[:, None]  # [B, T]
         sums = {
@@ -225,6 +225,7 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
             entropy=entropy if step_cfg.loss.entropy_coef > 0 else None,
             # The reference policy's log-probs (KL penalty): no dropout, no gradient.
             ref_logp=None if ref is None else jax.lax.stop_gradient(stats(ref, mb, extra=False)[0]),
+            kl_scale=kl_scale,
         )
         loss, metrics = losses.compute_loss(logp, inputs, step_cfg.loss)
         # mismatch/kl: k3 estimate of KL(behavior || learner) on rows the learner's current
@@ -267,6 +268,8 @@ def _unsplit(x: jax.Array) -> jax.Array:
 
 def _combine(name: str, values: jax.Array, loss_w: jax.Array, token_w: jax.Array):
     """Reduce a per-micro-batch metric [k] to the full-batch value."""
+    if name == "kl_coef":  # this step's beta, the same in every micro-batch
+        return values[0]
     if name.endswith("max"):
         return values.max()
     if name.endswith("min"):
@@ -288,19 +291,20 @@ def make_step_fn(cfg: ModelConfig, optimizer: optax.GradientTransformation, step
     """The unjitted step (state, batch) -> (state, metrics); see `jit_step`."""
     objective = _objective(cfg, step_cfg)
 
-    def weighted(params, mb, w, frozen, rngs, ref):
+    def weighted(params, mb, w, frozen, rngs, ref, kl_scale):
         # LoRA: params are the adapters, differentiated; the frozen base is not.
         ref = None if ref is None else lora_lib.combine(frozen, ref)
-        loss, aux = objective(lora_lib.combine(frozen, params), mb, rngs, ref)
+        loss, aux = objective(lora_lib.combine(frozen, params), mb, rngs, ref, kl_scale)
         return loss * w, aux
 
     grad_fn = jax.value_and_grad(weighted, has_aux=True)
     k = step_cfg.micro_batches
     by = "tokens" if step_cfg.kind == "sft" else _NORMALIZER[step_cfg.loss.name]
 
-    def step(state: TrainState, batch: Batch, ref=None):
-        """`ref`: the reference policy's params (a tree like `state.params`), which the KL
-        penalty needs (`needs_reference`); None otherwise."""
+    def step(state: TrainState, batch: Batch, ref=None, kl_scale=None):
+        """`ref`: the reference policy's params (a tree like `state.params`) and `kl_scale`
+        (a scalar, this step's factor on loss.kl_coef), which the KL penalty needs
+        (`needs_reference`); None otherwise."""
         _check_reference(step_cfg, ref)
         if batch.size % k:
             raise ValueError(f"batch of {batch.size} rows does not split into {k} micro-batches")
@@ -313,7 +317,9 @@ def make_step_fn(cfg: ModelConfig, optimizer: optax.GradientTransformation, step
         def body(grads, xs):
             mb, w, i = xs
             rngs = _dropout_rngs(step_cfg, state, i)
-            (_, (metrics, sums)), g = grad_fn(state.params, mb, w, state.frozen, rngs, ref)
+            (_, (metrics, sums)), g = grad_fn(
+                state.params, mb, w, state.frozen, rngs, ref, kl_scale
+            )
             return jax.tree.map(jnp.add, grads, g), (metrics, sums)
 
         zeros = jax.tree.map(jnp.zeros_like, state.params)
@@ -357,17 +363,21 @@ def jit_step(
     Traced under the mesh and rules so the model's activation constraints apply.
     """
     ins = (shardings, batch_sharding(mesh, rules))
+    if needs_reference(step_cfg):  # + the reference params and the KL's scale
+        ins += (shardings.params, NamedSharding(mesh, PartitionSpec()))
     fn = jax.jit(
         make_step_fn(cfg, optimizer, step_cfg),
-        in_shardings=ins + (shardings.params,) if needs_reference(step_cfg) else ins,
+        in_shardings=ins,
         out_shardings=(shardings, NamedSharding(mesh, PartitionSpec())),
         donate_argnums=(0,) if donate else (),
     )
 
-    def step(state: TrainState, batch: Batch, ref=None):
+    def step(state: TrainState, batch: Batch, ref=None, kl_scale=1.0):
         _check_reference(step_cfg, ref)
         with sharding.use_mesh(mesh, rules):
-            return fn(state, batch) if ref is None else fn(state, batch, ref)
+            if ref is None:
+                return fn(state, batch)
+            return fn(state, batch, ref, jnp.asarray(kl_scale, jnp.float32))
 
     step.jitted = fn
     return step

@@ -349,6 +349,11 @@ def test_kl_penalty_gradient_is_beta_times_the_k3_gradient_to_the_reference_para
     with pytest.raises(ValueError, match="reference params"):
         step(state, train_step.put_batch(batch, mesh))  # the penalty without its reference
     new_state, metrics = step(state, train_step.put_batch(batch, mesh), ref)
+    half, _ = step(state, train_step.put_batch(batch, mesh), ref, 0.5)  # the schedule's factor
+    assert_trees_close_at_scale(
+        jax.device_get(half.opt_state),
+        jax.tree.map(lambda g: 0.5 * g, jax.device_get(new_state.opt_state)),
+    )
 
     m = np.asarray(batch.loss_mask * batch.seq_mask[:, None], np.float64)
     n = m.sum(axis=1)

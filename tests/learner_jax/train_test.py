@@ -183,7 +183,7 @@ def test_kl_penalty_anchors_to_the_policy_the_rl_phase_started_from(tmp_path):
     config.sft.steps, config.total_steps = 1, 4
     config.optimizer.warmup_steps = 0
     config.checkpoint.keep = 10  # keep the boundary's checkpoint to compare with
-    config.loss.kl_coef = 0.5
+    config.loss.kl_coef, config.loss.kl_end_fraction = 0.5, 0.2  # beta: cosine 0.5 -> 0.1
     wd = str(tmp_path / "kl")
     learner = train.run(config, wd, items=_rl_items(5, 8, 12, 100))
     assert learner.step == 5 and os.path.isdir(reference_policy.path(wd))
@@ -199,14 +199,19 @@ def test_kl_penalty_anchors_to_the_policy_the_rl_phase_started_from(tmp_path):
 
     assert same(jax.device_get(learner.reference), jax.device_get(at_boundary.params))
     assert not same(jax.device_get(learner.state.params), jax.device_get(at_boundary.params))
-    kl = [r["kl"] for r in metrics_lib.read_metrics(wd) if r["phase"] == "rl"]
+    rl_rows = [r for r in metrics_lib.read_metrics(wd) if r["phase"] == "rl"]
+    kl = [r["kl"] for r in rl_rows]
     assert kl[0] < 1e-9 and min(kl[1:]) > 1e-6, kl  # k3 of float32 noise is ~1e-14
+    # The schedule: a cosine over total_steps (4) from kl_coef to kl_coef * kl_end_fraction.
+    betas = [0.1 + 0.4 * 0.5 * (1 + np.cos(np.pi * t / 4)) for t in range(4)]
+    assert np.allclose([r["kl_coef"] for r in rl_rows], betas), rl_rows
     resumed = Learner(config, wd)  # at step 5: the reference comes back from disk
     try:
         assert same(jax.device_get(resumed.reference), jax.device_get(at_boundary.params))
     finally:
         resumed.close()
 
+    assert reference_policy.kl_scale(config.loss, 9, 4) == 0.2  # flat after total_steps
     config.loss.kl_coef = 0.0
     plain = str(tmp_path / "plain")
     train.run(config, plain, items=_rl_items(2, 8, 12, 100)).close()
