@@ -118,7 +118,6 @@ class Controller(LearnerCalls):
             c.broadcast, c.broadcast_fanout, c.broadcast_bad_limit, c.worker_timeout_s,
             checker=None if c.broadcast == "store" else ReportChecker(),
         )  # fmt: skip
-        self._polling = threading.local()  # in wait_batch: take_batch skips stats on a miss
         self.pacing = HeartbeatPacing(c)  # the interval each reply carries
         self.auditor = audit_lib.WorkerAudit.from_config(c, self.db)
         self.db.restore_deadlines(clock() + c.lease_ttl_s)  # granted: a full TTL more

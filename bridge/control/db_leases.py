@@ -23,6 +23,7 @@ sweep (any lease, submit, batch or periodic flush), its groups requeued.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 
@@ -155,6 +156,15 @@ class LeaseRows:
     def lease(self, lease_id: str):
         rows = self.q("SELECT * FROM leases WHERE lease_id=?", (lease_id,))
         return rows[0] if rows else None
+
+    def lease_workers(self, lease_ids: list[str]) -> dict[str, str]:
+        """lease_id -> worker_id of `lease_ids`, in one statement (any number of ids)."""
+        rows = self.q(
+            "SELECT lease_id, worker_id FROM leases"
+            " WHERE lease_id IN (SELECT value FROM json_each(?))",
+            (json.dumps(sorted(set(lease_ids))),),
+        )
+        return {r["lease_id"]: r["worker_id"] for r in rows}
 
     def active_leases(self, worker_id: str) -> list[str]:
         """Ids of the leases `worker_id` holds now."""
