@@ -8,9 +8,10 @@ lease was taken at (a token tagged older than it is refused) and changes nothing
 deadlines. The caller then scores the fresh groups with the lock released
 (bridge/control/rewards.py), and `accept` (under the lock again) buffers the scored groups
 atomically. A checked submission renews its worker's leases past the worst-case scoring
-time (one timeout per completion), so scoring never expires them; a lease that ended anyway
-(released, the worker quarantined) is refused with 409 (its groups were requeued); a group
-buffered meanwhile by a concurrent resubmission of the same lease counts as a duplicate.
+time (two timeouts per completion, rewards.py), so scoring never expires them; a lease
+that ended anyway (released, the worker quarantined) is refused with 409 (its groups were
+requeued); a group buffered meanwhile by a concurrent resubmission of the same lease counts
+as a duplicate.
 `accept` returns what the caller feeds to the lease timing and the fleet plan when the
 lease is complete (`LeaseDone`).
 """
@@ -98,7 +99,10 @@ class Intake:
             fresh.append(g)
             prompts[g.group_id] = Prompt(row["prompt_id"], row["prompt"], row["answer"])
         if fresh:  # contact renews the leases, and scoring time must not expire them
-            scoring_s = sum(len(g.trajectories) for g in fresh) * max(c.reward_timeout_s, 0.0)
+            # A group is scored in one pool call under its completions' timeouts, then, if
+            # that call failed, one call per completion (rewards.py): twice their sum.
+            n = sum(len(g.trajectories) for g in fresh)
+            scoring_s = 2 * n * max(c.reward_timeout_s, 0.0)
             db.renew_leases(worker_id, now + c.lease_ttl_s + scoring_s)
         return fresh, prompts
 
