@@ -26,6 +26,7 @@ db_leases.py). Reads that need no transaction can use a per-thread read-only con
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import sqlite3
 import threading
@@ -68,6 +69,13 @@ CREATE TABLE IF NOT EXISTS quarantine (
 
 _UNREAD = object()
 _KV_CACHE_MAX = 10_000
+
+
+class _Uncached(dict):
+    """A kv cache that keeps nothing (`read_view`)."""
+
+    def __setitem__(self, key, value) -> None:
+        pass
 
 
 class ControllerDB(LeaseRows):
@@ -139,6 +147,14 @@ class ControllerDB(LeaseRows):
             with self._reader_list_lock:
                 self._reader_list.append(conn)
         return conn
+
+    def read_view(self) -> ControllerDB:
+        """These named reads on this thread's read-only connection: committed state, no
+        lock, no transaction, no kv cache (it may hold an open transaction's puts). For a
+        check that the locked operation after it repeats (a submission's, intake.py)."""
+        view = copy.copy(self)
+        view.conn, view._kv = self.reader(), _Uncached()
+        return view
 
     def q(self, sql: str, args: tuple | list = ()) -> list[sqlite3.Row]:
         """Rows of one read query. The controller uses the named methods below; tests use

@@ -173,10 +173,10 @@ class LeaseRows:
         )
         return [r["lease_id"] for r in rows]
 
-    def renew_leases(self, worker_id: str, expires_at: float) -> None:
-        """Every active lease of `worker_id` lives at least until `expires_at` (in memory:
-        persisted with the hot state)."""
-        self.deadlines.renew(worker_id, -math.inf, expires_at)
+    def renew_leases(self, worker_id: str, expires_at: float, now: float = -math.inf) -> None:
+        """Every active lease of `worker_id` not past its deadline at `now` lives at least
+        until `expires_at` (in memory: persisted with the hot state)."""
+        self.deadlines.renew(worker_id, now, expires_at)
 
     def set_lease_state(self, lease_id: str, state: str) -> None:
         self._x("UPDATE leases SET state=? WHERE lease_id=?", (state, lease_id))

@@ -7,6 +7,7 @@ anyio's shared thread pool.
   batch is still returned only once its consumption is on disk, and each group names the
   worker that generated it.
 - ControllerDB's kv reads come from memory (a lease grant read `next_step` 4 times).
+- A submission's checks read committed rows without the lock; only its acceptance locks.
 - A group's rewards are one reward-pool call, not one per completion (GIL time).
 - A lease runs on a thread lane of its own (fast_routes.py): with every thread of anyio's
   shared pool taken (submissions waiting for their scoring, the lock or the disk) a lease
@@ -18,12 +19,13 @@ import threading
 
 import anyio
 import anyio.to_thread
-from controller_helpers import codec, make, submit_all, worker
+from controller_helpers import Clock, codec, make, submit_all, worker
 
 from bridge.control import learner_calls
 from bridge.control.fast_routes import RelayFilter, fast_routes
 from bridge.control.protocol import LeaseRequest
 from bridge.control.rewards import RewardScorer
+from bridge.control.validation import SubmissionError
 from bridge.tasks import Prompt, RewardError, make_task
 from bridge.tasks.reward_pool import RewardPool
 
@@ -185,3 +187,41 @@ def test_a_group_is_scored_in_one_pool_call_as_one_call_per_text_would(tmp_path)
     assert batched[:2] + batched[3:] == [1.0, 0.0, 1.0] == alone[:2] + alone[3:]
     assert isinstance(batched[2], RewardError) and "boom" in str(batched[2])
     assert str(batched[2]) == str(alone[2])
+
+
+def test_a_submission_is_checked_without_the_lock_and_accepted_under_it(tmp_path):
+    """The checks read committed rows (`read_view`): a submission reaches its scoring while
+    another thread holds the controller's lock, and is accepted once the lock is free; a
+    lease past its deadline is not renewed by the check (409; the next sweep ends it)."""
+    clock = Clock()
+    ctl = make(tmp_path, clock, staleness=1, groups_per_step=2, lease_ttl_s=10.0)
+    ctl.publish(0)
+    wid = worker(ctl)
+    lease = ctl.lease(wid, LeaseRequest(worker_version=0, max_groups=1)).lease
+    scoring, real = threading.Event(), ctl.scorer.score_group
+
+    def score_group(*args):
+        scoring.set()
+        return real(*args)
+
+    ctl.scorer.score_group = score_group
+    out = []
+    with ctl.lock:
+        t = threading.Thread(target=lambda: out.append(submit_all(ctl, wid, lease)))
+        t.start()
+        assert scoring.wait(10), "the checks waited for the lock"
+        t.join(0.2)
+        assert t.is_alive()  # acceptance is under the lock
+    t.join(10)
+    assert out[0].accepted == [lease.groups[0].group_id]
+    late = ctl.lease(wid, LeaseRequest(worker_version=0, max_groups=1)).lease
+    clock.t += 11.0  # past its deadline, not yet swept
+    try:
+        submit_all(ctl, wid, late)
+        raise AssertionError("a lease past its deadline was accepted")
+    except SubmissionError as e:
+        assert e.status == 409
+    ctl.flush_hot()  # a sweep ends it: the check did not renew it
+    assert ctl.db.lease(late.lease_id)["state"] == "expired"
+    assert ctl.db.groups_of_lease(late.lease_id) == []  # requeued
+    ctl.close()
