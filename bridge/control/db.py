@@ -33,7 +33,7 @@ import threading
 from typing import Any
 
 from bridge.control.db_leases import LeaseDeadlines, LeaseRows
-from bridge.control.group_commit import GroupCommit
+from bridge.control.group_commit import Checkpointer, GroupCommit
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS workers (
@@ -89,6 +89,7 @@ class ControllerDB(LeaseRows):
         self.conn.row_factory = sqlite3.Row
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")  # durability: sync() (group commit)
+        self.conn.execute("PRAGMA wal_autocheckpoint=0")  # off the lock: Checkpointer
         self.conn.executescript(_SCHEMA)
         audit_cols = {r[1] for r in self.conn.execute("PRAGMA table_info(audit)")}
         for col in ("dev", "var", "cusum"):  # the sampling check's, new in an older database
@@ -96,6 +97,7 @@ class ControllerDB(LeaseRows):
                 self.conn.execute(f"ALTER TABLE audit ADD COLUMN {col} REAL NOT NULL DEFAULT 0")
         self._kv: dict[str, str | None] = {}  # key -> JSON text (None: no row); see get()
         self.group_commit = GroupCommit(path + "-wal")
+        self.checkpointer = Checkpointer(path)
         self._readers = threading.local()
         self._reader_list: list[sqlite3.Connection] = []  # closed with the store
         self._reader_list_lock = threading.Lock()
@@ -103,6 +105,7 @@ class ControllerDB(LeaseRows):
         self.restore_deadlines(float("-inf"))
 
     def close(self) -> None:
+        self.checkpointer.close()
         self.group_commit.close()
         with self._reader_list_lock:
             for conn in self._reader_list:

@@ -9,22 +9,30 @@ anyio's shared thread pool.
 - ControllerDB's kv reads come from memory (a lease grant read `next_step` 4 times).
 - A submission's checks read committed rows without the lock; only its acceptance locks.
 - A group's rewards are one reward-pool call, not one per completion (GIL time).
+- Tails: no COMMIT under the lock runs a WAL checkpoint (`Checkpointer`), and the heap
+  built before serving is frozen out of full garbage collections.
 - A lease runs on a thread lane of its own (fast_routes.py): with every thread of anyio's
   shared pool taken (submissions waiting for their scoring, the lock or the disk) a lease
   is still answered.
 """
 
+import contextlib
+import gc
+import shutil
 import sqlite3
 import threading
+import time
 
 import anyio
 import anyio.to_thread
 from controller_helpers import Clock, codec, make, submit_all, worker
 
 from bridge.control import learner_calls
+from bridge.control.db import ControllerDB
 from bridge.control.fast_routes import RelayFilter, fast_routes
 from bridge.control.protocol import LeaseRequest
 from bridge.control.rewards import RewardScorer
+from bridge.control.service import ServerOptions, serve_controller
 from bridge.control.validation import SubmissionError
 from bridge.tasks import Prompt, RewardError, make_task
 from bridge.tasks.reward_pool import RewardPool
@@ -225,3 +233,40 @@ def test_a_submission_is_checked_without_the_lock_and_accepted_under_it(tmp_path
     assert ctl.db.lease(late.lease_id)["state"] == "expired"
     assert ctl.db.groups_of_lease(late.lease_id) == []  # requeued
     ctl.close()
+
+
+def test_the_wal_is_checkpointed_off_the_writer(tmp_path):
+    """No COMMIT under the controller's lock checkpoints (a checkpoint's fsyncs held it up to
+    0.3 s): the writer's automatic checkpoint is off and `Checkpointer` moves committed
+    frames into the database file on its own connection."""
+    db = ControllerDB(str(tmp_path / "c.db"))
+    assert db.conn.execute("PRAGMA wal_autocheckpoint").fetchone()[0] == 0
+    with db.tx():
+        db.put("k", 7)
+    db.sync()
+    copy = tmp_path / "copy.db"  # the database file alone: what a checkpoint has written
+    for _ in range(100):
+        shutil.copyfile(tmp_path / "c.db", copy)
+        try:
+            with contextlib.closing(sqlite3.connect(copy)) as conn:
+                if conn.execute("SELECT value FROM kv WHERE key='k'").fetchall() == [("7",)]:
+                    break
+        except sqlite3.OperationalError:  # the schema not checkpointed yet
+            pass
+        time.sleep(0.1)
+    else:
+        raise AssertionError("nothing reached the database file in 10 s")
+    db.close()
+
+
+def test_serving_freezes_what_was_built(tmp_path):
+    """A full collection walked the whole heap (~110 ms, every thread stopped): what exists
+    when the service starts is frozen out of it."""
+    ctl = make(tmp_path)
+    gc.unfreeze()
+    server = serve_controller(ctl, str(tmp_path), ServerOptions())
+    try:
+        assert gc.get_freeze_count() > 10_000
+    finally:
+        server.stop()
+        ctl.close()
