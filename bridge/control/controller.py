@@ -118,6 +118,7 @@ class Controller(LearnerCalls):
             c.broadcast, c.broadcast_fanout, c.broadcast_bad_limit, c.worker_timeout_s,
             checker=None if c.broadcast == "store" else ReportChecker(),
         )  # fmt: skip
+        self._polling = threading.local()  # in wait_batch: take_batch skips stats on a miss
         self.pacing = HeartbeatPacing(c)  # the interval each reply carries
         self.auditor = audit_lib.WorkerAudit.from_config(c, self.db)
         self.db.restore_deadlines(clock() + c.lease_ttl_s)  # granted: a full TTL more
@@ -325,7 +326,7 @@ class Controller(LearnerCalls):
                 now = self.clock()
                 self.timing.lease_done(worker_id, done.issued_at, now, done.late)
                 self.fleet.lease_done(worker_id, done.issued_at, now, done.rollouts)
-            self._new_work.notify_all()
+            self._work_arrived()  # wait_batch (learner_calls.py)
             return SubmitResponse(
                 accepted=accepted,
                 duplicates=dups,

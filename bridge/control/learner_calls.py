@@ -2,7 +2,7 @@
 its own file): batches, the capacity model's learner reports, the checkpoint cursor,
 the eval board's learner side (`evaluation`).
 
-`Controller` provides `_op`, `lock`, `_new_work`, `_stats`, `learner`, `fleet`,
+`Controller` provides `_op`, `lock`, `_new_work`, `_polling`, `_stats`, `learner`, `fleet`,
 `evals` and `db`; the batch logic itself is learner_api.py's `LearnerSide`.
 """
 
@@ -21,11 +21,13 @@ IDLE_STATS_S = 5.0
 class LearnerCalls:
     def take_batch(self, step: int, num_groups: int) -> tuple[list[ConsumedGroup] | None, dict]:
         """`num_groups` fresh groups for `step`, oldest version first; None if too few yet.
-        The stats are the fleet metrics, plus the batch's staleness when there is one."""
+        The stats are the fleet metrics, plus the batch's staleness when there is one (none
+        on a miss inside `wait_batch`). Only taking the rows holds the lock: the fsync, the
+        decoding and the stats come after it (`_batch_of`)."""
         with self._op(durable=False):
             rows = self.learner.take_rows(step, num_groups)
         if rows is None:
-            return None, self._fresh_stats()
+            return None, ({} if getattr(self._polling, "on", False) else self._fresh_stats())
         return self._batch_of(rows, step)
 
     def wait_batch(
@@ -34,25 +36,35 @@ class LearnerCalls:
         """Block until `take_batch` succeeds or `timeout_s` passes (wall clock). The fleet
         stats are computed once, on return (not on every submission's wake-up), and the
         consumption is on disk before the batch is. The stats carry `time/data_wait_s`, the
-        seconds this call waited for work to arrive. The lock is held only to take the rows
-        (and in the wait's condition): the fsync, the batch's decoding and the stats come
-        after it, so leases and submissions do not queue behind a step's batch."""
+        seconds this call waited for work to arrive. The lock is not held across the tries
+        (a step's fsync, decoding and stats held it ~100-300 ms at 500 workers): a
+        submission accepted after a try's start (`_work_seq`) skips the wait instead."""
         deadline, waited = time.monotonic() + timeout_s, 0.0
-        with self.lock:
+        self._polling.on = True
+        try:
             while True:
-                with self._op(durable=False):
-                    rows = self.learner.take_rows(step, num_groups)
+                seen = getattr(self, "_work_seq", 0)
+                batch, stats = self.take_batch(step, num_groups)
                 left = deadline - time.monotonic()
-                if rows is not None or left <= 0:
+                if batch is not None or left <= 0:
                     break
-                # Wake on submissions; poll anyway so lease expiry is noticed.
-                t0 = time.monotonic()
-                self._new_work.wait(min(left, 0.5))
-                waited += time.monotonic() - t0
+                with self.lock:  # wake on submissions; poll anyway so expiry is noticed
+                    if getattr(self, "_work_seq", 0) == seen:
+                        t0 = time.monotonic()
+                        self._new_work.wait(min(left, 0.5))
+                        waited += time.monotonic() - t0
+        finally:
+            self._polling.on = False
         # The time there was no batch to take: the rest of the call (taking it, the fleet
         # stats, the fsync, the transfer) is the learner's own cost per step (capacity O).
-        batch, stats = (None, self._idle_stats()) if rows is None else self._batch_of(rows, step)
+        if batch is None:
+            stats = self._idle_stats()
         return batch, {**stats, "time/data_wait_s": waited}
+
+    def _work_arrived(self) -> None:
+        """A submission was accepted (lock held): wake a waiting `wait_batch`."""
+        self._work_seq = getattr(self, "_work_seq", 0) + 1
+        self._new_work.notify_all()
 
     def _batch_of(self, rows: list[dict], step: int) -> tuple[list[ConsumedGroup], dict]:
         """After the lock: the consumption on disk before the learner trains on it, then
