@@ -312,10 +312,10 @@ class Controller(LearnerCalls):
                 ann = self.versions.current()
             out = self.evals.submit(worker_id, sub, ann.version, self.scorer)
             return SubmitResponse(announcement=ann, **out)
-        with self._op():
-            self.db.expire_leases(self.clock())
-            fresh, prompts = self.intake.check(worker_id, sub, self.versions.current().version)
-            self.workers.touch(worker_id)  # in memory: after the checks (bad input: no trace)
+        # The checks read committed rows without the lock (intake.py): one lock a submission.
+        newest = self.versions.current().version
+        fresh, prompts = self.intake.check(worker_id, sub, newest, self.db.read_view())
+        self.workers.touch(worker_id)  # in memory: after the checks (bad input: no trace)
         scored = [
             (g.group_id, *self.scorer.score_group(g.group_id, prompts[g.group_id], g.trajectories))
             for g in fresh
@@ -326,7 +326,7 @@ class Controller(LearnerCalls):
                 now = self.clock()
                 self.timing.lease_done(worker_id, done.issued_at, now, done.late)
                 self.fleet.lease_done(worker_id, done.issued_at, now, done.rollouts)
-            self._new_work.notify_all()
+            self._work_arrived()  # wait_batch (learner_calls.py)
             return SubmitResponse(
                 accepted=accepted,
                 duplicates=dups,

@@ -26,13 +26,14 @@ db_leases.py). Reads that need no transaction can use a per-thread read-only con
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import sqlite3
 import threading
 from typing import Any
 
 from bridge.control.db_leases import LeaseDeadlines, LeaseRows
-from bridge.control.group_commit import GroupCommit
+from bridge.control.group_commit import Checkpointer, GroupCommit
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS workers (
@@ -66,6 +67,17 @@ CREATE TABLE IF NOT EXISTS quarantine (
 """
 
 
+_UNREAD = object()
+_KV_CACHE_MAX = 10_000
+
+
+class _Uncached(dict):
+    """A kv cache that keeps nothing (`read_view`)."""
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+
 class ControllerDB(LeaseRows):
     """Named queries and updates on the tables; the caller serializes access (one lock).
     The lease statements and the in-memory lease deadlines: db_leases.py."""
@@ -77,12 +89,15 @@ class ControllerDB(LeaseRows):
         self.conn.row_factory = sqlite3.Row
         self.conn.execute("PRAGMA journal_mode=WAL")
         self.conn.execute("PRAGMA synchronous=NORMAL")  # durability: sync() (group commit)
+        self.conn.execute("PRAGMA wal_autocheckpoint=0")  # off the lock: Checkpointer
         self.conn.executescript(_SCHEMA)
         audit_cols = {r[1] for r in self.conn.execute("PRAGMA table_info(audit)")}
         for col in ("dev", "var", "cusum"):  # the sampling check's, new in an older database
             if col not in audit_cols:
                 self.conn.execute(f"ALTER TABLE audit ADD COLUMN {col} REAL NOT NULL DEFAULT 0")
+        self._kv: dict[str, str | None] = {}  # key -> JSON text (None: no row); see get()
         self.group_commit = GroupCommit(path + "-wal")
+        self.checkpointer = Checkpointer(path)
         self._readers = threading.local()
         self._reader_list: list[sqlite3.Connection] = []  # closed with the store
         self._reader_list_lock = threading.Lock()
@@ -90,6 +105,7 @@ class ControllerDB(LeaseRows):
         self.restore_deadlines(float("-inf"))
 
     def close(self) -> None:
+        self.checkpointer.close()
         self.group_commit.close()
         with self._reader_list_lock:
             for conn in self._reader_list:
@@ -107,10 +123,15 @@ class ControllerDB(LeaseRows):
         try:
             yield
         except BaseException:
+            self._kv.clear()  # it may hold this transaction's puts
             self.conn.execute("ROLLBACK")
             self.deadlines.rollback()
             raise
-        self.conn.execute("COMMIT")
+        try:
+            self.conn.execute("COMMIT")
+        except BaseException:
+            self._kv.clear()
+            raise
         self.deadlines.commit()
         self.group_commit.committed()
 
@@ -130,6 +151,14 @@ class ControllerDB(LeaseRows):
                 self._reader_list.append(conn)
         return conn
 
+    def read_view(self) -> ControllerDB:
+        """These named reads on this thread's read-only connection: committed state, no
+        lock, no transaction, no kv cache (it may hold an open transaction's puts). For a
+        check that the locked operation after it repeats (a submission's, intake.py)."""
+        view = copy.copy(self)
+        view.conn, view._kv = self.reader(), _Uncached()
+        return view
+
     def q(self, sql: str, args: tuple | list = ()) -> list[sqlite3.Row]:
         """Rows of one read query. The controller uses the named methods below; tests use
         this to audit the tables (under the controller's lock when it is serving)."""
@@ -139,12 +168,28 @@ class ControllerDB(LeaseRows):
         return self.conn.execute(sql, args).rowcount
 
     # -- key/value: counters, cursor, announcement ---------------------------------------
+    # Read through a cache of the JSON text (a fresh object per get, as from the table):
+    # this connection is the table's only writer, so the cache is the committed value plus
+    # this transaction's puts, and a rollback drops it. A lease grant read `next_step` four
+    # times and `leases/issued` once, each a statement that released and re-took the GIL
+    # under the controller's lock (issue 25, stop 36).
     def get(self, key: str, default: Any = None) -> Any:
-        rows = self.q("SELECT value FROM kv WHERE key=?", (key,))
-        return json.loads(rows[0]["value"]) if rows else default
+        text = self._kv.get(key, _UNREAD)
+        if text is _UNREAD:
+            rows = self.q("SELECT value FROM kv WHERE key=?", (key,))
+            text = rows[0]["value"] if rows else None
+            self._remember(key, text)
+        return default if text is None else json.loads(text)
 
     def put(self, key: str, value: Any) -> None:
-        self._x("INSERT OR REPLACE INTO kv(key, value) VALUES (?, ?)", (key, json.dumps(value)))
+        text = json.dumps(value)
+        self._x("INSERT OR REPLACE INTO kv(key, value) VALUES (?, ?)", (key, text))
+        self._remember(key, text)
+
+    def _remember(self, key: str, text: str | None) -> None:
+        if len(self._kv) >= _KV_CACHE_MAX:  # per-lease keys grow with the run: bounded
+            self._kv.clear()
+        self._kv[key] = text
 
     def incr(self, key: str, n: float = 1) -> None:
         self.put(key, self.get(key, 0) + n)

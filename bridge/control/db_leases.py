@@ -23,6 +23,7 @@ sweep (any lease, submit, batch or periodic flush), its groups requeued.
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 
@@ -156,6 +157,15 @@ class LeaseRows:
         rows = self.q("SELECT * FROM leases WHERE lease_id=?", (lease_id,))
         return rows[0] if rows else None
 
+    def lease_workers(self, lease_ids: list[str]) -> dict[str, str]:
+        """lease_id -> worker_id of `lease_ids`, in one statement (any number of ids)."""
+        rows = self.q(
+            "SELECT lease_id, worker_id FROM leases"
+            " WHERE lease_id IN (SELECT value FROM json_each(?))",
+            (json.dumps(sorted(set(lease_ids))),),
+        )
+        return {r["lease_id"]: r["worker_id"] for r in rows}
+
     def active_leases(self, worker_id: str) -> list[str]:
         """Ids of the leases `worker_id` holds now."""
         rows = self.q(
@@ -163,10 +173,10 @@ class LeaseRows:
         )
         return [r["lease_id"] for r in rows]
 
-    def renew_leases(self, worker_id: str, expires_at: float) -> None:
-        """Every active lease of `worker_id` lives at least until `expires_at` (in memory:
-        persisted with the hot state)."""
-        self.deadlines.renew(worker_id, -math.inf, expires_at)
+    def renew_leases(self, worker_id: str, expires_at: float, now: float = -math.inf) -> None:
+        """Every active lease of `worker_id` not past its deadline at `now` lives at least
+        until `expires_at` (in memory: persisted with the hot state)."""
+        self.deadlines.renew(worker_id, now, expires_at)
 
     def set_lease_state(self, lease_id: str, state: str) -> None:
         self._x("UPDATE leases SET state=? WHERE lease_id=?", (state, lease_id))

@@ -13,8 +13,9 @@ in service.py for the OpenAPI schema (and answer if the guard is built without t
 
 Where each runs: a heartbeat on the event loop (hot state in memory, no lock, no SQLite:
 hot_state.py), except when the activation solve is due (it takes the controller's lock),
-then on a pool thread; a lease always on a pool thread (lock, SQLite, group-commit fsync);
-a submission, parse included, on a pool thread (service.py's `_submit`, as before).
+then on a pool thread; a lease always on a pool thread of its own lane (lock, SQLite,
+group-commit fsync); a submission, parse included, on a shared pool thread (service.py's
+`_submit`, as before).
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ from bridge.control.protocol import (
 from bridge.control.validation import SubmissionError
 
 Route = Callable[[dict, bytes], Awaitable[tuple[int, bytes]]]
+
+# Leases run on pool threads of their own, not anyio's shared 40: at 500 workers @ 2 s every
+# shared thread could be a submission waiting for its scoring, the lock or its fsync, and a
+# lease (one short transaction) queued ~100-300 ms for a thread (issue 25, stop 36).
+LEASE_THREADS = 32
 
 
 class RelayFilter:
@@ -105,8 +111,12 @@ def fast_routes(controller, relay: RelayFilter, submit=None) -> dict[str, Route]
             return await anyio.to_thread.run_sync(controller.heartbeat, worker, hb)
         return controller.heartbeat(worker, hb)
 
+    lease_lane: list[anyio.CapacityLimiter] = []  # made on the event loop, at first use
+
     async def lease(worker, req, caller):
-        return await anyio.to_thread.run_sync(controller.lease, worker, req)
+        if not lease_lane:
+            lease_lane.append(anyio.CapacityLimiter(LEASE_THREADS))
+        return await anyio.to_thread.run_sync(controller.lease, worker, req, limiter=lease_lane[0])
 
     async def submission(worker, body, caller):  # parsed off the loop (issue 23 item 10)
         return await anyio.to_thread.run_sync(submit, worker, body)

@@ -1,18 +1,19 @@
-"""A submission's way in, in two locked phases around reward scoring (controller.py).
+"""A submission's way in: unlocked checks, reward scoring, one locked phase (controller.py).
 
 `Intake` is a part of `Controller`, built from the database, the config, the clock and the
-lease content it checks against; it never references the controller. `check` (under the
-controller's lock) validates every group against the lease, the configured limits and the
-prompt ids the controller builds itself (bridge/control/validation.py) and the version the
-lease was taken at (a token tagged older than it is refused) and changes nothing but lease
-deadlines. The caller then scores the fresh groups with the lock released
-(bridge/control/rewards.py), and `accept` (under the lock again) buffers the scored groups
-atomically. A checked submission renews its worker's leases past the worst-case scoring
-time (one timeout per completion), so scoring never expires them; a lease that ended anyway
-(released, the worker quarantined) is refused with 409 (its groups were requeued); a group
-buffered meanwhile by a concurrent resubmission of the same lease counts as a duplicate.
-`accept` returns what the caller feeds to the lease timing and the fleet plan when the
-lease is complete (`LeaseDone`).
+lease content it checks against; it never references the controller. `check` (no lock:
+committed rows through `ControllerDB.read_view`; issue 25, stop 36) validates every group
+against the lease, the configured limits and the prompt ids the controller builds itself
+(bridge/control/validation.py) and the version the lease was taken at (a token tagged older
+than it is refused) and changes nothing but lease deadlines. The caller then scores the
+fresh groups (bridge/control/rewards.py), and `accept` (under the lock) re-reads the
+groups' states and buffers the scored groups atomically. A checked submission renews its
+worker's leases not yet past their deadline beyond the worst-case scoring time (two
+timeouts per completion, rewards.py), so scoring never expires them; a lease that ended
+anyway (expired before the check, released, the worker quarantined) is refused with 409
+(its groups were requeued); a group buffered meanwhile by a concurrent resubmission of the
+same lease counts as a duplicate. `accept` returns what the caller feeds to the lease
+timing and the fleet plan when the lease is complete (`LeaseDone`).
 """
 
 from __future__ import annotations
@@ -63,10 +64,13 @@ class Intake:
     ):
         self.db, self.config, self.clock, self.content = db, config, clock, content
 
-    def check(self, worker_id: str, sub: Submission, newest: int):
+    def check(self, worker_id: str, sub: Submission, newest: int, db: ControllerDB):
         """(fresh groups, group_id -> Prompt); raises SubmissionError before any change.
-        `newest`: the newest published version (no token may claim a newer one)."""
-        c, now, db = self.config, self.clock(), self.db
+        `newest`: the newest published version (no token may claim a newer one). `db`:
+        `read_view()` of the store, no lock: what this reads of a lease (its owner, its
+        groups' prompts, its version) does not change once it is granted, and `accept`
+        re-reads the groups' states under the lock."""
+        c, now = self.config, self.clock()
         lease = own_lease(db, worker_id, sub.lease_id)
         rows = {r["group_id"]: r for r in db.groups_of_lease(sub.lease_id)}
         ids = [g.group_id for g in sub.groups]
@@ -98,8 +102,11 @@ class Intake:
             fresh.append(g)
             prompts[g.group_id] = Prompt(row["prompt_id"], row["prompt"], row["answer"])
         if fresh:  # contact renews the leases, and scoring time must not expire them
-            scoring_s = sum(len(g.trajectories) for g in fresh) * max(c.reward_timeout_s, 0.0)
-            db.renew_leases(worker_id, now + c.lease_ttl_s + scoring_s)
+            # A group is scored in one pool call under its completions' timeouts, then, if
+            # that call failed, one call per completion (rewards.py): twice their sum.
+            n = sum(len(g.trajectories) for g in fresh)
+            scoring_s = 2 * n * max(c.reward_timeout_s, 0.0)
+            db.renew_leases(worker_id, now + c.lease_ttl_s + scoring_s, now)  # not the past
         return fresh, prompts
 
     def accept(self, worker_id: str, sub: Submission, scored):

@@ -12,6 +12,7 @@ import time
 
 from bridge.control import rollback
 from bridge.control.eval_leases import LEARNER_CALLS
+from bridge.control.learner_api import build_batch
 from bridge.control.protocol import ConsumedGroup
 
 IDLE_STATS_S = 5.0
@@ -20,42 +21,61 @@ IDLE_STATS_S = 5.0
 class LearnerCalls:
     def take_batch(self, step: int, num_groups: int) -> tuple[list[ConsumedGroup] | None, dict]:
         """`num_groups` fresh groups for `step`, oldest version first; None if too few yet.
-        The stats are the fleet metrics, plus the batch's staleness when there is one."""
+        The stats are the fleet metrics, plus the batch's staleness when there is one (none
+        on a miss inside `wait_batch`). Only taking the rows holds the lock: the fsync, the
+        decoding and the stats come after it (`_batch_of`)."""
         with self._op(durable=False):
-            batch, staleness = self.learner.take_batch(step, num_groups)
-            polling = getattr(self._polling, "on", False) and batch is None
-            stats = {} if polling else {**self._stats(), **staleness}  # wait_batch: at the end
-        if batch is not None:
-            self.db.sync()  # the consumption is on disk before the learner trains on it
-        return batch, stats
+            rows = self.learner.take_rows(step, num_groups)
+        if rows is None:
+            return None, ({} if getattr(self._polling, "on", False) else self._fresh_stats())
+        return self._batch_of(rows, step)
 
     def wait_batch(
         self, step: int, num_groups: int, timeout_s: float
     ) -> tuple[list[ConsumedGroup] | None, dict]:
         """Block until `take_batch` succeeds or `timeout_s` passes (wall clock). The fleet
         stats are computed once, on return (not on every submission's wake-up), and the
-        consumption is on disk before the batch is (synced outside the lock). The stats
-        carry `time/data_wait_s`, the seconds this call waited for work to arrive."""
+        consumption is on disk before the batch is. The stats carry `time/data_wait_s`, the
+        seconds this call waited for work to arrive. The lock is not held across the tries
+        (a step's fsync, decoding and stats held it ~100-300 ms at 500 workers): a
+        submission accepted after a try's start (`_work_seq`) skips the wait instead."""
         deadline, waited = time.monotonic() + timeout_s, 0.0
-        with self.lock:
-            self._polling.on = True
-            try:
-                while True:
-                    batch, stats = self.take_batch(step, num_groups)
-                    left = deadline - time.monotonic()
-                    if batch is not None or left <= 0:
-                        break
-                    # Wake on submissions; poll anyway so lease expiry is noticed.
-                    t0 = time.monotonic()
-                    self._new_work.wait(min(left, 0.5))
-                    waited += time.monotonic() - t0
-            finally:
-                self._polling.on = False
-            if batch is None:
-                stats = self._idle_stats()
+        self._polling.on = True
+        try:
+            while True:
+                seen = getattr(self, "_work_seq", 0)
+                batch, stats = self.take_batch(step, num_groups)
+                left = deadline - time.monotonic()
+                if batch is not None or left <= 0:
+                    break
+                with self.lock:  # wake on submissions; poll anyway so expiry is noticed
+                    if getattr(self, "_work_seq", 0) == seen:
+                        t0 = time.monotonic()
+                        self._new_work.wait(min(left, 0.5))
+                        waited += time.monotonic() - t0
+        finally:
+            self._polling.on = False
         # The time there was no batch to take: the rest of the call (taking it, the fleet
         # stats, the fsync, the transfer) is the learner's own cost per step (capacity O).
+        if batch is None:
+            stats = self._idle_stats()
         return batch, {**stats, "time/data_wait_s": waited}
+
+    def _work_arrived(self) -> None:
+        """A submission was accepted (lock held): wake a waiting `wait_batch`."""
+        self._work_seq = getattr(self, "_work_seq", 0) + 1
+        self._new_work.notify_all()
+
+    def _batch_of(self, rows: list[dict], step: int) -> tuple[list[ConsumedGroup], dict]:
+        """After the lock: the consumption on disk before the learner trains on it, then
+        the batch decoded and the fleet stats (a short lock of their own)."""
+        self.db.sync()
+        batch, staleness = build_batch(rows, step)
+        return batch, {**self._fresh_stats(), **staleness}
+
+    def _fresh_stats(self) -> dict:
+        with self._op(durable=False):
+            return self._stats()
 
     def _idle_stats(self) -> dict:
         """The fleet stats of a wait that found no batch (the learner's timeout message),
@@ -63,7 +83,7 @@ class LearnerCalls:
         the lock, O(fleet) (~17 ms at 2000 workers) while leases queued behind it."""
         at, stats = getattr(self, "_idle_stats_at", (float("-inf"), {}))
         if time.monotonic() - at >= IDLE_STATS_S:
-            stats = self._stats()
+            stats = self._fresh_stats()
             self._idle_stats_at = (time.monotonic(), stats)
         return stats
 

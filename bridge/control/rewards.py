@@ -59,6 +59,7 @@ from bridge.control.protocol import Trajectory, WorkerTrajectory
 from bridge.control.validation import SubmissionError
 from bridge.tasks import EnvTask, Prompt, RewardError, Task, cached_task, score
 from bridge.tasks.env import replay_named
+from bridge.tasks.reward_pool import fn_name
 
 REWARD_ON_ERROR = 0.0
 
@@ -191,10 +192,10 @@ class RewardScorer:
         t = self.task
         args = (type(t).__module__, t.name, dict(t.options))
         p = (prompt.prompt_id, prompt.text, prompt.answer)
-        value = self.pool.call(score_text, *args, p, text, timeout_s=self.timeout_s)
-        if isinstance(value, bool) or not isinstance(value, int | float):
-            raise RewardError(f"reward worker returned {type(value).__name__}, not a number")
-        return float(value)
+        value = _checked(self.pool.call(score_text, *args, p, text, timeout_s=self.timeout_s))
+        if isinstance(value, RewardError):
+            raise value
+        return value
 
     def replay(self, prompt: Prompt, actions: list[str]) -> tuple[float, list[str], bool]:
         """The environment task's replay of one episode: (reward, observations, done)."""
@@ -240,34 +241,67 @@ class RewardScorer:
                 )
         return reward
 
+    def rewards(self, prompt: Prompt, texts: list[str]) -> list[float | RewardError]:
+        """Each text's reward, or the RewardError it got. One pool call for them all (a
+        call per completion was ~30% of the controller's GIL at 500 workers; issue 25,
+        stop 36) under the sum of their timeouts; if that call fails as a whole (a reward
+        hung, its worker died), each text again in a call of its own, so a hang or a crash
+        is charged to its own completion, as before."""
+        if self.timeout_s <= 0 or len(texts) <= 1:
+            return [self._reward_or_error(prompt, text) for text in texts]
+        t = self.task
+        args = (type(t).__module__, t.name, dict(t.options))
+        p = (prompt.prompt_id, prompt.text, prompt.answer)
+        try:
+            results = self.pool.call(
+                score_texts, *args, p, texts, timeout_s=self.timeout_s * len(texts)
+            )
+        except RewardError:
+            return [self._reward_or_error(prompt, text) for text in texts]
+        return [_checked(value) if ok else RewardError(value) for ok, value in results]
+
+    def _reward_or_error(self, prompt: Prompt, text: str) -> float | RewardError:
+        try:
+            return self.reward(prompt, text)
+        except RewardError as e:
+            return e
+
     def score_group(
         self, group_id: int, prompt: Prompt, trajectories: Sequence[WorkerTrajectory]
     ) -> tuple[list[Trajectory], int]:
         """(scored trajectories, how many failed to score); never raises on a reward, but
         raises SubmissionError (422) for an episode the environment's replay contradicts.
-        A single-turn completion is the one-step case: one model turn, no replay."""
-        out, errors = [], 0
+        A single-turn completion is the one-step case: one model turn, no replay; the
+        group's texts are scored in one pool call (`rewards`)."""
         episodic = isinstance(self.task, EnvTask)
+        outcomes = []  # per trajectory: [reward or RewardError or the text to score, why, think]
         for t in trajectories:
             think = 0
             try:
                 if episodic:
-                    value, why = self.episode_reward(group_id, prompt, t), ""
-                else:
-                    text = self.decoder.text(t.completion_token_ids)
-                    text, think = self.answer(t, text)
-                    value, why = self.reward(prompt, text), ""
+                    outcomes.append([self.episode_reward(group_id, prompt, t), "", 0])
+                    continue
+                text = self.decoder.text(t.completion_token_ids)
+                text, think = self.answer(t, text)
+                outcomes.append([text, "", think])
             except UnterminatedThinking as e:  # the policy's own doing: 0, not a failure
-                value, why = REWARD_ON_ERROR, f"UnterminatedThinking: {e}"
-                think = len(t.completion_token_ids)
+                why = f"UnterminatedThinking: {e}"
+                outcomes.append([REWARD_ON_ERROR, why, len(t.completion_token_ids)])
             except HiddenToken as e:
                 # An honest policy samples a hidden id now and then (an untrained model,
                 # the padded vocabulary): scored 0 and counted by the service
                 # (reward/hidden_tokens), not a reward failure nor a console warning.
-                value, why = REWARD_ON_ERROR, log_safe(f"HiddenToken: {e}", 1000)
-            except RewardError as e:
+                outcomes.append([REWARD_ON_ERROR, log_safe(f"HiddenToken: {e}", 1000), think])
+            except RewardError as e:  # the environment's replay failed
+                outcomes.append([e, "", think])
+        pending = [o for o in outcomes if isinstance(o[0], str)]
+        for o, value in zip(pending, self.rewards(prompt, [o[0] for o in pending]), strict=True):
+            o[0] = value
+        out, errors = [], 0
+        for t, (value, why, think) in zip(trajectories, outcomes, strict=True):
+            if isinstance(value, RewardError):
                 # The reward's message may quote the completion: escaped for the log.
-                value, why = REWARD_ON_ERROR, log_safe(f"{type(e).__name__}: {e}", 1000)
+                value, why = REWARD_ON_ERROR, log_safe(f"{type(value).__name__}: {value}", 1000)
                 if not errors:
                     logging.warning(
                         "group %d sample %d: reward failed (scored %.1f): %s",
@@ -281,3 +315,23 @@ class RewardScorer:
                 Trajectory(**t.model_dump(), reward=value, reward_error=why, think_tokens=think)
             )
         return out, errors
+
+
+def score_texts(
+    module: str, task_name: str, options: dict, prompt: tuple[str, str, str], texts: list[str]
+) -> list[tuple[bool, float | str]]:
+    """Runs in a reward-pool worker: `score_text` of each text, as (True, reward) or
+    (False, the error as the pool words a raising call)."""
+    out = []
+    for text in texts:
+        try:
+            out.append((True, score_text(module, task_name, options, prompt, text)))
+        except BaseException as e:  # noqa: BLE001 - a reward function may raise anything
+            out.append((False, f"{fn_name(score_text)} raised {type(e).__name__}: {e}"))
+    return out
+
+
+def _checked(value) -> float | RewardError:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return RewardError(f"reward worker returned {type(value).__name__}, not a number")
+    return float(value)

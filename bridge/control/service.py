@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import gc
 import json
 import logging
 import os
@@ -390,4 +391,8 @@ def serve_controller(
     server = ControllerServer(controller, secret, options)
     server.start()
     server.write_controller_json(workdir)
+    # What is built by now (modules, the app, the tokenizer) lives as long as the process:
+    # frozen, no full collection walks it again (each took ~110 ms, up to 0.4 s, ~20 a
+    # minute at 500 workers, every thread stopped meanwhile; issue 25, stop 36).
+    gc.freeze()
     return server
