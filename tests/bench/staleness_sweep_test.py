@@ -84,5 +84,6 @@ def test_cell_configs_take_the_overrides_and_refuse_unknown_keys():
     assert c.optimizer.end_lr_fraction == 1.0 and c.fleet.throttle_s == (0.0, 1.0)
     kuhn = sweep_cells.load("configs/kuhn_poker.py", staleness_sweep.KUHN_RECIPE)
     assert kuhn.advantages.name == "dr_grpo" and kuhn.optimizer.learning_rate == 5e-4
+    assert kuhn.loss.kl_coef == 0.0
     with pytest.raises(KeyError, match="controller.tell_run_ovr"):
         sweep_cells.load("configs/tiny_arith.py", ["controller.tell_run_ovr=False"])
