@@ -50,7 +50,14 @@ def test_templates_limits_log_and_reconcile(tmp_path):
     try:
         started = prov.start(3, "test")  # $4/h allows two at $1.5/h
         assert [h.name for h in started] == ["cmd-0", "cmd-1"]
-        wait(lambda: (tmp_path / "cmd-1.started").exists())
+
+        # Both machines' scripts have run (they start in any order, and `echo >` creates a
+        # file before it writes the line: wait for the whole line).
+        def recorded(name):
+            f = tmp_path / f"{name}.started"
+            return f.exists() and len(f.read_text().split()) == 3
+
+        wait(lambda: recorded("cmd-0") and recorded("cmd-1"))
         assert (tmp_path / "cmd-0.started").read_text().split() == [
             "http://127.0.0.1:1",
             "s3cret",
