@@ -2,6 +2,8 @@
 clock and the tiny character tokenizer, workers, and submissions built without pydantic's
 checks (so the controller's own checks are what a test exercises)."""
 
+import threading
+
 from bridge.contracts.prompt import TextCodec
 from bridge.control.config import ControllerConfig
 from bridge.control.controller import Controller
@@ -122,3 +124,16 @@ def submission_json(lease: dict) -> dict:
         ]
         groups.append({"group_id": g["group_id"], "trajectories": trajs})
     return {"lease_id": lease["lease_id"], "groups": groups}
+
+
+def blocking_fsync(group_commit):
+    """Make the next fsyncs wait for `release`; `entered` is set when one starts."""
+    entered, release, real = threading.Event(), threading.Event(), group_commit._fsync
+
+    def fsync():
+        entered.set()
+        assert release.wait(30)
+        real()
+
+    group_commit._fsync = fsync
+    return entered, release

@@ -16,7 +16,7 @@ import threading
 
 import httpx
 import pytest
-from controller_helpers import dump, make, register, worker
+from controller_helpers import blocking_fsync, dump, make, register, worker
 
 from bridge.control import service as service_lib
 from bridge.control.db import ControllerDB
@@ -31,19 +31,6 @@ class FakeClock:
 
     def __call__(self):
         return self.t
-
-
-def _blocking_fsync(group_commit):
-    """Make the next fsyncs wait for `release`; `entered` is set when one starts."""
-    entered, release, real = threading.Event(), threading.Event(), group_commit._fsync
-
-    def fsync():
-        entered.set()
-        assert release.wait(30)
-        real()
-
-    group_commit._fsync = fsync
-    return entered, release
 
 
 def _lease(ctl, client, headers):
@@ -69,7 +56,7 @@ def _submit_in_background(server, headers, lease):
 
 def test_group_commit_one_fsync_covers_every_commit_that_waited(tmp_path):
     db = ControllerDB(str(tmp_path / "c.db"))
-    entered, release = _blocking_fsync(db.group_commit)
+    entered, release = blocking_fsync(db.group_commit)
     committed = threading.Barrier(9, timeout=30)
     writer = (
         threading.Lock()
@@ -104,7 +91,7 @@ def test_acknowledged_submission_waits_for_its_fsync_heartbeat_does_not(service)
     ctl, server, client, secret, _ = service
     headers = register(client, secret)
     lease = _lease(ctl, client, headers)
-    entered, release = _blocking_fsync(ctl.db.group_commit)
+    entered, release = blocking_fsync(ctl.db.group_commit)
     t, replies = _submit_in_background(server, headers, lease)
     assert entered.wait(30), "the submission never asked for an fsync"
     # Committed, not yet on disk: no reply yet. A heartbeat is answered meanwhile.
@@ -123,7 +110,7 @@ def test_a_lease_grant_waits_for_its_fsync_a_refusal_does_not(tmp_path):
     ctl = make(tmp_path, staleness=0, groups_per_step=1, max_groups_per_lease=1)
     ctl.publish(0)
     a, b = worker(ctl), worker(ctl)
-    entered, release = _blocking_fsync(ctl.db.group_commit)
+    entered, release = blocking_fsync(ctl.db.group_commit)
     replies = {}
 
     def ask(w):

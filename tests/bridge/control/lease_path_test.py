@@ -25,7 +25,7 @@ import time
 
 import anyio
 import anyio.to_thread
-from controller_helpers import Clock, codec, make, submit_all, worker
+from controller_helpers import Clock, blocking_fsync, codec, make, submit_all, worker
 
 from bridge.control import learner_calls
 from bridge.control.db import ControllerDB
@@ -36,19 +36,6 @@ from bridge.control.service import ServerOptions, serve_controller
 from bridge.control.validation import SubmissionError
 from bridge.tasks import Prompt, RewardError, make_task
 from bridge.tasks.reward_pool import RewardPool
-
-
-def _blocking_fsync(group_commit):
-    """Make the next fsyncs wait for `release`; `entered` is set when one starts."""
-    entered, release, real = threading.Event(), threading.Event(), group_commit._fsync
-
-    def fsync():
-        entered.set()
-        assert release.wait(30)
-        real()
-
-    group_commit._fsync = fsync
-    return entered, release
 
 
 def _lock_free(lock) -> bool:
@@ -87,7 +74,7 @@ def test_a_batch_is_synced_and_decoded_with_the_lock_free(tmp_path, monkeypatch)
         return real_build(rows, step)
 
     monkeypatch.setattr(learner_calls, "build_batch", build)
-    entered, release = _blocking_fsync(ctl.db.group_commit)
+    entered, release = blocking_fsync(ctl.db.group_commit)
     out = []
     learner = threading.Thread(target=lambda: out.append(ctl.wait_batch(0, 2, timeout_s=10)))
     learner.start()
