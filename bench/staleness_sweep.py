@@ -20,9 +20,10 @@ controller at a fixed address (`controller.tell_run_over=False`), with JAX's per
 compilation cache. Before the cells, one warm-up run per correction (the cells' exact
 config, stopped after 2 steps) starts the pool and fills the cache, so no cell's RL time
 holds a compile or a worker start. Runs are shortened, not the grid: `--steps_*` RL steps
-per cell (12 demo, 24 Kuhn) with a short warmup (3 / 8 steps) and no lr decay
+per cell (12 demo, 24 Kuhn) with a short warmup (3 / 10 steps) and no lr decay
 (`optimizer.end_lr_fraction=1`: a short run learns at the rate a long one starts with);
 the demo at lr 3e-4 (its config's 1e-4 needs ~120 steps); evaluations every 3 / 4 steps.
+The whole bench took 34 min on a quiet 2-core box (BUILD_NOTES.md, stop 37).
 
 Per cell: final quality (the run's last evaluation), wall time from the first RL step to
 the first evaluation at or above the target (--target_demo, --target_kuhn; None if never),
@@ -257,7 +258,7 @@ def main():
     p.add_argument("--eval_period_demo", type=int, default=3)
     p.add_argument("--eval_period_kuhn", type=int, default=4)
     p.add_argument("--warmup_demo", type=int, default=3)
-    p.add_argument("--warmup_kuhn", type=int, default=8)
+    p.add_argument("--warmup_kuhn", type=int, default=10)  # the binary's cold-Adam threshold
     p.add_argument("--lr_demo", type=float, default=3e-4)
     p.add_argument("--target_demo", type=float, default=TASKS["demo"][2])
     p.add_argument("--target_kuhn", type=float, default=TASKS["kuhn"][2])
