@@ -33,6 +33,11 @@ Scoring runs inline: reasoning-gym's scorers are string checks; the pool-based o
 options of `user_reward` (reward_fn, reward_timeout_s) apply here as to any task.
 
 SFT examples are (prompt, "<answer>{answer}</answer>") for items with a reference answer.
+`sft_label_noise` makes that teacher sloppy, as in the arithmetic task: that fraction of the
+SFT answers has its first two characters swapped ("grub" -> "rgub"). Above 0.5 the swap is
+the teacher's most common answer, so an imitating policy learns the task and the habit (it
+must know the right letters to swap them) and RL against the exact reward has to unlearn
+the habit. Prompts, rewards and the held-out set stay exact.
 reasoning-gym is an optional extra, imported on first use, not when bridge.tasks is.
 """
 
@@ -41,6 +46,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import json
+import random
 from collections.abc import Iterator
 from typing import Any
 
@@ -144,7 +150,11 @@ class ReasoningGym(Task):
         scoring: str = "strict",
         eval_size: int = 200,
         template: str = DEFAULT_TEMPLATE,
+        sft_label_noise: float = 0.0,
     ):
+        if not 0.0 <= sft_label_noise <= 1.0:
+            raise ValueError(f"sft_label_noise must be in [0, 1], got {sft_label_noise}")
+        self.sft_label_noise = float(sft_label_noise)
         if scoring not in SCORINGS:
             raise ValueError(f"scoring must be one of {SCORINGS}, got {scoring!r}")
         if "{question}" not in template:
@@ -191,9 +201,13 @@ class ReasoningGym(Task):
         return [prompt for prompt, _ in self._held_out()]
 
     def sft_examples(self, seed: int) -> Iterator[tuple[str, str]]:
+        noise = random.Random(f"sft-label-noise/{seed}")  # independent of the item stream
         for prompt, entry in self._train(seed):
             if entry["answer"] is not None:
-                yield prompt.text, f"<answer>{entry['answer']}</answer>"
+                answer = str(entry["answer"])
+                if noise.random() < self.sft_label_noise:
+                    answer = answer[1::-1] + answer[2:]  # the sloppy teacher's habit
+                yield prompt.text, f"<answer>{answer}</answer>"
 
     def prompt_from_id(self, prompt_id: str) -> Prompt:
         return prompt_from_id(prompt_id, self.template)

@@ -140,7 +140,39 @@ def test_sft_examples_and_options(task):
     assert same.eval_prompts() == task.eval_prompts()
 
 
-@pytest.mark.parametrize("name", ["reasoning_gym_arith", "reasoning_gym_spell_backward"])
+def test_sloppy_teacher_swaps_the_first_two_letters_of_sft_answers_only():
+    """task.sft_label_noise: that share of SFT answers has its first two characters swapped;
+    the prompts, the held-out set and the reward stay exact."""
+    opts = {"min_word_len": 3, "max_word_len": 5}
+    clean = make_task("reasoning_gym", dataset="spell_backward", dataset_options=opts)
+    sloppy = make_task(
+        "reasoning_gym", dataset="spell_backward", dataset_options=opts, sft_label_noise=0.7
+    )
+    n = 1000
+    prompts = _take(clean.train_prompts(0), n)
+    swapped = 0
+    for p, (text, target) in zip(prompts, _take(sloppy.sft_examples(0), n), strict=True):
+        assert text == p.text
+        habit = p.answer[1] + p.answer[0] + p.answer[2:]
+        assert target in (f"<answer>{p.answer}</answer>", f"<answer>{habit}</answer>")
+        if habit != p.answer:  # words whose last two letters are equal look the same
+            swapped += target == f"<answer>{habit}</answer>"
+            assert score(sloppy, p, f"<answer>{habit}</answer>") == 0.0
+            assert score(sloppy, p, f"<answer>{p.answer}</answer>") == 1.0
+    # 0.7 of ~960 distinguishable words: 4 binomial sds is +-0.06
+    assert 0.64 < swapped / n < 0.76
+    assert _take(clean.sft_examples(0), n) == [
+        (p.text, f"<answer>{p.answer}</answer>") for p in prompts
+    ]
+    assert sloppy.eval_prompts() == clean.eval_prompts()
+    with pytest.raises(ValueError, match="sft_label_noise"):
+        make_task("reasoning_gym", dataset="spell_backward", sft_label_noise=1.5)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["reasoning_gym_arith", "reasoning_gym_spell_backward", "reasoning_gym_spell_backward_sloppy"],
+)
 def test_config_prompts_and_answers_fit_the_batch(name, tiny_model_dir):
     """A shipped config's held-out prompts and SFT answers (+ EOS) fit its token budget
     under the character tokenizer: too long a prompt fails evaluation, and SFT cuts long
