@@ -9,7 +9,17 @@ teacher swaps the first two letters of 70% of its answers (task.sft_label_noise,
 demo's sloppy-teacher design in configs/tiny_arith.py): the warm-started policy reverses
 the word and then swaps, so its greedy answer is wrong while its samples are right about a
 third of the time, and RL against the exact verifier has to unlearn the habit. The
-held-out words, the prompts and the reward are the exact task's.
+held-out words, the prompts and the reward are the exact task's. Same model, worker, batch
+and RL recipe as the clean config (150 GRPO steps at lr 1e-4, 8 prompts x 8 samples);
+SFT runs 300 steps instead of 160.
+
+Measured (2026-12-05, each run alone on a 2-core box, BUILD_NOTES.md "reasoning-gym: RL
+does the +25 with a sloppy teacher"), held-out greedy accuracy on 200 unseen words, after
+SFT -> after RL (untrained: 0.0), whole run wall time:
+  seed 0: 0.115 -> 0.905 (RL +79 points; +25 after 20 RL steps, 150 s in), 4.0 min
+  seed 1: 0.225 -> 0.965 (RL +74; +25 after 20 RL steps, 154 s in),         4.0 min
+  seed 2: 0.125 -> 0.975 (RL +85; +25 after 20 RL steps, 155 s in),         4.1 min
+Control: 450 SFT steps and no RL (seed 0) end at 0.13 (0.115 at 300): imitation keeps the habit.
 """
 
 from learner_jax.config_file import base_config
