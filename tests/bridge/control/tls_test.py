@@ -114,6 +114,7 @@ def test_worker_client_verifies_the_controller_against_a_ca_file(https_controlle
     session.join()
     session.heartbeat_once()
     assert session.announcement.version == 0
+    session.leave()  # closes its connection: an open one holds the server's stop for 10 s
 
 
 def test_untrusted_or_plain_connections_are_refused(https_controller, tmp_path):
