@@ -8,8 +8,8 @@ SFT: with right answers to imitate, SFT beats GRPO per step on this task. Here t
 teacher swaps the first two letters of 70% of its answers (task.sft_label_noise, the
 demo's sloppy-teacher design in configs/tiny_arith.py): the warm-started policy reverses
 the word and then swaps, so its greedy answer is wrong while its samples are right over a
-quarter of the time (0.28 at the first RL step, seed 0), and RL against the exact verifier has to unlearn the habit. The
-held-out words, the prompts and the reward are the exact task's. Same model, worker, batch
+quarter of the time (0.28 at the first RL step, seed 0), and RL against the exact verifier
+has to unlearn the habit. The held-out words, the prompts and the reward are the exact task's. Same model, worker, batch
 and RL recipe as the clean config (150 GRPO steps at lr 1e-4, 8 prompts x 8 samples);
 SFT runs 300 steps instead of 160.
 
