@@ -9,9 +9,9 @@ teacher swaps the first two letters of 70% of its answers (task.sft_label_noise,
 demo's sloppy-teacher design in configs/tiny_arith.py): the warm-started policy reverses
 the word and then swaps, so its greedy answer is wrong while its samples are right over a
 quarter of the time (0.28 at the first RL step, seed 0), and RL against the exact verifier
-has to unlearn the habit. The held-out words, the prompts and the reward are the exact task's. Same model, worker, batch
-and RL recipe as the clean config (150 GRPO steps at lr 1e-4, 8 prompts x 8 samples);
-SFT runs 300 steps instead of 160.
+has to unlearn the habit. The held-out words, the prompts and the reward are the exact
+task's. Same model, worker, batch and RL recipe as the clean config (150 GRPO steps at lr
+1e-4, 8 prompts x 8 samples); SFT runs 300 steps instead of 160.
 
 Measured (2026-12-05, each run alone on a 2-core box, BUILD_NOTES.md "reasoning-gym: RL
 does the +25 with a sloppy teacher"), held-out greedy accuracy on 200 unseen words, after
