@@ -125,7 +125,12 @@ def test_short_demo_interrupt_resume_and_reward_rises(tmp_path):
         assert proc.poll() is None, (tmp_path / "run1.log").read_text()[-3000:]
         # The controller's Prometheus endpoint, live, agrees with `bridge.status`.
         scraped = observe_checks.assert_scrape_agrees_with_status(workdir)
-        assert scraped[("echo2_workers", (("state", "active"),))] == 2
+        # Both workers are in the fleet. Which live state each is in is timing: on a loaded
+        # machine a worker whose lease came back stale is refused as too_slow and put on
+        # standby (bridge/control/lease_timing.py), a correct answer the scrape must show.
+        states = {k[1][0][1]: v for k, v in scraped.items() if k[0] == "echo2_workers"}
+        assert states["active"] >= 1, states
+        assert sum(states.get(s, 0) for s in ("active", "standby", "too_slow")) == 2, states
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=120) == 0, (tmp_path / "run1.log").read_text()[-3000:]
     finally:
@@ -156,7 +161,9 @@ def test_short_demo_interrupt_resume_and_reward_rises(tmp_path):
         assert not missing, (r["step"], missing)
         assert r["staleness/max"] <= 2
         assert 0.0 <= r["learner/utilization"] <= 1.0
-    assert rows[-1]["fleet/active_workers"] == 2
+    end = rows[-1]  # both workers back after the resume (one may be on standby, as above)
+    assert end["fleet/active_workers"] >= 1
+    assert end["fleet/active_workers"] + end["fleet/standby_workers"] == 2, end
     assert rows[-1]["cost/usd"] > 0
     assert any("eval/accuracy" in r for r in rows)
     assert max(r["staleness/max"] for r in rows) >= 1  # it really ran asynchronously
