@@ -21,6 +21,7 @@ from __future__ import annotations
 import hmac
 import logging
 import os
+import secrets
 import threading
 import time
 from collections.abc import Callable
@@ -119,3 +120,23 @@ class JoinSecret:
         for secret, until in list(self._previous):
             ok |= hmac.compare_digest(got, secret.encode()) and until > now
         return ok
+
+
+def load_or_create_join_secret(workdir: str, token_file: str | None = None) -> str:
+    """The join secret from `token_file`, else from (or generated into) <workdir>/join_token."""
+    if token_file:
+        with open(token_file) as f:
+            secret = f.read().strip()
+        if not secret:
+            raise ValueError(f"join secret file {token_file} is empty")
+        return secret
+    path = os.path.join(workdir, "join_token")
+    os.makedirs(workdir, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return load_or_create_join_secret(workdir, path)
+    secret = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w") as f:
+        f.write(secret + "\n")
+    return secret

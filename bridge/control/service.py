@@ -38,7 +38,6 @@ import gc
 import json
 import logging
 import os
-import secrets
 import socket
 import threading
 import time
@@ -58,7 +57,7 @@ from bridge.control.fast_routes import RelayFilter, fast_routes
 from bridge.control.http_bounds import bounded_protocol
 from bridge.control.http_guard import HttpGuard, json_body, with_schemas
 from bridge.control.identity import identity_of
-from bridge.control.join_secret import JoinSecret
+from bridge.control.join_secret import JoinSecret, load_or_create_join_secret
 from bridge.control.log_text import log_safe
 from bridge.control.protocol import (
     Ack,
@@ -100,26 +99,6 @@ class ServerOptions:
     prometheus: bool = True  # GET /metrics (bridge/control/prometheus.py)
     metrics_token_file: str | None = None  # bearer for non-loopback scrapers; None: loopback only
     lean_routes: bool = True  # heartbeat and lease without FastAPI (fast_routes.py)
-
-
-def load_or_create_join_secret(workdir: str, token_file: str | None = None) -> str:
-    """The join secret from `token_file`, else from (or generated into) <workdir>/join_token."""
-    if token_file:
-        with open(token_file) as f:
-            secret = f.read().strip()
-        if not secret:
-            raise ValueError(f"join secret file {token_file} is empty")
-        return secret
-    path = os.path.join(workdir, "join_token")
-    os.makedirs(workdir, exist_ok=True)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    except FileExistsError:
-        return load_or_create_join_secret(workdir, path)
-    secret = secrets.token_urlsafe(32)
-    with os.fdopen(fd, "w") as f:
-        f.write(secret + "\n")
-    return secret
 
 
 def _too_many(wait_s: float) -> tuple[int, dict, dict]:
@@ -371,11 +350,25 @@ class ControllerServer:
         os.replace(tmp, path)  # readers never see a half-written file
         return path
 
-    def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
-            self._thread.join(timeout=10)
-            self._server = None
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop serving. Requests in flight get up to `grace_s` to finish; idle keep-alive
+        connections are not waited for: uvicorn waits for every connection to close, and
+        an idle TLS one closes only when the client answers the close_notify, which an idle
+        pooled client never reads (a joined worker session held the stop for 10 s)."""
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.should_exit = True
+        deadline = time.monotonic() + grace_s
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            # Once uvicorn has closed its listeners it has also told every connection to
+            # shut down, so no request starts after that: with none in flight, stop waiting.
+            closed = not any(s.is_serving() for s in server.servers)
+            if closed and not server.server_state.tasks:
+                server.force_exit = True
+            self._thread.join(timeout=0.05)
+        server.force_exit = True
+        self._thread.join(timeout=5)
 
 
 def serve_controller(

@@ -4,6 +4,7 @@
 
 import datetime
 import ipaddress
+import time
 
 import httpx
 import pytest
@@ -114,7 +115,7 @@ def test_worker_client_verifies_the_controller_against_a_ca_file(https_controlle
     session.join()
     session.heartbeat_once()
     assert session.announcement.version == 0
-    session.leave()  # closes its connection: an open one holds the server's stop for 10 s
+    session.leave()
 
 
 def test_untrusted_or_plain_connections_are_refused(https_controller, tmp_path):
@@ -127,3 +128,23 @@ def test_untrusted_or_plain_connections_are_refused(https_controller, tmp_path):
     with pytest.raises(httpx.HTTPError):  # and plain HTTP is not served
         httpx.get(server.url.replace("https", "http") + "/openapi.json")
     assert ctl.stats()["fleet/active_workers"] == 0
+
+
+def test_stop_does_not_wait_for_an_idle_worker_connection(https_controller):
+    """uvicorn waits for every connection to close, and an idle TLS one closes only when
+    the client answers close_notify, which an idle pooled client never reads: a joined
+    worker held the controller's stop (the binary's exit) for its full 10 s timeout."""
+    ctl, server, secret, ca_file = https_controller
+    ctl.publish(0)
+    session = ControllerSession(
+        WorkerOptions(
+            controller=server.url, join_secret=secret, profile=PROFILE, tls_verify=ca_file
+        )
+    )
+    session.join()
+    session.heartbeat_once()  # its keep-alive connection stays open, idle
+    thread = server._thread
+    started = time.monotonic()
+    server.stop()  # the grace for requests in flight is 10 s; none is in flight
+    assert not thread.is_alive()
+    assert time.monotonic() - started < 5.0  # ~0.2 s; the bug waited out the 10 s
