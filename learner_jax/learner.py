@@ -30,6 +30,7 @@ from bridge import export as hf_export
 from bridge.model.config import ModelConfig
 from learner_jax import (
     checkpoint,
+    compiles,
     console,
     distributed,
     hf_import,
@@ -137,6 +138,7 @@ class Learner:
             else None
         )
         self._last_line = time.perf_counter()
+        self._compiles = compiles.count()
         self._busy = 0.0
         # Process 0 of a multi-process RL run: announces each step and save to the other
         # processes before running it; the training binary sets it (learner_jax/rl/mirror.py).
@@ -257,7 +259,15 @@ class Learner:
         as learner idle time, as the metric's contract says.
         """
         if "learner/utilization" in metrics:
-            metrics = {**metrics, "learner/utilization": self.utilization()}
+            # time/compiled: XLA compiled in this line's window, a one-off that the live
+            # capacity model leaves out (compiles.py), and so does its check against the run.
+            seen, self._compiles = self._compiles, compiles.count()
+            compiled = int(self._compiles > seen)
+            metrics = {
+                **metrics,
+                "learner/utilization": self.utilization(),
+                "time/compiled": compiled,
+            }
         if self.metrics is not None:
             row = self.metrics.write(self.step, metrics)
         else:

@@ -266,7 +266,9 @@ def utilization_lines(rows: list[dict]) -> list[str]:
     prediction is judged against the steps it was made for), and the first one. Both are
     weighted by each step's wall time: utilization is train time over wall time, and a plain
     mean of per-step ratios counts a step that waited 2 s like one that waited 10 ms (on a
-    quiet 2-core box that mean read 0.597 for a run that trained 0.456 of its wall time)."""
+    quiet 2-core box that mean read 0.597 for a run that trained 0.456 of its wall time).
+    Steps in which XLA compiled (`time/compiled`) are left out of both: the prediction is of
+    the steady state and leaves compiles out (learner_jax/compiles.py)."""
     conf = [r for r in rows if r.get("capacity/confident")]
     util = [r for r in rows if r.get("learner/utilization") and "time/step_s" in r]
     if not conf:
@@ -277,13 +279,16 @@ def utilization_lines(rows: list[dict]) -> list[str]:
         ]
     first, k = conf[0]["capacity/predicted_utilization"], conf[0]["step"]
     pairs = [r for r in conf if r.get("learner/utilization") and "time/step_s" in r]
+    compiled = sum(1 for r in pairs if r.get("time/compiled"))
+    pairs = [r for r in pairs if not r.get("time/compiled")]
     predicted = time_weighted(pairs, "capacity/predicted_utilization")
     measured = time_weighted(pairs, "learner/utilization")
     warned = sum(1 for r in rows if r.get("capacity/warning"))
     return [
         f"- predicted vs measured utilization: {predicted:.3f} predicted vs {measured:.3f} "
         f"measured ({100 * (predicted - measured):+.1f} points) over the {len(pairs)} steps "
-        f"with a confident prediction (the first at step {k}: {first:.3f}); capacity warning "
+        f"with a confident prediction (the first at step {k}: {first:.3f}; {compiled} with an "
+        f"XLA compile left out); capacity warning "
         f"on {warned} of {len(rows)} steps"
     ]
 

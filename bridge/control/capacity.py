@@ -305,3 +305,9 @@ class WarmSamples:
         if self.warm:
             return statistics.median(self.warm)
         return self.last_cold
+
+    def mean(self) -> float | None:
+        """For costs paid on average (rare long spikes count): the warm samples' mean."""
+        if self.warm:
+            return statistics.fmean(self.warm)
+        return self.last_cold

@@ -60,7 +60,6 @@ import functools
 import json
 import logging
 import math
-import statistics
 import threading
 
 from bridge.control import activation, audit, capacity, capacity_advice
@@ -97,7 +96,7 @@ class FleetPlan:
         self.config, self.db, self.timing, self.clock = config, db, timing, clock
         self.warmup = warmup = warmup or capacity.Warmup()
         self._steps = capacity.WarmSamples(warmup.cold_steps, warmup.keep)
-        self._overheads: collections.deque = collections.deque(maxlen=_OVERHEADS_KEPT)
+        self._overheads = capacity.WarmSamples(0, _OVERHEADS_KEPT)
         self.publish_s: float | None = None
         self.publish_every = 1
         self._last_version: int | None = None
@@ -128,16 +127,14 @@ class FleetPlan:
     def overhead_s(self) -> float:
         """O: the learner's mean time per update outside train steps and waits (the mean,
         not the median: evaluations and checkpoints are rare long spikes that the learner
-        pays on average)."""
-        return statistics.fmean(self._overheads) if self._overheads else 0.0
+        pays on average; a compile is not: reports flagged cold are left out)."""
+        return self._overheads.mean() or 0.0
 
-    def learner_reported(
-        self, step_s: float | None, publish_s: float | None, overhead_s: float | None = None
-    ) -> None:
+    def learner_reported(self, step_s, publish_s, overhead_s=None, cold: bool = False) -> None:
         if step_s is not None and step_s > 0:
-            self._steps.add(step_s)
+            self._steps.add(step_s, cold)
         if overhead_s is not None and overhead_s >= 0:
-            self._overheads.append(overhead_s)
+            self._overheads.add(overhead_s, cold)
         if publish_s is not None and publish_s > 0:
             self.publish_s = _ema(self.publish_s, publish_s)
 

@@ -92,14 +92,16 @@ class LearnerCalls:
         step_s: float | None = None,
         publish_s: float | None = None,
         overhead_s: float | None = None,
+        cold: bool = False,
     ):
         """The learner's train time of its last update (T for the capacity model; until it
         reports, the measured step period, waits included), on publishing steps the time to
         publish (0 or None: none this step), and its time outside train steps and waits
-        since the previous update (evaluation, checkpoints, publishing). Call after each RL
-        step."""
+        since the previous update (evaluation, checkpoints, publishing). `cold`: XLA
+        compiled since the previous report, a one-off: these times are left out while warm
+        ones exist. Call after each RL step."""
         with self.lock:
-            self.fleet.learner_reported(step_s, publish_s, overhead_s)
+            self.fleet.learner_reported(step_s, publish_s, overhead_s, cold)
 
     def export_cursor(self) -> dict:
         return self.learner.export_cursor()

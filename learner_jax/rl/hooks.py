@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from bridge.control import audit
+from learner_jax import compiles
 
 
 class AfterStep(Protocol):
@@ -37,15 +38,18 @@ def after_step(hooks: Iterable[AfterStep], learner, metrics: dict) -> dict:
 
 class Publish:
     """Publish every kappa RL steps, then tell the controller what its capacity model needs:
-    T (the train step, not the step period, which includes waiting for data) and the
-    publish time."""
+    T (the train step, not the step period, which includes waiting for data), the learner's
+    own time since the previous step, the publish time, and whether XLA compiled meanwhile
+    (compiles.py: a one-off, so those times are not warm samples)."""
 
     def __init__(self, publisher, ctl):
         self.publisher, self.ctl = publisher, ctl
         self._last_wall: float | None = None
+        self._compiles = compiles.count()
 
     def after_step(self, learner, metrics: dict) -> dict:
-        wall = time.time()
+        wall = time.time()  # the window of the report: from the previous step's `wall` to this
+        seen, self._compiles = self._compiles, compiles.count()
         out = {"time/wall": wall, **self.publisher.after_step(learner.rl_steps)}
         out["policy_version"] = self.ctl.announcement().version
         # The learner's own time outside train steps and waits for data since the previous
@@ -59,7 +63,12 @@ class Publish:
             busy = metrics["time/step_s"] + waited
             overhead = max(0.0, wall - self._last_wall - busy)
         self._last_wall = wall
-        self.ctl.report_learner(metrics["time/step_s"], out.get("bridge/publish_s"), overhead)
+        self.ctl.report_learner(
+            metrics["time/step_s"],
+            out.get("bridge/publish_s"),
+            overhead,
+            cold=self._compiles > seen,
+        )
         return out
 
 

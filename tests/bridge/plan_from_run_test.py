@@ -100,8 +100,13 @@ def live_capacity_advice_agrees_with_the_run(rows, console, workdir):
     was rollouts per lease-held second, while a fast worker spends ~10% of its time between
     leases), judged against a plain mean of per-step ratios, which overstated the measured
     utilization by up to 14 points (0.597 for a run that trained 0.456 of its wall time).
-    After: -3.1 and +2.3 points (BUILD_NOTES, issue 32)."""
+    After: -3.1 and +2.3 points (BUILD_NOTES, issue 32).
+
+    Steps whose window held an XLA compile are left out here, as the prediction leaves them
+    out (learner_jax/compiles.py): stop 38's CI run counted the first audit re-score's
+    compile as learner overhead, warned at 36% and then measured 53%."""
     confident = [r for r in rows if r.get("capacity/confident") and r["learner/utilization"]]
+    confident = [r for r in confident if not r.get("time/compiled")]  # the steady state
     assert confident, "no confident capacity prediction in a 30-step run"
     walls = [r["time/step_s"] / r["learner/utilization"] for r in confident]
     measured = sum(r["time/step_s"] for r in confident) / sum(walls)

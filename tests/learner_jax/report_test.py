@@ -147,11 +147,15 @@ def test_summary_reports_predicted_vs_measured_utilization():
         for s, u in zip(range(3, 7), (0.8, 0.8, 0.2, 0.8), strict=True)
     ]
     rows[-1]["capacity/warning"] = 1
+    # A step whose window held an XLA compile (1 s of 1.25 s): a one-off the steady-state
+    # prediction leaves out, and so does the measurement it is judged against.
+    rows.append(row(7, 0.16, **{"capacity/predicted_utilization": 0.75, "capacity/confident": 1}))
+    rows[-1]["time/compiled"] = 1
     text = report.summary(rows, [], {})
     assert (
         "- predicted vs measured utilization: 0.750 predicted vs 0.457 measured (+29.3 points) "
-        "over the 4 steps with a confident prediction (the first at step 3: 0.750); capacity "
-        "warning on 1 of 6 steps"
+        "over the 4 steps with a confident prediction (the first at step 3: 0.750; 1 with an "
+        "XLA compile left out); capacity warning on 1 of 7 steps"
     ) in text
     stops = [
         {"event": "stop", "name": "w1", "reason": "too slow: standby", "price_per_hour": 0.15,

@@ -396,3 +396,26 @@ def test_the_learners_own_overhead_lowers_the_prediction_and_the_requirement(tmp
     assert stats["capacity/train_step_s"] == pytest.approx(1.0)
     assert stats["capacity/required_rollouts_per_s"] == pytest.approx(R / (1.0 + overhead))
     assert stats["capacity/predicted_utilization"] == pytest.approx(1.0 / (1.0 + overhead))
+
+
+def test_reports_with_a_compile_are_not_warm_samples(tmp_path, text_codec):
+    # As above, but after one more warm update the learner's next 8 came with XLA compiles
+    # (new shapes; learner_jax/compiles.py): 4 s steps and 3 s of overhead, one-offs, so
+    # neither moves T or O and the prediction stays the warm one. Taken as warm, T would be
+    # the median of 5 x 1 s and 8 x 4 s (4 s) and O the mean of 0 and 8 x 3 s.
+    clock = Clock()
+    ctl, w = cold_start(tmp_path, text_codec, clock)
+    warm_steps(ctl, clock, w, range(1, 5))
+    for v in range(5, 14):
+        ctl.publish(v)
+        clock.t += 0.1
+        hb(ctl, w, v)
+        run_lease(ctl, clock, w, groups=2, seconds=0.5, version=v)
+        if v == 5:
+            ctl.report_learner(step_s=1.0, overhead_s=0.0)
+        else:
+            ctl.report_learner(step_s=4.0, overhead_s=3.0, cold=True)
+    stats = ctl.stats()
+    assert stats["capacity/learner_overhead_s"] == 0.0
+    assert stats["capacity/train_step_s"] == pytest.approx(1.0)
+    assert stats["capacity/predicted_utilization"] == pytest.approx(1.0)
