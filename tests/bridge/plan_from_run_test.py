@@ -8,7 +8,8 @@ run's learner utilization and fleet cost per step. The target is 10%; the assert
 else is running (the measured step time already carries the workers' share of the cores,
 but that share changes while the run goes on); bench/activation.py reports the errors.
 One run (load average ~15): utilization 0.471 predicted vs 0.456 measured (+3%), cost per
-step -8%. On a quiet box the old "controller" admission underpredicted by 21-30% (it idles a
+step -8%. Stop 39 (measured utilization = train time over wall time, compiles left out of
+the plan's overhead, bridge/plan/from_run.py): +2% on a 2-core box; before, -10 to -22%. On a quiet box the old "controller" admission underpredicted by 21-30% (it idles a
 worker for its whole publish -> serving delay); planned "held" (from_run.py): 0.626 vs
 0.645 (-3%), cost +0.3%. The whole test 80-144 s, most of it the workers' start-up.
 """
@@ -121,3 +122,29 @@ def live_capacity_advice_agrees_with_the_run(rows, console, workdir):
     assert all(p / 100 >= measured - LIVE_POINTS for p in warned), (warned, measured)
     summary = open(os.path.join(workdir, "summary.md")).read()
     assert f"- predicted vs measured utilization: {predicted:.3f} predicted vs" in summary
+
+
+def test_learner_times_leave_a_compile_out_of_the_overhead():
+    # Lines 0.3 s apart with 0.2 s train steps and 0.05 s waits: 0.05 s of the learner's own
+    # time per step. Line 3's window held a 1 s compile (the first audit re-score): the
+    # gaps next to it are left out, the train steps are not.
+    def line(step, wall, compiled=0):
+        return {"time/wall": wall, "time/step_s": 0.2, "time/data_wait_s": 0.05,
+                "time/wait_s": 0.06, "time/compiled": compiled}  # fmt: skip
+
+    walls = [0.0, 0.3, 0.6, 0.9, 2.2, 2.5, 2.8]  # the compile ran after line 3's publish
+    rows = [line(i, w, compiled=int(i == 3)) for i, w in enumerate(walls)]
+    step_s, overhead_s = from_run.learner_times(rows)
+    assert step_s == pytest.approx(0.2)
+    assert overhead_s == pytest.approx(0.05)
+    # Without the flag the compile is spread over the six gaps: (5 x 0.05 + 1.05) / 6.
+    for r in rows:
+        r["time/compiled"] = 0
+    assert from_run.learner_times(rows)[1] == pytest.approx((5 * 0.05 + 1.05) / 6)
+
+
+def test_measured_utilization_is_train_time_over_wall_time():
+    # Three lines that trained 0.2 s of 0.25 s and one that waited 0.8 s: 0.8 s of 1.75 s.
+    # A plain mean of the ratios (0.650) would overstate it.
+    rows = [{"time/step_s": 0.2, "learner/utilization": u} for u in (0.8, 0.8, 0.2, 0.8)]
+    assert from_run.train_share(rows) == pytest.approx(0.8 / 1.75)
