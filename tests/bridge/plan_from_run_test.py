@@ -8,10 +8,11 @@ run's learner utilization and fleet cost per step. The target is 10%; the assert
 else is running (the measured step time already carries the workers' share of the cores,
 but that share changes while the run goes on); bench/activation.py reports the errors.
 One run (load average ~15): utilization 0.471 predicted vs 0.456 measured (+3%), cost per
-step -8%. Stop 39 (measured utilization = train time over wall time, compiles left out of
-the plan's overhead, bridge/plan/from_run.py): +2% on a 2-core box; before, -10 to -22%. On a quiet box the old "controller" admission underpredicted by 21-30% (it idles a
-worker for its whole publish -> serving delay); planned "held" (from_run.py): 0.626 vs
-0.645 (-3%), cost +0.3%. The whole test 80-144 s, most of it the workers' start-up.
+step -8%. On a quiet box the old "controller" admission underpredicted by 21-30% (it idles
+a worker for its whole publish -> serving delay); planned "held" (from_run.py): 0.626 vs
+0.645 (-3%), cost +0.3%. Stop 39 (measured utilization = train time over wall time,
+compiles left out of the plan's overhead): +2 to +7% here; before, -10 to -22%. The whole
+test 40-144 s, most of it the workers' start-up.
 """
 
 import json
