@@ -288,8 +288,7 @@ def utilization_lines(rows: list[dict]) -> list[str]:
         f"- predicted vs measured utilization: {predicted:.3f} predicted vs {measured:.3f} "
         f"measured ({100 * (predicted - measured):+.1f} points) over the {len(pairs)} steps "
         f"with a confident prediction (the first at step {k}: {first:.3f}; {compiled} with an "
-        f"XLA compile left out); capacity warning "
-        f"on {warned} of {len(rows)} steps"
+        f"XLA compile left out); capacity warning on {warned} of {len(rows)} steps"
     ]
 
 

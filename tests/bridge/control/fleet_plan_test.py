@@ -1,12 +1,13 @@
-"""The live capacity model and cost-aware activation (bridge/control/fleet_plan.py), driven
-through a real Controller on a temp SQLite file with an injected clock."""
+"""The live capacity model (bridge/control/fleet_plan.py): measured rates, T and O, the
+verdict and its advice, driven through a real Controller on a temp SQLite file with an
+injected clock. Cost-aware activation on the same measurements: live_activation_test.py."""
 
 import logging
 import math
 
 import pytest
 
-from bridge.control import activation, capacity
+from bridge.control import capacity
 from bridge.control.capacity import busy_rate
 from bridge.control.config import ControllerConfig
 from bridge.control.controller import Controller
@@ -186,15 +187,16 @@ def test_without_a_learner_report_the_step_period_stands_in(tmp_path, text_codec
     assert stats["capacity/warning"] == 0  # 8 rollouts/s measured, 0.8 needed
 
 
-def warm_steps(ctl, clock, w, versions, lease_s=0.5, step_s=1.0):
+def warm_steps(ctl, clock, w, versions, lease_s=0.5, step_s=1.0, report=None):
     """Per version: publish it, the worker reports it 0.1 s later and leases 2 groups (4
-    rollouts) for `lease_s`, the learner reports a `step_s` update. Returns the last stats."""
+    rollouts) for `lease_s`, the learner reports a `step_s` update (or `report(v)`'s
+    keywords for `report_learner`). Returns the last stats."""
     for v in versions:
         ctl.publish(v)
         clock.t += 0.1
         hb(ctl, w, v)  # swap: 0.1 s after the publish
         run_lease(ctl, clock, w, groups=2, seconds=lease_s, version=v)
-        ctl.report_learner(step_s=step_s)
+        ctl.report_learner(**(report(v) if report else {"step_s": step_s}))
         stats = ctl.stats()
     return stats
 
@@ -257,91 +259,6 @@ def test_a_warning_the_warm_data_contradicts_is_withdrawn(tmp_path, text_codec, 
     assert "predicted utilization 100%" in taken_back
 
 
-def four_workers(tmp_path, text_codec, clock, **cfg):
-    """A cheap-and-fast pair (a, b), a pricey fast one (c), a cheap slow one (d), measured;
-    the learner needs R / T = 4 rollouts/s (4.4 with the margin)."""
-    ctl = make(tmp_path, text_codec, clock, activation_period_s=30.0, **cfg)
-    ctl.publish(0)
-    a, b, c, d = (worker(ctl, p) for p in (1.0, 1.0, 3.0, 0.5))
-    run_lease(ctl, clock, a, groups=3, seconds=2.0)  # 3 rollouts/s
-    run_lease(ctl, clock, b, groups=2, seconds=2.0)  # 2
-    run_lease(ctl, clock, c, groups=5, seconds=2.0)  # 5
-    run_lease(ctl, clock, d, groups=1, seconds=4.0)  # 0.5
-    ctl.report_learner(step_s=1.0)
-    return ctl, (a, b, c, d)
-
-
-def test_activation_picks_the_cheapest_cover_and_bills_standby_at_its_price(tmp_path, text_codec):
-    clock = Clock()
-    cfg = dict(activation=True, standby_price_fraction=0.25)
-    ctl, (a, b, c, d) = four_workers(tmp_path, text_codec, clock, **cfg)
-    active = {w: hb(ctl, w).active for w in (a, b, c, d)}  # the first heartbeat re-solves
-    assert active == {a: True, b: True, c: False, d: False}
-    refused = ctl.lease(c, LeaseRequest(worker_version=0, max_groups=1))
-    assert refused.lease is None and refused.reason == "inactive"
-    assert ctl.lease(a, LeaseRequest(worker_version=0, max_groups=1)).lease is not None
-    s = ctl.stats()
-    assert s["fleet/active_workers"] == 2 and s["fleet/standby_workers"] == 2
-    assert s["capacity/active_rollouts_per_s"] == pytest.approx(5.0)
-    before = s["cost/usd"]
-    clock.t += 10
-    for w in (a, b, c, d):
-        hb(ctl, w)
-    s = ctl.stats()
-    assert s["cost/usd"] - before == pytest.approx((2 * 1.0 + 0.25 * (3.0 + 0.5)) * 10 / 3600)
-    accepted = s["trajectories/accepted"]
-    assert s["cost/usd_per_1k_rollouts"] == pytest.approx(1000 * s["cost/usd"] / accepted)
-
-    # A newcomer is unmeasured: it stays active so it can be measured.
-    e = worker(ctl, 9.0)
-    assert hb(ctl, e).active and ctl.stats()["fleet/active_workers"] == 3
-
-    # The set survives a controller restart.
-    ctl.close()
-    ctl = make(tmp_path, text_codec, clock, **cfg)
-    assert not hb(ctl, c).active and hb(ctl, a).active
-
-
-def test_an_active_worker_leaving_activates_a_standby_one(tmp_path, text_codec):
-    clock = Clock()
-    ctl, (a, b, c, d) = four_workers(tmp_path, text_codec, clock, activation=True)
-    assert not hb(ctl, c).active
-    ctl.leave(a)  # b alone (2/s) no longer covers 4.4: c (5/s) is the cheapest cover
-    assert {w: hb(ctl, w).active for w in (b, c, d)} == {b: False, c: True, d: False}
-    assert ctl.lease(c, LeaseRequest(worker_version=0, max_groups=1)).lease is not None
-
-
-def test_speed_jitter_does_not_flip_the_set(tmp_path, text_codec):
-    clock = Clock()
-    ctl, (a, b, c, d) = four_workers(tmp_path, text_codec, clock, activation=True)
-    assert [hb(ctl, w).active for w in (a, b, c, d)] == [True, True, False, False]
-    run_lease(ctl, clock, a, groups=2, seconds=2.4)  # a: 10 rollouts in 4.4 s = 2.27/s
-    clock.t += 30  # past activation_period_s: the next heartbeat re-solves
-    assert [hb(ctl, w).active for w in (a, b, c, d)] == [True, True, False, False]
-    # Without hysteresis the optimum would have moved (a + b = 4.27 < 4.4: add d).
-    offers = [
-        activation.Offer(w, p, mu)
-        for w, p, mu in ((a, 1.0, 10 / 4.4), (b, 1.0, 2.0), (c, 3.0, 5.0), (d, 0.5, 0.5))
-    ]
-    assert activation.decide(offers, 4.0, 0.1).active == {a, b, d}
-    ctl.flush_hot(expire=False)  # the heartbeats' contacts, for a solve called directly
-    assert ctl.fleet.replan(clock(), force=True).kept_previous
-
-
-def test_activation_off_keeps_everyone_active_and_billed_in_full(tmp_path, text_codec):
-    clock = Clock()
-    ctl, workers = four_workers(tmp_path, text_codec, clock, standby_price_fraction=0.25)
-    assert all(hb(ctl, w).active for w in workers)
-    assert all(ctl.lease(w, LeaseRequest(worker_version=0)).lease for w in workers)
-    s = ctl.stats()
-    assert s["fleet/active_workers"] == 4 and s["fleet/standby_workers"] == 0
-    before = s["cost/usd"]
-    clock.t += 10
-    for w in workers:
-        hb(ctl, w)
-    assert ctl.stats()["cost/usd"] - before == pytest.approx(5.5 * 10 / 3600)
-
-
 def test_freshness_is_judged_by_the_workers_that_cover_the_requirement():
     from bridge.control.fleet_plan import _covering_delay
 
@@ -384,13 +301,9 @@ def test_the_learners_own_overhead_lowers_the_prediction_and_the_requirement(tmp
     clock = Clock()
     ctl, w = cold_start(tmp_path, text_codec, clock)
     warm_steps(ctl, clock, w, range(1, 5))
-    for v in range(5, 9):
-        ctl.publish(v)
-        clock.t += 0.1
-        hb(ctl, w, v)
-        run_lease(ctl, clock, w, groups=2, seconds=0.5, version=v)
-        ctl.report_learner(step_s=1.0, overhead_s=1.0 if v > 5 else 0.0)
-    stats = ctl.stats()
+    stats = warm_steps(
+        ctl, clock, w, range(5, 9), report=lambda v: {"step_s": 1.0, "overhead_s": float(v > 5)}
+    )
     overhead = (0.0 + 1.0 + 1.0 + 1.0) / 4  # the mean over the reports that carried one
     assert stats["capacity/learner_overhead_s"] == pytest.approx(overhead)
     assert stats["capacity/train_step_s"] == pytest.approx(1.0)
@@ -406,16 +319,9 @@ def test_reports_with_a_compile_are_not_warm_samples(tmp_path, text_codec):
     clock = Clock()
     ctl, w = cold_start(tmp_path, text_codec, clock)
     warm_steps(ctl, clock, w, range(1, 5))
-    for v in range(5, 14):
-        ctl.publish(v)
-        clock.t += 0.1
-        hb(ctl, w, v)
-        run_lease(ctl, clock, w, groups=2, seconds=0.5, version=v)
-        if v == 5:
-            ctl.report_learner(step_s=1.0, overhead_s=0.0)
-        else:
-            ctl.report_learner(step_s=4.0, overhead_s=3.0, cold=True)
-    stats = ctl.stats()
+    warm, compiled = {"step_s": 1.0, "overhead_s": 0.0}, {"step_s": 4.0, "overhead_s": 3.0}
+    compiled["cold"] = True
+    stats = warm_steps(ctl, clock, w, range(5, 14), report=lambda v: warm if v == 5 else compiled)
     assert stats["capacity/learner_overhead_s"] == 0.0
     assert stats["capacity/train_step_s"] == pytest.approx(1.0)
     assert stats["capacity/predicted_utilization"] == pytest.approx(1.0)
