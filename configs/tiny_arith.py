@@ -205,6 +205,9 @@ def get_config() -> ConfigDict:
     c.fleet.throttle_s = (0.0, 0.5)
     c.fleet.max_num_seqs = 64
     c.fleet.threads = 1  # torch/OpenMP threads per worker on a shared CPU box
+    # local: CPU ids the workers are pinned to, e.g. (1,) with the learner under
+    # `taskset -c 0` (empty: not pinned); keeps the learner's step time steady on a small box.
+    c.fleet.worker_cpus = ()
     c.fleet.kvcache_gib = 1
     # command: local_workers workers from shell templates with {url} {token_file} {secret}
     # {name} {workdir} (and {pid} in stop/status); pass {name} on as the worker's --name.

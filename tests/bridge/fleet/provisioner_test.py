@@ -107,3 +107,28 @@ def test_local_command_line_matches_the_local_fleet():
     assert "--controller=U" in cmd and "--token_file=T" in cmd and "--name=w-1" in cmd
     assert "--seed=3001" in cmd and "--cache_dir=/w/model_files" in cmd
     assert "--exit_with_parent" in cmd  # tests/rollout_gpu/parent_exit_test.py
+
+
+def test_local_workers_are_pinned_to_fleet_worker_cpus():
+    import subprocess
+    import sys
+
+    import pytest
+
+    from bridge.fleet import local
+    from learner_jax.local_fleet import FleetConfig, local_specs
+
+    cpu = max(os.sched_getaffinity(0))  # one this test may use; the child must get only it
+    (spec,) = local_specs(FleetConfig(worker_cpus=(cpu,)), seed=0)
+    code = "import os; print(sorted(os.sched_getaffinity(0)))"
+    child = subprocess.run(
+        [sys.executable, "-c", code],
+        preexec_fn=local._pin(spec.cpus),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(child.stdout) == [cpu]
+    assert local._pin(()) is None  # not pinned: any CPU
+    with pytest.raises(ValueError, match="this machine has CPUs"):
+        local._pin((os.cpu_count(),))
