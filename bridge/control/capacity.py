@@ -274,9 +274,16 @@ class Warmup:
     """What the live model leaves out as cold, and when its verdict is confident."""
 
     cold_steps: int = 1  # learner reports: the first includes the train step's XLA compile
+    # The learner's first overhead reports: the run settling (in every plan_from_run_test run
+    # the 3rd carried a 0.16-0.2 s one-off in taking the batch, 3-5x the steady overhead, and
+    # as a mean of a few samples it held the first verdict's O at 0.06-0.12 s vs 0.03 s).
+    cold_overheads: int = 3
     cold_leases: int = 1  # per worker: the first lease includes vLLM's kernel compile
     cold_swaps: int = 2  # per worker: the initial load (engine start) and the first reload
-    min_warm: int = 3  # warm samples of T and of each counted worker's leases and swaps
+    # Warm samples of T and of each counted worker's leases and swaps before a verdict: with
+    # 3, the first verdict's fleet rate swung enough between runs of plan_from_run_test to
+    # name a utilization 7 points under the measured one; with 5, within 4 (BUILD_NOTES).
+    min_warm: int = 5
     keep: int = 16  # warm samples kept per quantity (recent enough to track change)
 
 

@@ -96,7 +96,7 @@ class FleetPlan:
         self.config, self.db, self.timing, self.clock = config, db, timing, clock
         self.warmup = warmup = warmup or capacity.Warmup()
         self._steps = capacity.WarmSamples(warmup.cold_steps, warmup.keep)
-        self._overheads = capacity.WarmSamples(0, _OVERHEADS_KEPT)
+        self._overheads = capacity.WarmSamples(warmup.cold_overheads, _OVERHEADS_KEPT)
         self.publish_s: float | None = None
         self.publish_every = 1
         self._last_version: int | None = None
@@ -127,7 +127,8 @@ class FleetPlan:
     def overhead_s(self) -> float:
         """O: the learner's mean time per update outside train steps and waits (the mean,
         not the median: evaluations and checkpoints are rare long spikes that the learner
-        pays on average; a compile is not: reports flagged cold are left out)."""
+        pays on average; a compile is not: reports flagged cold are left out, and the
+        first `Warmup.cold_overheads`, the run settling)."""
         return self._overheads.mean() or 0.0
 
     def learner_reported(self, step_s, publish_s, overhead_s=None, cold: bool = False) -> None:

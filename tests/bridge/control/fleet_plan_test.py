@@ -224,10 +224,10 @@ def test_advice_comes_from_warm_measurements_only(tmp_path, text_codec, caplog):
         cold = ctl.stats()
         assert cold["capacity/latency_s"] == pytest.approx(50.0)  # shown, cold as it is
         assert cold["capacity/confident"] == 0 and cold["capacity/warning"] == 0
-        # Confident once T has 3 warm reports (versions 1-3) and the worker 3 warm leases
-        # (1-3) and 3 warm swaps (its first two, versions 0 and 1, are cold: 2-4).
-        assert warm_steps(ctl, clock, w, range(1, 4))["capacity/confident"] == 0
-        warm = warm_steps(ctl, clock, w, [4])
+        # Confident once T has 5 warm reports (versions 1-5) and the worker 5 warm leases
+        # (1-5) and 5 warm swaps (its first two, versions 0 and 1, are cold: 2-6).
+        assert warm_steps(ctl, clock, w, range(1, 6))["capacity/confident"] == 0
+        warm = warm_steps(ctl, clock, w, [6])
         assert warm["capacity/confident"] == 1 and warm["capacity/warning"] == 0
         assert warm["capacity/train_step_s"] == pytest.approx(1.0)
         assert warm["capacity/latency_s"] == pytest.approx(0.1 + 0.5)
@@ -235,7 +235,7 @@ def test_advice_comes_from_warm_measurements_only(tmp_path, text_codec, caplog):
         assert warm["capacity/active_rollouts_per_s"] == pytest.approx(4 / 0.6)
         assert warm["capacity/predicted_utilization"] == pytest.approx(1.0)
         clock.t += 120.0
-        warm_steps(ctl, clock, w, range(5, 8))
+        warm_steps(ctl, clock, w, range(7, 10))
     assert not [r for r in caplog.records if "capacity" in r.getMessage()]
 
 
@@ -244,12 +244,12 @@ def test_a_warning_the_warm_data_contradicts_is_withdrawn(tmp_path, text_codec, 
     ctl, w = cold_start(tmp_path, text_codec, clock)
     with caplog.at_level(logging.INFO):
         # Warm and slow: 3 s leases (1.33 rollouts/s, 4 needed; latency 3.1 s > T).
-        slow = warm_steps(ctl, clock, w, range(1, 5), lease_s=3.0)
+        slow = warm_steps(ctl, clock, w, range(1, 7), lease_s=3.0)
         assert slow["capacity/confident"] == 1 and slow["capacity/warning"] == 1
         # Then fast for longer than the 16 leases kept, and past the minute between lines.
-        warm_steps(ctl, clock, w, range(5, 22), lease_s=0.5)
+        warm_steps(ctl, clock, w, range(7, 24), lease_s=0.5)
         clock.t += 60.0
-        fast = warm_steps(ctl, clock, w, [22], lease_s=0.5)
+        fast = warm_steps(ctl, clock, w, [24], lease_s=0.5)
     assert fast["capacity/confident"] == 1 and fast["capacity/warning"] == 0
     lines = [(r.levelno, r.getMessage()) for r in caplog.records if "capacity" in r.getMessage()]
     assert len(lines) == 2, lines
@@ -302,26 +302,57 @@ def test_the_learners_own_overhead_lowers_the_prediction_and_the_requirement(tmp
     ctl, w = cold_start(tmp_path, text_codec, clock)
     warm_steps(ctl, clock, w, range(1, 5))
     stats = warm_steps(
-        ctl, clock, w, range(5, 9), report=lambda v: {"step_s": 1.0, "overhead_s": float(v > 5)}
+        ctl, clock, w, range(5, 13), report=lambda v: {"step_s": 1.0, "overhead_s": float(v > 9)}
     )
-    overhead = (0.0 + 1.0 + 1.0 + 1.0) / 4  # the mean over the reports that carried one
+    # The mean over the reports that carried one, but the first three (Warmup.cold_overheads)
+    overhead = (0.0 + 0.0 + 1.0 + 1.0 + 1.0) / 5
     assert stats["capacity/learner_overhead_s"] == pytest.approx(overhead)
     assert stats["capacity/train_step_s"] == pytest.approx(1.0)
     assert stats["capacity/required_rollouts_per_s"] == pytest.approx(R / (1.0 + overhead))
     assert stats["capacity/predicted_utilization"] == pytest.approx(1.0 / (1.0 + overhead))
 
 
+def test_the_first_overhead_reports_are_the_run_settling_and_later_spikes_count(
+    tmp_path, text_codec
+):
+    # The learner's 3rd report carries a 2 s one-off (plan_from_run_test's runs: 0.16-0.2 s
+    # in taking the 3rd batch): the first three are left out, so O stays 0 for the verdict.
+    # A spike after them is a real cost per update (an evaluation): O is their mean.
+    clock = Clock()
+    ctl, w = cold_start(tmp_path, text_codec, clock)
+    warm_steps(ctl, clock, w, range(1, 5))
+    settling = {5: 0.0, 6: 0.0, 7: 2.0}
+    stats = warm_steps(
+        ctl,
+        clock,
+        w,
+        range(5, 10),
+        report=lambda v: {"step_s": 1.0, "overhead_s": settling.get(v, 0.0)},
+    )
+    assert stats["capacity/learner_overhead_s"] == 0.0
+    assert stats["capacity/predicted_utilization"] == pytest.approx(1.0)
+    stats = warm_steps(
+        ctl,
+        clock,
+        w,
+        range(10, 12),
+        report=lambda v: {"step_s": 1.0, "overhead_s": 2.0 * (v == 11)},
+    )
+    assert stats["capacity/learner_overhead_s"] == pytest.approx(2.0 / 4)
+
+
 def test_reports_with_a_compile_are_not_warm_samples(tmp_path, text_codec):
-    # As above, but after one more warm update the learner's next 8 came with XLA compiles
-    # (new shapes; learner_jax/compiles.py): 4 s steps and 3 s of overhead, one-offs, so
-    # neither moves T or O and the prediction stays the warm one. Taken as warm, T would be
-    # the median of 5 x 1 s and 8 x 4 s (4 s) and O the mean of 0 and 8 x 3 s.
+    # As above, but after four more warm updates (the first three overheads are the run
+    # settling) the learner's next 8 came with XLA compiles (new shapes;
+    # learner_jax/compiles.py): 4 s steps and 3 s of overhead, one-offs, so neither moves T
+    # or O and the prediction stays the warm one. Taken as warm, T would be the median of
+    # 8 x 1 s and 8 x 4 s (2.5 s) and O the mean of 0 and 8 x 3 s.
     clock = Clock()
     ctl, w = cold_start(tmp_path, text_codec, clock)
     warm_steps(ctl, clock, w, range(1, 5))
     warm, compiled = {"step_s": 1.0, "overhead_s": 0.0}, {"step_s": 4.0, "overhead_s": 3.0}
     compiled["cold"] = True
-    stats = warm_steps(ctl, clock, w, range(5, 14), report=lambda v: warm if v == 5 else compiled)
+    stats = warm_steps(ctl, clock, w, range(5, 17), report=lambda v: warm if v <= 8 else compiled)
     assert stats["capacity/learner_overhead_s"] == 0.0
     assert stats["capacity/train_step_s"] == pytest.approx(1.0)
     assert stats["capacity/predicted_utilization"] == pytest.approx(1.0)
