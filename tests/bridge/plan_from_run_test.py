@@ -126,8 +126,7 @@ def live_capacity_advice_agrees_with_the_run(rows, console, workdir):
     Steps whose window held an XLA compile are left out here, as the prediction leaves them
     out (learner_jax/compiles.py): stop 38's CI run counted the first audit re-score's
     compile as learner overhead, warned at 36% and then measured 53%."""
-    confident = [r for r in rows if r.get("capacity/confident") and r["learner/utilization"]]
-    confident = [r for r in confident if not r.get("time/compiled")]  # the steady state
+    confident = [r for r in from_run.warm_rows(rows) if r["learner/utilization"]]
     assert confident, "no confident capacity prediction in a 30-step run"
     walls = [r["time/step_s"] / r["learner/utilization"] for r in confident]
     measured = sum(r["time/step_s"] for r in confident) / sum(walls)
