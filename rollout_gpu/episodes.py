@@ -87,6 +87,9 @@ def _request(ep: _Episode) -> SampleRequest:
         min_p=s.min_p,
         max_tokens=min(s.max_tokens, ep.room()),
         stop_token_ids=list(s.stop_token_ids),
+        # Episode i is sample i of the group: its noise key is seed + i at every turn, and
+        # the positions continue through the observations (bridge/contracts/gumbel.py).
+        seed=s.seed + ep.index if s.seed >= 0 else None,
     )
 
 

@@ -77,6 +77,7 @@ def sample_request(group: PromptGroup, ids: Sequence[int]) -> SampleRequest:
         min_p=s.min_p,
         max_tokens=s.max_tokens,
         stop_token_ids=list(s.stop_token_ids),
+        seed=s.seed if s.seed >= 0 else None,
     )
 
 

@@ -155,6 +155,13 @@ class SamplingParams(_Model):
     min_p: float = Field(default=0.0, ge=0.0, le=1.0)
     max_tokens: int = Field(default=16, ge=1, le=_MAX_TOKENS)
     stop_token_ids: list[int] = Field(default_factory=list, max_length=64)
+    seed: int = Field(
+        default=-1,
+        ge=-1,
+        lt=1 << 62,
+        description="the group's sampling seed (bridge/contracts/gumbel.py): sample i draws "
+        "its noise from key seed + i; -1: none (the learner then cannot verify the tokens)",
+    )
 
 
 class EpisodeSpec(_Model):
