@@ -23,6 +23,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bridge.contracts import gumbel
 from learner_jax import truncation as truncation_lib
 from learner_jax.truncation import Truncation
 
@@ -105,3 +106,54 @@ def chunked_token_stats(
     _, out = jax.lax.scan(lambda carry, xt: (carry, one_chunk(*xt)), None, (xs, ts))
     # [n, B, C] each -> [B, T]
     return tuple(o.swapaxes(0, 1).reshape(b, n * chunk)[:, :t] for o in out)
+
+
+def chunked_sampling_gap(
+    hidden,
+    weight,
+    eqn: str,
+    targets,
+    key_lo,
+    key_hi,
+    chunk: int,
+    temperature: float,
+    truncation: Truncation = truncation_lib.NONE,
+    greedy: bool = False,
+):
+    """How far each target falls short of the seeded sampler's choice [B, T]
+    (bridge/contracts/gumbel.py `gap`): max_v(z_v + g_v) - (z_x + g_x), z the processed
+    logits (logits / T, then the sampler's truncation WITHOUT keeping the target: a token
+    the sampler had dropped scores +inf), g the Gumbel noise of key (key_lo, key_hi) [B]
+    at the target's absolute position (its index in the row: targets[b, t] sits at
+    t + 1). `greedy`: the plain argmax of the logits (no temperature, no noise).
+
+    hidden [B, T, D] final-normed states, weight as `head_weight` gives it; fp32 logits,
+    `chunk` positions at a time (only [B, chunk, V] is ever live)."""
+    b, t, d = hidden.shape
+    chunk = max(1, min(chunk or t, t))
+    n = -(-t // chunk)
+    pad = n * chunk - t
+    hidden = jnp.pad(hidden, ((0, 0), (0, pad), (0, 0)))
+    targets = jnp.pad(targets, ((0, 0), (0, pad)))
+    positions = jnp.broadcast_to(jnp.arange(1, n * chunk + 1, dtype=jnp.uint32), (b, n * chunk))
+    xs = hidden.reshape(b, n, chunk, d).swapaxes(0, 1)  # [n, B, C, D]
+    ts = targets.reshape(b, n, chunk).swapaxes(0, 1)  # [n, B, C]
+    ps = positions.reshape(b, n, chunk).swapaxes(0, 1)  # [n, B, C]
+    w = weight.astype(jnp.float32)
+    vocab = w.shape[0] if eqn.endswith("vd->bcv") else w.shape[1]
+    terms = gumbel.token_terms(vocab, xp=jnp)
+    lo, hi = key_lo.astype(jnp.uint32)[:, None], key_hi.astype(jnp.uint32)[:, None]
+
+    def one_chunk(x, tgt, pos):
+        logits = jnp.einsum(eqn, x.astype(jnp.float32), w, preferred_element_type=jnp.float32)
+        if greedy:
+            return gumbel.gap(logits, None, tgt, xp=jnp)
+        z = logits / temperature
+        if truncation.active:
+            z = jnp.where(truncation_lib.kept(z, truncation), z, -jnp.inf)
+        base = gumbel.position_base(lo, hi, pos, xp=jnp)  # [B, C]
+        noise = gumbel.gumbel_from_bits(gumbel.noise_bits(base, terms, xp=jnp), jnp, jnp.float32)
+        return gumbel.gap(z, noise, tgt, xp=jnp)
+
+    _, out = jax.lax.scan(lambda c, xtp: (c, one_chunk(*xtp)), None, (xs, ts, ps))
+    return out.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]

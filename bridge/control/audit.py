@@ -57,8 +57,9 @@ import math
 
 import numpy as np
 
-from bridge.contracts import sampling_check
+from bridge.contracts import exact_check, sampling_check
 from bridge.contracts.k3 import k3
+from bridge.control.identity import LOCAL, IdentityBook
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +77,10 @@ class AuditStat:
     sum_var: float = 0.0
     # Its evidence test: sum of log p(token) - log sum p^2 (the log of an e-value).
     sum_evidence: float = 0.0
+    # The exact check (learner_jax/rl/exact_check.py): tokens checked against the lease's
+    # seed, and how many of them were not the seeded sampler's choice.
+    exact_tokens: int = 0
+    exact_mismatches: int = 0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +92,8 @@ class AuditConfig:
     sampling_z: float = sampling_check.Z_MAX  # |Z| past this: tokens not sampled; 0 = off
     # CUSUM of the e-values past this: tokens likelier than sampled, at any token count
     sampling_evidence: float = sampling_check.EVIDENCE_MAX  # 0 = off
+    # Tokens not chosen by the seeded sampler, per identity, before quarantine; 0 = off
+    exact_quarantine_tokens: int = exact_check.QUARANTINE_TOKENS
 
 
 def rows_to_worker_stats(
@@ -160,7 +167,30 @@ class WorkerAudit:
         thresholds = (c.audit_kl_threshold, c.audit_logratio_threshold)
         window = (c.audit_min_tokens, c.audit_window_tokens)
         sampling = (c.audit_sampling_z, c.audit_sampling_evidence)
-        return cls(AuditConfig(*thresholds, *window, *sampling), db)
+        return cls(AuditConfig(*thresholds, *window, *sampling, c.exact_quarantine_tokens), db)
+
+    def add_exact(self, stat: AuditStat) -> str | None:
+        """Fold in the exact check's counts; why the worker must be quarantined, else None.
+        Mismatches add up per identity (the credential or the caller's host that
+        registered the worker, identity.py), so registering again starts from the count
+        the party already has; the operator's own loopback workers count per id."""
+        if stat.exact_tokens <= 0:
+            return None
+        self.db.incr("audit/exact_tokens", stat.exact_tokens)
+        if stat.exact_mismatches <= 0:
+            return None
+        self.db.incr("audit/exact_mismatches", stat.exact_mismatches)
+        party = IdentityBook(self.db).of(stat.worker_id)
+        key = f"exact_bad/{stat.worker_id if party in (None, LOCAL) else party}"
+        bad = self.db.get(key, 0) + int(stat.exact_mismatches)
+        self.db.put(key, bad)
+        limit = self.config.exact_quarantine_tokens
+        if 0 < limit <= bad:
+            return (
+                f"{bad} sampled tokens were not the seeded sampler's choice (threshold "
+                f"{limit}; the learner recomputed each under its lease's seed)"
+            )
+        return None
 
     def add(self, stat: AuditStat) -> str | None:
         """Fold in one stat; returns why the worker must be quarantined, else None."""
@@ -217,7 +247,7 @@ class WorkerAudit:
         out: list[str] = []
         already = self.db.quarantined()
         for st in stats:
-            why = self.add(st)
+            why = self.add_exact(st) or self.add(st)
             w = st.worker_id
             if why and self.db.worker(w) is not None and w not in already and w not in out:
                 quarantine(self.db, w, why, now)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from bridge.contracts import exact_check
 from bridge.control.protocol import SamplingParams
 
 
@@ -57,6 +58,12 @@ class ControllerConfig:
     # ... and its evidence test (any token count): the CUSUM of log e-values past this
     # (ln of 1 / the false-alarm rate per stat) quarantines; 0 = off.
     audit_sampling_evidence: float = 23.0
+    # The exact check (bridge/contracts/exact_check.py): a group with a token that is not
+    # the seeded sampler's choice never trains; this many such tokens from one identity
+    # quarantine it (0 = never), and a token counts as the sampler's choice within
+    # `exact_margin` of the Gumbel argmax (engine numerics).
+    exact_quarantine_tokens: int = exact_check.QUARANTINE_TOKENS
+    exact_margin: float = exact_check.MARGIN
     # Cost-aware activation (fleet_plan.py): the cheapest set covering (1 + margin) * R / T.
     activation: bool = False
     activation_margin: float = 0.1

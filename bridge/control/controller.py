@@ -51,6 +51,7 @@ from bridge.control.hot_state import HotFlusher
 from bridge.control.intake import Intake, own_lease
 from bridge.control.learner_api import LearnerSide
 from bridge.control.learner_calls import LearnerCalls
+from bridge.control.sampling_seeds import SamplingSeeds
 from bridge.control.lease_content import LeaseContent
 from bridge.control.lease_timing import LeaseTiming
 from bridge.control.leasing import Leasing
@@ -100,7 +101,7 @@ class Controller(LearnerCalls):
         self.fleet = FleetPlan(c, self.db, self.timing, clock)
         self.versions = VersionBoard(self.db, clock)
         self.workers = WorkerRegistry(self.db, c, clock, self.fleet)
-        self.content = LeaseContent(c, task, codec)
+        self.content = LeaseContent(c, task, codec, SamplingSeeds.for_db(self.db))
         self.evals = EvalBoard(c, task.name, self.content)  # eval leases (eval_leases.py)
         self.leasing = Leasing(
             self.db, c, clock, self.timing, prompts, self.content, self.fleet.held_back

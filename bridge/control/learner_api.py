@@ -33,6 +33,7 @@ from bridge.control.db import ControllerDB
 from bridge.control.lease_timing import LeaseTiming
 from bridge.control.prompt_stream import PromptStream
 from bridge.control.protocol import ConsumedGroup, Trajectory
+from bridge.control.sampling_seeds import SamplingSeeds
 
 # A group's payload (intake.py writes it with the same adapter): pydantic-core parses and
 # validates it from the JSON text, ~10x `Trajectory(**t) for t in json.loads(...)`.
@@ -122,9 +123,12 @@ class LearnerSide:
             return self.db.forget_consumed(up_to_step)
 
 
-def build_batch(rows: list[dict], step: int) -> tuple[list[ConsumedGroup], dict]:
+def build_batch(
+    rows: list[dict], step: int, seeds: SamplingSeeds | None = None
+) -> tuple[list[ConsumedGroup], dict]:
     """The batch of rows `take_rows` consumed, and its staleness stats (no lock needed:
-    consumed rows change only by the learner's own calls)."""
+    consumed rows change only by the learner's own calls); `seeds` gives each group the
+    sampling seed of the lease that delivered it."""
     batch = [
         ConsumedGroup(
             group_id=r["group_id"],
@@ -133,6 +137,11 @@ def build_batch(rows: list[dict], step: int) -> tuple[list[ConsumedGroup], dict]
             answer=r["answer"],
             trajectories=_TRAJECTORIES.validate_json(r["payload"]),
             worker_id=r["worker_id"],
+            sampling_seed=(
+                -1
+                if seeds is None or not r["lease_id"]
+                else seeds.seed(r["lease_id"], r["group_id"])
+            ),
         )
         for r in rows
     ]

@@ -70,7 +70,7 @@ class LearnerCalls:
         """After the lock: the consumption on disk before the learner trains on it, then
         the batch decoded and the fleet stats (a short lock of their own)."""
         self.db.sync()
-        batch, staleness = build_batch(rows, step)
+        batch, staleness = build_batch(rows, step, self.content.seeds)
         return batch, {**self._fresh_stats(), **staleness}
 
     def _fresh_stats(self) -> dict:

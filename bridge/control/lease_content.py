@@ -13,13 +13,21 @@ from __future__ import annotations
 from bridge.control.config import ControllerConfig
 from bridge.control.protocol import EpisodeSpec, PromptGroup, SamplingParams
 from bridge.control.rewards import Codec
+from bridge.control.sampling_seeds import SamplingSeeds
 from bridge.control.validation import SubmissionError
 from bridge.tasks import EnvTask, Task
 
 
 class LeaseContent:
-    def __init__(self, config: ControllerConfig, task: Task, codec: Codec | None):
+    def __init__(
+        self,
+        config: ControllerConfig,
+        task: Task,
+        codec: Codec | None,
+        seeds: SamplingSeeds | None = None,
+    ):
         self.config, self.task, self.codec = config, task, codec
+        self.seeds = seeds
 
     def prompt_ids(self, text: str) -> list[int]:
         if self.codec is None:
@@ -56,8 +64,13 @@ class LeaseContent:
             max_tokens=c.max_completion_tokens or c.sampling.max_tokens,
         )
 
-    def group(self, row) -> PromptGroup:
-        """The leased form of one queued group (a `groups` row of bridge/control/db.py)."""
+    def group(self, row, lease_id: str = "") -> PromptGroup:
+        """The leased form of one queued group (a `groups` row of bridge/control/db.py) in
+        lease `lease_id`, with that lease's sampling seed for it (sampling_seeds.py)."""
+        sampling = self.sampling
+        if self.seeds is not None and lease_id:
+            seed = self.seeds.seed(lease_id, row["group_id"])
+            sampling = sampling.model_copy(update={"seed": seed})
         return PromptGroup(
             group_id=row["group_id"],
             prompt_id=row["prompt_id"],
@@ -65,6 +78,6 @@ class LeaseContent:
             prompt=row["prompt"],
             prompt_token_ids=self.prompt_ids(row["prompt"]),
             n=self.config.group_size,
-            sampling=self.sampling,
+            sampling=sampling,
             episode=self.episode(row["answer"]),
         )

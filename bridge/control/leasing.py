@@ -136,7 +136,7 @@ class Leasing:
         self.db.put(f"lease_version/{lease_id}", version)
         self.db.set_state([r["group_id"] for r in rows], "leased", lease_id=lease_id)
         self.db.incr("leases/issued")
-        groups = [self.content.group(r) for r in rows]
+        groups = [self.content.group(r, lease_id) for r in rows]
         return Lease(lease_id=lease_id, expires_at=expires, groups=groups), "", 0.0
 
     def renew(self, worker_id: str, now: float) -> list[str]:

@@ -372,3 +372,8 @@ class ConsumedGroup(_Model):
     answer: str
     trajectories: list[Trajectory]
     worker_id: str = Field(default="", description="who generated it (for the audit)")
+    sampling_seed: int = Field(
+        default=-1,
+        description="the seed its lease carried (bridge/control/sampling_seeds.py), the "
+        "trusted side's own copy; -1: unknown (its tokens cannot be verified)",
+    )

@@ -1,0 +1,170 @@
+"""The exact check: every consumed token recomputed under its version and its lease's seed,
+before the learner trains on it.
+
+    checker = ExactChecker(params_fn, model_cfg, temperature=1.0, truncation=NONE)
+    verdict = checker.check(groups)     # groups: ConsumedGroup from ctl.wait_batch
+    verdict.refused                     # group ids that must not train
+    ctl.audit(verdict.stats)            # per-worker counts -> quarantine (audit.py)
+
+A worker samples token x at position t of sample i as argmax_v(z_v + g(seed + i, t, v))
+(bridge/contracts/gumbel.py), z the processed logits of the version it served. For each
+version the batch's tokens carry, the checker reads that version's published weights
+(`params_fn`, the weight store's verified copy, the bytes the workers loaded; cached for
+the few versions a batch spans), runs one forward over the rows holding tokens of it, and
+measures each token's `gap` (learner_jax/logprobs.py `chunked_sampling_gap`). Tokens of an
+episode's environment (mask 0) are not the model's and are not checked; a row whose tokens
+span several versions (a swap mid-generation) is checked token by token, each under its
+own version. A group whose lease seed the controller cannot give (-1) is refused: its
+tokens cannot be verified.
+
+Rule and numbers: bridge/contracts/exact_check.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bridge.contracts import exact_check, gumbel
+from bridge.control import audit
+from bridge.model.config import ModelConfig
+from learner_jax import logprobs, model
+from learner_jax import truncation as truncation_lib
+
+
+@dataclasses.dataclass
+class Verdict:
+    refused: set[int]  # group ids with a token that is not the sampler's choice
+    stats: list[audit.AuditStat]  # per worker and version: exact_tokens / exact_mismatches
+    metrics: dict[str, float]
+    max_honest_gap: float = 0.0  # the largest gap among tokens within the margin
+
+
+class ExactChecker:
+    def __init__(
+        self,
+        params_fn: Callable[[int], dict],
+        cfg: ModelConfig,
+        *,
+        temperature: float,
+        truncation: truncation_lib.Truncation = truncation_lib.NONE,
+        margin: float = exact_check.MARGIN,
+        rows_per_call: int = 32,
+        chunk: int = 256,
+        keep_versions: int = 4,
+        options: model.ModelOptions | None = None,
+    ):
+        """`params_fn(version)`: Flax params of a published version (rescore.py's
+        `VersionRescorer.params`). `rows_per_call` rows of a power-of-two width per
+        forward (a few compiles per run); `chunk` positions per head chunk (memory
+        rows_per_call x chunk x V). `keep_versions` params held between batches."""
+        if not temperature > 0:
+            raise ValueError(f"exact check temperature={temperature} (> 0)")
+        if not margin >= 0:
+            raise ValueError(f"exact check margin={margin} (>= 0)")
+        self.params_fn, self.cfg, self.margin = params_fn, cfg, float(margin)
+        self.temperature, self.truncation = float(temperature), truncation
+        self.rows_per_call, self.keep_versions = rows_per_call, keep_versions
+        opts = dataclasses.replace(options or model.ModelOptions(), remat="none")
+        net = model.Transformer(cfg, options=opts)
+        tied = cfg.tie_word_embeddings
+
+        def gaps(params, tokens, seg, lo, hi, temperature, truncation, greedy):
+            pos = jnp.broadcast_to(
+                jnp.arange(tokens.shape[1] - 1, dtype=jnp.int32), seg[:, :-1].shape
+            )
+            hidden = net.apply({"params": params}, tokens[:, :-1], pos, seg[:, :-1], head=False)
+            weight, eqn = logprobs.head_weight(params, tied)
+            return logprobs.chunked_sampling_gap(
+                hidden, weight, eqn, tokens[:, 1:], lo, hi, chunk, temperature, truncation, greedy
+            )
+
+        self._gaps = jax.jit(gaps, static_argnums=(5, 6, 7))
+        self._params: dict[int, dict] = {}
+
+    def params(self, version: int):
+        if version not in self._params:
+            self._params[version] = self.params_fn(version)
+            for old in sorted(self._params)[: -self.keep_versions]:
+                del self._params[old]
+        return self._params[version]
+
+    def check(self, groups) -> Verdict:
+        """The verdict on a batch's groups (ConsumedGroup, each with its `sampling_seed`)."""
+        t0 = time.perf_counter()
+        refused: set[int] = set()
+        rows = []  # (group, trajectory)
+        for g in groups:
+            if g.sampling_seed < 0:
+                refused.add(g.group_id)
+                continue
+            rows += [(g, t) for t in g.trajectories]
+        counts: dict[tuple[str, int], list[int]] = {}
+        honest_max = 0.0
+        for version in sorted({v for _, t in rows for v in t.versions}):
+            of_v = [(g, t) for g, t in rows if version in t.versions]
+            try:
+                params = self.params(version)
+            except Exception as e:  # noqa: BLE001 - gc'd or corrupt: its tokens cannot be checked
+                logging.warning("exact check: version %d unreadable (%s); its groups refused",
+                                version, e)  # fmt: skip
+                refused.update(g.group_id for g, _ in of_v)
+                continue
+            for lo in range(0, len(of_v), self.rows_per_call):
+                part = of_v[lo : lo + self.rows_per_call]
+                bad, checked, top = self._check_rows(params, version, part, self.temperature)
+                honest_max = max(honest_max, top)
+                for (g, _), b, n in zip(part, bad, checked, strict=True):
+                    c = counts.setdefault((g.worker_id, version), [0, 0])
+                    c[0] += int(n)
+                    c[1] += int(b)
+                    if b:
+                        refused.add(g.group_id)
+        stats = [
+            audit.AuditStat(worker_id=w, version=v, tokens=0, sum_k3=0.0, sum_logratio=0.0,
+                            exact_tokens=n, exact_mismatches=b)
+            for (w, v), (n, b) in sorted(counts.items()) if w
+        ]  # fmt: skip
+        checked = sum(n for n, _ in counts.values())
+        metrics = {
+            "exact/checked_tokens": float(checked),
+            "exact/mismatched_tokens": float(sum(b for _, b in counts.values())),
+            "exact/refused_groups": float(len(refused)),
+            "exact/max_honest_gap": honest_max,
+            "exact/check_s": time.perf_counter() - t0,
+        }
+        return Verdict(refused, stats, metrics, honest_max)
+
+    def _check_rows(self, params, version: int, part, temperature: float, greedy=False):
+        """(mismatches [k], checked tokens [k], the largest gap within the margin) of
+        rows `part` [(group, trajectory)], only their tokens tagged `version`."""
+        width = max(len(t.prompt_token_ids) + len(t.completion_token_ids) for _, t in part)
+        width = max(16, 1 << (width - 1).bit_length())
+        n = self.rows_per_call
+        tokens = np.zeros((n, width), np.int32)
+        seg = np.zeros((n, width), np.int32)
+        mask = np.zeros((n, width - 1), np.float32)
+        lo, hi = np.zeros(n, np.uint32), np.zeros(n, np.uint32)
+        for i, (g, t) in enumerate(part):
+            p, c = list(t.prompt_token_ids), list(t.completion_token_ids)
+            tokens[i, : len(p) + len(c)] = p + c
+            seg[i, : len(p) + len(c)] = 1
+            # completion token j is the target of position len(p) + j - 1
+            of_v = np.asarray(t.versions) == version
+            mask[i, len(p) - 1 : len(p) + len(c) - 1] = np.asarray(t.mask) * of_v
+            lo[i], hi[i] = gumbel.key_words(max(g.sampling_seed, 0), t.sample_index)
+        gaps = np.asarray(
+            self._gaps(params, tokens, seg, lo, hi, temperature, self.truncation, greedy),
+            np.float64,
+        )
+        k = len(part)
+        bad = exact_check.mismatches(gaps, mask, self.margin)[:k]
+        within = (mask > 0) & (gaps <= self.margin)
+        top = float(gaps[within].max()) if within.any() else 0.0
+        return bad, (mask > 0).sum(axis=1)[:k], top

@@ -1,0 +1,198 @@
+"""The learner's exact check against an independent sampler: transformers computes the
+logits, numpy the truncation (vLLM's order) and the seeded Gumbel-max choice
+(bridge/contracts/gumbel.py); the checker recomputes everything in JAX from the same HF
+weights and must pass every honest token and refuse every group with a chosen one.
+
+The weights are peaked (std 0.2) so that a worker's choice differs from the sampler's
+often enough to show within a few samples.
+"""
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.numpy import save_file
+
+from bridge.contracts import exact_check, gumbel
+from bridge.control.protocol import ConsumedGroup, Trajectory
+from bridge.model import tiny_model
+from learner_jax import hf_import
+from learner_jax.rl.exact_check import ExactChecker
+from learner_jax.truncation import Truncation
+
+PROMPT = [5, 17, 33, 8]
+N, LENGTH = 4, 12
+
+
+@pytest.fixture(scope="module")
+def peaked(tmp_path_factory):
+    path = tmp_path_factory.mktemp("peaked")
+    cfg = tiny_model.tiny_config("qwen3")
+    tiny_model.make_tiny_model(str(path), cfg)
+    weights = tiny_model.random_hf_weights(cfg, seed=3, std=0.2)
+    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
+    path = str(path)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
+    cfg, params = hf_import.load_hf_params(path)
+    return hf, cfg, params
+
+
+def _truncate(z, top_k=-1, top_p=1.0, min_p=0.0, order=("min_p", "top_k", "top_p")):
+    """vLLM's processing of tempered logits z [V] in `order` (dropped: -inf), float64."""
+    z = z.copy()
+    for step in order:
+        if step == "min_p" and min_p > 0:
+            p = np.exp(z - z.max())
+            z[p < min_p * p.max()] = -np.inf
+        if step == "top_k" and 0 < top_k < len(z):
+            z[z < np.sort(z)[-top_k]] = -np.inf
+        if step == "top_p" and top_p < 1.0:
+            order_ = np.argsort(z)  # ascending, as vLLM sorts
+            p = np.exp(z[order_] - z.max())
+            cum = np.cumsum(p / p.sum())
+            drop = cum <= 1 - top_p
+            drop[-1] = False
+            z[order_[drop]] = -np.inf
+    return z
+
+
+def _sample(hf, seed, index, temperature=1.0, chooser=None, **trunc):
+    """One completion from the independent sampler; `chooser(pos, z, g)` overrides the
+    choice (a cheater)."""
+    lo, hi = gumbel.key_words(seed, index)
+    ids = list(PROMPT)
+    for _ in range(LENGTH):
+        with torch.no_grad():
+            logits = hf(torch.tensor([ids])).logits[0, -1].numpy()
+        z = _truncate(logits / temperature, **trunc)
+        g = gumbel.gumbel(lo, hi, len(ids), len(z))
+        ids.append(int(np.argmax(z + g)) if chooser is None else chooser(len(ids), z, g))
+    return ids[len(PROMPT) :]
+
+
+def _group(gid, seed, completions, worker="w1", versions=None, mask=None):
+    trajs = [
+        Trajectory(
+            prompt_id=f"p{gid}", sample_index=i, prompt_token_ids=PROMPT,
+            completion_token_ids=c, logprobs=[-1.0] * len(c),
+            versions=versions or [0] * len(c), finish_reason="length", reward=1.0,
+            completion_mask=mask,
+        )
+        for i, c in enumerate(completions)
+    ]  # fmt: skip
+    return ConsumedGroup(group_id=gid, prompt_id=f"p{gid}", prompt="", answer="",
+                         trajectories=trajs, worker_id=worker, sampling_seed=seed)  # fmt: skip
+
+
+def _checker(cfg, params, **kw):
+    return ExactChecker(lambda v: params, cfg, rows_per_call=8, chunk=8, **kw)
+
+
+def test_honest_tokens_pass_and_a_written_sample_refuses_its_group(peaked):
+    hf, cfg, params = peaked
+    seed = 123456789012345
+    honest = [_sample(hf, seed, i) for i in range(N)]
+    written = list(honest)
+    written[2] = [int(c) for c in (np.arange(LENGTH) * 7 + 3) % 100]  # its own text
+    other = gumbel.draw_seed()
+    verdict = _checker(cfg, params, temperature=1.0).check(
+        [_group(1, seed, honest), _group(2, seed, written, worker="cheat"),
+         _group(3, other, [_sample(hf, other, i) for i in range(N)])]
+    )  # fmt: skip
+    assert verdict.refused == {2}
+    by = {s.worker_id: s for s in verdict.stats}
+    assert by["w1"].exact_tokens == 2 * N * LENGTH and by["w1"].exact_mismatches == 0
+    assert by["cheat"].exact_mismatches >= LENGTH // 2
+    # the honest gaps are float noise only: fp64 sampler, fp32 checker
+    assert verdict.max_honest_gap < 1e-3
+
+
+def test_the_seed_is_what_is_checked(peaked):
+    hf, cfg, params = peaked
+    seed = 42
+    shifted = [_sample(hf, seed + 1, i) for i in range(N)]  # sampled, but not with its seed
+    assert shifted != [_sample(hf, seed, i) for i in range(N)]
+    verdict = _checker(cfg, params, temperature=1.0).check([_group(1, seed, shifted)])
+    assert verdict.refused == {1}
+    # a group the controller has no seed for cannot be verified
+    unseeded = _checker(cfg, params, temperature=1.0).check([_group(2, -1, shifted)])
+    assert unseeded.refused == {2}
+
+
+def test_a_cooler_sampler_and_a_greedy_picker_are_caught(peaked):
+    hf, cfg, params = peaked
+    seed = 7
+    cool = [_sample(hf, seed, i, temperature=0.9) for i in range(N)]
+    greedy = [_sample(hf, seed, i, chooser=lambda pos, z, g: int(np.argmax(z))) for i in range(N)]
+    verdict = _checker(cfg, params, temperature=1.0).check(
+        [_group(1, seed, cool), _group(2, seed, greedy)]
+    )
+    assert verdict.refused == {1, 2}
+
+
+def test_truncation_is_the_samplers_in_its_order(peaked):
+    hf, cfg, params = peaked
+    trunc = dict(top_k=6, top_p=0.5, min_p=0.05)
+    checker = _checker(cfg, params, temperature=0.7, truncation=Truncation(**trunc))
+    seeds = [11, 12, 13]
+    honest = [_group(s, s, [_sample(hf, s, i, 0.7, **trunc) for i in range(N)]) for s in seeds]
+    assert checker.check(honest).refused == set()
+    # top-p before top-k keeps other tokens: some group shows it
+    swapped = [
+        _group(s, s, [_sample(hf, s, i, 0.7, order=("min_p", "top_p", "top_k"), **trunc)
+                      for i in range(N)])
+        for s in seeds
+    ]  # fmt: skip
+    untruncated = [_group(s, s, [_sample(hf, s, i, 0.7) for i in range(N)]) for s in seeds]
+    assert checker.check(untruncated).refused
+    assert checker.check(swapped).refused or _orders_agree(hf, seeds, trunc)
+
+
+def _orders_agree(hf, seeds, trunc):
+    """Whether both orders keep the same sets on every sampled prefix (then no sampler
+    could tell them apart, and the test above has nothing to catch)."""
+    for s in seeds:
+        for i in range(N):
+            ids = PROMPT + _sample(hf, s, i, 0.7, **trunc)
+            for t in range(len(PROMPT), len(ids)):
+                with torch.no_grad():
+                    z = hf(torch.tensor([ids[:t]])).logits[0, -1].numpy() / 0.7
+                a = np.isinf(_truncate(z, **trunc))
+                b = np.isinf(_truncate(z, order=("min_p", "top_p", "top_k"), **trunc))
+                if (a != b).any():
+                    return False
+    return True
+
+
+def test_multi_turn_checks_the_models_tokens_only_and_every_version(peaked):
+    hf, cfg, params = peaked
+    seed = 99
+    rows = [_sample(hf, seed, i) for i in range(2)]
+    # tokens 4..6 are the environment's: anything goes there, and the model's later tokens
+    # were sampled after them (positions continue through them)
+    mask = [1] * 4 + [0] * 3 + [1] * (LENGTH - 7)
+    env = []
+    for i in range(2):
+        lo, hi = gumbel.key_words(seed, i)
+        ids = PROMPT + rows[i][:4] + [90, 91, 92]
+        for _ in range(LENGTH - 7):
+            with torch.no_grad():
+                z = hf(torch.tensor([ids])).logits[0, -1].numpy()
+            ids.append(int(np.argmax(z + gumbel.gumbel(lo, hi, len(ids), len(z)))))
+        env.append(ids[len(PROMPT) :])
+    checker = _checker(cfg, params, temperature=1.0)
+    verdict = checker.check([_group(1, seed, env, mask=mask)])
+    assert verdict.refused == set()
+    assert verdict.metrics["exact/checked_tokens"] == 2 * (LENGTH - 3)
+    # a row whose later tokens claim another version is checked under that version too
+    two = {0: params, 1: dict(params, final_norm={"scale": params["final_norm"]["scale"] * 3})}
+    mixed = ExactChecker(two.__getitem__, cfg, temperature=1.0, rows_per_call=8, chunk=8)
+    tags = [0] * 6 + [1] * (LENGTH - 6)
+    assert mixed.check([_group(2, seed, rows, versions=tags)]).refused == {2}
+    assert mixed.check([_group(3, seed, rows, versions=[0] * LENGTH)]).refused == set()
+
+
+def test_mismatch_counts_follow_the_margin():
+    gaps = np.array([[0.0, 0.05, 0.2, np.inf, np.nan]])
+    assert exact_check.mismatches(gaps, np.ones_like(gaps), margin=0.1).tolist() == [3]
+    assert exact_check.mismatches(gaps, np.array([[1, 1, 0, 0, 0]]), margin=0.1).tolist() == [0]
