@@ -51,7 +51,6 @@ from bridge.control.hot_state import HotFlusher
 from bridge.control.intake import Intake, own_lease
 from bridge.control.learner_api import LearnerSide
 from bridge.control.learner_calls import LearnerCalls
-from bridge.control.sampling_seeds import SamplingSeeds
 from bridge.control.lease_content import LeaseContent
 from bridge.control.lease_timing import LeaseTiming
 from bridge.control.leasing import Leasing
@@ -69,6 +68,7 @@ from bridge.control.protocol import (
 from bridge.control.rewards import CallPool, Codec, RewardScorer
 from bridge.control.run_end import RunEnd
 from bridge.control.run_end import wait_all_told as run_end_wait
+from bridge.control.sampling_seeds import SamplingSeeds
 from bridge.control.stats_line import stats_line
 from bridge.control.versions import VersionBoard
 from bridge.control.workers import WorkerRegistry
