@@ -315,6 +315,14 @@ def get_config() -> ConfigDict:
     # quarantines past this (23 = ln 1e10: an honest sampler's mean audit stats before a
     # false alarm >= 1e10). 0 = off.
     c.controller.audit_sampling_evidence = 23.0
+    # Exact check (bridge/contracts/exact_check.py): every lease carries a fresh sampling
+    # seed, workers sample by seeded Gumbel-max, and the learner recomputes every consumed
+    # token under its version before it trains: a group with a token that is not the
+    # sampler's choice (its gap past exact_margin, in logit units) never trains, and
+    # exact_quarantine_tokens such tokens quarantine their identity (0 = never).
+    c.controller.exact_check = True
+    c.controller.exact_margin = 0.1
+    c.controller.exact_quarantine_tokens = 8
     # Transport: serve HTTPS with this PEM certificate and key ('' = plain HTTP). Over plain
     # HTTP anyone on the path can rewrite the announced store URL, so workers calling from
     # a non-loopback address are refused (403) unless allow_plain_http (a trusted LAN only).

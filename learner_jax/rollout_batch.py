@@ -40,8 +40,11 @@ def groups_to_batch(
     current_version: int,
     adv_cfg: adv_lib.AdvantageConfig,
     pad_id: int = 0,
+    refused: frozenset[int] = frozenset(),
 ) -> tuple[Batch, dict]:
-    """(numpy Batch, rollout stats) for G groups of `group_size` trajectories each."""
+    """(numpy Batch, rollout stats) for G groups of `group_size` trajectories each. The
+    rows of `refused` groups (the exact check's, learner_jax/rl/exact_check.py) stay in
+    the batch, so its shape is fixed, with seq_mask 0: nothing of them trains."""
     rows = len(groups) * group_size
     width = max_prompt_len + max_answer_len + 1
     tokens = np.full((rows, width), pad_id, np.int32)
@@ -81,6 +84,8 @@ def groups_to_batch(
             lengths.append(len(c))
             think.append(t.think_tokens)
     adv, seq_mask = adv_lib.compute_advantages(rewards, adv_cfg)
+    keep = np.repeat([g.group_id not in refused for g in groups], group_size)
+    seq_mask = np.asarray(seq_mask) * keep
     batch = make_batch(
         tokens,
         loss_mask,

@@ -147,6 +147,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
     from learner_jax.rl import (
         batches,
         evals,
+        exact_check,
         fleet,
         fleet_eval,
         hooks,
@@ -285,6 +286,10 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         ctrl_c = parts.enter_context(
             interrupt.StopOnCtrlC(lambda msg: logging.info(msg, extra=console.SHOW))
         )
+        rescorer = rescore.VersionRescorer.for_run(
+            config, store, learner, publisher, leader, ctl.config
+        )
+        exact = exact_check.ExactChecker.for_run(config, rescorer, ctl.config)
         source = batches.BatchSource(
             ctl,
             run_config.batch_shape(config),
@@ -295,9 +300,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             should_stop=ctrl_c.requested,
             check_fleet=follower.check,
             where=os.path.join(workdir, "workers"),
-        )
-        rescorer = rescore.VersionRescorer.for_run(
-            config, store, learner, publisher, leader, ctl.config
+            verify=exact.check if exact is not None else None,
         )
         evaluation = fleet_eval.evaluation_hook(config, ctl, task, eval_log, workdir, end, rescorer)
         # 5. The RL loop, and what runs after each of its updates, in this order.

@@ -62,6 +62,7 @@ class ControllerConfig:
     # the seeded sampler's choice never trains; this many such tokens from one identity
     # quarantine it (0 = never), and a token counts as the sampler's choice within
     # `exact_margin` of the Gumbel argmax (engine numerics).
+    exact_check: bool = True
     exact_quarantine_tokens: int = exact_check.QUARANTINE_TOKENS
     exact_margin: float = exact_check.MARGIN
     # Cost-aware activation (fleet_plan.py): the cheapest set covering (1 + margin) * R / T.

@@ -44,10 +44,15 @@ class BatchSource:
         should_stop: Callable[[], bool] = lambda: False,
         check_fleet: Callable[[], None] = lambda: None,
         where: str = "the workers' logs",
+        verify: Callable | None = None,
     ):
+        """`verify(groups)`: the exact check (exact_check.py `ExactChecker.check`); its
+        refused groups keep their rows in the batch with seq_mask 0."""
         self.ctl, self.shape, self.adv_cfg, self.pad_id = ctl, shape, adv_cfg, pad_id
         self.step_fn, self.timeout_s = step_fn, timeout_s
         self.should_stop, self.check_fleet, self.where = should_stop, check_fleet, where
+        self.verify = verify
+        self.last_verdict = None
         self._last_ckpt: int | None = None
         self.last_row_workers: list[str] = []
         self.last_groups: list = []
@@ -70,6 +75,14 @@ class BatchSource:
                             f"see {self.where}"
                         )
             cursor = self.ctl.export_cursor()
+            refused: frozenset[int] = frozenset()
+            if self.verify is not None:
+                # Before anything trains: a group with a token that is not the seeded
+                # sampler's choice is refused, and its worker's count goes to the audit.
+                self.last_verdict = self.verify(groups)
+                refused = frozenset(self.last_verdict.refused)
+                self.ctl.audit(self.last_verdict.stats)
+                stats = {**stats, **self.last_verdict.metrics}
             batch, rstats = rollout_batch.groups_to_batch(
                 groups,
                 s.samples_per_group,
@@ -78,6 +91,7 @@ class BatchSource:
                 step,
                 self.adv_cfg,
                 pad_id=self.pad_id,
+                refused=refused,
             )
             # Which worker made each row: the controller audits workers' log-probs with it.
             self.last_row_workers = audit.row_workers(groups, s.samples_per_group)

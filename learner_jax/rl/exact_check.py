@@ -88,6 +88,26 @@ class ExactChecker:
         self._gaps = jax.jit(gaps, static_argnums=(5, 6, 7))
         self._params: dict[int, dict] = {}
 
+    @classmethod
+    def for_run(cls, config, rescorer, controller_cfg) -> ExactChecker | None:
+        """The training binary's checker (None with `controller.exact_check` off): the
+        run's sampling, the controller's margin, and the published versions as the
+        audit's re-scorer reads them (full, delta or adapter versions alike)."""
+        from learner_jax import run_config  # the training binary's module, not a dependency
+
+        if not controller_cfg.exact_check:
+            return None
+        return cls(
+            rescorer.params,
+            rescorer.cfg,
+            temperature=float(config.rollout.temperature),
+            truncation=truncation_lib.from_rollout(config.rollout),
+            margin=controller_cfg.exact_margin,
+            keep_versions=int(config.staleness) + 2,
+            chunk=int(config.model.get("logprob_chunk", 0)) or 256,
+            options=run_config.model_options(config),
+        )
+
     def params(self, version: int):
         if version not in self._params:
             self._params[version] = self.params_fn(version)
