@@ -7,6 +7,8 @@ The weights are peaked (std 0.2) so that a worker's choice differs from the samp
 often enough to show within a few samples.
 """
 
+import copy
+
 import numpy as np
 import pytest
 import torch
@@ -169,12 +171,19 @@ def test_multi_turn_checks_the_models_tokens_only_and_every_version(peaked):
     verdict = checker.check([_group(1, seed, env, mask=mask)])
     assert verdict.refused == set()
     assert verdict.metrics["exact/checked_tokens"] == 2 * (LENGTH - 3)
-    # a row whose later tokens claim another version is checked under that version too
+    # a swap mid-generation: tokens 6.. sampled by version 1 (a sharper final norm), each
+    # token checked under the version it is tagged with
     two = {0: params, 1: dict(params, final_norm={"scale": params["final_norm"]["scale"] * 3})}
+    hf1 = copy.deepcopy(hf)
+    with torch.no_grad():
+        hf1.model.norm.weight.mul_(3)
+    swapped = [rows[i][:6] + _sample(hf1, seed, i, prefix=rows[i][:6])[6:] for i in range(2)]
+    assert swapped != rows
     mixed = ExactChecker(two.__getitem__, cfg, temperature=1.0, rows_per_call=8, chunk=8)
     tags = [0] * 6 + [1] * (LENGTH - 6)
-    assert mixed.check([_group(2, seed, rows, versions=tags)]).refused == {2}
-    assert mixed.check([_group(3, seed, rows, versions=[0] * LENGTH)]).refused == set()
+    assert mixed.check([_group(2, seed, swapped, versions=tags)]).refused == set()
+    assert mixed.check([_group(3, seed, swapped, versions=[0] * LENGTH)]).refused == {3}
+    assert mixed.check([_group(4, seed, rows, versions=tags)]).refused == {4}
 
 
 def test_mismatch_counts_follow_the_margin():
