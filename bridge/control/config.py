@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bridge.contracts import exact_check
+from bridge.contracts import exact_check as exact_rule
 from bridge.control.protocol import SamplingParams
 
 
@@ -63,8 +63,8 @@ class ControllerConfig:
     # quarantine it (0 = never), and a token counts as the sampler's choice within
     # `exact_margin` of the Gumbel argmax (engine numerics).
     exact_check: bool = True
-    exact_quarantine_tokens: int = exact_check.QUARANTINE_TOKENS
-    exact_margin: float = exact_check.MARGIN
+    exact_quarantine_tokens: int = exact_rule.QUARANTINE_TOKENS
+    exact_margin: float = exact_rule.MARGIN
     # Cost-aware activation (fleet_plan.py): the cheapest set covering (1 + margin) * R / T.
     activation: bool = False
     activation_margin: float = 0.1

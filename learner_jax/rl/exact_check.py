@@ -138,7 +138,7 @@ class ExactChecker:
                 continue
             for lo in range(0, len(of_v), self.rows_per_call):
                 part = of_v[lo : lo + self.rows_per_call]
-                bad, checked, top = self._check_rows(params, version, part, self.temperature)
+                bad, checked, top = self._check_rows(params, version, part)
                 honest_max = max(honest_max, top)
                 for (g, _), b, n in zip(part, bad, checked, strict=True):
                     c = counts.setdefault((g.worker_id, version), [0, 0])
@@ -161,9 +161,32 @@ class ExactChecker:
         }
         return Verdict(refused, stats, metrics, honest_max)
 
-    def _check_rows(self, params, version: int, part, temperature: float, greedy=False):
+    def gaps_of(self, groups) -> np.ndarray:
+        """Every checked token's gap, flat (what bench/honest_mismatch.py measures)."""
+        out = []
+        rows = [(g, t) for g in groups for t in g.trajectories]
+        for version in sorted({v for _, t in rows for v in t.versions}):
+            of_v = [(g, t) for g, t in rows if version in t.versions]
+            for lo in range(0, len(of_v), self.rows_per_call):
+                gaps, mask = self._row_gaps(
+                    self.params(version), version, of_v[lo : lo + self.rows_per_call]
+                )
+                out.append(gaps[mask > 0])
+        return np.concatenate(out) if out else np.zeros(0)
+
+    def _check_rows(self, params, version: int, part):
         """(mismatches [k], checked tokens [k], the largest gap within the margin) of
         rows `part` [(group, trajectory)], only their tokens tagged `version`."""
+        gaps, mask = self._row_gaps(params, version, part)
+        k = len(part)
+        bad = exact_check.mismatches(gaps, mask, self.margin)[:k]
+        within = (mask > 0) & (gaps <= self.margin)
+        top = float(gaps[within].max()) if within.any() else 0.0
+        return bad, (mask > 0).sum(axis=1)[:k], top
+
+    def _row_gaps(self, params, version: int, part):
+        """(gaps, mask) [rows_per_call, width - 1] of rows `part`: mask 1 on the model's
+        tokens tagged `version`."""
         width = max(len(t.prompt_token_ids) + len(t.completion_token_ids) for _, t in part)
         width = max(16, 1 << (width - 1).bit_length())
         n = self.rows_per_call
@@ -179,12 +202,5 @@ class ExactChecker:
             of_v = np.asarray(t.versions) == version
             mask[i, len(p) - 1 : len(p) + len(c) - 1] = np.asarray(t.mask) * of_v
             lo[i], hi[i] = gumbel.key_words(max(g.sampling_seed, 0), t.sample_index)
-        gaps = np.asarray(
-            self._gaps(params, tokens, seg, lo, hi, temperature, self.truncation, greedy),
-            np.float64,
-        )
-        k = len(part)
-        bad = exact_check.mismatches(gaps, mask, self.margin)[:k]
-        within = (mask > 0) & (gaps <= self.margin)
-        top = float(gaps[within].max()) if within.any() else 0.0
-        return bad, (mask > 0).sum(axis=1)[:k], top
+        gaps = self._gaps(params, tokens, seg, lo, hi, self.temperature, self.truncation, False)
+        return np.asarray(gaps, np.float64), mask
