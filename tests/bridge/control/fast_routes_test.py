@@ -70,7 +70,11 @@ def _ids_out(reply: dict) -> dict:
         lease = {
             **lease,
             "lease_id": "-",
-            "groups": [{**g, "group_id": 0} for g in lease["groups"]],
+            # the sampling seed is drawn per lease (sampling_seeds.py)
+            "groups": [
+                {**g, "group_id": 0, "sampling": {**g["sampling"], "seed": 0}}
+                for g in lease["groups"]
+            ],
         }
     return {**reply, "lease": lease, "renewed_leases": len(reply.get("renewed_leases", []))}
 

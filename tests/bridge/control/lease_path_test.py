@@ -69,9 +69,9 @@ def test_a_batch_is_synced_and_decoded_with_the_lock_free(tmp_path, monkeypatch)
     seen = {}
     real_build = learner_calls.build_batch
 
-    def build(rows, step):
+    def build(rows, step, seeds):
         seen["lock_free_while_decoding"] = _lock_free(ctl.lock)
-        return real_build(rows, step)
+        return real_build(rows, step, seeds)
 
     monkeypatch.setattr(learner_calls, "build_batch", build)
     entered, release = blocking_fsync(ctl.db.group_commit)
