@@ -302,7 +302,9 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             where=os.path.join(workdir, "workers"),
             verify=exact.check if exact is not None else None,
         )
-        evaluation = fleet_eval.evaluation_hook(config, ctl, task, eval_log, workdir, end, rescorer)
+        evaluation = fleet_eval.evaluation_hook(
+            config, ctl, task, eval_log, workdir, end, rescorer, exact
+        )
         # 5. The RL loop, and what runs after each of its updates, in this order.
         run_rl(
             learner,

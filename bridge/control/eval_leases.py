@@ -9,6 +9,7 @@
     board.accept(worker_id, submission, scored)             # ... then the trusted scores
     board.take_results() -> [{"version": v, "eval/accuracy": ..., ...}]   # learner metrics
     board.take_audit_rows() -> [(worker_id, version, temperature, Trajectory)]  # the audit
+    board.take_check_rows() / board.verified(accepted, refused)   # the exact check
     board.pending_versions() -> [v, ...]                    # the learner's wait at the end
 
 The learner asks for an evaluation of version v when it publishes v and goes on training
@@ -49,6 +50,13 @@ version is held (the first told so); the hold ends when that worker gets rollout
 longer live (a dead holder must not pin the version: another worker on v takes the hold).
 Eval tokens are never trained on, so holding an old version breaks no staleness bound.
 
+Exact check (controller.exact_check): a sampled eval group carries its lease's seed
+(sampling_seeds.py) and a greedy one none; a scored group counts for its version only once
+the learner has checked every token (learner_jax/rl/fleet_eval.py: the seeded sampler's
+choice, or the argmax for greedy) and `verified` it; a refused group is evaluated again by
+another lease, and its worker's count goes to the audit. A fabricated answer therefore
+never reaches eval.jsonl.
+
 Audit: eval rows carry the worker's log-probs like rollouts, so the learner audits them
 the same way (learner_jax/rl/rescore.py under the version evaluated, bridge/control/audit.py
 sums and quarantine). Per version, a uniform sample of `audit_rows` accepted trajectories
@@ -72,7 +80,15 @@ from bridge.control.validation import SubmissionError, check_group
 from bridge.tasks import Prompt
 
 # Controller.evaluation: what the learner may call (the controller may be another process)
-LEARNER_CALLS = ("configure", "request", "take_results", "take_audit_rows", "pending_versions")
+LEARNER_CALLS = (
+    "configure",
+    "request",
+    "take_results",
+    "take_audit_rows",
+    "take_check_rows",
+    "verified",
+    "pending_versions",
+)
 IDLE_REASONS = ("full", "behind", "too_slow")  # rollout refusals eval work may fill
 EVAL_GROUP_BASE = 1 << 50  # eval group ids: far above the database's training group ids
 LEASE_PREFIX = "eval-"
@@ -208,13 +224,20 @@ class EvalBoard:
             lease_id = LEASE_PREFIX + uuid.uuid4().hex
             expires = now + self.config.lease_ttl_s
             for g in rows:
-                g["state"] = "leased"
+                g.update(state="leased", seed=self._seed(lease_id, g["group"]))
             ids = [g["group"].group_id for g in rows]
             self.leases[lease_id] = dict(
                 worker=worker_id, version=worker_version, groups=ids, expires=expires
             )
-            lease = Lease(lease_id=lease_id, expires_at=expires, groups=[g["group"] for g in rows])
+            groups = [_seeded(g["group"], g["seed"]) for g in rows]
+            lease = Lease(lease_id=lease_id, expires_at=expires, groups=groups)
             return lease, self._hold(worker_id, worker_version)
+
+    def _seed(self, lease_id: str, group: PromptGroup) -> int:
+        """The lease's sampling seed of a sampled eval group; -1 for greedy (no noise)."""
+        if group.sampling.temperature == 0.0 or self.content.seeds is None:
+            return -1
+        return self.content.seeds.seed(lease_id, group.group_id)
 
     def unhold(self, worker_id: str) -> None:
         """`worker_id` got rollout work (or "behind"): it swaps, so it holds nothing."""
@@ -285,19 +308,52 @@ class EvalBoard:
                 row = self.groups.get(gid)
                 if row is None or row["state"] != "leased":
                     continue
-                row.update(state="done", trajectories=trajs, worker=worker_id)
-                for t in trajs:
-                    self.reservoir.add(row["version"], worker_id, t)
-                eval_results.write(self.samples_path, [eval_results.prompt_line(row)])
+                row.update(trajectories=trajs, worker=worker_id)
                 taken += 1
-                self.pending[row["version"]] -= 1
-                if self.pending[row["version"]] == 0:
-                    self._finish(row["version"])
+                if self.config.exact_check:  # counted once the learner checked every token
+                    row["state"] = "checking"
+                else:
+                    self._done(row)
             if lease is not None:  # groups of the lease not submitted go back to the queue
                 for gid in lease["groups"]:
                     if gid in self.groups and self.groups[gid]["state"] == "leased":
                         self.groups[gid]["state"] = "queued"
             return taken
+
+    def _done(self, row: dict) -> None:
+        """A scored (and, with the exact check, verified) group counts for its version."""
+        row["state"] = "done"
+        for t in row["trajectories"]:
+            self.reservoir.add(row["version"], row["worker"], t)
+        eval_results.write(self.samples_path, [eval_results.prompt_line(row)])
+        self.pending[row["version"]] -= 1
+        if self.pending[row["version"]] == 0:
+            self._finish(row["version"])
+
+    # -- the exact check (learner_jax/rl/fleet_eval.py) ----------------------------------------
+    def take_check_rows(self) -> list[dict]:
+        """Scored groups waiting for the learner's exact check: {group_id, version,
+        temperature, seed, worker, trajectories}. Until `verified` answers they stay here
+        (a poll that failed takes them again)."""
+        with self._lock:
+            return [
+                dict(group_id=gid, version=g["version"], seed=g["seed"], worker=g["worker"],
+                     temperature=g["group"].sampling.temperature, trajectories=g["trajectories"])
+                for gid, g in self.groups.items() if g["state"] == "checking"
+            ]  # fmt: skip
+
+    def verified(self, accepted: list[int], refused: list[int]) -> None:
+        """The learner's verdict: accepted groups count, refused ones (a token that is not
+        the sampler's choice) are evaluated again by another lease."""
+        with self._lock:
+            for gid in accepted:
+                row = self.groups.get(gid)
+                if row is not None and row["state"] == "checking":
+                    self._done(row)
+            for gid in refused:
+                row = self.groups.get(gid)
+                if row is not None and row["state"] == "checking":
+                    row.update(state="queued", trajectories=None, worker=None)
 
     def submit(self, worker_id: str, sub: Submission, newest: int, scorer) -> dict:
         """check -> trusted scores (outside the board's lock) -> accept: the SubmitResponse
@@ -390,3 +446,9 @@ class EvalBoard:
         eval_results.write(self.out_path, [summary])
         self.results.append(summary)
         self._drop(version)
+
+
+def _seeded(group: PromptGroup, seed: int) -> PromptGroup:
+    if seed < 0:
+        return group
+    return group.model_copy(update={"sampling": group.sampling.model_copy(update={"seed": seed})})

@@ -115,13 +115,21 @@ class ExactChecker:
                 del self._params[old]
         return self._params[version]
 
-    def check(self, groups) -> Verdict:
-        """The verdict on a batch's groups (ConsumedGroup, each with its `sampling_seed`)."""
+    def check(self, groups, temperature: float | None = None) -> Verdict:
+        """The verdict on a batch's groups (ConsumedGroup, each with its `sampling_seed`);
+        `temperature` (evaluation rows): sampled at it, untruncated, or 0 = greedy (the
+        plain argmax, no seed needed); default the run's sampling."""
+        if temperature is None:
+            sampling = (self.temperature, self.truncation, False)
+        elif temperature > 0:
+            sampling = (float(temperature), truncation_lib.NONE, False)
+        else:
+            sampling = (1.0, truncation_lib.NONE, True)
         t0 = time.perf_counter()
         refused: set[int] = set()
         rows = []  # (group, trajectory)
         for g in groups:
-            if g.sampling_seed < 0:
+            if g.sampling_seed < 0 and not sampling[2]:
                 refused.add(g.group_id)
                 continue
             rows += [(g, t) for t in g.trajectories]
@@ -138,7 +146,7 @@ class ExactChecker:
                 continue
             for lo in range(0, len(of_v), self.rows_per_call):
                 part = of_v[lo : lo + self.rows_per_call]
-                bad, checked, top = self._check_rows(params, version, part)
+                bad, checked, top = self._check_rows(params, version, part, sampling)
                 honest_max = max(honest_max, top)
                 for (g, _), b, n in zip(part, bad, checked, strict=True):
                     c = counts.setdefault((g.worker_id, version), [0, 0])
@@ -169,24 +177,27 @@ class ExactChecker:
             of_v = [(g, t) for g, t in rows if version in t.versions]
             for lo in range(0, len(of_v), self.rows_per_call):
                 gaps, mask = self._row_gaps(
-                    self.params(version), version, of_v[lo : lo + self.rows_per_call]
+                    self.params(version),
+                    version,
+                    of_v[lo : lo + self.rows_per_call],
+                    (self.temperature, self.truncation, False),
                 )
                 out.append(gaps[mask > 0])
         return np.concatenate(out) if out else np.zeros(0)
 
-    def _check_rows(self, params, version: int, part):
+    def _check_rows(self, params, version: int, part, sampling):
         """(mismatches [k], checked tokens [k], the largest gap within the margin) of
         rows `part` [(group, trajectory)], only their tokens tagged `version`."""
-        gaps, mask = self._row_gaps(params, version, part)
+        gaps, mask = self._row_gaps(params, version, part, sampling)
         k = len(part)
         bad = exact_check.mismatches(gaps, mask, self.margin)[:k]
         within = (mask > 0) & (gaps <= self.margin)
         top = float(gaps[within].max()) if within.any() else 0.0
         return bad, (mask > 0).sum(axis=1)[:k], top
 
-    def _row_gaps(self, params, version: int, part):
-        """(gaps, mask) [rows_per_call, width - 1] of rows `part`: mask 1 on the model's
-        tokens tagged `version`."""
+    def _row_gaps(self, params, version: int, part, sampling):
+        """(gaps, mask) [rows_per_call, width - 1] of rows `part` under `sampling`
+        (temperature, truncation, greedy): mask 1 on the model's tokens tagged `version`."""
         width = max(len(t.prompt_token_ids) + len(t.completion_token_ids) for _, t in part)
         width = max(16, 1 << (width - 1).bit_length())
         n = self.rows_per_call
@@ -202,5 +213,5 @@ class ExactChecker:
             of_v = np.asarray(t.versions) == version
             mask[i, len(p) - 1 : len(p) + len(c) - 1] = np.asarray(t.mask) * of_v
             lo[i], hi[i] = gumbel.key_words(max(g.sampling_seed, 0), t.sample_index)
-        gaps = self._gaps(params, tokens, seg, lo, hi, self.temperature, self.truncation, False)
+        gaps = self._gaps(params, tokens, seg, lo, hi, *sampling)
         return np.asarray(gaps, np.float64), mask

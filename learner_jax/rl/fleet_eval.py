@@ -71,11 +71,14 @@ def eval_place(config) -> str:
 class FleetEval:
     def __init__(
         self, ctl, prompts, n, temperature, period, end, start, eval_file="", rescorer=None,
-        publish_every=1, final_wait_s=120.0, poll_s=0.5,
+        publish_every=1, final_wait_s=120.0, poll_s=0.5, exact=None,
     ):  # fmt: skip
+        """`exact`: the run's ExactChecker (exact_check.py); with it every eval group counts
+        only after its tokens were checked (the controller holds it until `verified`)."""
         self.ctl, self.prompts, self.n, self.temperature = ctl, prompts, n, temperature
         self.period, self.end, self.start, self.eval_file = period, end, start, eval_file
         self.rescorer, self.publish_every = rescorer, max(1, int(publish_every))
+        self.exact = exact
         self.requested: set[int] = set()
         self.final_wait_s, self.poll_s = float(final_wait_s), float(poll_s)
         self._inbox: queue.SimpleQueue = queue.SimpleQueue()  # metrics from the poller
@@ -110,6 +113,8 @@ class FleetEval:
         """Off the learner's thread: finished evaluations' metrics to the inbox, and their
         sampled rows re-scored and the verdicts sent to the controller (`ctl.audit`)."""
         try:
+            if self.exact is not None:
+                self._check_exact()
             out = {}
             for r in self.ctl.evaluation("take_results"):
                 out.update({k: v for k, v in r.items() if k.startswith("eval/")})
@@ -132,6 +137,30 @@ class FleetEval:
             if not self._failing:
                 logging.warning("fleet eval: polling the controller failed: %s", e)
             self._failing = True
+
+    def _check_exact(self) -> None:
+        """Every scored eval group's tokens under its version and its lease's seed (greedy:
+        the argmax); the verdict to the controller, the counts to the audit."""
+        from bridge.control.protocol import ConsumedGroup
+
+        rows = self.ctl.evaluation("take_check_rows")
+        accepted, refused, checked = [], [], 0.0
+        for temperature in sorted({r["temperature"] for r in rows}):
+            groups = [
+                ConsumedGroup(group_id=r["group_id"], prompt_id="", prompt="", answer="",
+                              trajectories=r["trajectories"], worker_id=r["worker"],
+                              sampling_seed=r["seed"])
+                for r in rows if r["temperature"] == temperature
+            ]  # fmt: skip
+            verdict = self.exact.check(groups, temperature=temperature)
+            self.ctl.audit(verdict.stats)
+            refused += sorted(verdict.refused)
+            accepted += [g.group_id for g in groups if g.group_id not in verdict.refused]
+            checked += verdict.metrics["exact/checked_tokens"]
+        if rows:
+            self.ctl.evaluation("verified", accepted, refused)
+            self._inbox.put({"eval/exact_refused_groups": float(len(refused)),
+                             "eval/exact_checked_tokens": checked})  # fmt: skip
 
     def _drain(self) -> dict:
         out: dict = {}
@@ -188,8 +217,9 @@ def final_wait(hook, wait: bool = True) -> dict:
     return hook.finish(hook.final_wait_s)
 
 
-def evaluation_hook(config, ctl, task, eval_log, workdir: str, end: int, rescorer=None):
-    """The after-step evaluation hook `eval.on` asks for."""
+def evaluation_hook(config, ctl, task, eval_log, workdir: str, end: int, rescorer=None, exact=None):
+    """The after-step evaluation hook `eval.on` asks for (`exact`: the run's ExactChecker,
+    None with controller.exact_check off)."""
     if eval_place(config) == "learner":
         return hooks.Evaluate(eval_log)
     e = config.eval
@@ -207,5 +237,5 @@ def evaluation_hook(config, ctl, task, eval_log, workdir: str, end: int, rescore
         ctl, prompts, int(e.get("n", 4)), float(e.get("temperature", 0.0)),
         config.rollout.eval_period, end, eval_log.rl_start, path,
         rescorer if bool(e.get("audit", True)) else None,
-        int(config.get("publish_every", 1)), final_wait_s,
+        int(config.get("publish_every", 1)), final_wait_s, exact=exact,
     )  # fmt: skip

@@ -181,14 +181,16 @@ class VersionRescorer:
         (untruncated; greedy -> 1); a version no longer stored is skipped with a warning."""
         by: dict = {}
         for worker, version, temperature, t in rows:
-            temp = float(temperature) if temperature > 0 else 1.0  # greedy: vLLM's T=1 log-probs
-            by.setdefault((int(version), temp), []).append((worker, t))
+            # greedy: vLLM's T=1 log-probs, and no sampling check (argmax tokens are not
+            # samples: the exact check judges them)
+            temp = float(temperature) if temperature > 0 else 1.0
+            by.setdefault((int(version), temp, temperature > 0), []).append((worker, t))
         stats = []
-        for (version, temp), of_v in sorted(by.items()):
+        for (version, temp, sampled), of_v in sorted(by.items()):
             for lo in range(0, len(of_v), self.max_rows):
                 try:
                     chunk = of_v[lo : lo + self.max_rows]
-                    stats += self.rescore(version, chunk, (temp, truncation_lib.NONE))
+                    stats += self.rescore(version, chunk, (temp, truncation_lib.NONE), sampled)
                 except Exception as e:  # noqa: BLE001 - gc'd or corrupt meanwhile: skip
                     logging.warning("audit of eval rows of version %d skipped: %s", version, e)
                     break
@@ -208,19 +210,20 @@ class VersionRescorer:
             layouts.set_leaf(params, rows[name].flax_path, leaf)
         return params
 
-    def rescore(self, version: int, rows, sampling=None) -> list[audit.AuditStat]:
+    def rescore(self, version: int, rows, sampling=None, sampled=True) -> list[audit.AuditStat]:
         """Per-worker audit sums of `rows` [(worker_id, Trajectory)] under `version`, at
-        `sampling` = (temperature, truncation) (default the run's)."""
+        `sampling` = (temperature, truncation) (default the run's); `sampled` False (greedy
+        rows): the log-prob audit only, not the sampling check."""
         if not rows:
             return []
         params = self.params(version)
         stats = []
         for lo in range(0, len(rows), self.max_rows):
-            stats += self._score(params, version, rows[lo : lo + self.max_rows], sampling)
+            stats += self._score(params, version, rows[lo : lo + self.max_rows], sampling, sampled)
         self.note(stats)
         return stats
 
-    def _score(self, params, version: int, rows, sampling) -> list[audit.AuditStat]:
+    def _score(self, params, version: int, rows, sampling, sampled=True) -> list[audit.AuditStat]:
         """`rescore` of at most `max_rows` rows under `params`."""
         # Fixed shapes (max_rows x a power of two) so the jitted forward compiles once or
         # twice per run, not once per distinct row length.
@@ -258,6 +261,8 @@ class VersionRescorer:
             x[:k] for x in sampling_check.row_sums(learner, entropy, variance, mask)
         )
         row_evid = sampling_check.row_evidence(learner, collision, mask)[:k]
+        if not sampled:
+            row_dev = row_var = row_evid = None
         ones = np.ones(k, bool)
         stats = audit.row_sums_to_worker_stats(
             [w for w, _ in rows], ones, row_k3, row_lr, row_n, version, row_dev, row_var,
