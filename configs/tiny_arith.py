@@ -100,6 +100,9 @@ def get_config() -> ConfigDict:
     c.loss.off_policy = config_dict.placeholder(str)
     c.loss.kl_coef = 0.0  # beta of the KL penalty to the RL start's policy (reference_policy.py)
     c.loss.kl_end_fraction = 1.0  # beta's cosine schedule ends at kl_coef * this (1: constant)
+    # k3 times the ratio pi / pi_prox, with gradient (TRL's use_bias_correction_kl): the KL
+    # gradient becomes that of KL(pi || ref) (learner_jax/losses.py docstring).
+    c.loss.kl_bias_correction = False
     # Entropy bonus: loss -= entropy_coef * mean full-vocabulary entropy at the sampled
     # tokens (learner_jax/losses.py); keeps exploration alive (configs/kuhn_poker.py).
     c.loss.entropy_coef = 0.0
