@@ -137,6 +137,11 @@ def get_config() -> ConfigDict:
     # Bring your own reward (verl's compute_score convention, bridge/tasks/user_reward.py):
     # "PATH.py:NAME" replaces the task's reward wherever rewards are computed; "" = the task's.
     c.task.reward_fn = ""
+    # The run's prompt format and held-out benchmark, not options of the task itself
+    # (learner_jax/train.py make_task): present so `--config.task.thinking=on` and
+    # `--config.task.eval_file=F` work on the locked config.
+    c.task.thinking = "auto"  # auto | on | off: the chat template's enable_thinking
+    c.task.eval_file = ""  # benchmark JSONL/Parquet to evaluate on (bridge/tasks/eval_file.py)
 
     c.checkpoint = ConfigDict()
     c.checkpoint.interval = 20  # steps between saves (SFT and RL steps count alike)
