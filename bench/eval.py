@@ -22,7 +22,12 @@ includes its compile, which is seconds (the same order as the cached arm's). The
 tokens/s counts generation only; its engine start is in `start_s`. Answers:
 `same_as_cached` is the number of prompts whose whole answer is token-for-token the
 KV-cache arm's, `common_prefix` the mean length of the shared prefix.
-Prints a table and writes JSON.
+Prints a table and writes JSON, `{"headline": {...}, "rows": [one per arm], ...}`:
+
+- `kv_speedup`: tokens/s of the KV-cache arm / the cache-free arm (ours / baseline);
+- `same_answers`: every arm's answers equal the KV-cache arm's, token for token;
+- `fleet_vs_learner_tokens_per_s`: the fleet arm's tokens/s / the KV-cache arm's (None
+  without the fleet arm, `--no_fleet`).
 """
 
 from __future__ import annotations
@@ -109,30 +114,46 @@ def run(prompts: int, answer_len: int, fleet: bool, root: str) -> dict:
     if fleet:
         arms["fleet_vllm"] = fleet_arm(path, task, answer_len, root)
     ref = arms["learner_kv_cache"]["ids"]
-    rows = {}
+    rows = []
     for name, arm in arms.items():
         tokens = sum(map(len, arm["ids"]))
-        rows[name] = {
-            "tokens": tokens,
-            "seconds": arm["seconds"],
-            "tokens_per_s": tokens / arm["seconds"],
-            "same_as_cached": sum(a == b for a, b in zip(arm["ids"], ref, strict=True)),
-            "common_prefix": sum(map(_prefix, arm["ids"], ref)) / len(ref),
-            **{k: arm[k] for k in ("compile_s", "start_s") if k in arm},
-        }
+        rows.append(
+            {
+                "arm": name,
+                "tokens": tokens,
+                "seconds": arm["seconds"],
+                "tokens_per_s": tokens / arm["seconds"],
+                "same_as_cached": sum(a == b for a, b in zip(arm["ids"], ref, strict=True)),
+                "common_prefix": sum(map(_prefix, arm["ids"], ref)) / len(ref),
+                **{k: arm[k] for k in ("compile_s", "start_s") if k in arm},
+            }
+        )
     return {
+        "headline": headline(rows, prompts), "rows": rows,
         "prompts": prompts, "answer_len": answer_len, "prompt_len": PROMPT_LEN,
-        "model": "tiny qwen3 4x128, untied never-stop head, fp32", "arms": rows,
+        "model": "tiny qwen3 4x128, untied never-stop head, fp32",
         "answers": {name: arm["ids"] for name, arm in arms.items()},
     }  # fmt: skip
+
+
+def headline(rows: list[dict], prompts: int) -> dict:
+    """The bench's three numbers (module docstring) from its per-arm rows."""
+    by = {r["arm"]: r for r in rows}
+    cached = by["learner_kv_cache"]["tokens_per_s"]
+    fleet = by.get("fleet_vllm")
+    return {
+        "kv_speedup": cached / by["learner_no_cache"]["tokens_per_s"],
+        "same_answers": all(r["same_as_cached"] == prompts for r in rows),
+        "fleet_vs_learner_tokens_per_s": None if fleet is None else fleet["tokens_per_s"] / cached,
+    }
 
 
 def table(result: dict) -> str:
     head = f"{'arm':<18}{'tokens':>8}{'seconds':>10}{'tokens/s':>11}{'same':>6}{'prefix':>8}"
     lines = [head]
-    for name, r in result["arms"].items():
+    for r in result["rows"]:
         lines.append(
-            f"{name:<18}{r['tokens']:>8}{r['seconds']:>10.2f}{r['tokens_per_s']:>11.1f}"
+            f"{r['arm']:<18}{r['tokens']:>8}{r['seconds']:>10.2f}{r['tokens_per_s']:>11.1f}"
             f"{r['same_as_cached']:>4}/{result['prompts']}{r['common_prefix']:>8.1f}"
         )
     return "\n".join(lines)
@@ -155,6 +176,7 @@ def main(argv=None):
         result = run(a.prompts, a.answer_len, not a.no_fleet, a.workdir or tmp)
     print(f"{a.prompts} prompts x {a.answer_len} greedy tokens, {result['model']}")
     print(table(result))
+    print("headline: " + json.dumps(result["headline"]))
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {a.out}")

@@ -100,6 +100,9 @@ def get_config() -> ConfigDict:
     c.loss.off_policy = config_dict.placeholder(str)
     c.loss.kl_coef = 0.0  # beta of the KL penalty to the RL start's policy (reference_policy.py)
     c.loss.kl_end_fraction = 1.0  # beta's cosine schedule ends at kl_coef * this (1: constant)
+    # k3 times the ratio pi / pi_prox, with gradient (TRL's use_bias_correction_kl): the KL
+    # gradient becomes that of KL(pi || ref) (learner_jax/losses.py docstring).
+    c.loss.kl_bias_correction = False
     # Entropy bonus: loss -= entropy_coef * mean full-vocabulary entropy at the sampled
     # tokens (learner_jax/losses.py); keeps exploration alive (configs/kuhn_poker.py).
     c.loss.entropy_coef = 0.0
@@ -134,6 +137,11 @@ def get_config() -> ConfigDict:
     # Bring your own reward (verl's compute_score convention, bridge/tasks/user_reward.py):
     # "PATH.py:NAME" replaces the task's reward wherever rewards are computed; "" = the task's.
     c.task.reward_fn = ""
+    # The run's prompt format and held-out benchmark, not options of the task itself
+    # (learner_jax/train.py make_task): present so `--config.task.thinking=on` and
+    # `--config.task.eval_file=F` work on the locked config.
+    c.task.thinking = "auto"  # auto | on | off: the chat template's enable_thinking
+    c.task.eval_file = ""  # benchmark JSONL/Parquet to evaluate on (bridge/tasks/eval_file.py)
 
     c.checkpoint = ConfigDict()
     c.checkpoint.interval = 20  # steps between saves (SFT and RL steps count alike)

@@ -10,6 +10,15 @@ advantages `[G, n]`; the learner flattens them to `[B = G * n]` for `losses.py`.
 rewards are all equal carries no signal (every advantage is 0), so it is dropped from the
 loss normalizers. The learner passes the resulting `seq_mask` into `losses.LossInputs`.
 
+Equal means equal within float rounding, one definition for both estimators and the
+filter (`informative`): a group is degenerate when max r - min r <= n * eps * max |r|
+(eps of the rewards' dtype), the rounding a mean of n values of magnitude |r| can carry.
+Such a group gets exactly 0 advantages. Without it, 32 float32 rewards of 0.96 have a
+mean that is off by a few ulps, std ~ 1e-7, and GRPO divides that rounding by
+(std + 1e-6) into |A| ~ 0.3 per sample: a gradient from nothing. The other groups are
+centred on their first reward before the mean is taken, so their rounding scales with the
+group's spread, not with the rewards' magnitude.
+
 Deliberate departures from the papers:
 - std is the population std (ddof=0). The GRPO reference code uses the unbiased one
   (ddof=1), which is undefined for n = 1 and scales advantages by sqrt((n-1)/n); with
@@ -60,25 +69,45 @@ def _check_rewards(rewards: jnp.ndarray) -> jnp.ndarray:
     return rewards
 
 
+def informative(rewards: jnp.ndarray) -> jnp.ndarray:
+    """bool [G]: True for groups whose rewards are not all equal within float rounding.
+
+    A mean of n values of magnitude |r| is computed to about n * eps * |r|, so a spread
+    no larger than that is indistinguishable from the rounding of the mean itself.
+    """
+    r = _check_rewards(rewards)  # [G, n]
+    n = r.shape[1]
+    tol = n * jnp.finfo(r.dtype).eps * jnp.abs(r).max(axis=1)  # [G]
+    return (r.max(axis=1) - r.min(axis=1)) > tol
+
+
+def _centered(r: jnp.ndarray) -> jnp.ndarray:
+    """r - mean(r) per group [G, n], 0 in degenerate groups (see the module docstring)."""
+    # Shifting by the group's first reward first: the mean of r - r_0 rounds at the scale
+    # of the spread, not of |r| (the shifted-data algorithm for variance).
+    d = r - r[:, :1]
+    c = d - d.mean(axis=1, keepdims=True)
+    return jnp.where(informative(r)[:, None], c, 0.0)
+
+
 @register_advantage("grpo")
 def grpo_advantages(rewards: jnp.ndarray, eps: float = 1e-6) -> jnp.ndarray:
-    r = _check_rewards(rewards)  # [G, n]
-    mean = r.mean(axis=1, keepdims=True)
-    std = r.std(axis=1, keepdims=True)  # population std, see the module docstring
-    return (r - mean) / (std + eps)
+    c = _centered(_check_rewards(rewards))  # [G, n]
+    std = jnp.sqrt((c * c).mean(axis=1, keepdims=True))  # population std, module docstring
+    return c / (std + eps)
 
 
 @register_advantage("dr_grpo")
 def dr_grpo_advantages(rewards: jnp.ndarray, eps: float = 1e-6) -> jnp.ndarray:
     del eps  # no std normalization: that is the point of Dr. GRPO
-    r = _check_rewards(rewards)  # [G, n]
-    return r - r.mean(axis=1, keepdims=True)
+    return _centered(_check_rewards(rewards))  # [G, n]
 
 
 def group_filter(rewards: jnp.ndarray, atol: float = 0.0) -> jnp.ndarray:
-    """bool [G]: True for groups whose rewards are not all equal (within atol)."""
+    """bool [G]: True for groups whose rewards are not all equal (within float rounding,
+    `informative`, and within atol): exactly the groups whose advantages can be nonzero."""
     r = _check_rewards(rewards)  # [G, n]
-    return (r.max(axis=1) - r.min(axis=1)) > atol
+    return informative(r) & ((r.max(axis=1) - r.min(axis=1)) > atol)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,8 @@ Three places feed them, each cheap enough to log every step:
 - `grad_norms_by_layer(grads)` in the train step: `grad_norm/<top-level param>` (embed,
   layers_i, final_norm, lm_head), the gradient before clipping and Adam.
 - `group_stats(rewards, adv)` when a batch is built: `adv/zero_groups_frac` (groups whose
-  rewards are all equal: GRPO gives them advantage 0, nothing is learned from them),
+  advantages are all 0: their rewards are equal within float rounding, the estimators'
+  own definition in advantages.py, and nothing is learned from them),
   `adv/group_std_mean` (mean per-group reward std, the denominator GRPO divides by) and
   `adv/abs_max` (the largest |advantage|: a group of 15 equal rewards and one outlier gives
   the outlier ~3.9).
@@ -35,8 +36,9 @@ def group_stats(rewards: np.ndarray, adv: np.ndarray) -> dict[str, float]:
     """Advantage health of one batch: rewards [G, n], advantages [G * n] (or [G, n])."""
     r = np.asarray(rewards, np.float64)
     std = r.std(axis=1)
+    a = np.asarray(adv).reshape(r.shape)
     return {
-        "adv/zero_groups_frac": float((r.max(axis=1) == r.min(axis=1)).mean()),
+        "adv/zero_groups_frac": float((a == 0).all(axis=1).mean()),
         "adv/group_std_mean": float(std.mean()),
         "adv/abs_max": float(np.abs(np.asarray(adv, np.float64)).max(initial=0.0)),
     }

@@ -22,7 +22,8 @@ step closes over without differentiating it (`train_step.make_step_fn`) and chec
 leave out (`checkpoint.py`; the checkpoint cursor references the base instead).
 
 Dropout (peft's lora_dropout) applies only when the caller passes a 'dropout' RNG (the
-train step with `dropout > 0`); scoring, publishing and the canary run without it.
+train step's loss pass with `dropout > 0`); scoring, the step's audit and mismatch rows
+(a deterministic pass of their own), publishing and the canary run without it.
 Einsum letter: z the adapter rank (the other letters are the kernel's, model.py).
 """
 

@@ -13,6 +13,7 @@ dropped from every mean):
     pg_bt  = -W_bt * min(r_bt A_b, c(r_bt) A_b)
     k3_bt  = exp(ref_bt - logp_bt) - (ref_bt - logp_bt) - 1      (Schulman's k3)
     L_bt   = pg_bt + beta * k3_bt                                 (beta = kl_coef, 0 = off)
+             (k3_bt times r_bt, gspo: s_b, with kl_bias_correction; see below)
     n_b    = sum_t m_bt,   K = #sequences with n_b > 0
 W is the off-policy weight (no gradient), chosen by `off_policy` (c = is_cap, w as above,
 rho_b = prod_t w_bt over the sequence's counted tokens, g_b = rho_b ** (1 / n_b)):
@@ -63,8 +64,21 @@ the rarely visited follow-up decisions are learned (BUILD_NOTES.md, issue 27: Ku
 Deliberate departures from the papers:
 - GRPO/DAPO/Dr. GRPO clip the ratio to the worker's (old) policy; we clip r = pi/pi_prox
   and carry pi_prox/pi_behavior as a separate stop-gradient weight (decoupled PPO).
-- The KL term is not IS-weighted (as in verl/TRL): it is a regularizer, not an estimate
-  we need unbiased; it is aggregated like the policy term of the same loss.
+- The KL term is k3 of the learner's log-probs against the reference's, aggregated like
+  the policy term of the same loss and, by default, weighted by nothing: neither the
+  behavior correction W nor the ratio r. verl does the same (dp_actor.py
+  `DataParallelPPOActor.update_policy`: core_algos.kl_penalty(log_prob, ref_log_prob,
+  kl_loss_type) through agg_loss, times kl_loss_coef, outside the policy loss that takes
+  the rollout IS weights); its `low_var_kl`/`k3` also clamps the log-ratio to [-20, 20]
+  and k3 to [-10, 10], which bridge/contracts/k3.py does not. TRL's
+  `GRPOTrainer._compute_loss` applies its vLLM IS ratio to the policy term only, then
+  adds beta * k3; with GRPOConfig `use_bias_correction_kl=True` (default False) it first
+  multiplies k3 by coef_1 = exp(logp - old_logp), with gradient (per sequence under
+  importance_sampling_level='sequence'): DeepSeek-V3.2's unbiased KL estimator.
+  `kl_bias_correction=True` is that form: k3_bt * r_bt (gspo: k3_bt * s_b). Our proximal
+  policy is the learner at the step's start, so r = 1 in value and only the gradient
+  changes: it gains k3 * grad log pi, the score term that makes the expected gradient (on
+  tokens sampled from pi) that of KL(pi || ref); without it, that of KL(ref || pi).
 - 'mask' mode zeroes a token's weight but keeps it in the normalizer, so the scale of the
   loss does not depend on how stale a batch is.
 - GSPO's off-policy weight is the geometric mean of the token weights (length-normalized,
@@ -121,6 +135,9 @@ class LossConfig:
     dr_grpo_constant: float | None = None  # None: T, the padded completion length
     off_policy: str | None = None  # one of OFF_POLICY; None: from is_mode (module docstring)
     entropy_coef: float = 0.0  # alpha of the entropy bonus (module docstring); 0 = off
+    # KL penalty's k3 times the ratio to the proximal policy, with gradient (TRL's
+    # use_bias_correction_kl; module docstring). False: k3 alone, as verl and TRL's default.
+    kl_bias_correction: bool = False
 
     def __post_init__(self):
         if self.name not in _LOSSES:
@@ -309,7 +326,8 @@ def _token_level_loss(logp, batch: LossInputs, cfg: LossConfig, aggregate):
     if batch.ref_logp is not None:
         k3 = _k3(logp, batch.ref_logp, m)  # [B, T]
         if cfg.kl_coef > 0:
-            loss = loss + _beta(batch, cfg) * aggregate(k3, m, n, keep)
+            kl = k3 * ratio if cfg.kl_bias_correction else k3
+            loss = loss + _beta(batch, cfg) * aggregate(kl, m, n, keep)
             metrics["kl_coef"] = jnp.asarray(_beta(batch, cfg), jnp.float32)
         metrics["kl"] = _masked_mean(k3, m)
     metrics.update(
@@ -373,7 +391,8 @@ def gspo_loss(logp, batch: LossInputs, cfg: LossConfig):
     if batch.ref_logp is not None:
         k3 = _k3(logp, batch.ref_logp, m)  # [B, T]
         if cfg.kl_coef > 0:
-            loss = loss + _beta(batch, cfg) * _batch_mean((k3 * m).sum(axis=1) / n1, keep)
+            kl = k3 * s[:, None] if cfg.kl_bias_correction else k3
+            loss = loss + _beta(batch, cfg) * _batch_mean((kl * m).sum(axis=1) / n1, keep)
             metrics["kl_coef"] = jnp.asarray(_beta(batch, cfg), jnp.float32)
         metrics["kl"] = _masked_mean(k3, m)
     metrics.update(

@@ -228,6 +228,12 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
             kl_scale=kl_scale,
         )
         loss, metrics = losses.compute_loss(logp, inputs, step_cfg.loss)
+        # The audit, mismatch/kl and the sampling check judge a worker against the policy
+        # it sampled from, the dropout-free one: under LoRA dropout (rngs) they take a
+        # deterministic pass of their own, else a dropout pass inflates honest workers'.
+        if rngs is not None:
+            logp, entropy, _, *var = jax.lax.stop_gradient(stats(params, mb))
+            prox = logp
         # mismatch/kl: k3 estimate of KL(behavior || learner) on rows the learner's current
         # version sampled; anything above float noise is an engine/learner numerics gap.
         mm = m * mb.on_policy[:, None]

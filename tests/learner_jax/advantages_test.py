@@ -1,10 +1,26 @@
-"""Tests for learner_jax/advantages.py against numpy, incl. groups of equal rewards."""
+"""Tests for learner_jax/advantages.py against numpy, incl. groups of equal rewards.
+
+The property tests compare float32 results with a float64 numpy reference on the same
+float32 rewards, within tolerances that follow from the arithmetic: the estimators sum the
+n values r - r_0 (magnitude: the group's spread), so each advantage carries a rounding of
+about n * eps32 * spread, divided by (std + eps) under GRPO.
+"""
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from hypothesis import assume, given, settings
+from hypothesis import strategies as st
 
 from learner_jax import advantages
+
+EPS32 = float(np.finfo(np.float32).eps)
+ESTIMATORS = ("grpo", "dr_grpo")
+# Room over the n * eps32 * spread rounding of a mean (a few more roundings per element:
+# the shift, the centring, the square root); a lost shift or a wrong formula is off by far
+# more than this.
+ROUNDINGS = 4
+SETTINGS = settings(max_examples=150, deadline=None)  # deadline: first calls compile
 
 
 def rewards(seed, g=6, n=5):
@@ -73,3 +89,103 @@ def test_bad_inputs_raise():
         advantages.AdvantageConfig("nope")
     with pytest.raises(ValueError, match=">= 0"):
         advantages.AdvantageConfig("grpo", eps=-1.0)
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_equal_float32_rewards_give_exactly_zero_advantages(name):
+    """32 samples all rewarded 0.96: float32's mean is off by a few ulps, and GRPO used to
+    divide that rounding by (std + 1e-6) into |A| ~ 0.3 per sample."""
+    r = np.full((2, 32), 0.96, np.float32)
+    r[1] = [0.0, 1.0] * 16
+    adv = np.asarray(advantages.get_advantage(name)(r))
+    np.testing.assert_array_equal(adv[0], 0.0)
+    assert np.abs(adv[1]).min() > 0.4  # the informative group is untouched
+    np.testing.assert_array_equal(np.asarray(advantages.group_filter(r)), [False, True])
+    _, seq_mask = advantages.compute_advantages(
+        r, advantages.AdvantageConfig(name, filter_equal_groups=True)
+    )
+    np.testing.assert_array_equal(np.asarray(seq_mask), np.repeat([0.0, 1.0], 32))
+
+
+def _group(values, n):
+    return np.asarray(values, np.float32).reshape(1, n)
+
+
+@SETTINGS
+@given(
+    value=st.floats(width=32, allow_nan=False, allow_infinity=False),
+    n=st.integers(1, 64),
+)
+def test_any_group_of_equal_float32_rewards_has_zero_advantage(value, n):
+    r = _group([value] * n, n)
+    for name in ESTIMATORS:
+        np.testing.assert_array_equal(np.asarray(advantages.get_advantage(name)(r)), 0.0)
+    assert not bool(advantages.group_filter(r)[0])
+
+
+@SETTINGS
+@given(
+    value=st.floats(2.0**-100, 2.0**100, width=32) | st.floats(-(2.0**100), -(2.0**-100), width=32),
+    n=st.integers(2, 64),
+    data=st.data(),
+)
+def test_rewards_within_rounding_of_each_other_have_zero_advantage(value, n, data):
+    """Rewards a few ulps apart (two roundings of the same reward) are equal: n values
+    within n/2 ulps of each other spread at most n/2 * eps32 * |r|, inside the tolerance."""
+    ulps = data.draw(st.lists(st.integers(0, n // 2), min_size=n, max_size=n))
+    r = np.float32(value)
+    values = []
+    for k in ulps:
+        v = r
+        for _ in range(k):
+            v = np.nextafter(v, np.float32(np.inf))
+        values.append(v)
+    g = _group(values, n)
+    for name in ESTIMATORS:
+        np.testing.assert_array_equal(np.asarray(advantages.get_advantage(name)(g)), 0.0)
+    assert not bool(advantages.group_filter(g)[0])
+
+
+def _reference(r64, eps=1e-6):
+    """float64 numpy GRPO / Dr. GRPO (population std) of one group."""
+    c = r64 - r64.mean()
+    std = np.sqrt((c * c).mean())
+    return {"grpo": c / (std + eps), "dr_grpo": c}, std
+
+
+@SETTINGS
+@given(
+    magnitude=st.floats(2.0**-40, 2.0**40),
+    offset=st.floats(-1e3, 1e3),
+    units=st.lists(st.floats(-1.0, 1.0), min_size=2, max_size=64),
+)
+def test_informative_groups_match_float64_reference(magnitude, offset, units):
+    """Rewards magnitude * (offset + u): any scale, centred anywhere (a large offset is the
+    case a mean without the shift by r_0 gets wrong), against float64 numpy."""
+    n = len(units)
+    r = _group([magnitude * (offset + u) for u in units], n)
+    r64 = r.astype(np.float64)[0]
+    spread = r64.max() - r64.min()
+    tol = n * EPS32 * np.abs(r64).max()
+    assume(spread > 2 * tol)  # clearly informative; the boundary itself is float noise
+    want, std = _reference(r64)
+    assert bool(advantages.group_filter(r)[0])
+    rounding = ROUNDINGS * n * EPS32 * spread
+    got = np.asarray(advantages.dr_grpo_advantages(r), np.float64)[0]
+    np.testing.assert_allclose(got, want["dr_grpo"], rtol=0, atol=rounding)
+    # GRPO: A = c / (s + eps) moves by (dc + |A| ds) / (s + eps) when c and s move by dc, ds.
+    got = np.asarray(advantages.grpo_advantages(r), np.float64)[0]
+    atol = rounding * (1 + np.abs(want["grpo"])) / (std + 1e-6)
+    assert np.all(np.abs(got - want["grpo"]) <= atol), (got, want["grpo"], atol)
+
+
+@SETTINGS
+@given(
+    units=st.lists(st.sampled_from([0.0, 0.25, 0.96, 1.0]), min_size=1, max_size=64),
+    scale=st.sampled_from([1.0, 1e-3, 7.0, 1e4]),
+)
+def test_group_filter_keeps_exactly_the_groups_with_nonzero_advantages(units, scale):
+    r = _group([scale * u for u in units], len(units))
+    keep = bool(advantages.group_filter(r)[0])
+    for name in ESTIMATORS:
+        assert keep == bool(np.any(np.asarray(advantages.get_advantage(name)(r)) != 0)), name

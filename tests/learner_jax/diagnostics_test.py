@@ -15,6 +15,13 @@ def test_group_stats():
     assert got["adv/group_std_mean"] == pytest.approx(np.sqrt(27 / 16) / 3)
     # One outlier among four: |A| = 3 / sqrt(3) = sqrt(3) (population std, as GRPO).
     assert got["adv/abs_max"] == pytest.approx(np.sqrt(3), rel=1e-5)
+    # Equal within float32 rounding (32 rewards of 0.96, one a ulp above) is a zero group.
+    r32 = np.full((2, 32), 0.96, np.float32)
+    r32[0, 0] = np.nextafter(r32[0, 0], np.float32(1.0))
+    r32[1, 0] = 0.0
+    adv, _ = advantages.compute_advantages(r32, advantages.AdvantageConfig("grpo"))
+    got = diagnostics.group_stats(r32, np.asarray(adv))
+    assert got["adv/zero_groups_frac"] == 0.5
 
 
 def test_policy_stats():

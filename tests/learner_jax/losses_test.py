@@ -497,3 +497,77 @@ def test_is_weight_makes_the_gradient_that_of_the_learner_policy():
     assert rel(uncorrected) > 0.5
     assert rel(truncated) < rel(uncorrected)  # truncation trades some bias for bounded variance
     assert cos(unbiased) > 0.99 and cos(truncated) > cos(uncorrected)
+
+
+def trl_loss(logp, old, ref, adv, mask, name, beta, bias_correction, eps=0.2, eps_high=0.28):
+    """TRL's GRPOTrainer._compute_loss in float64 numpy, for beta > 0, no vLLM IS correction
+    and no delta / entropy mask: loss_type grpo, dr_grpo or dapo at importance_sampling_level
+    'token', or grpo at 'sequence' (GSPO). `bias_correction` is GRPOConfig's
+    use_bias_correction_kl: k3 times coef_1, the (differentiated) policy ratio."""
+    log_ratio = logp - old
+    if name == "gspo":  # sequence level: one length-normalized ratio per row, [B, 1]
+        log_ratio = (log_ratio * mask).sum(-1, keepdims=True) / np.maximum(mask.sum(-1), 1)[:, None]
+    coef_1 = np.exp(log_ratio)
+    kl = np.exp(ref - logp) - (ref - logp) - 1
+    if bias_correction:
+        kl = kl * coef_1
+    coef_2 = np.clip(coef_1, 1 - eps, 1 + eps_high)
+    a = adv[:, None]
+    per_token = -np.minimum(coef_1 * a, coef_2 * a) + beta * kl
+    if name in ("grpo", "gspo"):
+        return ((per_token * mask).sum(-1) / np.maximum(mask.sum(-1), 1)).mean()
+    if name == "dr_grpo":
+        return (per_token * mask).sum() / (per_token.shape[0] * per_token.shape[1])
+    return (per_token * mask).sum() / mask.sum()  # dapo
+
+
+@pytest.mark.parametrize("name", ["grpo", "dr_grpo", "dapo", "gspo"])
+@pytest.mark.parametrize("bias_correction", [False, True])
+def test_kl_bias_correction_matches_trl_formula(name, bias_correction):
+    """`kl_bias_correction` against TRL's formula in numpy: value, and gradient by central
+    differences of the float64 reference (independent of any hand derivation)."""
+    rng = np.random.default_rng(11)
+    b, t, beta = 6, 7, 0.3
+    old = -np.abs(rng.normal(size=(b, t))) * 2 - 0.05
+    logp = old + 0.3 * rng.normal(size=(b, t))  # prox != logp: the ratio is not 1
+    ref = old + 0.5 * rng.normal(size=(b, t))
+    adv = rng.normal(size=b)
+    mask = np.zeros((b, t))
+    for i in range(b):  # every row has tokens (TRL's mean counts empty rows, ours drops them)
+        start = rng.integers(0, 3)
+        mask[i, start : start + rng.integers(1, t - start + 1)] = 1.0
+    cfg = losses.LossConfig(
+        name=name,
+        clip_eps=0.2,
+        clip_eps_high=0.28,
+        off_policy="none",
+        kl_coef=beta,
+        kl_bias_correction=bias_correction,
+    )
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    inp = losses.LossInputs(
+        prox_logp=f32(old),
+        behavior_logp=f32(old),
+        advantages=f32(adv),
+        loss_mask=f32(mask),
+        ref_logp=f32(ref),
+    )
+    # The reference sees the same float32 inputs, in float64.
+    lp, old, ref, adv = (np.asarray(f32(x), np.float64) for x in (logp, old, ref, adv))
+
+    def reference(x):
+        return trl_loss(x, old, ref, adv, mask, name, beta, bias_correction)
+
+    want = reference(lp)
+    h, want_grad = 1e-6, np.zeros_like(lp)
+    for i, j in zip(*np.nonzero(mask), strict=True):
+        step = np.zeros_like(lp)
+        step[i, j] = h
+        want_grad[i, j] = (reference(lp + step) - reference(lp - step)) / (2 * h)
+    loss, grad, _ = jax_value_and_grad(f32(logp), inp, cfg)
+    # float32 sums of terms of magnitude |A| r + beta k3 r (a few units)
+    scale = (np.abs(adv).max() + beta * np.exp(np.abs(ref - lp).max())) * np.exp(
+        np.abs(lp - old).max()
+    )
+    assert_close_at_scale(loss, want, scale=scale)
+    assert_close_at_scale(grad, want_grad, scale=np.abs(want_grad).max())

@@ -381,3 +381,47 @@ def test_kl_penalty_gradient_is_beta_times_the_k3_gradient_to_the_reference_para
     kl = ((np.exp(d) - d - 1.0) * m).sum() / m.sum()
     assert kl > 1e-4
     assert_close_at_scale(metrics["kl"], kl, scale=kl)
+
+
+def test_lora_dropout_leaves_the_audit_and_mismatch_rows_deterministic():
+    """With learner.lora.dropout > 0 the loss trains through dropout, but the audit's rows
+    (k3, log-ratio, sampling check) and mismatch/kl judge a worker against the policy it
+    sampled from, the dropout-free one: the same numbers as with dropout 0, same params.
+    A dropout pass would inflate every honest worker's statistics."""
+    from flax import traverse_util
+
+    from learner_jax import lora
+
+    mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
+    base = jax.device_get(train_state.create_train_state(CFG, GRADS, mesh, seed=0).params)
+    rng = np.random.default_rng(7)
+    batch = make_rl_batch(seed=5)
+    out = {}
+    for dropout in (0.0, 0.5):
+        cfg = lora.LoraConfig(rank=4, alpha=8.0, dropout=dropout)
+        _, shardings = train_state.state_shardings(CFG, GRADS, mesh, lora=cfg)
+        state = train_state.state_from_params(CFG, base, GRADS, mesh, seed=0, lora=cfg)
+        if not out:  # nonzero adapters (a fresh lora_b is zero and dropout would not show)
+            flat = traverse_util.flatten_dict(jax.device_get(state.params))
+            adapters = traverse_util.unflatten_dict(
+                {
+                    p: (0.3 * rng.standard_normal(v.shape)).astype(np.float32)
+                    for p, v in flat.items()
+                }
+            )
+        state = state.replace(params=jax.device_put(adapters, shardings.params))
+        step_cfg = train_step.StepConfig(kind="rl", lora=cfg)
+        step = train_step.jit_step(CFG, GRADS, step_cfg, mesh, shardings, donate=False)
+        out[dropout] = jax.device_get(step(state, train_step.put_batch(batch, mesh))[1])
+    plain, dropped = out[0.0], out[0.5]
+    assert abs(float(dropped["loss"]) - float(plain["loss"])) > 1e-3  # dropout did act
+    # Row sums over <= T tokens of log-probs (magnitude log V), and of their squares.
+    log_v = np.log(CFG.vocab_size)
+    scales = {"k3": T * log_v, "logratio": T * log_v, "tokens": T}
+    scales.update(dev=T * log_v**2, var=T * log_v**2, evidence=T * log_v**2)
+    for name, scale in scales.items():
+        key = train_step.ROWS + name
+        assert_close_at_scale(dropped[key], plain[key], scale=scale, err_msg=name)
+    assert float(plain["mismatch/tokens"]) > 0
+    for name in ("mismatch/kl", "mismatch/tokens"):
+        assert_close_at_scale(dropped[name], plain[name], scale=np.log(CFG.vocab_size) ** 2)
