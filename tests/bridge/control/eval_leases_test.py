@@ -29,12 +29,22 @@ from bridge.tasks import make_task
 @pytest.fixture
 def service(tmp_path, text_codec):
     """The conftest's served controller, with inline scoring (no reward-pool start inside
-    a request: these tests are about leasing, not the pool)."""
+    a request: these tests are about leasing, not the pool) and no exact check (their
+    completions are written by hand: test_only_checked_groups_count has the check)."""
+    yield from _served(tmp_path, text_codec, exact_check=False)
+
+
+@pytest.fixture
+def checked_service(tmp_path, text_codec):
+    yield from _served(tmp_path, text_codec, exact_check=True)
+
+
+def _served(tmp_path, text_codec, **cfg):
     workdir = str(tmp_path)
     ctl = Controller(
         ControllerConfig(
             staleness=1, groups_per_step=2, group_size=2, vocab_size=100,
-            sampling=SamplingParams(max_tokens=4), reward_timeout_s=0.0,
+            sampling=SamplingParams(max_tokens=4), reward_timeout_s=0.0, **cfg,
         ),
         os.path.join(workdir, "controller.db"),
         make_task("arithmetic", format_reward=0.1),
@@ -187,6 +197,51 @@ def test_greedy_evaluation_asks_for_one_sample(service):
         ctl.evaluation("_drop", 0)
 
 
+@pytest.mark.parametrize("temperature", [0.7, 0.0])
+def test_only_checked_groups_count(checked_service, temperature):
+    """With the exact check on, a sampled eval lease carries a fresh seed per group (a
+    greedy one none), and a scored group counts for its version only once the learner's
+    verdict accepts it; a refused group is offered again, and the summary holds only
+    groups that passed."""
+    ctl, _, client, secret, workdir = checked_service
+    ctl.evaluation("configure", workdir)
+    prompts = make_task("arithmetic", format_reward=0.1).eval_prompts()[:2]
+    ctl.publish(0)
+    ctl.evaluation("request", 0, prompts, n=N, temperature=temperature)
+    saturate(ctl)
+    headers = register(client, secret)
+
+    def lease_and_submit(texts):
+        r = client.post("/v1/lease", headers=headers, json={"worker_version": 0, "max_groups": 2})
+        lease = r.json()["lease"]
+        seeds = [g["sampling"]["seed"] for g in lease["groups"]]
+        sub = {"lease_id": lease["lease_id"], "groups": [
+            {"group_id": g["group_id"], "trajectories": trajs(g, texts[: g["n"]], 0)}
+            for g in lease["groups"]
+        ]}  # fmt: skip
+        assert client.post("/v1/submit", headers=headers, json=sub).status_code == 200
+        return lease["groups"], seeds
+
+    groups, seeds = lease_and_submit(["1", "2", "3"])
+    if temperature > 0:
+        assert len(set(seeds)) == 2 and min(seeds) >= 0
+    else:
+        assert seeds == [-1, -1]
+    rows = ctl.evaluation("take_check_rows")
+    assert {r["group_id"] for r in rows} == {g["group_id"] for g in groups}
+    assert all(r["seed"] == s for r, s in zip(rows, seeds, strict=True))
+    assert ctl.evaluation("take_results") == []  # nothing counts before the verdict
+    assert len(ctl.evaluation("take_check_rows")) == 2  # until the verdict, asked again
+    good, bad = rows[0]["group_id"], rows[1]["group_id"]
+    ctl.evaluation("verified", [good], [bad])
+    assert ctl.evaluation("take_check_rows") == [] and ctl.evaluation("take_results") == []
+    [again], new_seeds = lease_and_submit(["4", "5", "6"])
+    assert again["group_id"] == bad and (temperature == 0 or new_seeds[0] not in seeds)
+    ctl.evaluation("verified", [bad], [])
+    [summary] = ctl.evaluation("take_results")
+    assert summary["prompts"] == 2 and summary["version"] == 0
+
+
 def test_eval_rows_are_sampled_for_the_audit(service):
     """Eval rows carry the worker's log-probs like rollouts: the board keeps a uniform
     sample of each version's trajectories (with the worker and the eval temperature) for
@@ -327,7 +382,7 @@ def clocked(tmp_path, text_codec):
     ctl = Controller(
         ControllerConfig(
             staleness=1, groups_per_step=2, group_size=2, vocab_size=100, hot_flush_s=0,
-            sampling=SamplingParams(max_tokens=4), reward_timeout_s=0.0,
+            sampling=SamplingParams(max_tokens=4), reward_timeout_s=0.0, exact_check=False,
         ),
         str(tmp_path / "controller.db"),
         make_task("arithmetic", format_reward=0.1),
