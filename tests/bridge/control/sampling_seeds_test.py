@@ -37,4 +37,5 @@ def test_every_lease_has_fresh_seeds_and_the_batch_carries_the_lease_seeds(tmp_p
 def test_a_seed_depends_on_the_secret_lease_and_group():
     a, b = SamplingSeeds(b"a" * 32), SamplingSeeds(b"b" * 32)
     assert a.seed("lease", 1) == a.seed("lease", 1)
-    assert len({a.seed("lease", 1), a.seed("lease", 2), a.seed("other", 1), b.seed("lease", 1)}) == 4
+    seeds = {a.seed("lease", 1), a.seed("lease", 2), a.seed("other", 1), b.seed("lease", 1)}
+    assert len(seeds) == 4
