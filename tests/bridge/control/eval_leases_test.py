@@ -540,3 +540,66 @@ def test_results_arrive_off_the_learners_thread_and_the_run_waits_for_the_last(c
     with caplog.at_level("WARNING"):
         assert hook.finish(timeout_s=0.3, poll_s=0.05) == {}
     assert "gave up waiting for the fleet evaluation of version(s) [7]" in caplog.text
+
+
+def test_the_learner_checks_every_eval_token(tmp_path, text_codec, tiny_model_dir):
+    """FleetEval with the run's ExactChecker: an honest greedy worker's group (the argmax
+    of the model, computed here by transformers) is accepted and audited clean; a
+    fabricated answer is refused, offered again and its worker quarantined; only the
+    accepted group may count."""
+    import torch
+    import transformers
+
+    from learner_jax import hf_import
+    from learner_jax.rl.exact_check import ExactChecker
+    from learner_jax.rl.fleet_eval import FleetEval
+
+    ctl = Controller(
+        ControllerConfig(
+            staleness=1, groups_per_step=2, group_size=2, vocab_size=128, hot_flush_s=0,
+            sampling=SamplingParams(max_tokens=4), reward_timeout_s=0.0,
+            exact_quarantine_tokens=1,
+        ),
+        str(tmp_path / "controller.db"),
+        make_task("arithmetic", format_reward=0.1),
+        codec=text_codec,
+    )  # fmt: skip
+    ctl.evaluation("configure", str(tmp_path))
+    cfg, params = hf_import.load_hf_params(tiny_model_dir)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
+    checker = ExactChecker(lambda v: params, cfg, temperature=1.0, rows_per_call=4, chunk=8)
+    hook = FleetEval(ctl, PROMPTS[:2], 4, 0.0, period=1, end=9, start=0, exact=checker)
+    ctl.publish(0)
+    ctl.evaluation("request", 0, PROMPTS[:2], n=4, temperature=0.0)
+    saturate(ctl)
+    honest, cheat = worker(ctl), worker(ctl)
+
+    def submit(worker_id, pick):
+        lease = ask(ctl, worker_id, 0).lease
+        [g] = lease.groups
+        ids = list(g.prompt_token_ids)
+        for _ in range(4):
+            ids.append(pick(ids))
+        completion = ids[len(g.prompt_token_ids) :]
+        traj = dict(prompt_id=g.prompt_id, sample_index=0, prompt_token_ids=g.prompt_token_ids,
+                    completion_token_ids=completion, logprobs=[-0.5] * 4, versions=[0] * 4,
+                    finish_reason="length")  # fmt: skip
+        sub = {
+            "lease_id": lease.lease_id,
+            "groups": [{"group_id": g.group_id, "trajectories": [traj]}],
+        }
+        assert ctl.submit(worker_id, Submission.model_validate(sub)).accepted == [g.group_id]
+        return g.group_id
+
+    def argmax(ids):
+        with torch.no_grad():
+            return int(hf(torch.tensor([ids])).logits[0, -1].argmax())
+
+    good = submit(honest, argmax)
+    bad = submit(cheat, lambda ids: 20)  # its own answer
+    hook._collect()
+    assert cheat in ctl.db.quarantined() and honest not in ctl.db.quarantined()
+    assert ctl.evals.groups[good]["state"] == "done"
+    assert ctl.evals.groups[bad]["state"] == "queued"
+    assert hook._drain()["eval/exact_refused_groups"] == 1.0
+    ctl.close()
