@@ -90,15 +90,17 @@ def arms() -> dict:
 
 
 def _value_and_grads(fn, dtype):
-    def loss(q, k, v, seg, w):
-        return (fn(q, k, v, seg).astype(jnp.float32) * w).sum()
+    """x -> {out, dq, dk, dv}: one jitted forward + backward of sum(out * w) in `dtype`."""
 
-    vg = jax.value_and_grad(loss, argnums=(0, 1, 2))
-    fwd = jax.jit(lambda q, k, v, seg, w: (fn(q, k, v, seg), vg(q, k, v, seg, w)[1]))
+    def loss(q, k, v, seg, w):
+        out = fn(q, k, v, seg)
+        return (out.astype(jnp.float32) * w).sum(), out
+
+    vg = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2), has_aux=True))
 
     def run(x):
         q, k, v = (jnp.asarray(x[n], dtype) for n in "qkv")
-        out, (dq, dk, dv) = fwd(q, k, v, x["seg"], x["w"])
+        (_, out), (dq, dk, dv) = vg(q, k, v, x["seg"], x["w"])
         return {"out": out, "dq": dq, "dk": dk, "dv": dv}
 
     return run

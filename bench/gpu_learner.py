@@ -2,10 +2,26 @@
 cuDNN (GPU) or splash (TPU) attention against the XLA path, peak device memory against
 sequence length, and the time to publish a version to a local file store.
 
-On a GPU machine (one H100 here: CUDA JAX, flax, optax, orbax, tensorstore, Python 3.12;
-torch and transformers are installed but unused, no vLLM, no internet), from the repo root:
+On a GPU machine, from the repo root (one command; the JSON is rewritten after every phase,
+so a run cut short keeps what it measured, with `"complete": false`):
 
-    python -m bench.gpu_learner --out=/tmp/gpu_learner.json
+    python -m bench.gpu_learner --out=/tmp/gpu_learner.json --compile_cache=/tmp/jax_cache
+
+The lent GPU machine (one H100 80 GB) has CUDA JAX, flax, optax, orbax, tensorstore, torch,
+transformers, Python 3.12, no vLLM and no internet. This bench imports neither torch nor
+vllm. Only its publish phase needs more (blake3 and pydantic, for the weight store); where
+they are missing that phase records an ImportError row and the rest runs. To have it, carry
+wheels fetched beforehand on a machine with a registry:
+
+    pip download --only-binary=:all: --python-version 3.12 \
+        --platform manylinux_2_17_x86_64 -d wheels blake3 pydantic
+    # on the GPU machine, before the bench:
+    pip install --no-index --find-links wheels blake3 pydantic
+
+Not yet run on a GPU. Its plan for a few minutes of an H100: 12 train-step compiles at 4
+or 8 layers (8 memory points, 4 MFU points), two full-depth parameter inits, about 16
+small attention programs. The wall time of each phase is printed and stored (`wall_s`);
+`--compile_cache` lets a rerun reuse the compiles (its `compile_s` then times the cache).
 
 Its reduced form runs anywhere (tests/bench/gpu_learner_test.py runs it on CPU):
 
@@ -14,25 +30,28 @@ Its reduced form runs anywhere (tests/bench/gpu_learner_test.py runs it on CPU):
 Random weights, the real vocabulary (151936), fp32 master weights, bf16 compute, one
 device. What it measures (rows by `kind`, headline keys in brackets):
 
-- matmul: the FLOP/s of the best of five [n, n] @ [n, n] bf16 matmuls (`--matmul_n`).
+- matmul: bf16 [n, n] @ [n, n] FLOP/s (`--matmul_n`), best of five timings of a chain of
+  eight dependent matmuls in one jitted call (bench/step_cost.py).
 - mfu [`mfu_0p6b`, `mfu_1p7b`]: the jitted RL train step (GRPO, chunked log-prob head,
   attention "auto" = cuDNN flash on GPU, AdamW) on `--batch` x `--seq_len` random tokens,
   median of `--steps` steps after the compile. Model FLOPs (bench/step_cost.py) / step
   time, divided by the measured matmul FLOP/s (the headline) and by the chip's spec peak
   where bench/step_cost.py knows the chip (`mfu_*_vs_spec`).
-  Per-layer extrapolation: an unrolled 28-layer step compiles in minutes, so by default the
-  step runs at `--mfu_layers` = 4 and 8 layers, its time is fitted linearly in the layer
-  count (embedding, head and optimizer are the intercept, one layer the slope) and taken
-  at 28 layers (`--full_layers`). Rows say `extrapolated`. Passing a list that includes
-  28 measures it directly instead.
+  Per-layer extrapolation: the model is unrolled (a Python loop over layers), so compile
+  time grows with depth; by default the step runs at `--mfu_layers` = 4 and 8 layers,
+  its time is fitted linearly in the layer count (embedding, head and optimizer are the
+  intercept, one layer the slope) and taken at 28 layers (`--full_layers`). Rows say
+  `extrapolated`. Passing a list that includes 28 measures it directly instead.
 - memory [`peak_gb_8k_0p6b`]: one RL step on one row of T tokens, T in
   `--memory_seq_lens`, 0.6B shapes: the allocator's `peak_bytes_in_use`, and XLA's buffer
   plan for the step (`xla_plan_gb`: arguments + outputs - donated + temporaries). The
   allocator's peak is a high-water mark of the whole process, so each layer count of
   `--memory_layers` runs in a fresh subprocess (before this process touches the device)
-  with T ascending, where each reading is that T's peak. Extrapolated to 28 layers by the
-  same linear fit as the MFU unless 28 is in the list. A backend without allocator
-  statistics (CPU) reports null and says why; XLA's plan is still given.
+  with T ascending, where each reading is that T's peak (the compile runs before the step
+  and its autotuning allocates from the same pool, so a reading is an upper bound).
+  Extrapolated to 28 layers by the same linear fit as the MFU unless 28 is in the list.
+  A backend without allocator statistics (CPU) reports null and says why; XLA's plan is
+  still given.
 - attention [`cudnn_attention_max_rel_err`]: bench/attention_accuracy.py at
   `--attention_seq_lens` with 16 heads, 8 kv heads, head dim 128; values and gradients
   of the cuDNN, XLA-bf16 and blockwise paths against the XLA path in fp32 (highest
@@ -67,8 +86,7 @@ from absl import app, flags
 from bench import attention_accuracy, rl_step, step_cost
 from bridge.model import presets
 from bridge.model.config import ModelConfig
-from bridge.store.weight_store import WeightStore
-from learner_jax import model, publish, sharding, train_step
+from learner_jax import model, sharding, train_step
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "JSON file for the results.")
@@ -86,6 +104,7 @@ flags.DEFINE_integer("numpy_max_len", 1024, "Longest T with a float64 numpy refe
 flags.DEFINE_integer("matmul_n", None, "Matmul size for the measured peak [8192; reduced 256].")
 flags.DEFINE_integer("logprob_chunk", 1024, "model.logprob_chunk of the step (0 = full logits).")
 flags.DEFINE_list("publish_models", None, "Presets published [0p6b,1p7b; reduced 0p6b].")
+flags.DEFINE_string("compile_cache", None, "JAX's persistent compilation cache directory.")
 flags.DEFINE_integer("worker_memory_layers", 0, "Internal: run the memory sweep at this depth.")
 
 FULL = {
@@ -239,9 +258,10 @@ def memory_rows() -> list[dict]:
     rows = []
     for layers in ints("memory_layers"):
         lens = ",".join(opt("memory_seq_lens"))
+        cache = [f"--compile_cache={FLAGS.compile_cache}"] if FLAGS.compile_cache else []
         cmd = [sys.executable, "-m", "bench.gpu_learner", f"--worker_memory_layers={layers}",
                f"--reduced={FLAGS.reduced}", f"--memory_seq_lens={lens}",
-               f"--logprob_chunk={FLAGS.logprob_chunk}"]  # fmt: skip
+               f"--logprob_chunk={FLAGS.logprob_chunk}", *cache]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         if proc.returncode or not lines:
@@ -268,6 +288,11 @@ def memory_fit(rows: list[dict], full: int) -> list[dict]:
 
 
 def publish_rows(name: str) -> list[dict]:
+    # Imported here: the store needs blake3 and pydantic, which an accelerator machine may
+    # lack (see the module docstring); every other phase runs without them.
+    from bridge.store.weight_store import WeightStore
+    from learner_jax import publish
+
     cfg = model_config(name, opt("full_layers"), FLAGS.reduced)
     params = model.init_params(cfg, jax.random.key(0))
     jax.block_until_ready(params)
@@ -285,16 +310,21 @@ def publish_rows(name: str) -> list[dict]:
     return rows
 
 
-def headline(rows: list[dict], device: str, peak_measured: float, peak_spec) -> dict:
+def headline(rows: list[dict], device: str, peak_measured, peak_spec) -> dict:
+    """The headline keys from the rows so far; a key whose rows are missing (a failed or
+    unfinished phase) is None, and `notes` says why for every None."""
     full, notes = opt("full_layers"), []
     h = {"device": device, "reduced": FLAGS.reduced,
-         "matmul_tflops": peak_measured / 1e12,
+         "matmul_tflops": None if peak_measured is None else peak_measured / 1e12,
          "spec_tflops": None if peak_spec is None else peak_spec / 1e12}  # fmt: skip
     for name in FLAGS.models:
-        (r,) = [r for r in rows if r["kind"] == "mfu" and r["model"] == name
-                and r["layers"] == full]  # fmt: skip
-        h[f"mfu_{name}"], h[f"mfu_{name}_vs_spec"] = r["mfu"], r["mfu_vs_spec"]
-        if r["extrapolated"]:
+        mfu = [r for r in rows if r["kind"] == "mfu" and r["model"] == name
+               and r["layers"] == full]  # fmt: skip
+        h[f"mfu_{name}"] = mfu[0]["mfu"] if mfu else None
+        h[f"mfu_{name}_vs_spec"] = mfu[0]["mfu_vs_spec"] if mfu else None
+        if not mfu:
+            notes.append(f"mfu_{name}: not measured (see the error rows)")
+        elif mfu[0]["extrapolated"]:
             notes.append(f"mfu_{name}: step time extrapolated to {full} layers from "
                          f"{ints('mfu_layers')}")  # fmt: skip
     if peak_spec is None:
@@ -317,14 +347,16 @@ def headline(rows: list[dict], device: str, peak_measured: float, peak_spec) -> 
     h["xla_plan_gb_8k_0p6b"] = at_8k[0]["xla_plan_gb"] if at_8k else None
     if any(r["peak_device_gb"] is None for r in mem):
         notes.append(f"peak_gb_*: null, the {mem[0]['peak_source']}")
-    if not at_8k:
+    if not mem:
+        notes.append("peak_gb_8k_0p6b: the memory sweep did not run (see the error rows)")
+    elif not at_8k:
         notes.append(f"peak_gb_8k_0p6b: null, the sweep stops at T={ints('memory_seq_lens')[-1]}")
     elif at_8k[0]["extrapolated"] and at_8k[0]["peak_device_gb"] is not None:
         notes.append(f"peak_gb_8k_0p6b: extrapolated to {full} layers from "
                      f"{ints('memory_layers')}")  # fmt: skip
     for name in opt("publish_models"):
-        h[f"publish_s_{name}"] = [r for r in rows if r["kind"] == "publish"
-                                  and r["model"] == name][-1]["publish_s"]  # fmt: skip
+        pub = [r["publish_s"] for r in rows if r["kind"] == "publish" and r["model"] == name]
+        h[f"publish_s_{name}"] = pub[-1] if pub else None
     if FLAGS.reduced:
         notes.append("reduced: tiny shapes; the numbers check the wiring, not a real model")
     h["notes"] = notes
@@ -345,48 +377,59 @@ def print_table(rows: list[dict]) -> None:
 
 def main(argv):
     del argv
+    if FLAGS.compile_cache:
+        jax.config.update("jax_compilation_cache_dir", FLAGS.compile_cache)
     if FLAGS.worker_memory_layers:
         print("RESULT " + json.dumps(memory_worker(FLAGS.worker_memory_layers)))
         return
     if not FLAGS.out:
         raise app.UsageError("--out is required")
-    wall = {}
-    t0 = time.perf_counter()
-    # First: its subprocesses need the device to themselves (nothing above has touched it).
-    rows = memory_rows()
-    wall["memory"] = time.perf_counter() - t0
-    device = f"{jax.devices()[0].device_kind} ({jax.default_backend()})"
-    t0 = time.perf_counter()
-    peak_measured = step_cost.measured_matmul_flops(jnp.bfloat16, opt("matmul_n"))
-    peak_spec, spec_source = step_cost.spec_peak_flops(jax.devices()[:1])
-    rows.append({"kind": "matmul", "n": opt("matmul_n"), "tflops": peak_measured / 1e12,
-                 "spec_tflops": None if peak_spec is None else peak_spec / 1e12,
-                 "spec_source": spec_source})  # fmt: skip
-    for name in FLAGS.models:
-        rows.extend(mfu_rows(name, peak_measured, peak_spec))
-    wall["mfu"] = time.perf_counter() - t0
+    rows, wall, peaks = [], {}, {"measured": None, "spec": None}
 
-    t0 = time.perf_counter()
-    shape = model_config("0p6b", 1, FLAGS.reduced)
-    for t in ints("attention_seq_lens"):
-        rows.extend(
-            attention_accuracy.compare(
-                t, shape.num_heads, shape.num_kv_heads, shape.head_dim, FLAGS.numpy_max_len
-            )
-        )
-    wall["attention"] = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    for name in opt("publish_models"):
-        rows.extend(publish_rows(name))
-    wall["publish"] = time.perf_counter() - t0
+    def matmul():
+        peaks["measured"] = step_cost.measured_matmul_flops(jnp.bfloat16, opt("matmul_n"))
+        peaks["spec"], source = step_cost.spec_peak_flops(jax.devices()[:1])
+        return [{"kind": "matmul", "n": opt("matmul_n"), "tflops": peaks["measured"] / 1e12,
+                 "spec_tflops": None if peaks["spec"] is None else peaks["spec"] / 1e12,
+                 "spec_source": source}]  # fmt: skip
 
-    result = {"headline": headline(rows, device, peak_measured, peak_spec), "rows": rows,
-              "wall_s": wall, "logprob_chunk": FLAGS.logprob_chunk}  # fmt: skip
+    def attention():
+        shape = model_config("0p6b", 1, FLAGS.reduced)
+        heads = (shape.num_heads, shape.num_kv_heads, shape.head_dim)
+        return [r for t in ints("attention_seq_lens")
+                for r in attention_accuracy.compare(t, *heads, FLAGS.numpy_max_len)]  # fmt: skip
+
+    phases = [
+        # First: its subprocesses need the device to themselves (nothing has touched it yet).
+        ("memory", memory_rows),
+        ("matmul", matmul),
+        *[(f"mfu_{m}", lambda m=m: mfu_rows(m, peaks["measured"], peaks["spec"]))
+          for m in FLAGS.models],
+        ("attention", attention),
+        *[(f"publish_{m}", lambda m=m: publish_rows(m)) for m in opt("publish_models")],
+    ]  # fmt: skip
+    device = None
+    for name, phase in phases:
+        t0 = time.perf_counter()
+        try:
+            rows.extend(phase())
+        except Exception as e:  # one failed phase must not cost the others' numbers
+            why = f"{type(e).__name__}: {e}"
+            if name.startswith("mfu") and peaks["measured"] is None:
+                why = "no measured matmul peak (the matmul phase failed)"
+            rows.append({"kind": "error", "phase": name, "error": why})
+            print(f"phase {name} failed: {why}", file=sys.stderr, flush=True)
+        wall[name] = time.perf_counter() - t0
+        device = device or f"{jax.devices()[0].device_kind} ({jax.default_backend()})"
+        print(f"phase {name}: {wall[name]:.1f} s", flush=True)
+        result = {"headline": headline(rows, device, peaks["measured"], peaks["spec"]),
+                  "rows": rows, "wall_s": wall, "logprob_chunk": FLAGS.logprob_chunk,
+                  "complete": name == phases[-1][0]}  # fmt: skip
+        with open(FLAGS.out, "w") as f:  # after every phase: a killed run keeps what it had
+            json.dump(result, f, indent=2)
     print_table(rows)
     print(f"\nwall seconds per phase: {json.dumps({k: round(v, 1) for k, v in wall.items()})}")
     print("headline: " + json.dumps(result["headline"], indent=1))
-    with open(FLAGS.out, "w") as f:
-        json.dump(result, f, indent=2)
 
 
 if __name__ == "__main__":

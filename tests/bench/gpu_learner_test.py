@@ -46,6 +46,7 @@ def test_headline_keys_and_the_printed_table(reduced):
     for kind in ("memory", "matmul", "mfu", "attention", "publish"):
         assert f"[{kind}]" in stdout
     assert h["reduced"] is True and "headline" in stdout
+    assert result["complete"] and not rows_of(result, "error")
 
 
 def test_mfu_is_model_flops_over_step_time_over_the_measured_matmul(reduced):
