@@ -86,7 +86,7 @@ from absl import app, flags
 from bench import attention_accuracy, rl_step, step_cost
 from bridge.model import presets
 from bridge.model.config import ModelConfig
-from learner_jax import model, sharding, train_step
+from learner_jax import attention, model, sharding, train_step
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "JSON file for the results.")
@@ -102,6 +102,7 @@ flags.DEFINE_list("memory_seq_lens", None, "Memory sweep lengths [1k..8k; reduce
 flags.DEFINE_list("attention_seq_lens", None, "Attention lengths [1k..8k; reduced 128].")
 flags.DEFINE_integer("numpy_max_len", 1024, "Longest T with a float64 numpy reference.")
 flags.DEFINE_integer("matmul_n", None, "Matmul size for the measured peak [8192; reduced 256].")
+flags.DEFINE_string("attention", "auto", "The step's attention (cuDNN on GPU); see first_step.")
 flags.DEFINE_integer("logprob_chunk", 1024, "model.logprob_chunk of the step (0 = full logits).")
 flags.DEFINE_list("publish_models", None, "Presets published [0p6b,1p7b; reduced 0p6b].")
 flags.DEFINE_string("compile_cache", None, "JAX's persistent compilation cache directory.")
@@ -175,6 +176,38 @@ def compile_step(step, state, batch, mesh):
     return compiled, time.perf_counter() - t0, step_cost.compiled_bytes(compiled)
 
 
+def first_step(cfg: ModelConfig, mesh, b: int, t: int, state=None) -> dict:
+    """One RL step on b x t random tokens, compiled ahead of time and run once (the warm-up).
+
+    `--attention` first; if that fails (a fused kernel this runtime rejects), "blockwise",
+    with the failure kept under `attention_error`: a step that runs beats no number. The
+    dict holds the state after the step (`state` is reused unless a failed try consumed
+    it), the compiled step, its batch, compile_s, XLA's plan in bytes, and the attention
+    that ran (resolved: "dot_product" is cuDNN's on a GPU).
+    """
+    errors = []
+    for impl in dict.fromkeys((FLAGS.attention, "blockwise")):
+        try:
+            options = model.ModelOptions(attention=impl, logprob_chunk=FLAGS.logprob_chunk)
+            if state is None or any(x.is_deleted() for x in jax.tree.leaves(state)):
+                state, step = rl_step.build(cfg, mesh, "bfloat16", options)
+            else:
+                step = rl_step.jit_step(cfg, mesh, "bfloat16", options)
+            rows = rl_step.random_batch(cfg, b, t, np.random.default_rng(0))
+            batch = train_step.put_batch(rows, mesh)
+            compiled, compile_s, plan = compile_step(step, state, batch, mesh)
+            state, m = compiled(state, batch)
+            jax.block_until_ready(m)
+        except Exception as e:  # kept in the row, then the fallback runs
+            errors.append(f"{impl}: {type(e).__name__}: {str(e)[:300]}")
+            continue
+        return {"state": state, "compiled": compiled, "batch": batch, "compile_s": compile_s,
+                "plan": plan, "loss": float(m["loss"]),
+                "attention": attention.resolve(impl, jnp.bfloat16, cfg.head_dim, t),
+                "attention_error": "; ".join(errors) or None}  # fmt: skip
+    raise RuntimeError("; ".join(errors))
+
+
 def fit_layers(points: dict[int, float], layers: int) -> tuple[float, bool]:
     """(value at `layers`, extrapolated?): measured if present, else the least-squares line
     through (layer count, value)."""
@@ -189,16 +222,10 @@ def fit_layers(points: dict[int, float], layers: int) -> tuple[float, bool]:
 def mfu_rows(name: str, peak_measured: float, peak_spec: float | None) -> list[dict]:
     mesh = single_mesh()
     b, t = opt("batch"), opt("seq_len")
-    options = model.ModelOptions(logprob_chunk=FLAGS.logprob_chunk)
     rows, times = [], {}
     for layers in ints("mfu_layers"):
-        cfg = model_config(name, layers, FLAGS.reduced)
-        state, step = rl_step.build(cfg, mesh, "bfloat16", options)
-        rng = np.random.default_rng(0)
-        batch = train_step.put_batch(rl_step.random_batch(cfg, b, t, rng), mesh)
-        compiled, compile_s, plan = compile_step(step, state, batch, mesh)
-        state, m = compiled(state, batch)  # warm-up
-        jax.block_until_ready(m)
+        run = first_step(model_config(name, layers, FLAGS.reduced), mesh, b, t)
+        state, compiled, batch = run.pop("state"), run.pop("compiled"), run.pop("batch")
         ts = []
         for _ in range(FLAGS.steps):
             t0 = time.perf_counter()
@@ -206,9 +233,10 @@ def mfu_rows(name: str, peak_measured: float, peak_spec: float | None) -> list[d
             jax.block_until_ready(m)
             ts.append(time.perf_counter() - t0)
         times[layers] = statistics.median(ts)
-        rows.append({"layers": layers, "compile_s": compile_s, "step_s": times[layers],
+        plan = run.pop("plan")
+        rows.append({"layers": layers, **run, "step_s": times[layers],
                      "xla_plan_gb": None if plan is None else plan / GIB,
-                     "loss": float(m["loss"]), "extrapolated": False})  # fmt: skip
+                     "extrapolated": False})  # fmt: skip
         del state, compiled
     full = opt("full_layers")
     step_s, extrapolated = fit_layers(times, full)
@@ -235,21 +263,18 @@ def memory_worker(layers: int) -> list[dict]:
     """The memory sweep at one depth, in this (fresh) process, T ascending."""
     mesh = single_mesh()
     cfg = model_config("0p6b", layers, FLAGS.reduced)
-    options = model.ModelOptions(logprob_chunk=FLAGS.logprob_chunk)
-    state, step = rl_step.build(cfg, mesh, "bfloat16", options)
-    rows = []
+    rows, state = [], None
     for t in ints("memory_seq_lens"):
-        batch = train_step.put_batch(
-            rl_step.random_batch(cfg, 1, t, np.random.default_rng(0)), mesh
-        )
-        compiled, _, plan = compile_step(step, state, batch, mesh)
-        state, m = compiled(state, batch)
-        jax.block_until_ready(m)
+        run = first_step(cfg, mesh, 1, t, state)
+        state = run["state"]
         peak, source = step_cost.device_peak_bytes()
         rows.append({"kind": "memory", "model": "0p6b", "layers": layers, "seq_len": t,
                      "peak_device_gb": None if peak is None else peak / GIB,
-                     "peak_source": source, "xla_plan_gb": None if plan is None else plan / GIB,
+                     "peak_source": source,
+                     "xla_plan_gb": None if run["plan"] is None else run["plan"] / GIB,
+                     "attention": run["attention"], "attention_error": run["attention_error"],
                      "extrapolated": False})  # fmt: skip
+        del run
     return rows
 
 
@@ -261,7 +286,8 @@ def memory_rows() -> list[dict]:
         cache = [f"--compile_cache={FLAGS.compile_cache}"] if FLAGS.compile_cache else []
         cmd = [sys.executable, "-m", "bench.gpu_learner", f"--worker_memory_layers={layers}",
                f"--reduced={FLAGS.reduced}", f"--memory_seq_lens={lens}",
-               f"--logprob_chunk={FLAGS.logprob_chunk}", *cache]  # fmt: skip
+               f"--logprob_chunk={FLAGS.logprob_chunk}", f"--attention={FLAGS.attention}",
+               *cache]  # fmt: skip
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
         if proc.returncode or not lines:
@@ -329,6 +355,10 @@ def headline(rows: list[dict], device: str, peak_measured, peak_spec) -> dict:
                          f"{ints('mfu_layers')}")  # fmt: skip
     if peak_spec is None:
         notes.append(f"mfu_*_vs_spec: no spec peak for {device}")
+    for r in rows:
+        if r.get("attention_error"):
+            notes.append(f"{r['kind']} {r.get('model')} L={r['layers']}: ran {r['attention']} "
+                         f"attention after {r['attention_error'][:200]}")  # fmt: skip
     att = [r for r in rows if r["kind"] == "attention"]
 
     def worst(arm, key="max_rel_err"):
@@ -393,7 +423,7 @@ def main(argv):
                  "spec_tflops": None if peaks["spec"] is None else peaks["spec"] / 1e12,
                  "spec_source": source}]  # fmt: skip
 
-    def attention():
+    def attention_phase():
         shape = model_config("0p6b", 1, FLAGS.reduced)
         heads = (shape.num_heads, shape.num_kv_heads, shape.head_dim)
         return [r for t in ints("attention_seq_lens")
@@ -405,7 +435,7 @@ def main(argv):
         ("matmul", matmul),
         *[(f"mfu_{m}", lambda m=m: mfu_rows(m, peaks["measured"], peaks["spec"]))
           for m in FLAGS.models],
-        ("attention", attention),
+        ("attention", attention_phase),
         *[(f"publish_{m}", lambda m=m: publish_rows(m)) for m in opt("publish_models")],
     ]  # fmt: skip
     device = None

@@ -11,6 +11,12 @@ from bridge.model.config import ModelConfig
 from learner_jax import losses, model, optim, train_state, train_step
 
 
+def optimizer():
+    return optim.make_optimizer(
+        optim.OptimizerConfig(learning_rate=1e-6, warmup_steps=0, total_steps=100)
+    )
+
+
 def build(
     cfg: ModelConfig,
     mesh,
@@ -22,12 +28,24 @@ def build(
     seed: int = 0,
 ):
     """(state, jitted step) for one RL step with AdamW on fresh random parameters."""
-    opt = optim.make_optimizer(
-        optim.OptimizerConfig(learning_rate=1e-6, warmup_steps=0, total_steps=100)
-    )
     pdt = jnp.dtype(param_dtype)
-    state = train_state.create_train_state(cfg, opt, mesh, seed=seed, param_dtype=pdt)
-    _, shardings = train_state.state_shardings(cfg, opt, mesh, param_dtype=pdt)
+    state = train_state.create_train_state(cfg, optimizer(), mesh, seed=seed, param_dtype=pdt)
+    step = jit_step(cfg, mesh, dtype, options, micro_batches, param_dtype, sampling_check)
+    return state, step
+
+
+def jit_step(
+    cfg: ModelConfig,
+    mesh,
+    dtype: str = "float32",
+    options: model.ModelOptions | None = None,
+    micro_batches: int = 1,
+    param_dtype: str = "float32",
+    sampling_check: bool = True,
+):
+    """The jitted RL step alone, for a state `build` made (another attention, say)."""
+    opt = optimizer()
+    _, shardings = train_state.state_shardings(cfg, opt, mesh, param_dtype=jnp.dtype(param_dtype))
     step_cfg = train_step.StepConfig(
         kind="rl",
         loss=losses.LossConfig(name="grpo"),
@@ -36,7 +54,7 @@ def build(
         model_options=options or model.ModelOptions(),
         sampling_check=sampling_check,
     )
-    return state, train_step.jit_step(cfg, opt, step_cfg, mesh, shardings)
+    return train_step.jit_step(cfg, opt, step_cfg, mesh, shardings)
 
 
 def random_batch(

@@ -18,20 +18,23 @@ EPS_BF16 = 2.0**-7  # bfloat16's machine epsilon (8-bit significand)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(scope="module")
-def reduced(tmp_path_factory):
-    out = tmp_path_factory.mktemp("gpu_learner") / "out.json"
+def run_reduced(out, *flags):
     # One CPU device, and XLA's cheapest codegen: this checks wiring, and every train-step
     # compile otherwise costs several seconds of the suite's two cores.
     env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT,
            "XLA_FLAGS": "--xla_backend_optimization_level=0 "
                         "--xla_llvm_disable_expensive_passes=true"}  # fmt: skip
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.gpu_learner", "--reduced", f"--out={out}"],
+        [sys.executable, "-m", "bench.gpu_learner", "--reduced", f"--out={out}", *flags],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300, check=False,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(out.read_text()), proc.stdout
+
+
+@pytest.fixture(scope="module")
+def reduced(tmp_path_factory):
+    return run_reduced(tmp_path_factory.mktemp("gpu_learner") / "out.json")
 
 
 def rows_of(result, kind):
@@ -136,3 +139,17 @@ def test_memory_fit_extrapolates_each_length():
     assert fitted[8192]["extrapolated"] and fitted[8192]["xla_plan_gb"] is None
     assert gpu_learner.memory_fit(rows, 8) == []  # measured there: nothing to fit
     assert np.isfinite([r["peak_device_gb"] for r in fitted.values()]).all()
+
+
+def test_a_failing_attention_falls_back_to_blockwise_and_says_so(tmp_path):
+    # An attention the step rejects (as a GPU runtime may reject cuDNN's): the MFU is still
+    # measured, with blockwise, and the row and the notes carry the failure. Only the
+    # matmul and one MFU point run.
+    result, _ = run_reduced(
+        tmp_path / "out.json", "--attention=no_such_kernel", "--models=0p6b",
+        "--memory_layers=", "--attention_seq_lens=", "--publish_models=",
+    )  # fmt: skip
+    (row,) = rows_of(result, "mfu")
+    assert row["attention"] == "blockwise" and "no_such_kernel" in row["attention_error"]
+    assert result["headline"]["mfu_0p6b"] > 0 and result["complete"]
+    assert any("no_such_kernel" in note for note in result["headline"]["notes"])
