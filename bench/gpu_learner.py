@@ -367,7 +367,10 @@ def headline(rows: list[dict], device: str, peak_measured, peak_spec) -> dict:
 
     h["cudnn_attention_max_rel_err"] = worst("cudnn_bf16")
     h["xla_bf16_attention_max_rel_err"] = worst("xla_bf16")
+    # fp32 at the default matmul precision (TF32 where the backend allows), and the
+    # reference (highest precision) every arm is measured against
     h["xla_fp32_vs_float64_max_rel_err"] = worst("xla_fp32", "max_rel_err_vs_float64")
+    h["reference_vs_float64_max_rel_err"] = worst("reference_fp32", "max_rel_err_vs_float64")
     if h["cudnn_attention_max_rel_err"] is None:
         why = [r.get("skipped") or r.get("error") for r in att if r["arm"] == "cudnn_bf16"]
         notes.append(f"cudnn_attention_max_rel_err: {why[0] if why else 'not run'}")

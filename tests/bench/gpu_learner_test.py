@@ -95,7 +95,8 @@ def test_attention_paths_against_float64(reduced):
     att = {r["arm"]: r for r in rows_of(result, "attention")}
     # fp32 XLA vs the float64 numpy forward and backward: rounding only
     assert 0 < h["xla_fp32_vs_float64_max_rel_err"] <= ULPS * EPS32
-    assert att["reference_fp32"]["max_rel_err_vs_float64"] <= ULPS * EPS32
+    assert h["reference_vs_float64_max_rel_err"] == att["reference_fp32"]["max_rel_err_vs_float64"]
+    assert 0 < h["reference_vs_float64_max_rel_err"] <= ULPS * EPS32
     # bf16 arms: off by bf16 rounding (inputs are exact in bf16; outputs and probabilities
     # are rounded), so clearly above fp32 rounding and within a few bf16 epsilons
     for arm in ("xla_bf16", "blockwise_bf16"):
