@@ -41,8 +41,9 @@ import jax.numpy as jnp
 import numpy as np
 from absl import app, flags
 
+from bench import rl_step, step_cost
 from bridge.model.presets import qwen3_0p6b
-from learner_jax import attention, losses, model, optim, sharding, train_state, train_step
+from learner_jax import attention, model, sharding, train_step
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "JSON file for the results.")
@@ -67,33 +68,13 @@ def measure(impl: str, chunk: int, seq_len: int) -> dict:
     if FLAGS.vocab_size:
         cfg = dataclasses.replace(cfg, vocab_size=FLAGS.vocab_size)
     mesh = sharding.make_mesh({"data": 1}, jax.devices()[:1])
-    opt = optim.make_optimizer(
-        optim.OptimizerConfig(learning_rate=1e-6, warmup_steps=0, total_steps=10)
-    )
-    state = train_state.create_train_state(cfg, opt, mesh, seed=0)
-    _, shardings = train_state.state_shardings(cfg, opt, mesh)
     options = model.ModelOptions(attention=impl, remat=FLAGS.remat, logprob_chunk=chunk)
-    step_cfg = train_step.StepConfig(
-        kind="rl", loss=losses.LossConfig(name="grpo"), dtype=FLAGS.dtype, model_options=options
-    )
-    step = train_step.jit_step(cfg, opt, step_cfg, mesh, shardings)
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(3, cfg.vocab_size, (1, seq_len + 1))
-    loss_mask = np.zeros_like(tokens)
-    loss_mask[:, seq_len // 4 :] = 1
-    batch = train_step.make_batch(
-        tokens,
-        loss_mask,
-        valid=np.ones_like(tokens, bool),
-        behavior_logp=-12.0 + rng.standard_normal((1, seq_len)),
-        advantages=np.ones(1),
-    )
+    state, step = rl_step.build(cfg, mesh, FLAGS.dtype, options)
+    batch = rl_step.random_batch(cfg, 1, seq_len, np.random.default_rng(0))
     state, metrics = step(state, train_step.put_batch(batch, mesh))
     loss = float(metrics["loss"])
-    with open("/proc/self/status") as f:
-        hwm_kb = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
     resolved = attention.resolve(impl, jnp.dtype(FLAGS.dtype), cfg.head_dim, seq_len)
-    return {"peak_gb": hwm_kb / 2**20, "loss": loss, "resolved": resolved}
+    return {"peak_gb": step_cost.host_peak_gb(), "loss": loss, "resolved": resolved}
 
 
 def run_point(impl: str, chunk: int, seq_len: int) -> dict:

@@ -47,6 +47,7 @@ import jax
 import numpy as np
 from absl import app, flags
 
+from bench import rl_step
 from bridge.control.protocol import Trajectory
 from bridge.model.presets import qwen3_0p6b
 from bridge.store.weight_store import WeightStore
@@ -68,20 +69,6 @@ flags.DEFINE_integer("versions", 3, "Versions a re-score reads (every tag: up to
 flags.DEFINE_integer("train_rows", 256, "Rows per learner step of the run (16 x 16).")
 flags.DEFINE_string("store_dtype", "bfloat16", "Dtype of the published version.")
 flags.DEFINE_integer("extrapolate_layers", 28, "Layer count to extrapolate the share to.")
-
-
-def _batch(cfg, b: int, t: int, rng):
-    tokens = rng.integers(3, cfg.vocab_size, (b, t + 1))
-    loss_mask = np.zeros_like(tokens)
-    loss_mask[:, t // 4 :] = 1  # a quarter prompt, the rest completion
-    return train_step.make_batch(
-        tokens,
-        loss_mask,
-        valid=np.ones_like(tokens, bool),
-        behavior_logp=-12.0 + rng.standard_normal((b, t)),
-        advantages=rng.standard_normal(b),
-        on_policy=np.ones(b),  # every row audited, as on-policy rows are
-    )
 
 
 def _timed(fn, *args):
@@ -110,7 +97,11 @@ def time_steps(cfg, mesh) -> dict:
         for on in (True, False)
     }
     batch = train_step.put_batch(
-        _batch(cfg, FLAGS.batch, FLAGS.seq_len, np.random.default_rng(0)), mesh
+        # every row on-policy: audited, as on-policy rows are
+        rl_step.random_batch(
+            cfg, FLAGS.batch, FLAGS.seq_len, np.random.default_rng(0), np.ones(FLAGS.batch)
+        ),
+        mesh,
     )
     times: dict = {True: [], False: []}
     for i in range(FLAGS.steps + 1):  # the first round compiles
