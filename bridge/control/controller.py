@@ -230,6 +230,7 @@ class Controller(LearnerCalls):
                 self._persist_hot()
                 self.fleet.replan(now)
         ann = self.versions.current()
+        self.liveness.claimed(worker_id, hb.worker_version, hb.unloadable_version, ann.version)
         return HeartbeatResponse(
             announcement=ann,
             swap_to=self.versions.swap_to(hb.worker_version),
@@ -274,7 +275,9 @@ class Controller(LearnerCalls):
             self.learner.drop_stale(self.db.get("next_step", 0))
             self.workers.touch(worker_id, req.worker_version)
             ann = self.versions.current()
-            self.liveness.claimed(worker_id, req, ann.version)
+            self.liveness.claimed(
+                worker_id, req.worker_version, req.unloadable_version, ann.version
+            )
             reply = dict(
                 announcement=ann,
                 swap_to=self.versions.swap_to(req.worker_version),

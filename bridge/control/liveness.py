@@ -1,11 +1,14 @@
 """Whether the run can make progress: unloadable versions, stuck workers, the learner's pace.
 
 `Liveness` is a part of `Controller` (bridge/control/controller.py); the caller holds the
-controller's lock. It owns three facts, all in memory (a restarted controller starts over:
-the workers report again within a lease request, the learner within a step):
+controller's lock, except for a heartbeat's `claimed` (no lock there: hot_state.py), which
+takes this part's own small lock. It owns three facts, all in memory (a restarted
+controller starts over: the workers report again within a heartbeat, the learner within a
+step):
 
 - which announced version workers report they cannot load (`unloadable_version` in their
-  lease requests: corrupt or torn in the store). The learner asks (`unloadable()`) while it
+  lease requests and heartbeats: corrupt or torn in the store; a worker with no version
+  loaded asks for no lease). The learner asks (`unloadable()`) while it
   waits for a batch and re-publishes that version from the parameters it holds
   (learner_jax/rl/heal.py); a re-announcement clears the reports of that version.
 - whether any work is admissible at all (`no_admissible_work`): with S = 2 and the two
@@ -20,9 +23,9 @@ the workers report again within a lease request, the learner within a step):
 from __future__ import annotations
 
 import logging
+import threading
 
 from bridge.contracts import staleness as staleness_rule
-from bridge.control.protocol import LeaseRequest
 
 
 class Liveness:
@@ -33,12 +36,16 @@ class Liveness:
         self._claims: dict[str, tuple[int, int]] = {}  # worker -> (version, unloadable_version)
         self._last_step_at = now  # the controller's start counts as a step: a run starts
         self._stuck_since: float | None = None
+        self._lock = threading.Lock()
 
     # -- reports -------------------------------------------------------------------------
-    def claimed(self, worker_id: str, req: LeaseRequest, newest: int) -> None:
-        """A lease request's version claims; a report of the newest version is kept."""
-        self._claims[worker_id] = (req.worker_version, req.unloadable_version)
-        if req.unloadable_version == newest >= 0 and newest not in self._reported:
+    def claimed(self, worker_id: str, version: int, unloadable: int, newest: int) -> None:
+        """A lease request's or heartbeat's claims: the version the worker serves and the
+        one it could not load; a report of the newest version is kept."""
+        with self._lock:
+            self._claims[worker_id] = (version, unloadable)
+            if unloadable != newest or newest < 0 or newest in self._reported:
+                return
             self._reported[newest] = worker_id
             logging.warning(
                 "worker %s cannot load version %d (corrupt in the store?): asking the "
@@ -49,7 +56,8 @@ class Liveness:
 
     def published(self, version: int) -> None:
         """`version` was announced (again): earlier reports of it are about another copy."""
-        self._reported = {v: w for v, w in self._reported.items() if v > version}
+        with self._lock:
+            self._reported = {v: w for v, w in self._reported.items() if v > version}
 
     def unloadable(self, newest: int) -> int:
         """The newest announced version if a worker reported it unloadable since its latest
@@ -57,7 +65,8 @@ class Liveness:
         return newest if newest in self._reported else -1
 
     def forget(self, worker_id: str) -> None:
-        self._claims.pop(worker_id, None)
+        with self._lock:
+            self._claims.pop(worker_id, None)
 
     # -- the learner's pace ----------------------------------------------------------------
     def stepped(self, now: float) -> None:
@@ -97,7 +106,8 @@ class Liveness:
         return stuck
 
     def _stuck(self, worker_id: str, version: int, newest: int, next_step: int, held: int) -> bool:
-        claimed, unloadable = self._claims.get(worker_id, (version, -1))
+        with self._lock:
+            claimed, unloadable = self._claims.get(worker_id, (version, -1))
         if unloadable != newest:
             return False  # it will swap to the newest (or is fetching it)
         version = min(max(version, claimed), newest)
