@@ -16,11 +16,10 @@ train 2 more steps past it on the worker's groups.
 (b) A run checkpoints step 1 and stops; version 1 is corrupted in the store; the resumed run
 must find it corrupt before announcing it, write it again and train on.
 
-Fails without (each tried): the healer (no batch: TimeoutError), the learner's re-verify of
-a version already in the store (the corrupt copy is announced again, nothing loads), the
-worker's retry of a re-announced version (refused for its backoff, then the learner's next
-re-publish after `first_wait_s`; with the retry gone too it times out), the heartbeat's
-report of a worker with no version loaded (nobody asks the learner to heal).
+Fails (each tried): on the code before healing, both (a: no batch for step 2, TimeoutError;
+b: the announced copy of 1 does not verify); with a worker's heartbeat that does not report
+the version it cannot load (a: nobody asks the learner to heal, TimeoutError). The worker's
+retry of a re-announced version is rollout_gpu/versions_test.py's.
 """
 
 from __future__ import annotations
