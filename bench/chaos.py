@@ -14,12 +14,14 @@ worker (restarted), kill -9 of the binary twice (rerun with the same workdir: it
 from its checkpoint), a graceful restart (SIGINT, rerun: the controller restarts between
 steps), a worker stopped with SIGSTOP while it holds a lease, past the lease TTL, then
 continued, flipped bytes in a chunk of `--corrupt_versions` freshly published versions
-(bench/chaos_faults.py; more than S consecutive corrupt versions leave no worker able to
-make fresh work, so keep it <= S), and a hostile client posting forged submissions.
+(bench/chaos_faults.py; the workers report a version they cannot load and the learner
+publishes it again: learner_jax/rl/heal.py), and a hostile client posting forged
+submissions.
 
 At the end the binary gets SIGINT; the audit (bench/chaos_audit.py) reads the bench's own
 observations of controller.db (dumped to `<workdir>/soak/chaos_observations.json`), the
-event log (`<workdir>/soak/chaos_events.jsonl`), the worker logs and metrics.jsonl. The
+event log (`<workdir>/soak/chaos_events.jsonl`), the worker logs and metrics.jsonl, and
+checks that no gap between RL steps outlasts the bound the faults allow (bench/chaos_stall.py). The
 baseline runs the same number of RL steps without faults; held-out accuracies must agree
 within 5 points. Prints the fault table and the audit; writes everything as JSON to --out.
 Exit status 1 if the audit fails.
@@ -37,7 +39,7 @@ import sys
 import threading
 import time
 
-from bench import arms, chaos_audit, chaos_hostile, chaos_peer
+from bench import arms, chaos_audit, chaos_hostile, chaos_peer, chaos_stall
 from bench.chaos_soak import Soak
 
 LEASE_TTL_S = 60.0  # bridge/control/controller.py ControllerConfig.lease_ttl_s
@@ -103,12 +105,13 @@ def _soak(s: Soak, wd: str, n_workers, seconds, faults, seed, corrupt_count) -> 
         raise RuntimeError(f"the soak never trained; see {wd}/binary-0.log")
     s.t0 = time.time()
     s.event("start", "learner", f"training; {n_workers} workers")
-    corrupt, hostile, hostile_workers, peer = [], [], [], None
+    corrupt, hostile, hostile_workers, peer, ran = [], [], [], None, []
     for at, fault in plan:
         time.sleep(max(0.0, at - (time.time() - s.t0)))
         if s.binary.poll() is not None:
             s.event(fault, "learner", f"binary exited {s.binary.returncode}: stop")
             break
+        ran.append((time.time(), fault))
         if fault == "worker_kill":
             s.kill_worker(rng)
         elif fault == "binary_kill":
@@ -143,6 +146,7 @@ def _soak(s: Soak, wd: str, n_workers, seconds, faults, seed, corrupt_count) -> 
                 f"statuses {r['statuses']}, accepted {r['accepted_groups']} groups, "
                 f"quarantined {r['quarantined']}")  # fmt: skip
     s.supervise = False
+    end_at = time.time()
     s.binary.send_signal(signal.SIGINT)
     rc = s.binary.wait(timeout=600)
     s.event("end", "learner", f"SIGINT -> exit {rc}")
@@ -175,6 +179,13 @@ def _soak(s: Soak, wd: str, n_workers, seconds, faults, seed, corrupt_count) -> 
             with open(os.path.join(s.wlogs, f"worker-{i}.log"), errors="replace") as f:
                 lines += f.readlines()
         result["checks"]["hostile_peer"] = chaos_peer.verdict(peer_result, rows, lines)
+    with open(os.path.join(wd, "metrics.jsonl")) as f:
+        walls = [r["time/wall"] for r in map(json.loads, f) if "time/wall" in r]
+    # 8. No stall longer than B (bench/chaos_stall.py), B from the faults that ran.
+    startup_s = s.t0 - s.run_starts[0]
+    result["checks"]["no_stall"] = chaos_stall.check(
+        walls, ran, end_at, LEASE_TTL_S, startup_s, corrupt_count
+    )
     result["ok"] = all(c["ok"] for c in result["checks"].values())
     for rec in corrupt:
         rec.pop("manifest", None)

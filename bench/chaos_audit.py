@@ -16,8 +16,11 @@ Definitions:
 - No corrupt version served: no worker's log says "now serving version V" for the
   corrupted V after the corruption, the controller never recorded a worker at V in that
   time, and a worker log shows the refusal ("could not load version V"). The time ends when
-  a rerun that resumed from a checkpoint before V starts: it deletes V and publishes a
-  clean version with the same number.
+  a rerun that resumed from a checkpoint before V starts (it deletes V and publishes a
+  clean version with the same number), or when the learner heals V (its log says it
+  publishes V again: learner_jax/rl/heal.py, or finds V corrupt and writes it again:
+  learner_jax/rl/weights.py); a healed copy still in the store must read back verified.
+- No stall longer than B: bench/chaos_stall.py.
 - Staleness: metrics `staleness/max` <= S on every line, and step - version <= S for every
   observed consumption.
 """
@@ -31,6 +34,8 @@ import os
 import re
 
 from bridge.store.layout import LAYOUT
+from bridge.store.manifest import CorruptVersionError
+from bridge.store.weight_store import WeightStore
 
 
 def batches(obs, run_starts: list[float]) -> list[dict]:
@@ -65,6 +70,34 @@ def _absl_time(line: str, day: datetime.date) -> float | None:
     mo, d, hh, mi, ss = m.groups()
     dt = datetime.datetime(day.year, int(mo), int(d), int(hh), int(mi), tzinfo=datetime.UTC)
     return dt.timestamp() + float(ss)
+
+
+def heal_times(workdir: str, version: int, day: datetime.date) -> list[float]:
+    """When the learner's log says it wrote `version` again (healed it)."""
+    path = os.path.join(workdir, "train.log")
+    if not os.path.exists(path):
+        return []
+    marks = (f"publishing version {version} again", f"version {version} in ")
+    out = []
+    with open(path, errors="replace") as f:
+        for line in f:
+            if any(m in line for m in marks) and ("again" in line):
+                t = _absl_time(line, day)
+                if t is not None:
+                    out.append(t)
+    return out
+
+
+def healed_copy_error(workdir: str, version: int) -> str | None:
+    """None if the store's copy of `version` (if still there) reads back verified."""
+    store = WeightStore(os.path.join(workdir, "weights"))
+    if version not in store.versions():
+        return None
+    try:
+        store.read_all(version)
+    except CorruptVersionError as e:
+        return str(e)[:300]
+    return None
 
 
 def audit(
@@ -186,7 +219,7 @@ def audit(
     c = {"ok": True, "corrupted_versions": []}
     corrupt = [r for r in corrupt or [] if r.get("version") is not None]
     if corrupt:
-        served, refused, recorded, rewritten = [], [], [], []
+        served, refused, recorded, rewritten, healed = [], [], [], [], []
         for rec in corrupt:
             v, at = rec["version"], rec["at"]
             day = datetime.datetime.fromtimestamp(at, datetime.UTC).date()
@@ -201,17 +234,22 @@ def audit(
             ]
             # The manifest may change only by such a republish (a corrupt version rewritten
             # in place would be served as if it were clean).
+            heals = [t for t in heal_times(workdir, v, day) if t >= at - 1]
             original = rec.get("manifest")
             if original and os.path.exists(manifest) and open(manifest, "rb").read() != original:
-                if not reruns:
+                if not reruns and not heals:
                     rewritten.append(v)
+                elif heals and (err := healed_copy_error(workdir, v)) is not None:
+                    rewritten.append(f"{v}: healed copy corrupt: {err}")
+            if heals:
+                healed.append(v)
             moved = [
                 datetime.datetime.strptime(p.rsplit("stale-", 1)[1], "%Y%m%d-%H%M%S")
                 .replace(tzinfo=datetime.UTC)
                 .timestamp()
                 for p in glob.glob(os.path.join(workdir, "weights.stale-*"))
             ]
-            until = min([m for m in moved if m >= at - 1] + reruns, default=float("inf"))
+            until = min([m for m in moved if m >= at - 1] + reruns + heals, default=float("inf"))
             for path in sorted(glob.glob(os.path.join(worker_logs, "*.log"))):
                 with open(path, errors="replace") as f:
                     for line in f:
@@ -245,6 +283,7 @@ def audit(
             "refusals": len(refused),
             "refusal_example": refused[0] if refused else None,
             "manifest_rewritten_in_place": rewritten,
+            "healed_versions": sorted(set(healed)),
         }
     checks["no_corrupt_version_served"] = c
 

@@ -179,6 +179,16 @@ def corrupt_next_version(store_dir: str, timeout_s: float) -> dict:
     return {"version": None, "outcome": "no new version appeared"}
 
 
+def corrupt_version(store_dir: str, version: int) -> str:
+    """Flip bytes in the largest chunk file of a published `version` in a file store, as
+    `corrupt_next_version` does; returns the chunk's path relative to the store."""
+    path = largest_chunk(os.path.join(store_dir, "data", f"{version:012d}"))
+    if path is None:
+        raise FileNotFoundError(f"version {version} has no chunk file in {store_dir}")
+    _flip_middle(path)
+    return os.path.relpath(path, store_dir)
+
+
 def _flip_middle(path: str, count: int = 16) -> None:
     with open(path, "r+b") as f:
         data = bytearray(f.read())

@@ -150,6 +150,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         exact_check,
         fleet,
         fleet_eval,
+        heal,
         hooks,
         interrupt,
         mirror,
@@ -290,6 +291,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             config, store, learner, publisher, leader, ctl.config
         )
         exact = exact_check.ExactChecker.for_run(config, rescorer, ctl.config)
+        healer = heal.VersionHealer(ctl, publisher)  # a version workers cannot load
         source = batches.BatchSource(
             ctl,
             run_config.batch_shape(config),
@@ -298,7 +300,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             lambda: learner.step,
             timeout_s=config.rollout.wait_timeout_s,
             should_stop=ctrl_c.requested,
-            check_fleet=follower.check,
+            check_fleet=lambda: (follower.check(), healer.check()),
             where=os.path.join(workdir, "workers"),
             verify=exact.check if exact is not None else None,
         )

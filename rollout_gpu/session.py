@@ -232,6 +232,7 @@ class ControllerSession:
             samples_per_s=samples_per_s,
             tokens_per_s=tokens_per_s,
             active_sequences=self.active_sequences,
+            unloadable_version=self.versions.lease_claims()["unloadable_version"],
             **(peers.heartbeat_fields() if (peers := self.versions.peers) else {}),
         )
         r = self.call("heartbeat", hb, patient=False)

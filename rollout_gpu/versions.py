@@ -14,7 +14,11 @@ The newest announced version, seen from the worker (`WeightVersions.state()`):
                 in, or the controller refused the fetching claim (too far behind).
     REFUSED     it failed verification or loading: retried after 5 s, doubling to 60 s,
                 rather than re-read at every poll; meanwhile the worker generates on its
-                loaded version and reports it (`unloadable_version`).
+                loaded version and reports it (`unloadable_version`), and the learner
+                publishes it again (bridge/control/liveness.py). A refusal holds for the
+                announcement it refused: the same version announced again (a later
+                `published_at`) is another copy in the store, tried at once and read and
+                verified afresh, also after a failed canary (`EngineVersion.bad_versions`).
 
 Transitions: `hear` / `note` (a controller reply's route and announcement: NONE or LOADED
 -> FETCHING or SWAP_READY), `behind` (a lease refused as behind although the request
@@ -55,7 +59,8 @@ class WeightVersions:
         self.current = EngineVersion()  # what the engine serves, and how to roll back to it
         if peers is not None:  # the base a relay fetches a delta version's patches against
             peers.have = lambda: self.current.version
-        self._refused: dict[int, tuple[float, float]] = {}  # version -> (backoff, retry at)
+        # version -> (backoff, retry at, published_at of the announcement refused)
+        self._refused: dict[int, tuple[float, float, float]] = {}
         self._swap_now = False  # the controller refused the fetching claim
 
     @property
@@ -96,12 +101,18 @@ class WeightVersions:
             return VersionState.NONE
         if ann.version == self.current.version:
             return VersionState.LOADED
-        refused = self._refused.get(ann.version)
+        refused = self._refusal(ann)
         if refused is not None and self.clock() < refused[1]:
             return VersionState.REFUSED
         if self._fetching(ann.version) and not self._swap_now:
             return VersionState.FETCHING
         return VersionState.SWAP_READY
+
+    def _refusal(self, ann: VersionAnnouncement) -> tuple[float, float, float] | None:
+        """The refusal of this very announcement; one of an earlier announcement of the same
+        version does not count (the learner published it again)."""
+        refused = self._refused.get(ann.version)
+        return refused if refused is not None and refused[2] == ann.published_at else None
 
     def _fetching(self, version: int) -> bool:
         """`version` is being fetched in the background while the engine serves another."""
@@ -117,7 +128,7 @@ class WeightVersions:
         fetching = newest != self.loaded and self._fetching(newest)
         return dict(
             worker_version=self.loaded,
-            unloadable_version=max(self._refused, default=-1),
+            unloadable_version=newest if self._refusal(self.announced) is not None else -1,
             fetching_version=newest if fetching else -1,
         )
 
@@ -144,7 +155,9 @@ class WeightVersions:
         if state is VersionState.FETCHING:
             return True
         self._swap_now = False
-        failed = self._refused.get(ann.version)
+        failed = self._refusal(ann)
+        if failed is None:  # announced again: its canary failure was another copy's
+            self.current.bad_versions.discard(ann.version)
         t0 = self.clock()
         try:
             # Through the peer relay when the controller routes one (rollout_gpu/peer_swap.py).
@@ -152,7 +165,7 @@ class WeightVersions:
             canary = load_version(engine, store, ann.version, self.current)
         except Exception as e:  # noqa: BLE001 - the engine keeps serving the previous version
             wait = min(60.0, 2 * failed[0]) if failed else 5.0
-            self._refused = {ann.version: (wait, self.clock() + wait)}
+            self._refused = {ann.version: (wait, self.clock() + wait, ann.published_at)}
             logging.error(
                 "could not load version %d: %s: %s (retry in %.0f s; generating on version %s "
                 "meanwhile)",

@@ -54,6 +54,7 @@ from bridge.control.learner_calls import LearnerCalls
 from bridge.control.lease_content import LeaseContent
 from bridge.control.lease_timing import LeaseTiming
 from bridge.control.leasing import Leasing
+from bridge.control.liveness import Liveness
 from bridge.control.prompt_stream import PromptStream
 from bridge.control.protocol import (
     Heartbeat,
@@ -122,6 +123,7 @@ class Controller(LearnerCalls):
         self._polling = threading.local()  # in wait_batch: take_batch skips stats on a miss
         self.pacing = HeartbeatPacing(c)  # the interval each reply carries
         self.auditor = audit_lib.WorkerAudit.from_config(c, self.db)
+        self.liveness = Liveness(c.staleness, c.groups_per_step, c.max_version_lag, clock())
         self.db.restore_deadlines(clock() + c.lease_ttl_s)  # granted: a full TTL more
         self._closed = False
         self._flusher = HotFlusher(self.flush_hot, c.hot_flush_s) if c.hot_flush_s > 0 else None
@@ -171,6 +173,7 @@ class Controller(LearnerCalls):
         """Announce `version` (call once its manifest is in the weight store `store`)."""
         with self._op():
             ann = self.versions.publish(version, store)
+            self.liveness.published(version)
             self.fleet.published(version, ann.published_at)
             self.broadcast.publish(version, ann.published_at, ann.store)
             return ann
@@ -178,6 +181,12 @@ class Controller(LearnerCalls):
     def announcement(self) -> VersionAnnouncement:
         with self.lock:
             return self.versions.current()
+
+    def unloadable_version(self) -> int:
+        """The newest version if a worker reported it cannot load it since it was last
+        announced (liveness.py): the learner publishes it again. -1: none."""
+        with self.lock:
+            return self.liveness.unloadable(self.versions.current().version)
 
     # -- workers -------------------------------------------------------------------------
     def register(self, profile: WorkerProfile, identity: str | None = None) -> tuple[str, str]:
@@ -221,6 +230,7 @@ class Controller(LearnerCalls):
                 self._persist_hot()
                 self.fleet.replan(now)
         ann = self.versions.current()
+        self.liveness.claimed(worker_id, hb.worker_version, hb.unloadable_version, ann.version)
         return HeartbeatResponse(
             announcement=ann,
             swap_to=self.versions.swap_to(hb.worker_version),
@@ -240,6 +250,7 @@ class Controller(LearnerCalls):
             self.workers.leave(worker_id)
             self.timing.forget(worker_id)
             self.fleet.forget(worker_id)
+            self.liveness.forget(worker_id)
             self.broadcast.leave(worker_id)
             self._replan()
 
@@ -264,6 +275,9 @@ class Controller(LearnerCalls):
             self.learner.drop_stale(self.db.get("next_step", 0))
             self.workers.touch(worker_id, req.worker_version)
             ann = self.versions.current()
+            self.liveness.claimed(
+                worker_id, req.worker_version, req.unloadable_version, ann.version
+            )
             reply = dict(
                 announcement=ann,
                 swap_to=self.versions.swap_to(req.worker_version),
@@ -346,6 +360,7 @@ class Controller(LearnerCalls):
                 self.workers.drop(worker_id)  # its token is gone
                 self.timing.forget(worker_id)
                 self.fleet.forget(worker_id)
+                self.liveness.forget(worker_id)
             if out:
                 self._replan()
             return out
@@ -390,12 +405,21 @@ class Controller(LearnerCalls):
     def _stats(self) -> dict:
         with self.db.tx():  # nested in the caller's, or its own
             self._persist_hot()
-        return stats_line(
-            self.clock(),
+        now, newest = self.clock(), self.versions.current().version
+        out = stats_line(
+            now,
             self.db,
             self.fleet,
-            self.versions.current().version,
+            newest,
             self.admission_capacity(),
             self.limits,
             self.broadcast,
         )
+        held = out["groups/leased"] + out["groups/buffered"]
+        live = self.workers.live_versions(now)
+        stuck = self.liveness.no_admissible_work(
+            now, newest, self.db.get("next_step", 0), live, held
+        )
+        out["fleet/no_admissible_work"] = int(stuck)
+        out["learner/since_last_step_s"] = self.liveness.since_last_step_s(now)
+        return out

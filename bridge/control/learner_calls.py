@@ -3,7 +3,7 @@ its own file): batches, the capacity model's learner reports, the checkpoint cur
 the eval board's learner side (`evaluation`).
 
 `Controller` provides `_op`, `lock`, `_new_work`, `_polling`, `_stats`, `learner`, `fleet`,
-`evals` and `db`; the batch logic itself is learner_api.py's `LearnerSide`.
+`liveness`, `evals` and `db`; the batch logic itself is learner_api.py's `LearnerSide`.
 """
 
 from __future__ import annotations
@@ -102,6 +102,7 @@ class LearnerCalls:
         ones exist. Call after each RL step."""
         with self.lock:
             self.fleet.learner_reported(step_s, publish_s, overhead_s, cold)
+            self.liveness.stepped(self.clock())
 
     def export_cursor(self) -> dict:
         return self.learner.export_cursor()

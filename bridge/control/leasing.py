@@ -25,7 +25,6 @@ learner.
 
 from __future__ import annotations
 
-import logging
 import uuid
 from collections.abc import Callable
 
@@ -57,7 +56,6 @@ class Leasing:
         self.db, self.config, self.clock = db, config, clock
         self.held_back = held_back
         self.timing, self.prompts, self.content = timing, prompts, content
-        self._unloadable_logged: set[int] = set()  # versions a worker reported it cannot load
         self.pacing = RefusalPacing(config)  # when a worker refused as "full" asks again
 
     def capacity(self, version: int, newest: int) -> int:
@@ -80,21 +78,14 @@ class Leasing:
         worker is fetching in the background (a relay hop, a WAN download) does not count:
         it keeps generating on its own version meanwhile, admitted at that version. Nor does
         one it could not load (corrupt in the store: a worker verifies every chunk): it keeps
-        generating until the learner publishes the next one. Without this one corrupt
-        version stalled the learner: every worker was refused work for being behind."""
+        generating until the learner publishes it again (liveness.py) or the next one.
+        Without this one corrupt version stalled the learner: every worker was refused work
+        for being behind."""
         lag = newest - req.worker_version
         if req.fetching_version == newest >= 0:
             lag -= 1
-        elif req.unloadable_version == newest >= 0:
+        elif req.unloadable_version == newest >= 0:  # logged by liveness.py
             lag -= 1
-            if newest not in self._unloadable_logged:
-                self._unloadable_logged.add(newest)
-                logging.warning(
-                    "worker %s cannot load version %d (corrupt in the store?); workers keep "
-                    "generating on older versions within the staleness bound",
-                    worker_id,
-                    newest,
-                )
         return lag > self.config.max_version_lag
 
     def offer(

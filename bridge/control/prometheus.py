@@ -9,6 +9,8 @@
     echo2_cost_usd_total                   fleet spend so far
     echo2_broadcast_latency_seconds        publish -> last live worker holding the version
     echo2_policy_version, echo2_learner_step
+    echo2_learner_since_last_step_seconds  since the learner's last train step (a stall's length)
+    echo2_no_admissible_work               1 while no live worker can be given servable work
     echo2_<counter>_total                  the controller's cumulative counters (leases/issued..)
     echo2_http_request_duration_seconds    per endpoint, method and status code (histogram)
 
@@ -107,6 +109,16 @@ class FleetCollector:
         )
         yield _gauge("echo2_policy_version", "Newest published version", run["policy_version"])
         yield _gauge("echo2_learner_step", "The learner step the buffer is filled for", run["step"])
+        yield _gauge(
+            "echo2_learner_since_last_step_seconds",
+            "Seconds since the learner's last train step",
+            st.get("learner/since_last_step_s"),
+        )
+        yield _gauge(
+            "echo2_no_admissible_work",
+            "1 while no live worker can be given work it could serve (liveness.py)",
+            st.get("fleet/no_admissible_work"),
+        )
         for key in COUNTERS:
             if key in st:
                 name = "echo2_" + key.replace("/", "_")

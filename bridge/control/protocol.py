@@ -126,6 +126,12 @@ class Heartbeat(_Model):
     up_bytes_per_s: float = Field(default=0.0, ge=0.0, le=1e13, description="relay, measured")
     down_bytes_per_s: float = Field(default=0.0, ge=0.0, le=1e13, description="fetch, measured")
     broadcast: BroadcastReport | None = None
+    unloadable_version: int = Field(
+        default=-1,
+        ge=-1,
+        description="the announced version this worker failed to load, -1: none (a worker "
+        "with no version loaded asks for no lease, so it reports here)",
+    )
 
 
 class _Route(_Model):

@@ -19,6 +19,14 @@ the chain back to its anchor: WeightStore.gc). With `delta` (`bridge.delta.*`,
 `bridge/delta_density`. With LoRA (`learner.lora.rank > 0`; one learner process:
 run_config.check_lora) each version is the adapter alone, over a base published once
 (learner_jax/rl/adapter_versions.py), and the fleet is told the adapter sub-store.
+
+Healing. A version already in the store when it is published (a resumed run's checkpoint
+version) is read back and verified first, every chunk against its digest; a corrupt one is
+deleted and written again from the params. `republish(v)` answers the workers' report that
+they cannot load the newest version v (bridge/control/liveness.py; the learner asks while it
+waits for a batch: learner_jax/rl/heal.py): the learner's current params are published as a
+full version (v itself, rewritten if the store's copy does not verify, or the learner's newer
+step) and announced again, so workers stalled on it retry.
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from bridge.contracts import canary as canary_lib
 from bridge.delta.publisher import DeltaPublisher
 from bridge.store import model_files
+from bridge.store.manifest import CorruptVersionError
 from bridge.store.weight_store import WeightStore
 from learner_jax import model, publish
 from learner_jax.background_publish import BackgroundPublisher, PublishError
@@ -137,6 +146,20 @@ def write_version(
         delta.forget()  # a multi-process publish is full: the next one must not diff
 
 
+def sound(store: WeightStore, version: int) -> bool:
+    """Whether `version` reads back whole: every array (and, for a delta, its chain to the
+    anchor) verified chunk by chunk against the manifest's digests. A corrupt one is deleted
+    (with any newer: it is the store's newest when the publisher asks) and False returned."""
+    try:
+        for _ in store.read(version):
+            pass
+        return True
+    except CorruptVersionError as e:
+        logging.warning("version %d in %s is corrupt (%s): writing it again", version, store, e)
+    store.drop_newer(version - 1)
+    return False
+
+
 class WeightPublisher:
     """Writes versions of `learner`'s params to `store` and announces them.
 
@@ -175,6 +198,7 @@ class WeightPublisher:
             self.delta = None  # an adapter is already ~1% of the model
         self._background = BackgroundPublisher(self.publish) if background else None
         self._snapshot = jax.jit(lambda p: jax.tree.map(jnp.copy, p))
+        self.republished = 0  # versions published again because workers could not load them
 
     def publish(self, version: int, params=None) -> float:
         """Write `version` (unless the store has it), announce it, gc; returns seconds.
@@ -186,7 +210,7 @@ class WeightPublisher:
             return self._publish_adapter(version, params, t0)
         if params is None:
             params = self.learner.policy_params
-        write = version not in self.store.versions()
+        write = version not in self.store.versions() or not sound(self.store, version)
         if self.mirror is not None:  # the other processes join in
             self.mirror.publish(version, write, self.store.spec)
         if write:
@@ -203,7 +227,7 @@ class WeightPublisher:
         store = self.adapters.store
         if params is None:
             params = self._current()
-        if version not in store.versions():
+        if version not in store.versions() or not sound(store, version):
             self.adapters.write(version, *params)
             nbytes = store.manifest(version).stored_bytes
             self.version_metrics = {"bridge/version_bytes": nbytes, "bridge/delta_density": 1.0}
@@ -212,6 +236,27 @@ class WeightPublisher:
             self.on_announce(ann)
         store.gc(keep=self.keep)
         return time.perf_counter() - t0
+
+    def republish(self, version: int) -> float | None:
+        """Workers cannot load `version`, the newest announced: publish the learner's
+        current params again as a full version (`version` itself, rewritten if the store's
+        copy is corrupt, or the learner's newer step) and announce it. Returns the seconds
+        it took, None when the learner is behind `version` (nothing it could publish)."""
+        if self._background is not None:
+            self._background.flush()  # a version still being written is not the one to heal
+        step = self.learner.step
+        if step < version:
+            logging.error("cannot publish version %d again: the learner is at %d", version, step)
+            return None
+        if self.delta is not None:
+            self.delta.forget()  # the chain back to an anchor may run through the bad copy
+        logging.warning(
+            "workers cannot load version %d: publishing version %d again from the learner",
+            version,
+            step,
+        )
+        self.republished += 1
+        return self.publish(step)
 
     def _current(self):
         """What a version is made of: the policy params, or (adapters, merged) with LoRA."""
@@ -231,7 +276,7 @@ class WeightPublisher:
 
     def after_step(self, rl_steps: int) -> dict:
         """Publish the learner's current version if this RL step is a publishing one."""
-        out = {"bridge/publish_s": 0.0}
+        out = {"bridge/publish_s": 0.0, "bridge/republished": self.republished}
         if rl_steps % self.every:
             return out
         version = self.learner.step

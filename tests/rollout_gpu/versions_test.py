@@ -88,3 +88,26 @@ def test_a_relay_fetch_in_flight_is_fetching_until_the_controller_refuses_the_cl
         assert v.state() is VersionState.SWAP_READY and not peers.fetching(1)
     finally:
         peers.close()
+
+
+def test_a_version_announced_again_is_tried_at_once_and_reported_only_for_its_refused_copy(
+    tmp_path,
+):
+    """The learner publishes an unloadable version again (learner_jax/rl/heal.py): the new
+    announcement of the same number ends the refusal and its backoff, and the worker stops
+    reporting the version until the new copy fails too (read afresh from the store)."""
+    now = [100.0]
+    v = WeightVersions(clock=lambda: now[0])
+    v.note(ann(2, f"file://{tmp_path}/empty", at=10.0))  # the store does not hold it
+    v.current.version = 0
+    v.current.bad_versions.add(2)  # as after a failed canary of the first copy
+    assert v.ensure(None) and v.state() is VersionState.REFUSED
+    assert v.lease_claims()["unloadable_version"] == 2
+    v.note(ann(2, f"file://{tmp_path}/empty", at=20.0))  # announced again
+    assert v.state() is VersionState.SWAP_READY
+    assert v.lease_claims()["unloadable_version"] == -1
+    assert v.ensure(None)  # tried at once, read again: still missing here, so refused
+    assert 2 not in v.current.bad_versions  # the new copy was not judged by the old canary
+    assert v.state() is VersionState.REFUSED and v.lease_claims()["unloadable_version"] == 2
+    now[0] += 5.1  # its backoff starts over at 5 s: it is another copy
+    assert v.state() is VersionState.SWAP_READY

@@ -69,6 +69,8 @@ def test_scraped_gauges_equal_bridge_status(fleet):
     assert got[("echo2_cost_usd_total", ())] == run["spend_usd"] > 0
     assert got[("echo2_policy_version", ())] == run["policy_version"] == 0
     assert got[("echo2_learner_step", ())] == run["step"]
+    assert got[("echo2_no_admissible_work", ())] == 0
+    assert got[("echo2_learner_since_last_step_seconds", ())] >= 0.0
     assert got[("echo2_trajectories_accepted_total", ())] == status["trajectories/accepted"] > 0
     assert got[("echo2_leases_issued_total", ())] == status["leases/issued"] == 3
     assert got[("echo2_fleet_quarantined_total", ())] == 1

@@ -4,7 +4,7 @@ bound, until the learner publishes the next one."""
 
 from controller_helpers import make, submit_all, worker
 
-from bridge.control.protocol import LeaseRequest
+from bridge.control.protocol import Heartbeat, LeaseRequest
 
 
 def test_a_reported_unloadable_newest_version_is_not_behind(tmp_path):
@@ -23,3 +23,33 @@ def test_a_reported_unloadable_newest_version_is_not_behind(tmp_path):
     assert ctl.lease(w, LeaseRequest(worker_version=4, unloadable_version=3)).reason == "behind"
     ctl.publish(6)
     assert ctl.lease(w, LeaseRequest(worker_version=4, unloadable_version=5)).reason == "behind"
+
+
+def test_a_stalled_fleet_asks_for_the_version_again_and_says_no_work_is_admissible(tmp_path):
+    """The stall: S = 2 and versions 1 and 2 corrupt, the worker still on 0 (two behind, one
+    forgiven: behind), and a fresh worker with nothing loaded (it reports in heartbeats).
+    The controller asks the learner for 2 again, says no work is admissible, and both end
+    when 2 is announced again; the learner's step resets the stall clock."""
+    now = [1000.0]
+    ctl = make(tmp_path, clock=lambda: now[0], staleness=2, groups_per_step=1)
+    ctl.publish(0)
+    old, fresh = worker(ctl), worker(ctl)
+    ctl.publish(1)
+    ctl.publish(2)
+    assert ctl.unloadable_version() == -1 and ctl.stats()["fleet/no_admissible_work"] == 0
+    assert ctl.lease(old, LeaseRequest(worker_version=0, unloadable_version=2)).reason == "behind"
+    assert ctl.unloadable_version() == 2
+    assert ctl.stats()["fleet/no_admissible_work"] == 0  # the fresh worker may still load 2
+    ctl.heartbeat(fresh, Heartbeat(worker_version=-1, unloadable_version=2))
+    now[0] += 30.0
+    stats = ctl.stats()
+    assert stats["fleet/no_admissible_work"] == 1
+    assert stats["learner/since_last_step_s"] == 30.0
+    ctl.publish(2)  # the learner's new copy
+    assert ctl.unloadable_version() == -1
+    # The workers' claims are about the old copy until they try the new one.
+    ctl.heartbeat(fresh, Heartbeat(worker_version=2))
+    assert ctl.lease(old, LeaseRequest(worker_version=0)).swap_to == 2
+    assert ctl.stats()["fleet/no_admissible_work"] == 0
+    ctl.report_learner(0.1)
+    assert ctl.stats()["learner/since_last_step_s"] == 0.0

@@ -1,0 +1,87 @@
+"""The chaos soak's liveness check: no stall longer than B, B derived from the fault schedule.
+
+A stall is a gap between consecutive RL steps: the `time/wall` of consecutive metrics
+lines (any binary run; a rerun's repeated steps count as steps), plus the gap from the
+last line to the soak's end. Each gap may last
+
+    B(gap) = base + sum of the allowances of the faults that struck within it
+
+where `base` is the steady pace (5 x the median gap between steps, at least 30 s: the
+held-out evaluation and checkpoint steps are slower than the median), and a fault's
+allowance is what recovering from it must cost at most:
+
+    binary_kill, binary_restart   2 x the first run's start (start to first RL step,
+                                  measured in the same soak): a rerun does the same work
+                                  plus a checkpoint restore
+    worker_kill                   the lease TTL: the dead worker's leases hold admission
+                                  until they expire
+    sigstop                       the hold (lease TTL + 15 s) and the lease TTL after it
+    corrupt                       per corrupted version: two heartbeats (the report reaches
+                                  the controller) + the healer's first wait (a re-report)
+                                  + the first run's start (the publish, every worker's swap)
+    garbage, hostile_*            0: refused without touching the learner
+
+The soak's B is the largest B(gap) the schedule allows, over a window holding every fault;
+the check fails on any gap past its own bound. Without healing, two corrupt head versions
+stall the learner for the rest of the soak: the last gap outgrows every bound.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+HEARTBEAT_S = 5.0  # bridge/control/config.py ControllerConfig.heartbeat_interval_s
+HEAL_FIRST_WAIT_S = 10.0  # learner_jax/rl/heal.py VersionHealer.first_wait_s
+
+
+def allowances(lease_ttl_s: float, startup_s: float, corrupt_count: int) -> dict[str, float]:
+    per_corrupt = 2 * HEARTBEAT_S + HEAL_FIRST_WAIT_S + startup_s
+    return {
+        "binary_kill": 2 * startup_s,
+        "binary_restart": 2 * startup_s,
+        "worker_kill": lease_ttl_s,
+        "sigstop": 2 * lease_ttl_s + 15.0,
+        "corrupt": corrupt_count * per_corrupt,
+    }
+
+
+def base_s(walls: list[float]) -> float:
+    gaps = [b - a for a, b in zip(walls, walls[1:], strict=False)]
+    return max(30.0, 5 * statistics.median(gaps)) if gaps else 30.0
+
+
+def check(
+    walls: list[float],
+    faults: list[tuple[float, str]],
+    end_at: float,
+    lease_ttl_s: float,
+    startup_s: float,
+    corrupt_count: int,
+) -> dict:
+    """`walls`: each RL metrics line's `time/wall`; `faults`: (epoch seconds, fault) as run;
+    `end_at`: when the soak stopped the binary. Returns the check's verdict and numbers."""
+    walls = sorted(walls)
+    allow = allowances(lease_ttl_s, startup_s, corrupt_count)
+    base = base_s(walls)
+    worst, over = None, []
+    edges = list(zip(walls, walls[1:] + [end_at], strict=True))
+    for a, b in edges:
+        struck = [f for t, f in faults if a - 1.0 <= t <= b]
+        bound = base + sum(allow.get(f, 0.0) for f in struck)
+        row = {"from": round(a, 1), "gap_s": round(b - a, 1), "bound_s": round(bound, 1),
+               "faults": struck}  # fmt: skip
+        if worst is None or row["gap_s"] - bound > worst["gap_s"] - worst["bound_s"]:
+            worst = row
+        if b - a > bound:
+            over.append(row)
+    every = base + sum(allow.get(f, 0.0) for _, f in faults)
+    longest = max((b - a for a, b in edges), default=0.0)
+    return {
+        "ok": bool(walls) and not over,
+        "B_s": round(every, 1),
+        "base_s": round(base, 1),
+        "allowance_s": {k: round(v, 1) for k, v in allow.items()},
+        "longest_gap_s": round(longest, 1),
+        "closest_to_bound": worst,
+        "over_bound": over[:5],
+    }

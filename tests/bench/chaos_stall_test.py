@@ -1,0 +1,28 @@
+"""The soak's "no stall longer than B" check (bench/chaos_stall.py) on made-up step times:
+a gap is judged against the steady pace plus the allowances of the faults within it."""
+
+from bench import chaos_stall
+
+STEADY = [1000.0 + 2.0 * i for i in range(20)]  # a step every 2 s: base = 30 s
+
+
+def test_a_gap_within_its_faults_allowance_passes_and_B_sums_the_schedule():
+    walls = STEADY + [STEADY[-1] + 150.0 + 2.0 * i for i in range(5)]  # a rerun's restart
+    kill = (STEADY[-1] + 1.0, "binary_kill")
+    r = chaos_stall.check(walls, [kill], walls[-1] + 2.0, 60.0, startup_s=80.0, corrupt_count=2)
+    assert r["ok"], r
+    assert r["base_s"] == 30.0 and r["longest_gap_s"] == 150.0  # < 30 + 2 x 80
+    assert r["B_s"] == 30.0 + 2 * 80.0
+
+
+def test_a_stall_past_its_bound_fails_also_at_the_end_of_the_soak():
+    corrupt = (STEADY[-1] + 1.0, "corrupt")  # the learner never trains again
+    end = STEADY[-1] + 600.0
+    r = chaos_stall.check(STEADY, [corrupt], end, 60.0, startup_s=80.0, corrupt_count=2)
+    allowed = 30.0 + 2 * (2 * chaos_stall.HEARTBEAT_S + chaos_stall.HEAL_FIRST_WAIT_S + 80.0)
+    assert not r["ok"] and r["over_bound"][0]["bound_s"] == allowed
+    assert r["longest_gap_s"] == 600.0
+    # The same gap with no fault in it is held to the steady pace alone.
+    walls = STEADY + [STEADY[-1] + 40.0]
+    r = chaos_stall.check(walls, [], walls[-1] + 1.0, 60.0, startup_s=80.0, corrupt_count=2)
+    assert not r["ok"] and r["over_bound"][0]["bound_s"] == 30.0
