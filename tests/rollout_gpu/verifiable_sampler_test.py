@@ -67,6 +67,20 @@ def test_fused_kernel_picks_numpy_argmax():
     assert G.gap(z.astype(np.float64), noise[::-1], tokens).max() > 0.05  # other keys
 
 
+def test_draws_follow_softmax():
+    """argmax(z + g) over many positions of one key samples softmax(z): each token's count
+    is within 5 binomial standard deviations of its expectation."""
+    z = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -np.inf, -3.0], dtype=torch.float32)
+    draws_n = 100_000
+    base = vs.key_bases([123] * draws_n, np.arange(draws_n))
+    tokens = vs.gumbel_argmax(z.expand(draws_n, -1).contiguous(), base, vs.token_terms(7))
+    counts = np.bincount(tokens.numpy(), minlength=7)
+    p = torch.softmax(z.double(), -1).numpy()
+    assert counts[5] == 0  # a dropped token is never drawn
+    sd = np.sqrt(draws_n * p * (1 - p))
+    assert np.all(np.abs(counts - draws_n * p) <= 5 * sd + 1e-9), (counts, draws_n * p)
+
+
 # -- real generation, checked independently ------------------------------------------------
 
 
