@@ -13,8 +13,10 @@ are vLLM's own (`apply_top_k_top_p`, log-softmax of the processed logits in
 scores'; only the draw changes. Greedy rows (T = 0) never reach it (`Sampler.sample`
 picks their argmax itself), and a request without a seed gets fresh random keys each step.
 
-The noise bits equal the contract's (numpy/jax uint32) bit for bit: the uint32 hash runs in
-int64 tensors masked to 32 bits after every multiply. A constant >= 2^31 is used as
+The noise bits equal the contract's (numpy/jax uint32) bit for bit. Each row's hash of
+(key, position) is the contract's numpy `position_base` (a few values per step); the
+per-token part, over [rows, V], runs in torch: the uint32 hash in int64 tensors masked to
+32 bits after every multiply. A constant >= 2^31 is used as
 `c - 2^32` (congruent mod 2^32), so every product of a 32-bit value stays below 2^63 and
 nothing relies on signed overflow. Only -log(-log u), in float32 here, may differ from the
 learner's by an ulp or so, which its margin covers.
@@ -60,11 +62,6 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
     x = x ^ (x >> 15)
     x = (x * _MUL2) & MASK
     return x ^ (x >> 16)
-
-
-def position_base(lo: torch.Tensor, hi: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-    """int64 [...]: gumbel.position_base of key words (lo, hi) and positions (int64)."""
-    return mix32(mix32(mix32(lo ^ gumbel._GOLDEN) ^ hi) ^ position)
 
 
 def token_terms(vocab: int, device=None) -> torch.Tensor:
@@ -127,17 +124,13 @@ def gumbel_argmax(z: torch.Tensor, base: torch.Tensor, terms: torch.Tensor) -> t
 
 def key_bases(seeds: list[int | None], positions: np.ndarray, device=None) -> torch.Tensor:
     """int64 [B]: the position base of each row's key (its seed; None: a fresh random key)
-    at its position."""
-    fresh = np.frombuffer(os.urandom(8 * len(seeds)), dtype=np.uint32).reshape(-1, 2)
-    lo = np.empty(len(seeds), np.int64)
-    hi = np.empty(len(seeds), np.int64)
+    at its position. Per row, not per token: the contract's own numpy code computes it."""
+    words = np.frombuffer(os.urandom(8 * len(seeds)), dtype=np.uint32).reshape(-1, 2).copy()
     for i, seed in enumerate(seeds):
-        if seed is None:
-            lo[i], hi[i] = fresh[i]
-        else:  # gumbel.key_words of (seed, 0): vLLM's seed already includes the index
-            lo[i], hi[i] = seed & MASK, (seed >> 32) & MASK
-    cols = (torch.from_numpy(a) for a in (lo, hi, np.asarray(positions, np.int64)))
-    return position_base(*cols).to(device)
+        if seed is not None:  # gumbel.key_words(seed, 0): vLLM's seed includes the index
+            words[i] = seed & MASK, (seed >> 32) & MASK
+    base = gumbel.position_base(words[:, 0], words[:, 1], np.asarray(positions, np.int64))
+    return torch.from_numpy(base.astype(np.int64)).to(device)
 
 
 class VerifiableSampler(nn.Module):
