@@ -9,14 +9,16 @@ served by one `VllmEngine`, and the same seeded batch (`--groups` x `--n` sample
 `--max_tokens` each, EOS ignored so every arm makes the same tokens) is generated with
 the verifiable sampler (rollout_gpu/verifiable_sampler.py) and with vLLM's own
 `TopKTopPSampler`, swapped in and out of the one engine between arms (`collective_rpc`),
-interleaved (the order alternates each round; a first untimed round warms both). The
-headline `sampler_tokens_per_s_ratio` (verifiable / vLLM's own) is the median over rounds
-of each round's ratio (the two arms of a round run back to back, so a shared box's load,
-which drifts over seconds, mostly cancels); `median_tokens_per_s_ratio` is the ratio of
-the arms' median tokens/s. A real model spends far more per token outside the sampler
-than this one, so a real run's ratio is closer to 1 than this one's. Each vocabulary runs
-in its own process: vLLM's in-process engines cannot be torn down while another one
-lives. CPU timings on a shared box are noisy: the load average is recorded.
+interleaved (the order alternates each round; a first untimed round warms both). Each
+run is timed twice: wall clock (`wall_*`) and the process's CPU time (`cpu_*`: tokens per
+CPU-second; the engine is in-process and synchronous, so on an idle machine the two
+agree, while on a shared box wall time mostly measures the neighbours: measured 6x swings
+between runs of one arm). The headline `sampler_tokens_per_s_ratio` (verifiable / vLLM's
+own) is the median over rounds of each round's CPU-time ratio (`cpu_round_ratios`);
+`wall_round_ratios` and the medians of both are recorded too. A real model spends far
+more per token outside the sampler than this one, so a real run's ratio is closer to 1
+than this one's. Each vocabulary runs in its own process: vLLM's in-process engines
+cannot be torn down while another one lives. The load average is recorded.
 """
 
 from __future__ import annotations
@@ -65,35 +67,64 @@ def measure(
         for g in range(groups)
     ]  # fmt: skip
     arms = {"verifiable": verifiable_sampler.install, "vllm": verifiable_sampler.uninstall}
-    rates: dict[str, list[float]] = {arm: [] for arm in arms}
+    wall: dict[str, list[float]] = {arm: [] for arm in arms}
+    cpu: dict[str, list[float]] = {arm: [] for arm in arms}
     for r in range(rounds + 1):
         for arm in list(arms)[:: 1 if r % 2 else -1]:
             engine.llm.collective_rpc(arms[arm])
             assert engine.llm.collective_rpc(verifiable_sampler.installed) == [arm == "verifiable"]
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.process_time()
             outs = engine.llm.generate(prompts, params, use_tqdm=False)
-            secs = time.perf_counter() - t0
+            secs, cpu_secs = time.perf_counter() - t0, time.process_time() - c0
             tokens = sum(len(c.token_ids) for o in outs for c in o.outputs)
             assert tokens == groups * n * max_tokens, tokens
             if r:
-                rates[arm].append(tokens / secs)
+                wall[arm].append(tokens / secs)
+                cpu[arm].append(tokens / cpu_secs)
     engine.llm.collective_rpc(verifiable_sampler.install)
-    med = {arm: statistics.median(v) for arm, v in rates.items()}
-    ratios = [a / b for a, b in zip(rates["verifiable"], rates["vllm"], strict=True)]
+    (step_us,) = engine.llm.collective_rpc(_time_samplers, args=(groups * n,))
+
+    def summary(rates: dict, kind: str) -> dict:
+        ratios = [a / b for a, b in zip(rates["verifiable"], rates["vllm"], strict=True)]
+        return {
+            f"{kind}_tokens_per_s": rates,
+            **{f"{kind}_{arm}_tokens_per_s": statistics.median(v) for arm, v in rates.items()},
+            f"{kind}_round_ratios": ratios,
+            f"{kind}_ratio": statistics.median(ratios),
+        }
+
     return {
         "model_dir": model_dir,
         "vocab": int(engine.hf_config["vocab_size"]),
         "rows": groups * n,
         "tokens_per_run": groups * n * max_tokens,
         "engine_start_s": start_s,
-        "tokens_per_s": rates,
-        "verifiable_tokens_per_s": med["verifiable"],
-        "vllm_tokens_per_s": med["vllm"],
-        "round_ratios": ratios,
-        "sampler_tokens_per_s_ratio": statistics.median(ratios),
-        "median_tokens_per_s_ratio": med["verifiable"] / med["vllm"],
+        **summary(cpu, "cpu"),
+        **summary(wall, "wall"),
+        "sampler_tokens_per_s_ratio": summary(cpu, "cpu")["cpu_ratio"],
+        "sampler_call_us": step_us,
         "loadavg": os.getloadavg(),
     }
+
+
+def _time_samplers(worker, rows: int, reps: int = 30) -> dict:
+    """Runs on the worker: median microseconds of one sampler call on [rows, V] logits
+    (T = 1, no top-k/top-p, no request state: random keys), both samplers interleaved.
+    Isolates what the end-to-end rates above measure through a noisy machine."""
+    import torch
+
+    mine = worker.model_runner.sampler.topk_topp_sampler
+    samplers = {"verifiable": mine, "vllm": mine.original}
+    vocab = worker.model_runner.model_config.get_vocab_size()
+    logits = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(0))
+    times: dict[str, list[float]] = {arm: [] for arm in samplers}
+    for _ in range(reps):
+        for arm, sampler in samplers.items():
+            x = logits.clone()  # the samplers may work in place
+            t0 = time.perf_counter()
+            sampler(x, {}, None, None)
+            times[arm].append((time.perf_counter() - t0) * 1e6)
+    return {arm: statistics.median(v) for arm, v in times.items()}
 
 
 def _model_dir(root: str, vocab: int) -> str:
@@ -120,11 +151,14 @@ def main(argv):
                        *[f"--{k}={v}" for k, v in kw.items()]]  # fmt: skip
                 subprocess.run(cmd, check=True)
                 rows += json.load(open(out))["rows"]
-    print(f"{'vocab':>8} {'rows':>5} {'verifiable tok/s':>17} {'vllm tok/s':>11} {'ratio':>6}")
+    print(f"{'vocab':>8} {'rows':>5}  tokens/CPU-s: verifiable, vllm, ratio;  wall ratio")
     for m in rows:
-        rates = (m["verifiable_tokens_per_s"], m["vllm_tokens_per_s"])
-        ratio = m["sampler_tokens_per_s_ratio"]
-        print(f"{m['vocab']:>8} {m['rows']:>5} {rates[0]:>17.1f} {rates[1]:>11.1f} {ratio:>6.3f}")
+        mine, theirs = m["cpu_verifiable_tokens_per_s"], m["cpu_vllm_tokens_per_s"]
+        ratio, wall = m["sampler_tokens_per_s_ratio"], m["wall_ratio"]
+        print(
+            f"{m['vocab']:>8} {m['rows']:>5}  {mine:10.1f} {theirs:10.1f} {ratio:6.3f}  {wall:6.3f}"
+        )
+        print(f"{'':>15}one sampler call, median us: {m['sampler_call_us']}")
     with open(FLAGS.out, "w") as f:
         json.dump({"rows": rows, "flags": kw}, f, indent=2)
 
