@@ -33,6 +33,7 @@ import time
 
 from absl import app, flags
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "JSON file for the results.", required=True)
 flags.DEFINE_list("vocab", ["128", "151936"], "Vocabulary sizes (128: the tests' model).")
@@ -149,7 +150,7 @@ def main(argv):
                 cmd = [sys.executable, "-m", "bench.sampler_cost", f"--out={out}",
                        f"--model_dir={_model_dir(root, vocab)}",
                        *[f"--{k}={v}" for k, v in kw.items()]]  # fmt: skip
-                subprocess.run(cmd, check=True)
+                subprocess.run(cmd, check=True, cwd=ROOT)  # this checkout's bench
                 rows += json.load(open(out))["rows"]
     print(f"{'vocab':>8} {'rows':>5}  tokens/CPU-s: verifiable, vllm, ratio;  wall ratio")
     for m in rows:
