@@ -23,7 +23,9 @@ learner's by an ulp or so, which its margin covers.
 
 Speed: the per-token work is ~20 elementwise steps over [rows, V]; run eagerly they are
 ~10x slower than vLLM's fused CPU kernel at V = 151936, so `gumbel_argmax` runs them as
-one `torch.compile`d kernel (inductor: C++ on CPU, triton on GPU), compiled when installed.
+one `torch.compile`d kernel (inductor: C++ on CPU, triton on GPU), compiled when installed
+(~15-30 s on CPU; then one sampler call on 64 rows x 151936 takes 68 ms against vLLM's
+107 ms here, bench/sampler_cost.py).
 """
 
 from __future__ import annotations
