@@ -38,8 +38,9 @@ class GenerationError(RuntimeError):
 
 @dataclasses.dataclass(frozen=True)
 class SampleRequest:
-    """`n` samples continuing one prompt. `top_k` <= 0 and `min_p` 0 are off; `seed` None
-    draws from the engine's own generator (seeded when the engine starts)."""
+    """`n` samples continuing one prompt. `top_k` <= 0 and `min_p` 0 are off; `seed` keys the
+    sampling noise (sample i: seed + i, rollout_gpu/verifiable_sampler.py); None draws
+    fresh random keys."""
 
     prompt_token_ids: Sequence[int]
     n: int = 1

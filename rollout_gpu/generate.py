@@ -13,6 +13,12 @@ the token was sampled from, log softmax(logits / temperature), which is what the
 recomputes (it divides its logits by the same temperature; top-p/top-k are refused by its
 config validation, so no truncation ever reaches a worker from our controller).
 
+Sampling: each group's request carries the group's seed (`SamplingParams.seed`), and the
+engine draws every token as argmax(z + g) with z the processed logits and g the Gumbel
+noise of bridge/contracts/gumbel.py keyed by (seed + sample index, position in the whole
+sequence) (rollout_gpu/verifiable_sampler.py), so the learner can check each token exactly;
+the log-probs above stay those of z.
+
 Versions: the engine only swaps weights between leases, so every token of a lease was
 sampled by the one version the engine served when it started; each completion token is
 tagged with it.

@@ -15,6 +15,14 @@ i.e. of the distribution the token was sampled from (vLLM v1 sampler: `Sampler.s
 processors in every mode (gpu_model_runner `_get_prompt_logprobs_dict`), so the canary
 still sees the model's temperature-1 log-softmax.
 
+Sampling is verifiable (rollout_gpu/verifiable_sampler.py, installed by `start`, then
+`engine.verifiable`): each sampled token is argmax(z + g) with z those processed logits
+and g the Gumbel noise of bridge/contracts/gumbel.py keyed by the request's seed (child i
+of an n > 1 request: seed + i) and the token's position in the whole sequence, so the
+learner can recompute every draw. The reported log-probs are still the policy's (of z,
+not of z + g). It needs vLLM's v1 model runner (the one whose sampler it replaces), which
+`start` selects.
+
 Weight loading is vLLM 0.32's `reload_weights` (model_executor/model_loader/reload): it
 moves every layer to the meta device, buffers incoming tensors per layer, and
 re-materializes a layer with `torch.empty` once it has seen all of that layer's elements.
@@ -74,6 +82,7 @@ class VllmEngine(RolloutEngine):
         # generation and prompt log-prob runs under it; None = the base alone.
         self.lora_request = None
         self.adapters = None  # its AdapterServer (rollout_gpu/adapters.py), if LoRA
+        self.verifiable = False  # True once the verifiable sampler is installed
 
     @classmethod
     def start(
@@ -89,7 +98,12 @@ class VllmEngine(RolloutEngine):
         first hot swap slower. `load_format="dummy"` starts from random weights (a
         directory with config and tokenizer only; a swap brings the real ones)."""
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+        # The verifiable sampler replaces the v1 model runner's TopKTopPSampler; on GPUs
+        # vLLM 0.32 would otherwise pick the v2 runner, whose sampler is a different one.
+        os.environ.setdefault("VLLM_USE_V2_MODEL_RUNNER", "0")
         from vllm import LLM
+
+        from rollout_gpu import verifiable_sampler
 
         # Behaviour log-probs of the tempered distribution the tokens were sampled from
         # (prime-rl does the same); the learner scores softmax(logits / T) to match, and
@@ -107,7 +121,9 @@ class VllmEngine(RolloutEngine):
             load_format=load_format,
             **kwargs,
         )
-        return cls(llm)
+        engine = cls(llm)
+        engine.verifiable = all(llm.collective_rpc(verifiable_sampler.install))
+        return engine
 
     # -- model -----------------------------------------------------------------------------
     @property
