@@ -1,19 +1,20 @@
-"""How often an HONEST worker's token fails the exact check: a real vLLM engine (bf16 by
-default) samples with the seeded sampler (rollout_gpu/verifiable_sampler.py), the fp32
-learner's checker (learner_jax/rl/exact_check.py) recomputes every token from the same HF
-weights, and the gaps are counted against a range of margins.
+"""How often an HONEST worker's token fails the exact check, or flips: a real vLLM engine
+(bf16 by default) samples with the seeded sampler (rollout_gpu/verifiable_sampler.py), the
+fp32 learner's checker (learner_jax/rl/exact_check.py) recomputes every token from the
+same weights, and each token's gap is compared with the margin rule
+(bridge/contracts/exact_check.py).
 
-    python -m bench.honest_mismatch --out=/tmp/honest.json [--dtype=bfloat16 --groups=64]
+    python -m bench.honest_mismatch --out=/tmp/honest.json [--dtype=bfloat16 --std=0.2]
 
-Also derives the quarantine threshold from the measured rate: with m mismatches in n honest
-tokens, r_up is the one-sided 1 - `--confidence` Clopper-Pearson upper bound of the rate,
-and K the smallest count with P(Poisson(r_up x `--run_tokens`) >= K) <= `--false_alarm`: an
-honest worker that samples `run_tokens` tokens in a run is quarantined with probability at
-most `false_alarm` (at the true rate <= r_up).
-
-The model: the tiny Qwen3 architecture with weights of std `--std` (0.02: nearly flat
-distributions over 128 tokens, the worst case for near-ties; 0.2: peaked, like a trained
-model's). bench/verify_cost.py reports its headline `honest_mismatch_rate` from here.
+The model: the tiny Qwen3 architecture with random weights of std `--std` (0.02: nearly
+flat next-token distributions over 128 tokens; 0.2: peaked, logits of a few units like a
+trained model's), rounded to bf16 before either side loads them, as a published bf16
+version is: the gap is the engine's activation numerics only. Reported: the gap
+quantiles, the largest gap relative to the position's max |z| (what MARGIN_REL must
+cover), the mismatch and flip rates under the default rule, and the one-sided
+1 - `--confidence` Clopper-Pearson upper bound of each rate with the largest probability
+(over any token count) that an honest identity reaches the quarantine rule at that bound.
+bench/verify_cost.py reports `honest_mismatch_rate` from here.
 """
 
 from __future__ import annotations
@@ -22,37 +23,29 @@ import json
 import os
 import tempfile
 
+import ml_dtypes
 import numpy as np
 from absl import app, flags
 from scipy import stats as scipy_stats
 
-MARGINS = (0.0, 1e-4, 1e-3, 1e-2, 0.03, 0.1, 0.3)
+from bridge.contracts import exact_check
 
 
-def quarantine_threshold(mismatches: int, tokens: int, run_tokens: float, false_alarm: float,
-                         confidence: float = 1e-3) -> tuple[float, int]:  # fmt: skip
-    """(r_up, K): the rate's upper bound and the smallest count an honest worker reaches
-    over `run_tokens` with probability <= `false_alarm`."""
-    r_up = float(scipy_stats.beta.ppf(1 - confidence, mismatches + 1, max(tokens - mismatches, 1)))
-    lam = r_up * run_tokens
-    k = 1
-    while scipy_stats.poisson.sf(k - 1, lam) > false_alarm:  # P(X >= k)
-        k += 1
-    return r_up, k
+def upper_bound(hits: int, n: int, confidence: float) -> float:
+    """One-sided Clopper-Pearson upper bound of a rate seen `hits` times in `n`."""
+    return float(scipy_stats.beta.ppf(1 - confidence, hits + 1, max(n - hits, 1)))
 
 
 def measure(model_dir: str, dtype: str = "bfloat16", groups: int = 32, n: int = 4,
-            max_tokens: int = 32, temperature: float = 1.0, margin: float | None = None,
-            engine=None) -> dict:  # fmt: skip
+            max_tokens: int = 32, temperature: float = 1.0, engine=None) -> dict:  # fmt: skip
     """Gaps of honest tokens: `groups` seeded requests of `n` samples each."""
-    from bridge.contracts import exact_check, gumbel
+    from bridge.contracts import gumbel
     from bridge.control.protocol import ConsumedGroup, Trajectory
     from learner_jax import hf_import
     from learner_jax.rl.exact_check import ExactChecker
     from rollout_gpu.engine import SampleRequest
     from rollout_gpu.vllm_engine import VllmEngine
 
-    margin = exact_check.MARGIN if margin is None else margin
     if engine is None:
         engine = VllmEngine.start(model_dir, dtype=dtype, max_model_len=256, seed=0)
     rng = np.random.default_rng(0)
@@ -75,19 +68,22 @@ def measure(model_dir: str, dtype: str = "bfloat16", groups: int = 32, n: int = 
                           trajectories=trajs, worker_id="honest", sampling_seed=s)
         )  # fmt: skip
     cfg, params = hf_import.load_hf_params(model_dir)
-    checker = ExactChecker(lambda v: params, cfg, temperature=temperature, margin=float("inf"))
-    gaps = checker.gaps_of(batch)
-    row = {
+    checker = ExactChecker(lambda v: params, cfg, temperature=temperature)
+    gaps, scales = checker.gaps_of(batch)
+    bad, flips = exact_check.classify(gaps[None], scales[None], np.ones((1, gaps.size)))
+    return {
         "dtype": dtype,
         "tokens": int(gaps.size),
         "max_gap": float(gaps.max()) if gaps.size else 0.0,
-        "gap_quantiles": {q: float(np.quantile(gaps, q)) for q in (0.5, 0.99, 0.999)},
-        "mismatch_rate": {str(m): float((gaps > m).mean()) for m in MARGINS},
-        "margin": margin,
-        "mismatches": int((gaps > margin).sum()),
-        "honest_mismatch_rate": float((gaps > margin).mean()),
+        "max_gap_over_scale": float((gaps / np.maximum(scales, 1e-9)).max()) if gaps.size else 0.0,
+        "scale_median": float(np.median(scales)) if gaps.size else 0.0,
+        "gap_quantiles": {str(q): float(np.quantile(gaps, q)) for q in (0.5, 0.99, 0.999)},
+        "margin": [exact_check.MARGIN_ABS, exact_check.MARGIN_REL],
+        "mismatches": int(bad[0]),
+        "flips": int(flips[0]),
+        "honest_mismatch_rate": float(bad[0] / max(gaps.size, 1)),
+        "honest_flip_rate": float(flips[0] / max(gaps.size, 1)),
     }
-    return row
 
 
 FLAGS = flags.FLAGS
@@ -97,8 +93,7 @@ flags.DEFINE_integer("groups", 64, "Seeded requests.")
 flags.DEFINE_integer("n", 4, "Samples per request.")
 flags.DEFINE_integer("max_tokens", 32, "Tokens per sample.")
 flags.DEFINE_float("std", 0.02, "Std of the tiny model's random weights.")
-flags.DEFINE_float("run_tokens", 1e6, "An honest worker's tokens in one run (for K).")
-flags.DEFINE_float("false_alarm", 1e-6, "Allowed probability of quarantining it.")
+flags.DEFINE_float("confidence", 1e-3, "1 - the confidence of the rates' upper bounds.")
 
 
 def main(argv):
@@ -112,18 +107,31 @@ def main(argv):
     with tempfile.TemporaryDirectory() as d:
         cfg = tiny_model.tiny_config("qwen3")
         tiny_model.make_tiny_model(d, cfg)
-        weights = tiny_model.random_hf_weights(cfg, seed=3, std=FLAGS.std)
+        weights = {
+            k: v.astype(ml_dtypes.bfloat16).astype(np.float32)
+            for k, v in tiny_model.random_hf_weights(cfg, seed=3, std=FLAGS.std).items()
+        }
         save_file(weights, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
         row = measure(d, FLAGS.dtype, FLAGS.groups, FLAGS.n, FLAGS.max_tokens)
-    r_up, k = quarantine_threshold(row["mismatches"], row["tokens"], FLAGS.run_tokens,
-                                   FLAGS.false_alarm)  # fmt: skip
-    row.update(std=FLAGS.std, rate_upper_bound=r_up, quarantine_tokens=k,
-               run_tokens=FLAGS.run_tokens, false_alarm=FLAGS.false_alarm)  # fmt: skip
-    print(f"{'margin':>8} {'mismatch rate':>14}")
-    for m, r in row["mismatch_rate"].items():
-        print(f"{m:>8} {r:>14.3g}")
-    print(f"{row['tokens']} tokens, max honest gap {row['max_gap']:.3g}; at margin "
-          f"{row['margin']}: {row['mismatches']} mismatches, r <= {r_up:.3g}, K = {k}")  # fmt: skip
+    n = row["tokens"]
+    for kind, fraction in (("mismatch", exact_check.QUARANTINE_FRACTION),
+                           ("flip", exact_check.FLIP_FRACTION)):  # fmt: skip
+        hits = row["mismatches" if kind == "mismatch" else "flips"]
+        r_up = upper_bound(hits, n, FLAGS.confidence)
+        row[f"{kind}_rate_upper_bound"] = r_up
+        row[f"{kind}_false_quarantine_bound"] = exact_check.false_quarantine_bound(
+            r_up, exact_check.QUARANTINE_TOKENS, fraction
+        )
+    row.update(std=FLAGS.std, confidence=FLAGS.confidence)
+    print(f"{'':>10} {'rate':>10} {'upper bound':>12} {'P(false quarantine)':>20}")
+    for kind in ("mismatch", "flip"):
+        print(f"{kind:>10} {row[f'honest_{kind}_rate']:>10.3g} "
+              f"{row[f'{kind}_rate_upper_bound']:>12.3g} "
+              f"{row[f'{kind}_false_quarantine_bound']:>20.3g}")  # fmt: skip
+    print(
+        f"{n} tokens ({FLAGS.dtype}, std {FLAGS.std}): max gap {row['max_gap']:.3g}, "
+        f"max gap / max|z| {row['max_gap_over_scale']:.3g} (margin {row['margin']})"
+    )
     with open(FLAGS.out, "w") as f:
         json.dump({"headline": {"honest_mismatch_rate": row["honest_mismatch_rate"]},
                    "rows": [row]}, f, indent=2)  # fmt: skip

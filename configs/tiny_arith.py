@@ -326,11 +326,17 @@ def get_config() -> ConfigDict:
     # Exact check (bridge/contracts/exact_check.py): every lease carries a fresh sampling
     # seed, workers sample by seeded Gumbel-max, and the learner recomputes every consumed
     # token under its version before it trains: a group with a token that is not the
-    # sampler's choice (its gap past exact_margin, in logit units) never trains, and
-    # exact_quarantine_tokens such tokens quarantine their identity (0 = never).
+    # sampler's choice (its gap past exact_margin + exact_margin_rel x max |logit|, the
+    # slack a bf16 engine's numerics need) never trains. An identity with
+    # exact_quarantine_tokens such tokens that are also exact_quarantine_fraction of its
+    # checked tokens (or as many near-tie flips that are exact_flip_fraction of them) is
+    # quarantined (0 tokens = never).
     c.controller.exact_check = True
-    c.controller.exact_margin = 0.1
+    c.controller.exact_margin = 0.02
+    c.controller.exact_margin_rel = 0.05
     c.controller.exact_quarantine_tokens = 8
+    c.controller.exact_quarantine_fraction = 0.01
+    c.controller.exact_flip_fraction = 0.05
     # Transport: serve HTTPS with this PEM certificate and key ('' = plain HTTP). Over plain
     # HTTP anyone on the path can rewrite the announced store URL, so workers calling from
     # a non-loopback address are refused (403) unless allow_plain_http (a trusted LAN only).

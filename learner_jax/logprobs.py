@@ -120,7 +120,8 @@ def chunked_sampling_gap(
     truncation: Truncation = truncation_lib.NONE,
     greedy: bool = False,
 ):
-    """How far each target falls short of the seeded sampler's choice [B, T]
+    """How far each target falls short of the seeded sampler's choice, and the scale of
+    the logits it was chosen from: (gap, max_v |z_v| over the kept tokens), [B, T] each
     (bridge/contracts/gumbel.py `gap`): max_v(z_v + g_v) - (z_x + g_x), z the processed
     logits (logits / T, then the sampler's truncation WITHOUT keeping the target: a token
     the sampler had dropped scores +inf), g the Gumbel noise of key (key_lo, key_hi) [B]
@@ -147,13 +148,14 @@ def chunked_sampling_gap(
     def one_chunk(x, tgt, pos):
         logits = jnp.einsum(eqn, x.astype(jnp.float32), w, preferred_element_type=jnp.float32)
         if greedy:
-            return gumbel.gap(logits, None, tgt, xp=jnp)
+            return gumbel.gap(logits, None, tgt, xp=jnp), jnp.abs(logits).max(-1)
         z = logits / temperature
         if truncation.active:
             z = jnp.where(truncation_lib.kept(z, truncation), z, -jnp.inf)
+        scale = jnp.where(jnp.isfinite(z), jnp.abs(z), 0.0).max(-1)
         base = gumbel.position_base(lo, hi, pos, xp=jnp)  # [B, C]
         noise = gumbel.gumbel_from_bits(gumbel.noise_bits(base, terms, xp=jnp), jnp, jnp.float32)
-        return gumbel.gap(z, noise, tgt, xp=jnp)
+        return gumbel.gap(z, noise, tgt, xp=jnp), scale
 
     _, out = jax.lax.scan(lambda c, xtp: (c, one_chunk(*xtp)), None, (xs, ts, ps))
-    return out.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
+    return tuple(o.swapaxes(0, 1).reshape(b, n * chunk)[:, :t] for o in out)

@@ -1,42 +1,80 @@
 """The exact check's rule: which sampled tokens count as the seeded sampler's choice, what a
-group with one that does not is worth, and when its worker is quarantined.
+group with one that does not is worth, and when an identity is quarantined.
 
 Every consumed token is recomputed by the learner under the version that sampled it
 (learner_jax/rl/exact_check.py) and its `gap` (bridge/contracts/gumbel.py) measured: how
 far the token's score z_x + g_x falls below the best score. An honest worker's token is
-the argmax of ITS logits, so its gap under the learner's logits comes only from numerics
-(a bf16 engine against the fp32 learner): it is 0 unless the two best scores are within
-about twice the logit error of each other. A token is a mismatch when its gap exceeds
-`MARGIN`.
+the argmax of ITS logits, so its gap under the learner's logits comes only from numerics:
+0 for an fp32 engine (bit-equal noise, logits equal to ~1e-6), and for a bf16 engine 0
+unless the two best scores are within about twice its logit error of each other.
 
-Consequences:
-- a group with any mismatched token does not train (all its rows: its other rows'
-  advantages were computed with the chosen row's reward);
-- mismatches add up per identity (audit.py: `exact_bad/<identity>`), and
-  `QUARANTINE_TOKENS` of them quarantine it.
+- A token whose gap exceeds `margin` (MARGIN_ABS + MARGIN_REL x max |z| at its position:
+  bf16 logit errors grow with the logits) is a **mismatch**: its group does not train
+  (all its rows: its other rows' advantages were computed with the chosen row's reward).
+- A token with FLIP_GAP < gap <= margin is a **flip**: the engine's numerics (or a worker
+  using the margin's slack) chose a near-tie runner-up. It trains (an honest bf16 engine
+  flips some tokens), and flips are counted.
+- Per identity (audit.py: `exact_bad/`, `exact_flips/`, `exact_checked/<identity>`):
+  QUARANTINE_TOKENS mismatches that are also QUARANTINE_FRACTION of its checked tokens,
+  or as many flips that are FLIP_FRACTION of them, quarantine it.
 
-What the margin leaves a cheater: at each position the tokens whose score is within
-MARGIN of the best. For a Gumbel-max over a smooth distribution, the second-best score is
-within MARGIN of the best with probability about MARGIN x (the density of the gap at 0,
-at most 1 for Gumbel spacings), so a worker that wants another token than the sampler's
-gets it past the check on at most ~MARGIN of the positions it tries, and each attempt
-that misses is a counted mismatch.
+What the margin leaves a cheater: the runner-up at positions where it is within the
+margin of the best, a share of positions that grows with the margin; using it raises the
+identity's flip rate above an honest engine's (FLIP_FRACTION), and the statistical audits
+(sampling_check.py) stay as a second layer. An fp32 engine needs no slack at all.
 
-Numbers (bench/verify_cost.py, `honest_mismatch_rate`; docs/design/exact-verification.md):
-the honest rate r at MARGIN and the derivation of QUARANTINE_TOKENS from it are there.
+Numbers: `python -m bench.honest_mismatch` (the honest gap distribution of a real vLLM
+engine, bf16 and fp32, flat and peaked weights) and docs/design/exact-verification.md.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-MARGIN = 0.1  # logits' units (z = logits / T); a bf16 engine's honest gaps stay below it
-QUARANTINE_TOKENS = 8  # mismatches of one identity before quarantine
+# A token counts as the sampler's choice when its gap is within
+#     margin = MARGIN_ABS + MARGIN_REL x max_v |z_v|
+# (z the processed logits at its position): a bf16 engine's logits differ from the fp32
+# learner's roughly in proportion to their size.
+MARGIN_ABS = 0.02
+MARGIN_REL = 0.05
+# A gap above this (float noise of two fp32 stacks) but within the margin is a near-tie
+# flip: the engine's numerics chose the runner-up, or a worker used the margin's slack.
+FLIP_GAP = 1e-3
+QUARANTINE_TOKENS = 8  # an identity is quarantined at this many mismatches ...
+QUARANTINE_FRACTION = 0.01  # ... once they are also this share of its checked tokens
+FLIP_FRACTION = 0.05  # ... or at QUARANTINE_TOKENS flips that are this share of them
 
 
-def mismatches(gaps, mask, margin: float = MARGIN):
-    """Per-row count of checked positions (mask > 0) whose gap exceeds `margin` (a NaN gap,
-    e.g. from non-finite logits, counts as a mismatch) [B]."""
+def margin(scale, abs_margin: float = MARGIN_ABS, rel_margin: float = MARGIN_REL):
+    """The allowed gap at positions whose max |z| is `scale`."""
+    return abs_margin + rel_margin * np.asarray(scale, np.float64)
+
+
+def quarantines(bad: int, checked: int, tokens: int = QUARANTINE_TOKENS,
+                fraction: float = QUARANTINE_FRACTION) -> bool:  # fmt: skip
+    """Whether `bad` mismatches among `checked` tokens of one identity quarantine it
+    (`tokens` 0: never)."""
+    return 0 < tokens <= bad and bad >= fraction * checked
+
+
+def false_quarantine_bound(rate: float, tokens: int = QUARANTINE_TOKENS,
+                           fraction: float = QUARANTINE_FRACTION) -> float:  # fmt: skip
+    """The largest probability, over how many tokens an identity gets checked, that honest
+    mismatches at `rate` per token reach the quarantine rule (scipy's binomial tail)."""
+    from scipy import stats
+
+    worst = 0.0
+    for n in np.unique(np.geomspace(tokens, 1e9, 400).astype(np.int64)):
+        need = max(tokens, int(np.ceil(fraction * n)))
+        worst = max(worst, float(stats.binom.sf(need - 1, n, rate)))
+    return worst
+
+
+def classify(gaps, scales, mask, abs_margin: float = MARGIN_ABS,
+             rel_margin: float = MARGIN_REL):  # fmt: skip
+    """Per row: (mismatched, flipped) counts over the checked positions (mask > 0); a NaN
+    gap (non-finite logits) is a mismatch."""
     gaps, on = np.asarray(gaps, np.float64), np.asarray(mask) > 0
-    bad = on & ~(gaps <= margin)
-    return bad.sum(axis=-1)
+    bad = on & ~(gaps <= margin(scales, abs_margin, rel_margin))
+    flip = on & ~bad & (gaps > FLIP_GAP)
+    return bad.sum(axis=-1), flip.sum(axis=-1)

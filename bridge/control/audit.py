@@ -81,6 +81,7 @@ class AuditStat:
     # seed, and how many of them were not the seeded sampler's choice.
     exact_tokens: int = 0
     exact_mismatches: int = 0
+    exact_flips: int = 0  # within the margin but not the exact argmax (exact_check.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +95,8 @@ class AuditConfig:
     sampling_evidence: float = sampling_check.EVIDENCE_MAX  # 0 = off
     # Tokens not chosen by the seeded sampler, per identity, before quarantine; 0 = off
     exact_quarantine_tokens: int = exact_check.QUARANTINE_TOKENS
+    exact_quarantine_fraction: float = exact_check.QUARANTINE_FRACTION
+    exact_flip_fraction: float = exact_check.FLIP_FRACTION
 
 
 def rows_to_worker_stats(
@@ -167,7 +170,8 @@ class WorkerAudit:
         thresholds = (c.audit_kl_threshold, c.audit_logratio_threshold)
         window = (c.audit_min_tokens, c.audit_window_tokens)
         sampling = (c.audit_sampling_z, c.audit_sampling_evidence)
-        return cls(AuditConfig(*thresholds, *window, *sampling, c.exact_quarantine_tokens), db)
+        exact = (c.exact_quarantine_tokens, c.exact_quarantine_fraction, c.exact_flip_fraction)
+        return cls(AuditConfig(*thresholds, *window, *sampling, *exact), db)
 
     def add_exact(self, stat: AuditStat) -> str | None:
         """Fold in the exact check's counts; why the worker must be quarantined, else None.
@@ -177,20 +181,30 @@ class WorkerAudit:
         if stat.exact_tokens <= 0:
             return None
         self.db.incr("audit/exact_tokens", stat.exact_tokens)
-        if stat.exact_mismatches <= 0:
-            return None
-        self.db.incr("audit/exact_mismatches", stat.exact_mismatches)
         party = IdentityBook(self.db).of(stat.worker_id)
-        key = f"exact_bad/{stat.worker_id if party in (None, LOCAL) else party}"
-        bad = self.db.get(key, 0) + int(stat.exact_mismatches)
-        self.db.put(key, bad)
-        limit = self.config.exact_quarantine_tokens
-        if 0 < limit <= bad:
-            return (
-                f"{bad} sampled tokens were not the seeded sampler's choice (threshold "
-                f"{limit}; the learner recomputed each under its lease's seed)"
-            )
-        return None
+        party = stat.worker_id if party in (None, LOCAL) else party
+        checked = self.db.get(f"exact_checked/{party}", 0) + int(stat.exact_tokens)
+        self.db.put(f"exact_checked/{party}", checked)
+        c, why = self.config, None
+        for kind, n, fraction, what in (
+            ("bad", stat.exact_mismatches, c.exact_quarantine_fraction,
+             "were not the seeded sampler's choice"),
+            ("flips", stat.exact_flips, c.exact_flip_fraction,
+             "were near-tie runner-ups of the seeded sampler's choice"),
+        ):  # fmt: skip
+            if n <= 0:
+                continue
+            self.db.incr(f"audit/exact_{kind}", n)
+            count = self.db.get(f"exact_{kind}/{party}", 0) + int(n)
+            self.db.put(f"exact_{kind}/{party}", count)
+            limit = c.exact_quarantine_tokens
+            if why is None and exact_check.quarantines(count, checked, limit, fraction):
+                why = (
+                    f"{count} of {checked} checked tokens {what} (thresholds "
+                    f"{c.exact_quarantine_tokens} tokens and {fraction:.2%}; the learner "
+                    "recomputed each under its lease's seed)"
+                )
+        return why
 
     def add(self, stat: AuditStat) -> str | None:
         """Fold in one stat; returns why the worker must be quarantined, else None."""

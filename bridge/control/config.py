@@ -61,10 +61,13 @@ class ControllerConfig:
     # The exact check (bridge/contracts/exact_check.py): a group with a token that is not
     # the seeded sampler's choice never trains; this many such tokens from one identity
     # quarantine it (0 = never), and a token counts as the sampler's choice within
-    # `exact_margin` of the Gumbel argmax (engine numerics).
+    # exact_margin + exact_margin_rel x max |logit| of the Gumbel argmax (engine numerics).
     exact_check: bool = True
     exact_quarantine_tokens: int = exact_rule.QUARANTINE_TOKENS
-    exact_margin: float = exact_rule.MARGIN
+    exact_quarantine_fraction: float = exact_rule.QUARANTINE_FRACTION
+    exact_flip_fraction: float = exact_rule.FLIP_FRACTION
+    exact_margin: float = exact_rule.MARGIN_ABS
+    exact_margin_rel: float = exact_rule.MARGIN_REL
     # Cost-aware activation (fleet_plan.py): the cheapest set covering (1 + margin) * R / T.
     activation: bool = False
     activation_margin: float = 0.1

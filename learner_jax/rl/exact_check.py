@@ -41,9 +41,8 @@ from learner_jax import truncation as truncation_lib
 @dataclasses.dataclass
 class Verdict:
     refused: set[int]  # group ids with a token that is not the sampler's choice
-    stats: list[audit.AuditStat]  # per worker and version: exact_tokens / exact_mismatches
+    stats: list[audit.AuditStat]  # per worker and version: exact tokens, mismatches, flips
     metrics: dict[str, float]
-    max_honest_gap: float = 0.0  # the largest gap among tokens within the margin
 
 
 class ExactChecker:
@@ -54,7 +53,8 @@ class ExactChecker:
         *,
         temperature: float,
         truncation: truncation_lib.Truncation = truncation_lib.NONE,
-        margin: float = exact_check.MARGIN,
+        margin: float = exact_check.MARGIN_ABS,
+        margin_rel: float = exact_check.MARGIN_REL,
         rows_per_call: int = 32,
         chunk: int = 256,
         keep_versions: int = 4,
@@ -66,9 +66,10 @@ class ExactChecker:
         rows_per_call x chunk x V). `keep_versions` params held between batches."""
         if not temperature > 0:
             raise ValueError(f"exact check temperature={temperature} (> 0)")
-        if not margin >= 0:
-            raise ValueError(f"exact check margin={margin} (>= 0)")
-        self.params_fn, self.cfg, self.margin = params_fn, cfg, float(margin)
+        if not (margin >= 0 and margin_rel >= 0):
+            raise ValueError(f"exact check margin={margin}, margin_rel={margin_rel} (>= 0)")
+        self.params_fn, self.cfg = params_fn, cfg
+        self.margin = (float(margin), float(margin_rel))
         self.temperature, self.truncation = float(temperature), truncation
         self.rows_per_call, self.keep_versions = rows_per_call, keep_versions
         opts = dataclasses.replace(options or model.ModelOptions(), remat="none")
@@ -103,6 +104,7 @@ class ExactChecker:
             temperature=float(config.rollout.temperature),
             truncation=truncation_lib.from_rollout(config.rollout),
             margin=controller_cfg.exact_margin,
+            margin_rel=controller_cfg.exact_margin_rel,
             keep_versions=int(config.staleness) + 2,
             chunk=int(config.model.get("logprob_chunk", 0)) or 256,
             options=run_config.model_options(config),
@@ -133,8 +135,7 @@ class ExactChecker:
                 refused.add(g.group_id)
                 continue
             rows += [(g, t) for t in g.trajectories]
-        counts: dict[tuple[str, int], list[int]] = {}
-        honest_max = 0.0
+        counts: dict[tuple[str, int], list[int]] = {}  # checked, mismatched, flipped
         for version in sorted({v for _, t in rows for v in t.versions}):
             of_v = [(g, t) for g, t in rows if version in t.versions]
             try:
@@ -146,57 +147,47 @@ class ExactChecker:
                 continue
             for lo in range(0, len(of_v), self.rows_per_call):
                 part = of_v[lo : lo + self.rows_per_call]
-                bad, checked, top = self._check_rows(params, version, part, sampling)
-                honest_max = max(honest_max, top)
-                for (g, _), b, n in zip(part, bad, checked, strict=True):
-                    c = counts.setdefault((g.worker_id, version), [0, 0])
-                    c[0] += int(n)
-                    c[1] += int(b)
-                    if b:
+                gaps, scales, mask = self._row_gaps(params, version, part, sampling)
+                bad, flips = exact_check.classify(gaps, scales, mask, *self.margin)
+                for i, (g, _) in enumerate(part):
+                    c = counts.setdefault((g.worker_id, version), [0, 0, 0])
+                    c[0] += int((mask[i] > 0).sum())
+                    c[1] += int(bad[i])
+                    c[2] += int(flips[i])
+                    if bad[i]:
                         refused.add(g.group_id)
         stats = [
             audit.AuditStat(worker_id=w, version=v, tokens=0, sum_k3=0.0, sum_logratio=0.0,
-                            exact_tokens=n, exact_mismatches=b)
-            for (w, v), (n, b) in sorted(counts.items()) if w
+                            exact_tokens=n, exact_mismatches=b, exact_flips=f)
+            for (w, v), (n, b, f) in sorted(counts.items()) if w
         ]  # fmt: skip
-        checked = sum(n for n, _ in counts.values())
+        total = np.sum(list(counts.values()), axis=0) if counts else np.zeros(3)
         metrics = {
-            "exact/checked_tokens": float(checked),
-            "exact/mismatched_tokens": float(sum(b for _, b in counts.values())),
+            "exact/checked_tokens": float(total[0]),
+            "exact/mismatched_tokens": float(total[1]),
+            "exact/flipped_tokens": float(total[2]),
             "exact/refused_groups": float(len(refused)),
-            "exact/max_honest_gap": honest_max,
             "exact/check_s": time.perf_counter() - t0,
         }
-        return Verdict(refused, stats, metrics, honest_max)
+        return Verdict(refused, stats, metrics)
 
-    def gaps_of(self, groups) -> np.ndarray:
-        """Every checked token's gap, flat (what bench/honest_mismatch.py measures)."""
+    def gaps_of(self, groups) -> tuple[np.ndarray, np.ndarray]:
+        """Every checked token's (gap, scale), flat (bench/honest_mismatch.py)."""
         out = []
         rows = [(g, t) for g in groups for t in g.trajectories]
+        sampling = (self.temperature, self.truncation, False)
         for version in sorted({v for _, t in rows for v in t.versions}):
             of_v = [(g, t) for g, t in rows if version in t.versions]
             for lo in range(0, len(of_v), self.rows_per_call):
-                gaps, mask = self._row_gaps(
-                    self.params(version),
-                    version,
-                    of_v[lo : lo + self.rows_per_call],
-                    (self.temperature, self.truncation, False),
-                )
-                out.append(gaps[mask > 0])
-        return np.concatenate(out) if out else np.zeros(0)
-
-    def _check_rows(self, params, version: int, part, sampling):
-        """(mismatches [k], checked tokens [k], the largest gap within the margin) of
-        rows `part` [(group, trajectory)], only their tokens tagged `version`."""
-        gaps, mask = self._row_gaps(params, version, part, sampling)
-        k = len(part)
-        bad = exact_check.mismatches(gaps, mask, self.margin)[:k]
-        within = (mask > 0) & (gaps <= self.margin)
-        top = float(gaps[within].max()) if within.any() else 0.0
-        return bad, (mask > 0).sum(axis=1)[:k], top
+                part = of_v[lo : lo + self.rows_per_call]
+                gaps, scales, mask = self._row_gaps(self.params(version), version, part, sampling)
+                out.append((gaps[mask > 0], scales[mask > 0]))
+        if not out:
+            return np.zeros(0), np.zeros(0)
+        return np.concatenate([g for g, _ in out]), np.concatenate([s for _, s in out])
 
     def _row_gaps(self, params, version: int, part, sampling):
-        """(gaps, mask) [rows_per_call, width - 1] of rows `part` under `sampling`
+        """(gaps, scales, mask) [len(part), width - 1] of rows `part` under `sampling`
         (temperature, truncation, greedy): mask 1 on the model's tokens tagged `version`."""
         width = max(len(t.prompt_token_ids) + len(t.completion_token_ids) for _, t in part)
         width = max(16, 1 << (width - 1).bit_length())
@@ -213,5 +204,6 @@ class ExactChecker:
             of_v = np.asarray(t.versions) == version
             mask[i, len(p) - 1 : len(p) + len(c) - 1] = np.asarray(t.mask) * of_v
             lo[i], hi[i] = gumbel.key_words(max(g.sampling_seed, 0), t.sample_index)
-        gaps = self._gaps(params, tokens, seg, lo, hi, *sampling)
-        return np.asarray(gaps, np.float64), mask
+        gaps, scales = self._gaps(params, tokens, seg, lo, hi, *sampling)
+        k = len(part)
+        return np.asarray(gaps, np.float64)[:k], np.asarray(scales, np.float64)[:k], mask[:k]

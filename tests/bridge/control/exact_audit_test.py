@@ -26,19 +26,36 @@ def test_mismatches_add_up_per_credential_across_registrations(tmp_path):
     assert ctl.audit([_exact(second, 100, 1)]) == []
     assert ctl.audit([_exact(second, 100, 1)]) == [second]
     why = ctl.db.quarantined()[second]["why"]
-    assert "5 sampled tokens were not the seeded sampler's choice" in why
+    assert "5 of 300 checked tokens were not the seeded sampler's choice" in why
     with pytest.raises(SubmissionError):
         ctl.register(PROFILE, identity="cred:mallory")  # barred, restarts included
     assert ctl.db.get("audit/exact_tokens") == 300
-    assert ctl.db.get("audit/exact_mismatches") == 5
+    assert ctl.db.get("audit/exact_bad") == 5
     ctl.close()
 
 
-def test_honest_counts_quarantine_nobody_and_local_workers_count_alone(tmp_path):
-    ctl = make(tmp_path, exact_quarantine_tokens=2)
+def test_local_workers_count_alone_and_a_rare_mismatch_needs_the_fraction(tmp_path):
+    ctl = make(tmp_path, exact_quarantine_tokens=2, exact_quarantine_fraction=0.01)
     a, _ = ctl.register(PROFILE, identity="local")
     b, _ = ctl.register(PROFILE, identity="local")
-    assert ctl.audit([_exact(a, 10_000, 0), _exact(b, 10_000, 1)]) == []
+    assert ctl.audit([_exact(a, 100, 0), _exact(b, 100, 1)]) == []
     assert ctl.audit([_exact(a, 10, 1)]) == []  # a's own count is 1, b's too
-    assert ctl.audit([_exact(b, 10, 1)]) == [b]
+    assert ctl.audit([_exact(b, 10, 1)]) == [b]  # 2 of 110
+    # 2 mismatches in 10,000 tokens are under 1%: not yet; 100 more are
+    c, _ = ctl.register(PROFILE, identity="cred:c")
+    assert ctl.audit([_exact(c, 10_000, 2)]) == []
+    assert ctl.audit([_exact(c, 100, 100)]) == [c]
     ctl.close()
+
+
+def test_the_rule_and_its_false_alarm_bound():
+    from bridge.contracts import exact_check
+
+    assert not exact_check.quarantines(7, 10, tokens=8, fraction=0.01)
+    assert exact_check.quarantines(8, 800, tokens=8, fraction=0.01)
+    assert not exact_check.quarantines(8, 801, tokens=8, fraction=0.01)
+    assert not exact_check.quarantines(10**6, 10**6, tokens=0)
+    # an honest rate of 1e-4 per token: reached with probability < 1e-9, however long
+    # the identity works; a rate at the fraction itself: surely
+    assert exact_check.false_quarantine_bound(1e-4) < 1e-9
+    assert exact_check.false_quarantine_bound(0.05) > 0.99

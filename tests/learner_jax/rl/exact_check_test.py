@@ -114,8 +114,8 @@ def test_honest_tokens_pass_and_a_written_sample_refuses_its_group(peaked):
     by = {s.worker_id: s for s in verdict.stats}
     assert by["w1"].exact_tokens == 2 * N * LENGTH and by["w1"].exact_mismatches == 0
     assert by["cheat"].exact_mismatches >= LENGTH // 2
-    # the honest gaps are float noise only: fp64 sampler, fp32 checker
-    assert verdict.max_honest_gap < 1e-3
+    # the honest gaps are float noise only (fp64 sampler, fp32 checker): no flips
+    assert verdict.metrics["exact/flipped_tokens"] == 0
 
 
 def test_the_seed_is_what_is_checked(peaked):
@@ -186,7 +186,10 @@ def test_multi_turn_checks_the_models_tokens_only_and_every_version(peaked):
     assert mixed.check([_group(4, seed, rows, versions=tags)]).refused == {4}
 
 
-def test_mismatch_counts_follow_the_margin():
-    gaps = np.array([[0.0, 0.05, 0.2, np.inf, np.nan]])
-    assert exact_check.mismatches(gaps, np.ones_like(gaps), margin=0.1).tolist() == [3]
-    assert exact_check.mismatches(gaps, np.array([[1, 1, 0, 0, 0]]), margin=0.1).tolist() == [0]
+def test_mismatches_and_flips_follow_the_margin():
+    gaps = np.array([[0.0, 1e-4, 0.05, 0.2, 0.2, np.inf, np.nan]])
+    scales = np.array([[1.0, 1.0, 1.0, 1.0, 10.0, 1.0, 1.0]])  # margin 0.07 or 0.52
+    bad, flips = exact_check.classify(gaps, scales, np.ones_like(gaps), 0.02, 0.05)
+    assert bad.tolist() == [3] and flips.tolist() == [2]
+    bad, flips = exact_check.classify(gaps, scales, np.array([[1, 1, 1, 0, 0, 0, 0]]))
+    assert bad.tolist() == [0] and flips.tolist() == [1]
