@@ -1,5 +1,5 @@
-"""What the trust checks cost the learner (issue 23, must-show): the share of learner time
-spent on verification, at Qwen3-0.6B shapes (hidden 1024, mlp 3072, 16 heads, 8 kv heads,
+"""What the trust checks cost: the share of learner time spent on verification, at
+Qwen3-0.6B shapes (hidden 1024, mlp 3072, 16 heads, 8 kv heads,
 head_dim 128, tied) with the vocabulary and sequence length of a real run.
 
     python -m bench.verify_cost --out=/tmp/verify_cost.json \
@@ -14,8 +14,17 @@ Per vocabulary size and layer count, on the same weights and batch:
     weight store by the learner's own publish path: `rescore_read_s` (the read, every
     chunk's BLAKE3 checked against the manifest) and `rescore_row_s` (the forward per row
     of `seq_len` tokens, from `--rescore_rows` rows);
+  * the exact check (learner_jax/rl/exact_check.py) of the same rows under the same stored
+    version: `exact_row_s` per row (the version read is cached after the first batch);
   * BLAKE3 over the bytes of one published version (the writer digests every chunk once per
     publish; CRC-32 of the same bytes for comparison): `digest_s`.
+
+And in subprocesses with a real vLLM engine (skipped by `--engine=false`):
+  * `python -m bench.sampler_cost`: the worker's tokens/s with the verifiable sampler over
+    vLLM's own, same engine, interleaved (headline `sampler_tokens_per_s_ratio`, at the
+    largest `--sampler_vocab`);
+  * `python -m bench.honest_mismatch`: the share of an honest bf16 engine's tokens the exact
+    check refuses against the fp32 learner (headline `honest_mismatch_rate`, peaked weights).
 
 Then the share of a run's learner time spent on verification (`shares`): a step of
 `--train_rows` rows (the measured step scaled by rows), the sampled re-score (`--versions`
@@ -23,7 +32,8 @@ version reads and `--audit_rows` rows each, every `--rescore_every` steps), the 
 worst case (the same on every step: an unsettled worker with old rows of every version;
 audit_focus.py), one version digested per step (kappa = 1; the publish runs on a background
 thread in the binary, so this overstates). share = (sampling check + re-score + digest) /
-(step with the check + re-score + digest).
+(step with the check + re-score + digest); `share_exact` adds the exact check of every
+consumed row (`--train_rows` x `exact_row_s` + one version read per step) to both sides.
 
 Few layers overstate the share (the checks scale with B x T x V, the step also with the
 layers): with two or more `--num_layers` the times are fitted linearly in the layer count
@@ -48,10 +58,11 @@ import numpy as np
 from absl import app, flags
 
 from bench import rl_step
-from bridge.control.protocol import Trajectory
+from bridge.control.protocol import ConsumedGroup, Trajectory
 from bridge.model.presets import qwen3_0p6b
 from bridge.store.weight_store import WeightStore
 from learner_jax import losses, model, optim, publish, sharding, train_state, train_step
+from learner_jax.rl.exact_check import ExactChecker
 from learner_jax.rl.rescore import VersionRescorer
 
 FLAGS = flags.FLAGS
@@ -69,6 +80,20 @@ flags.DEFINE_integer("versions", 3, "Versions a re-score reads (every tag: up to
 flags.DEFINE_integer("train_rows", 256, "Rows per learner step of the run (16 x 16).")
 flags.DEFINE_string("store_dtype", "bfloat16", "Dtype of the published version.")
 flags.DEFINE_integer("extrapolate_layers", 28, "Layer count to extrapolate the share to.")
+flags.DEFINE_bool("engine", True, "Also run the vLLM benches (sampler cost, honest rate).")
+flags.DEFINE_list("sampler_vocab", ["151936"], "Vocabularies of the sampler's cost.")
+
+
+def _engine_bench(module: str, *args: str) -> dict:
+    """The JSON a vLLM bench writes, run in its own process (an engine per process)."""
+    import subprocess
+    import sys
+
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "out.json")
+        subprocess.run([sys.executable, "-m", module, f"--out={out}", *args], check=True)
+        with open(out) as f:
+            return json.load(f)
 
 
 def _timed(fn, *args):
@@ -145,6 +170,20 @@ def time_rescore(cfg, params, workdir: str) -> dict:
     rescorer.rescore(1, trajs)  # compile
     _, read_s = _timed(rescorer.params, 1)
     _, total_s = _timed(rescorer.rescore, 1, trajs)
+    # The exact check of the same rows (every consumed token, before the step trains): a
+    # forward under the version plus the Gumbel argmax over the vocabulary per position.
+    checker = ExactChecker(
+        rescorer.params, cfg, temperature=1.0, rows_per_call=FLAGS.rescore_rows,
+        chunk=FLAGS.logprob_chunk or 256,
+        options=model.ModelOptions(logprob_chunk=FLAGS.logprob_chunk),
+    )  # fmt: skip
+    groups = [
+        ConsumedGroup(group_id=i, prompt_id="p", prompt="", answer="", trajectories=[t],
+                      worker_id=w, sampling_seed=12345)
+        for i, (w, t) in enumerate(trajs)
+    ]  # fmt: skip
+    checker.check(groups)  # compile, and the version read (cached from here on)
+    _, exact_s = _timed(checker.check, groups)
     # The digest's cost is per byte: the stored version's bytes (a bf16 version as 2-byte
     # elements), digested as the store does, one call per tensor's buffer.
     width = 2 if FLAGS.store_dtype == "bfloat16" else 4
@@ -160,6 +199,7 @@ def time_rescore(cfg, params, workdir: str) -> dict:
     crc_s = time.perf_counter() - t0
     return {
         "rescore_s": total_s,
+        "exact_row_s": exact_s / FLAGS.rescore_rows,
         "rescore_read_s": read_s,
         "publish_s": publish_s,
         "version_bytes": int(sum(a.nbytes for a in data)),
@@ -190,8 +230,11 @@ def shares(m: dict) -> dict:
     one_rescore = FLAGS.versions * (m["rescore_read_s"] + FLAGS.audit_rows * m["rescore_row_s"])
     sampled, digest = one_rescore / FLAGS.rescore_every, m["digest_s"]
 
-    def share(rescore: float) -> float:
-        return (check + rescore + digest) / (on + rescore + digest)
+    def share(rescore: float, exact: float = 0.0) -> float:
+        return (check + rescore + digest + exact) / (on + rescore + digest + exact)
+
+    # every consumed row once, and each new version read once (kappa = 1)
+    exact = FLAGS.train_rows * m["exact_row_s"] + m["rescore_read_s"]
 
     return {
         "run_step_check_s": on,
@@ -201,6 +244,8 @@ def shares(m: dict) -> dict:
         "run_rescore_focus_s": one_rescore,
         "share_sampled": share(sampled),
         "share_focus": share(sampled + one_rescore),
+        "run_exact_check_s": exact,
+        "share_exact": share(sampled, exact),
     }
 
 
@@ -214,7 +259,8 @@ def extrapolate(rows: list[dict], layers: int) -> list[dict]:
             continue
         a, b = of_v[0], of_v[1]
         k = (layers - a["num_layers"]) / (b["num_layers"] - a["num_layers"])
-        keys = ("step_nocheck_s", "rescore_read_s", "rescore_row_s", "version_bytes")
+        keys = ("step_nocheck_s", "rescore_read_s", "rescore_row_s", "exact_row_s",
+                "version_bytes")  # fmt: skip
         m = {key: a[key] + (b[key] - a[key]) * k for key in keys}
         per_byte = statistics.mean([x["digest_s"] / x["version_bytes"] for x in (a, b)])
         m["digest_s"] = per_byte * m["version_bytes"]  # the digest is per byte
@@ -238,12 +284,25 @@ def main(argv):
                 print(json.dumps(rows[-1]), flush=True)
     extra = extrapolate(rows, FLAGS.extrapolate_layers)
     cols = ["vocab", "num_layers", "step_check_s", "step_nocheck_s", "rescore_read_s",
-            "rescore_row_s", "digest_s", "share_sampled", "share_focus"]  # fmt: skip
+            "rescore_row_s", "exact_row_s", "digest_s", "share_sampled", "share_focus",
+            "share_exact"]  # fmt: skip
     print("  ".join(f"{c:>14}" for c in cols))
     for r in rows + extra:
         print("  ".join(f"{r[c]:>14.4g}" if isinstance(r[c], float) else f"{r[c]:>14}"
                         for c in cols))  # fmt: skip
+    widest = max(rows + extra, key=lambda r: (r["vocab"], r["num_layers"]))
+    headline = {"share_exact": widest["share_exact"], "share_sampled": widest["share_sampled"]}
+    engine_rows = []
+    if FLAGS.engine:
+        sampler = _engine_bench("bench.sampler_cost", f"--vocab={','.join(FLAGS.sampler_vocab)}")
+        honest = _engine_bench("bench.honest_mismatch", "--std=0.2", "--dtype=bfloat16")
+        headline["sampler_tokens_per_s_ratio"] = sampler["headline"]["sampler_tokens_per_s_ratio"]
+        headline["honest_mismatch_rate"] = honest["headline"]["honest_mismatch_rate"]
+        engine_rows = [{"bench": "sampler_cost", **sampler}, {"bench": "honest_mismatch", **honest}]
+    print(json.dumps(headline))
     result = {
+        "headline": headline,
+        "rows": rows + extra + engine_rows,
         "measured": rows,
         "extrapolated": extra,
         "batch": FLAGS.batch,
