@@ -141,6 +141,13 @@ def test_aligned_piece_is_one_write_and_split_chunks_are_written_whole():
     assert w.checksum() == array_checksum(x, (2, 4))
 
 
+def test_chunks_one_row_high():
+    x = np.arange(24, dtype=np.float32).reshape(6, 4)
+    w = ChunkWriter("x", x.shape, (1, 4))
+    w.add((slice(None), slice(None)), x)
+    assert w.checksum() == array_checksum(x, (1, 4))  # row 0 is a chunk too
+
+
 def test_empty_piece_is_accepted():
     w = ChunkWriter("x", (4, 4), (2, 4))
     writes = w.add((slice(2, 2), slice(None)), np.zeros((0, 4), np.float32))
