@@ -8,12 +8,17 @@ the mutated line and a one-line reason) change nothing observable and are not co
 
     python -m bench.mutants --out=bench/mutants_results.json [--modules=a.py,b.py]
     make mutants [MODULES="bridge/contracts/pass_at_k.py learner_jax/advantages.py"]
+    python -m bench.mutants --rescore --modules=...   # after editing the equivalents file
 
 Each module runs in its own scratch directory (`--workdir`/<module>): mutmut reads its
 configuration from the pyproject.toml in its working directory and copies the packages into
 mutants/ there, so the repository is never touched. The JSON keeps the rows of modules not
 rerun from the previous `--out`, so a subset run updates only its own rows; the markdown
 report (`--report`) lists the survivors of every row as file:line and the mutated code.
+
+mutmut switches mutants inside each function call (trampolines), so code that runs at import
+(a registry's decorator calls) runs before any mutant is selected: its mutants survive whatever
+the tests do. Break such code by hand and record the result in the equivalents file.
 
 Headline: `survivor_rate` (survivors / non-equivalent mutants, over every module in the
 JSON) and `survivor_rate_by_module`. A survivor is a mutant that survived or that no
@@ -343,7 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     previous = json.loads(out.read_text())["rows"] if out.exists() else []
     rows = {r["module"]: r for r in previous if r["module"] in targets}
     for module in modules:
-        print(f"{module}: mutating, tests {' '.join(targets[module])}", flush=True)
+        verb = "rescoring the last run" if fl.rescore else "mutating"
+        print(f"{module}: {verb}, tests {' '.join(targets[module])}", flush=True)
         workdir = Path(fl.workdir) / module_name(module)
         wall, rc = rows.get(module, {}).get("wall_s", 0.0), 0
         if not fl.rescore:
