@@ -3,6 +3,7 @@
 from an anchor with a copy in hand, the caller's copy left untouched, a subset of names,
 bytes read and priced (`path_bytes`), a tie between the two paths, the first version."""
 
+import numpy as np
 import pytest
 from delta_chain_test import SHAPES, _bits, _publish_run
 
@@ -87,3 +88,17 @@ def test_the_first_version_has_no_base(run):
     store, ref = run
     got = rebuild(store, 0)
     assert got.path == [0] and all(_same(got.tensors[n], ref[0][n]) for n in SHAPES)
+
+
+def test_a_copy_differing_in_one_element_or_in_shape_is_reloaded(run):
+    store, ref = run
+    copy = {n: a.copy() for n, a in ref[9].items()}
+    copy["q"].view(np.uint16)[3, 5] ^= 1  # one bit of one element
+    assert rebuild(store, 9, have=(99, copy)).changed == {"q"}
+    copy = {**ref[9], "norm": ref[9]["norm"][:32].copy()}  # same dtype, other shape
+    assert rebuild(store, 9, have=(99, copy)).changed == {"norm"}
+
+
+def test_an_anchor_alone_is_priced_whole(run):
+    store, _ = run
+    assert path_bytes(store, 6) == store.manifest(6).total_bytes
