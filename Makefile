@@ -12,7 +12,7 @@ WORKDIR ?= /tmp/echo2_demo
 # CI logs name the slowest tests: the suite has a 20-minute budget on 2 cores.
 PYTEST_ARGS ?= --durations=30
 
-.PHONY: demo test lint venv clean
+.PHONY: demo test lint venv clean mutants
 
 venv: $(STAMP)
 
@@ -33,6 +33,13 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# Mutation testing of the critical modules (bench/mutants_targets.toml), all or MODULES="a.py
+# b.py"; writes bench/mutants_results.json and bench/mutants_report.md. mutmut is the dev extra.
+MODULES ?=
+mutants: $(STAMP)
+	$(VENV)/bin/python -c "import mutmut" 2>/dev/null || $(VENV)/bin/pip install --quiet -e ".[dev]"
+	$(VENV)/bin/python -m bench.mutants --modules="$(MODULES)"
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff format --check . && $(VENV)/bin/ruff check .

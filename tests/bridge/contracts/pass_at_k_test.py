@@ -46,3 +46,9 @@ def test_bad_arguments_are_refused():
     assert parse_ks("8,1,8", 8) == [1, 8]
     with pytest.raises(ValueError, match="k must be in 1..n=4"):
         parse_ks("1,8", 4)
+
+
+def test_parse_ks_takes_a_sequence_of_ints_too():
+    # The evaluator passes config lists as well as flag strings.
+    assert parse_ks([8, 1, 8], 8) == [1, 8]
+    assert parse_ks((2,), 4) == [2]
