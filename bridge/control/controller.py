@@ -53,7 +53,7 @@ from bridge.control.learner_api import LearnerSide
 from bridge.control.learner_calls import LearnerCalls
 from bridge.control.lease_content import LeaseContent
 from bridge.control.lease_timing import LeaseTiming
-from bridge.control.leasing import Leasing
+from bridge.control.leasing import Grant, Leasing
 from bridge.control.prompt_stream import PromptStream
 from bridge.control.protocol import (
     Heartbeat,
@@ -253,11 +253,13 @@ class Controller(LearnerCalls):
 
     def lease(self, worker_id: str, req: LeaseRequest) -> LeaseResponse:
         r = self._lease(worker_id, req)
-        if r.lease is not None and not self.evals.owns(r.lease.lease_id):
-            self.db.sync()  # a grant is on disk before its reply; a refusal promises nothing
-        return r
+        if isinstance(r, LeaseResponse):  # a refusal, or an evaluation lease
+            return r
+        grant, reply = r
+        self.db.sync()  # a grant is on disk before its reply; a refusal promises nothing
+        return LeaseResponse(lease=self.leasing.content(grant), **reply)  # off the lock
 
-    def _lease(self, worker_id: str, req: LeaseRequest) -> LeaseResponse:
+    def _lease(self, worker_id: str, req: LeaseRequest) -> LeaseResponse | tuple[Grant, dict]:
         with self._op(durable=False):
             c, now = self.config, self.clock()
             self.db.expire_leases(now)
@@ -289,7 +291,7 @@ class Controller(LearnerCalls):
             self.evals.unhold(worker_id)  # rollout work or none: it swaps as usual
             if lease is None:
                 return LeaseResponse(reason=reason, retry_after_s=retry, **reply)
-            return LeaseResponse(lease=lease, **reply)
+            return lease, reply
 
     def release(self, worker_id: str, lease_id: str, reason: str = "") -> bool:
         """Give a lease back (e.g. its reward failed); its unsubmitted groups requeue now."""
