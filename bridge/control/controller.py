@@ -397,10 +397,14 @@ class Controller(LearnerCalls):
         with self._op(durable=False):
             self.db.expire_leases(self.clock())
             self._persist_hot()
-            fleet = self.fleet.frozen(self.db.read_view())
             version, capacity = self.versions.current().version, self.admission_capacity()
-        out = stats_line(
-            self.clock(), fleet.db, fleet, version, capacity, self.limits, self.broadcast
-        )
+        with self.lock:  # the copy and the rows of one moment: the transaction committed
+            fleet = self.fleet.frozen(self.db.pinned_view())
+        try:
+            out = stats_line(
+                self.clock(), fleet.db, fleet, version, capacity, self.limits, self.broadcast
+            )
+        finally:
+            self.db.unpin(fleet.db)
         self.fleet.confident = fleet.confident
         return out

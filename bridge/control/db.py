@@ -161,6 +161,21 @@ class ControllerDB(LeaseRows):
         view.conn, view._kv = self.reader(), _Uncached()
         return view
 
+    def pinned_view(self) -> ControllerDB:
+        """Named reads held to the state committed now (a read transaction on a connection
+        of its own: a WAL reader keeps its snapshot), for reads made after the lock is
+        released: call under it, `unpin` when done."""
+        view = copy.copy(self)
+        view.conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+        view.conn.row_factory, view._kv = sqlite3.Row, _Uncached()
+        view.conn.execute("BEGIN")
+        view.conn.execute("SELECT COUNT(*) FROM kv").fetchall()  # the snapshot starts here
+        return view
+
+    @staticmethod
+    def unpin(view: ControllerDB) -> None:
+        view.conn.close()
+
     def q(self, sql: str, args: tuple | list = ()) -> list[sqlite3.Row]:
         """Rows of one read query. The controller uses the named methods below; tests use
         this to audit the tables (under the controller's lock when it is serving)."""
