@@ -342,6 +342,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sweep", action="store_true", help="bench/controller_sweep.py")
     p.add_argument("--kill_at_s", type=float, default=0.0, help="bench/controller_kill.py")
     p.add_argument("--baseline", default="", help="--sweep: a checkout of the old release")
+    p.add_argument("--repeats", type=int, default=1, help="--sweep: runs per arm and tree")
+    p.add_argument("--arms", default="", help="--sweep: NAME:WORKERS@GEN_S,... (default all)")
     args = p.parse_args(argv)
     args.client_procs = args.client_procs or max(1, -(-args.workers // 700))
     return args

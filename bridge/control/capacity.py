@@ -81,6 +81,7 @@ prediction is `confident`: every input has at least `min_warm` warm samples.
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import math
 import statistics
@@ -307,6 +308,11 @@ class WarmSamples:
 
     def __len__(self) -> int:
         return len(self.warm)
+
+    def copy(self) -> WarmSamples:
+        out = copy.copy(self)
+        out.warm = self.warm.copy()
+        return out
 
     def estimate(self) -> float | None:
         if self.warm:

@@ -96,6 +96,7 @@ class ControllerDB(LeaseRows):
             if col not in audit_cols:
                 self.conn.execute(f"ALTER TABLE audit ADD COLUMN {col} REAL NOT NULL DEFAULT 0")
         self._kv: dict[str, str | None] = {}  # key -> JSON text (None: no row); see get()
+        self._fresh_from: int | None = None  # see stale_buffered
         self.group_commit = GroupCommit(path + "-wal")
         self.checkpointer = Checkpointer(path)
         self._readers = threading.local()
@@ -124,6 +125,7 @@ class ControllerDB(LeaseRows):
             yield
         except BaseException:
             self._kv.clear()  # it may hold this transaction's puts
+            self._fresh_from = None
             self.conn.execute("ROLLBACK")
             self.deadlines.rollback()
             raise
@@ -158,6 +160,21 @@ class ControllerDB(LeaseRows):
         view = copy.copy(self)
         view.conn, view._kv = self.reader(), _Uncached()
         return view
+
+    def pinned_view(self) -> ControllerDB:
+        """Named reads held to the state committed now (a read transaction on a connection
+        of its own: a WAL reader keeps its snapshot), for reads made after the lock is
+        released: call under it, `unpin` when done."""
+        view = copy.copy(self)
+        view.conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True, check_same_thread=False)
+        view.conn.row_factory, view._kv = sqlite3.Row, _Uncached()
+        view.conn.execute("BEGIN")
+        view.conn.execute("SELECT COUNT(*) FROM kv").fetchall()  # the snapshot starts here
+        return view
+
+    @staticmethod
+    def unpin(view: ControllerDB) -> None:
+        view.conn.close()
 
     def q(self, sql: str, args: tuple | list = ()) -> list[sqlite3.Row]:
         """Rows of one read query. The controller uses the named methods below; tests use
@@ -223,6 +240,8 @@ class ControllerDB(LeaseRows):
         )[0]["n"]
 
     def set_state(self, group_ids: list[int], state: str, **cols: Any) -> None:
+        if state == "buffered":
+            self._fresh_from = None
         sets = ", ".join(["state=?"] + [f"{k}=?" for k in cols])
         self.conn.executemany(
             f"UPDATE groups SET {sets} WHERE group_id=?",
@@ -235,6 +254,8 @@ class ControllerDB(LeaseRows):
         """Accept a group's trajectories (JSON in `payload`, or already JSON text): it
         waits for the learner."""
         payload = trajectories if isinstance(trajectories, str) else json.dumps(trajectories)
+        if self._fresh_from is not None:
+            self._fresh_from = min(self._fresh_from, min_version)
         self._x(
             "UPDATE groups SET state='buffered', payload=?, min_version=?, accepted_at=?"
             " WHERE group_id=?",
@@ -251,11 +272,17 @@ class ControllerDB(LeaseRows):
 
     def stale_buffered(self, oldest_fresh: int) -> list[int]:
         """Buffered groups whose stalest trajectory is older than `oldest_fresh`
-        (bridge/contracts/staleness.py: `oldest_fresh(step, S)`)."""
+        (bridge/contracts/staleness.py: `oldest_fresh(step, S)`), which the caller requeues.
+        Every lease asks, and the answer changes only when the learner's step moves or a
+        stale group is buffered: no query while every buffered group is known fresh
+        (`_fresh_from`: no buffered group is older; None: unknown)."""
+        if self._fresh_from is not None and oldest_fresh <= self._fresh_from:
+            return []
         rows = self.q(
             "SELECT group_id FROM groups WHERE state='buffered' AND min_version < ?",
             (oldest_fresh,),
         )
+        self._fresh_from = oldest_fresh
         return [r["group_id"] for r in rows]
 
     def oldest_buffered_version(self) -> int | None:
@@ -290,6 +317,7 @@ class ControllerDB(LeaseRows):
 
     def revert_consumed_after(self, step: int) -> int:
         """Groups consumed after learner step `step` go back to the buffer; returns how many."""
+        self._fresh_from = None
         return self._x(
             "UPDATE groups SET state='buffered', consumed_step=NULL"
             " WHERE state='consumed' AND consumed_step>? AND payload IS NOT NULL",

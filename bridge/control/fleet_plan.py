@@ -55,6 +55,7 @@ are re-measured.
 from __future__ import annotations
 
 import collections
+import copy
 import dataclasses
 import functools
 import json
@@ -117,6 +118,7 @@ class FleetPlan:
         }
         self._standby_s: dict[str, float] = {}
         self.advice = capacity_advice.Advice(config.staleness)
+        self._stats_lock = threading.Lock()  # shared with the frozen copies
 
     # -- measurements --------------------------------------------------------------------
     @property
@@ -299,8 +301,29 @@ class FleetPlan:
             self.db.add_standby_s(worker_id, seconds)
 
     # -- metrics -------------------------------------------------------------------------
+    def frozen(self, db) -> FleetPlan:
+        """A copy of the measurements for `stats` off the controller's lock (the caller
+        holds it now; `db`: a read view of the committed rows, hot state persisted). The
+        copies are C-level (~1 us a worker); the stats' O(fleet) reads and capacity model,
+        ~70 ms at 2000 workers, then run on the copy while leases go on."""
+        f = copy.copy(self)
+        f.db, f.timing = db, copy.copy(self.timing)
+        f.timing.too_slow = set(self.timing.too_slow)
+        f._leases = {w: tuple(d) for w, d in self._leases.items()}
+        f._warm_leases = {w: tuple(d) for w, d in self._warm_leases.items()}
+        f._held = {w: tuple(d) for w, d in self._held.items()}
+        f._swaps = {w: s.copy() for w, s in self._swaps.items()}
+        f._steps, f._overheads = self._steps.copy(), self._overheads.copy()
+        f._standby_at = dict(self._standby_at)
+        return f
+
     def stats(self, now: float, accepted_rollouts: int) -> dict:
-        """Fleet, cost and capacity metrics (capacity ones once T is known)."""
+        """Fleet, cost and capacity metrics (capacity ones once T is known). On a `frozen`
+        copy, off the lock: one at a time (the advice it gives is shared)."""
+        with self._stats_lock:
+            return self._stats(now, accepted_rollouts)
+
+    def _stats(self, now: float, accepted_rollouts: int) -> dict:
         c, rows, standby = self.config, self.db.fleet_rows(), self._standby()
         workers = self.db.workers()
         alive = self._alive(now, workers)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable
+from typing import NamedTuple
 
 from bridge.contracts import staleness as staleness_rule
 from bridge.control import lease_caps
@@ -37,6 +38,14 @@ from bridge.control.lease_timing import LeaseTiming
 from bridge.control.prompt_stream import PromptStream
 from bridge.control.protocol import Lease, LeaseRequest, WorkerProfile
 from bridge.control.refusal_pacing import RefusalPacing
+
+
+class Grant(NamedTuple):
+    """A lease written under the lock: its id, deadline and its groups' rows."""
+
+    lease_id: str
+    expires_at: float
+    rows: list[dict]
 
 
 class Leasing:
@@ -55,7 +64,7 @@ class Leasing:
         (FleetPlan.held_back, its measured rate)."""
         self.db, self.config, self.clock = db, config, clock
         self.held_back = held_back
-        self.timing, self.prompts, self.content = timing, prompts, content
+        self.timing, self.prompts, self.content_of = timing, prompts, content
         self.pacing = RefusalPacing(config)  # when a worker refused as "full" asks again
 
     def capacity(self, version: int, newest: int) -> int:
@@ -90,8 +99,9 @@ class Leasing:
 
     def offer(
         self, worker_id: str, req: LeaseRequest, newest: int, profile: WorkerProfile
-    ) -> tuple[Lease | None, str, float]:
-        """(lease, "", 0) or (None, reason, retry_after_s) for a worker's lease request."""
+    ) -> tuple[Grant | None, str, float]:
+        """(grant, "", 0) or (None, reason, retry_after_s) for a worker's lease request. The
+        grant is written; its content (`content`) is built by the caller after the lock."""
         c, now = self.config, self.clock()
         if self.behind(worker_id, req, newest):
             return None, "behind", 0.0
@@ -127,8 +137,15 @@ class Leasing:
         self.db.put(f"lease_version/{lease_id}", version)
         self.db.set_state([r["group_id"] for r in rows], "leased", lease_id=lease_id)
         self.db.incr("leases/issued")
-        groups = [self.content.group(r, lease_id) for r in rows]
-        return Lease(lease_id=lease_id, expires_at=expires, groups=groups), "", 0.0
+        return Grant(lease_id, expires, [dict(r) for r in rows]), "", 0.0
+
+    def content(self, grant: Grant) -> Lease:
+        """What the worker gets for `grant`: each group's prompt ids (the tokenizer), its
+        sampling seed (an HMAC) and the protocol models. It reads only the granted rows and
+        the config, so it runs outside the controller's lock (it was ~15% of a grant's
+        time under it)."""
+        groups = [self.content_of.group(r, grant.lease_id) for r in grant.rows]
+        return Lease(lease_id=grant.lease_id, expires_at=grant.expires_at, groups=groups)
 
     def renew(self, worker_id: str, now: float) -> list[str]:
         """A heartbeat: renew `worker_id`'s active leases by `lease_ttl_s`, except those past

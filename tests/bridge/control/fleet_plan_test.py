@@ -356,3 +356,33 @@ def test_reports_with_a_compile_are_not_warm_samples(tmp_path, text_codec):
     assert stats["capacity/learner_overhead_s"] == 0.0
     assert stats["capacity/train_step_s"] == pytest.approx(1.0)
     assert stats["capacity/predicted_utilization"] == pytest.approx(1.0)
+
+
+def test_stats_run_on_a_copy_that_the_live_fleet_does_not_change(tmp_path, text_codec):
+    """`Controller.stats` computes on `FleetPlan.frozen` off the lock: leases, refusals,
+    swaps and learner reports that land meanwhile change the live measurements, not the
+    copy's numbers (nor break its iteration), and its rows are those committed when it
+    was made."""
+    clock = Clock()
+    ctl = make(tmp_path, text_codec, clock, staleness=2)
+    ctl.publish(0)
+    w = worker(ctl, 1.0)
+    clock.t += 1
+    hb(ctl, w)
+    run_lease(ctl, clock, w, groups=2, seconds=4.0)
+    ctl.report_learner(step_s=2.0, publish_s=0.5)
+    with ctl._op():
+        ctl._persist_hot()
+    with ctl.lock:
+        frozen = ctl.fleet.frozen(ctl.db.pinned_view())
+    before = frozen.stats(clock(), 4)
+    assert before["capacity/active_rollouts_per_s"] == pytest.approx(1.0)
+    clock.t += 1
+    run_lease(ctl, clock, w, groups=1, seconds=0.1)  # a fast lease: the live rate jumps
+    ctl.fleet.held_back(w, clock())
+    ctl.fleet.swapped(w, 1, clock())
+    ctl.report_learner(step_s=9.0, publish_s=3.0, overhead_s=1.0)
+    ctl.timing.too_slow.add(w)
+    assert frozen.stats(clock(), 4) == before
+    ctl.db.unpin(frozen.db)
+    assert ctl.stats()["capacity/train_step_s"] != before["capacity/train_step_s"]
