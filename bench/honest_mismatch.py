@@ -114,13 +114,15 @@ def main(argv):
         save_file(weights, os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
         row = measure(d, FLAGS.dtype, FLAGS.groups, FLAGS.n, FLAGS.max_tokens)
     n = row["tokens"]
-    for kind, fraction in (("mismatch", exact_check.QUARANTINE_FRACTION),
-                           ("flip", exact_check.FLIP_FRACTION)):  # fmt: skip
+    for kind, tokens, fraction in (
+        ("mismatch", exact_check.QUARANTINE_TOKENS, exact_check.QUARANTINE_FRACTION),
+        ("flip", exact_check.FLIP_TOKENS, exact_check.FLIP_FRACTION),
+    ):
         hits = row["mismatches" if kind == "mismatch" else "flips"]
         r_up = upper_bound(hits, n, FLAGS.confidence)
         row[f"{kind}_rate_upper_bound"] = r_up
         row[f"{kind}_false_quarantine_bound"] = exact_check.false_quarantine_bound(
-            r_up, exact_check.QUARANTINE_TOKENS, fraction
+            r_up, tokens, fraction
         )
     row.update(std=FLAGS.std, confidence=FLAGS.confidence)
     print(f"{'':>10} {'rate':>10} {'upper bound':>12} {'P(false quarantine)':>20}")

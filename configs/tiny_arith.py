@@ -329,13 +329,14 @@ def get_config() -> ConfigDict:
     # sampler's choice (its gap past exact_margin + exact_margin_rel x max |logit|, the
     # slack a bf16 engine's numerics need) never trains. An identity with
     # exact_quarantine_tokens such tokens that are also exact_quarantine_fraction of its
-    # checked tokens (or as many near-tie flips that are exact_flip_fraction of them) is
-    # quarantined (0 tokens = never).
+    # checked tokens (or exact_flip_tokens near-tie flips that are exact_flip_fraction of
+    # them) is quarantined (0 tokens = never).
     c.controller.exact_check = True
     c.controller.exact_margin = 0.02
-    c.controller.exact_margin_rel = 0.05
+    c.controller.exact_margin_rel = 0.08
     c.controller.exact_quarantine_tokens = 8
     c.controller.exact_quarantine_fraction = 0.01
+    c.controller.exact_flip_tokens = 32
     c.controller.exact_flip_fraction = 0.05
     # Transport: serve HTTPS with this PEM certificate and key ('' = plain HTTP). Over plain
     # HTTP anyone on the path can rewrite the announced store URL, so workers calling from

@@ -354,6 +354,7 @@ def main(argv):
             max_concurrent_sequences=_MAX_SEQS.value,
             region=_REGION.value,
             name=_NAME.value,
+            engine_dtype=_DTYPE.value,
         ),
         throttle_s=_THROTTLE.value,
         max_leases=_MAX_LEASES.value,

@@ -8,15 +8,16 @@ the argmax of ITS logits, so its gap under the learner's logits comes only from 
 0 for an fp32 engine (bit-equal noise, logits equal to ~1e-6), and for a bf16 engine 0
 unless the two best scores are within about twice its logit error of each other.
 
-- A token whose gap exceeds `margin` (MARGIN_ABS + MARGIN_REL x max |z| at its position:
-  bf16 logit errors grow with the logits) is a **mismatch**: its group does not train
+- A token whose gap exceeds `margin` (MARGIN_ABS + MARGIN_REL x max |z| at its position
+  for a worker that declares a bf16/fp16 engine: its logit errors grow with the logits;
+  FP32_MARGIN, 1e-3, for an fp32 engine) is a **mismatch**: its group does not train
   (all its rows: its other rows' advantages were computed with the chosen row's reward).
 - A token with FLIP_GAP < gap <= margin is a **flip**: the engine's numerics (or a worker
   using the margin's slack) chose a near-tie runner-up. It trains (an honest bf16 engine
   flips some tokens), and flips are counted.
 - Per identity (audit.py: `exact_bad/`, `exact_flips/`, `exact_checked/<identity>`):
   QUARANTINE_TOKENS mismatches that are also QUARANTINE_FRACTION of its checked tokens,
-  or as many flips that are FLIP_FRACTION of them, quarantine it.
+  or FLIP_TOKENS flips that are FLIP_FRACTION of them, quarantine it.
 
 What the margin leaves a cheater: the runner-up at positions where it is within the
 margin of the best, a share of positions that grows with the margin; using it raises the
@@ -36,13 +37,23 @@ import numpy as np
 # (z the processed logits at its position): a bf16 engine's logits differ from the fp32
 # learner's roughly in proportion to their size.
 MARGIN_ABS = 0.02
-MARGIN_REL = 0.05
+MARGIN_REL = 0.08
+# An fp32 engine computes the learner's numbers to ~1e-6: its tokens get no slack.
+FP32_MARGIN = (1e-3, 0.0)
 # A gap above this (float noise of two fp32 stacks) but within the margin is a near-tie
 # flip: the engine's numerics chose the runner-up, or a worker used the margin's slack.
 FLIP_GAP = 1e-3
 QUARANTINE_TOKENS = 8  # an identity is quarantined at this many mismatches ...
-QUARANTINE_FRACTION = 0.01  # ... once they are also this share of its checked tokens
-FLIP_FRACTION = 0.05  # ... or at QUARANTINE_TOKENS flips that are this share of them
+QUARANTINE_FRACTION = 0.01  # ... once they are also this share of its checked tokens,
+FLIP_TOKENS = 32  # ... or at this many flips ...
+FLIP_FRACTION = 0.05  # ... that are this share of them
+
+
+def margins_for(engine_dtype: str, abs_margin: float = MARGIN_ABS,
+                rel_margin: float = MARGIN_REL) -> tuple[float, float]:  # fmt: skip
+    """(abs, rel) margin of a worker's declared engine dtype: the configured one for a
+    half-precision engine, FP32_MARGIN for an fp32 one."""
+    return FP32_MARGIN if engine_dtype == "float32" else (abs_margin, rel_margin)
 
 
 def margin(scale, abs_margin: float = MARGIN_ABS, rel_margin: float = MARGIN_REL):

@@ -96,6 +96,7 @@ class AuditConfig:
     # Tokens not chosen by the seeded sampler, per identity, before quarantine; 0 = off
     exact_quarantine_tokens: int = exact_check.QUARANTINE_TOKENS
     exact_quarantine_fraction: float = exact_check.QUARANTINE_FRACTION
+    exact_flip_tokens: int = exact_check.FLIP_TOKENS
     exact_flip_fraction: float = exact_check.FLIP_FRACTION
 
 
@@ -170,7 +171,8 @@ class WorkerAudit:
         thresholds = (c.audit_kl_threshold, c.audit_logratio_threshold)
         window = (c.audit_min_tokens, c.audit_window_tokens)
         sampling = (c.audit_sampling_z, c.audit_sampling_evidence)
-        exact = (c.exact_quarantine_tokens, c.exact_quarantine_fraction, c.exact_flip_fraction)
+        exact = (c.exact_quarantine_tokens, c.exact_quarantine_fraction, c.exact_flip_tokens,
+                 c.exact_flip_fraction)  # fmt: skip
         return cls(AuditConfig(*thresholds, *window, *sampling, *exact), db)
 
     def add_exact(self, stat: AuditStat) -> str | None:
@@ -186,10 +188,10 @@ class WorkerAudit:
         checked = self.db.get(f"exact_checked/{party}", 0) + int(stat.exact_tokens)
         self.db.put(f"exact_checked/{party}", checked)
         c, why = self.config, None
-        for kind, n, fraction, what in (
-            ("bad", stat.exact_mismatches, c.exact_quarantine_fraction,
-             "were not the seeded sampler's choice"),
-            ("flips", stat.exact_flips, c.exact_flip_fraction,
+        for kind, n, limit, fraction, what in (
+            ("bad", stat.exact_mismatches, c.exact_quarantine_tokens,
+             c.exact_quarantine_fraction, "were not the seeded sampler's choice"),
+            ("flips", stat.exact_flips, c.exact_flip_tokens, c.exact_flip_fraction,
              "were near-tie runner-ups of the seeded sampler's choice"),
         ):  # fmt: skip
             if n <= 0:
@@ -197,12 +199,10 @@ class WorkerAudit:
             self.db.incr(f"audit/exact_{kind}", n)
             count = self.db.get(f"exact_{kind}/{party}", 0) + int(n)
             self.db.put(f"exact_{kind}/{party}", count)
-            limit = c.exact_quarantine_tokens
             if why is None and exact_check.quarantines(count, checked, limit, fraction):
                 why = (
-                    f"{count} of {checked} checked tokens {what} (thresholds "
-                    f"{c.exact_quarantine_tokens} tokens and {fraction:.2%}; the learner "
-                    "recomputed each under its lease's seed)"
+                    f"{count} of {checked} checked tokens {what} (thresholds {limit} tokens "
+                    f"and {fraction:.2%}; the learner recomputed each under its lease's seed)"
                 )
         return why
 

@@ -65,6 +65,7 @@ class ControllerConfig:
     exact_check: bool = True
     exact_quarantine_tokens: int = exact_rule.QUARANTINE_TOKENS
     exact_quarantine_fraction: float = exact_rule.QUARANTINE_FRACTION
+    exact_flip_tokens: int = exact_rule.FLIP_TOKENS
     exact_flip_fraction: float = exact_rule.FLIP_FRACTION
     exact_margin: float = exact_rule.MARGIN_ABS
     exact_margin_rel: float = exact_rule.MARGIN_REL

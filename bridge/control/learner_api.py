@@ -23,6 +23,7 @@ none twice.
 from __future__ import annotations
 
 import contextlib
+import json
 import threading
 from collections.abc import Callable
 
@@ -94,7 +95,18 @@ class LearnerSide:
         self.db.incr("groups/consumed", len(rows))
         self.timing.batch_taken(self.clock())
         workers = self.db.lease_workers([r["lease_id"] for r in rows if r["lease_id"]])
-        return [{**dict(r), "worker_id": workers.get(r["lease_id"], "")} for r in rows]
+        dtypes = {w: self._engine_dtype(w) for w in set(workers.values())}
+        return [
+            {**dict(r), "worker_id": (w := workers.get(r["lease_id"], "")),
+             "engine_dtype": dtypes.get(w, "bfloat16")}
+            for r in rows
+        ]  # fmt: skip
+
+    def _engine_dtype(self, worker_id: str) -> str:
+        """The engine dtype `worker_id` declared (its registered profile)."""
+        row = self.db.worker(worker_id)
+        profile = json.loads(row["profile"]) if row is not None else {}
+        return str(profile.get("engine_dtype", "bfloat16"))
 
     def export_cursor(self) -> dict:
         """JSON-able state for the learner's checkpoint."""
@@ -137,6 +149,7 @@ def build_batch(
             answer=r["answer"],
             trajectories=_TRAJECTORIES.validate_json(r["payload"]),
             worker_id=r["worker_id"],
+            engine_dtype=r.get("engine_dtype", "bfloat16"),
             sampling_seed=(
                 -1
                 if seeds is None or not r["lease_id"]

@@ -70,6 +70,11 @@ class WorkerProfile(_Model):
     name: str = Field(
         default="", max_length=128, description="the provisioner's name for it (bridge/fleet)"
     )
+    engine_dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        default="bfloat16",
+        description="its engine's compute dtype: the exact check allows a bf16/fp16 engine "
+        "the margin its numerics need, an fp32 engine none (bridge/contracts/exact_check.py)",
+    )
 
 
 class RegisterRequest(_Model):
@@ -378,6 +383,9 @@ class ConsumedGroup(_Model):
     answer: str
     trajectories: list[Trajectory]
     worker_id: str = Field(default="", description="who generated it (for the audit)")
+    engine_dtype: str = Field(
+        default="bfloat16", description="the worker's declared engine dtype (its profile)"
+    )
     sampling_seed: int = Field(
         default=-1,
         description="the seed its lease carried (bridge/control/sampling_seeds.py), the "

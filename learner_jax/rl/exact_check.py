@@ -148,13 +148,14 @@ class ExactChecker:
             for lo in range(0, len(of_v), self.rows_per_call):
                 part = of_v[lo : lo + self.rows_per_call]
                 gaps, scales, mask = self._row_gaps(params, version, part, sampling)
-                bad, flips = exact_check.classify(gaps, scales, mask, *self.margin)
                 for i, (g, _) in enumerate(part):
+                    margin = exact_check.margins_for(g.engine_dtype, *self.margin)
+                    bad, flips = exact_check.classify(gaps[i], scales[i], mask[i], *margin)
                     c = counts.setdefault((g.worker_id, version), [0, 0, 0])
                     c[0] += int((mask[i] > 0).sum())
-                    c[1] += int(bad[i])
-                    c[2] += int(flips[i])
-                    if bad[i]:
+                    c[1] += int(bad)
+                    c[2] += int(flips)
+                    if bad:
                         refused.add(g.group_id)
         stats = [
             audit.AuditStat(worker_id=w, version=v, tokens=0, sum_k3=0.0, sum_logratio=0.0,

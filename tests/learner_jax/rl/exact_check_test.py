@@ -74,7 +74,9 @@ def _sample(hf, seed, index, temperature=1.0, chooser=None, prefix=(), **trunc):
     return ids[len(PROMPT) :]
 
 
-def _group(gid, seed, completions, worker="w1", versions=None, mask=None):
+def _group(gid, seed, completions, worker="w1", versions=None, mask=None, dtype="float32"):
+    """A consumed group from a worker whose engine is `dtype` (the test's sampler computes
+    in float64: an fp32 engine's numbers, checked with no slack)."""
     trajs = [
         Trajectory(
             prompt_id=f"p{gid}", sample_index=i, prompt_token_ids=PROMPT,
@@ -85,7 +87,8 @@ def _group(gid, seed, completions, worker="w1", versions=None, mask=None):
         for i, c in enumerate(completions)
     ]  # fmt: skip
     return ConsumedGroup(group_id=gid, prompt_id=f"p{gid}", prompt="", answer="",
-                         trajectories=trajs, worker_id=worker, sampling_seed=seed)  # fmt: skip
+                         trajectories=trajs, worker_id=worker, sampling_seed=seed,
+                         engine_dtype=dtype)  # fmt: skip
 
 
 _CHECKERS: dict = {}
@@ -135,10 +138,14 @@ def test_a_cooler_sampler_and_a_greedy_picker_are_caught(peaked):
     seed = 7
     cool = [_sample(hf, seed, i, temperature=0.9) for i in range(N)]
     greedy = [_sample(hf, seed, i, chooser=lambda z, g: int(np.argmax(z))) for i in range(N)]
-    verdict = _checker(cfg, params, temperature=1.0).check(
-        [_group(1, seed, cool), _group(2, seed, greedy)]
-    )
+    checker = _checker(cfg, params, temperature=1.0)
+    verdict = checker.check([_group(1, seed, cool), _group(2, seed, greedy)])
     assert verdict.refused == {1, 2}
+    # declared bf16, the cooler sampler hides in the margin's slack at some positions: the
+    # tokens it chose there are counted as flips, far above an honest engine's rate
+    half = checker.check([_group(3, seed, cool, dtype="bfloat16")])
+    bad, flips = half.metrics["exact/mismatched_tokens"], half.metrics["exact/flipped_tokens"]
+    assert bad + flips >= 0.05 * half.metrics["exact/checked_tokens"]
 
 
 def test_truncation_is_the_samplers_in_its_order(peaked):
