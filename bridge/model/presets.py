@@ -3,13 +3,13 @@
 from bridge.model.config import ModelConfig
 
 
-def qwen3_0p6b(num_layers: int = 28) -> ModelConfig:
-    """Qwen3-0.6B's architecture (596,049,920 parameters at 28 layers)."""
+def _qwen3(hidden: int, intermediate: int, num_layers: int) -> ModelConfig:
+    """A Qwen3 dense architecture: the released family's shared settings."""
     return ModelConfig(
         family="qwen3",
         vocab_size=151936,
-        hidden_size=1024,
-        intermediate_size=3072,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
         num_layers=num_layers,
         num_heads=16,
         num_kv_heads=8,
@@ -19,21 +19,13 @@ def qwen3_0p6b(num_layers: int = 28) -> ModelConfig:
         qk_norm=True,
         max_position_embeddings=40960,
     )
+
+
+def qwen3_0p6b(num_layers: int = 28) -> ModelConfig:
+    """Qwen3-0.6B's architecture (596,049,920 parameters at 28 layers)."""
+    return _qwen3(1024, 3072, num_layers)
 
 
 def qwen3_1p7b(num_layers: int = 28) -> ModelConfig:
     """Qwen3-1.7B's architecture (1,720,574,976 parameters at 28 layers, embedding tied)."""
-    return ModelConfig(
-        family="qwen3",
-        vocab_size=151936,
-        hidden_size=2048,
-        intermediate_size=6144,
-        num_layers=num_layers,
-        num_heads=16,
-        num_kv_heads=8,
-        head_dim=128,
-        rope_theta=1e6,
-        tie_word_embeddings=True,
-        qk_norm=True,
-        max_position_embeddings=40960,
-    )
+    return _qwen3(2048, 6144, num_layers)

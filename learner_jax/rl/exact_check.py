@@ -36,6 +36,7 @@ from bridge.control import audit
 from bridge.model.config import ModelConfig
 from learner_jax import logprobs, model
 from learner_jax import truncation as truncation_lib
+from learner_jax.rl.rescore import pack_rows
 
 
 @dataclasses.dataclass
@@ -190,20 +191,10 @@ class ExactChecker:
     def _row_gaps(self, params, version: int, part, sampling):
         """(gaps, scales, mask) [len(part), width - 1] of rows `part` under `sampling`
         (temperature, truncation, greedy): mask 1 on the model's tokens tagged `version`."""
-        width = max(len(t.prompt_token_ids) + len(t.completion_token_ids) for _, t in part)
-        width = max(16, 1 << (width - 1).bit_length())
         n = self.rows_per_call
-        tokens = np.zeros((n, width), np.int32)
-        seg = np.zeros((n, width), np.int32)
-        mask = np.zeros((n, width - 1), np.float32)
+        tokens, seg, mask = pack_rows([t for _, t in part], version, n)
         lo, hi = np.zeros(n, np.uint32), np.zeros(n, np.uint32)
         for i, (g, t) in enumerate(part):
-            p, c = list(t.prompt_token_ids), list(t.completion_token_ids)
-            tokens[i, : len(p) + len(c)] = p + c
-            seg[i, : len(p) + len(c)] = 1
-            # completion token j is the target of position len(p) + j - 1
-            of_v = np.asarray(t.versions) == version
-            mask[i, len(p) - 1 : len(p) + len(c) - 1] = np.asarray(t.mask) * of_v
             lo[i], hi[i] = gumbel.key_words(max(g.sampling_seed, 0), t.sample_index)
         gaps, scales = self._gaps(params, tokens, seg, lo, hi, *sampling)
         k = len(part)

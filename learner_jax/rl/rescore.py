@@ -225,25 +225,12 @@ class VersionRescorer:
 
     def _score(self, params, version: int, rows, sampling, sampled=True) -> list[audit.AuditStat]:
         """`rescore` of at most `max_rows` rows under `params`."""
-        # Fixed shapes (max_rows x a power of two) so the jitted forward compiles once or
-        # twice per run, not once per distinct row length.
-        width = max(len(t.prompt_token_ids) + len(t.completion_token_ids) for _, t in rows)
-        width = max(16, 1 << (width - 1).bit_length())
-        n = self.max_rows
-        tokens = np.zeros((n, width), np.int32)
-        seg = np.zeros((n, width), np.int32)
+        tokens, seg, mask = pack_rows([t for _, t in rows], version, self.max_rows)
+        n, width = tokens.shape
         behaviour = np.zeros((n, width - 1), np.float32)
-        mask = np.zeros((n, width - 1), np.float32)
         for i, (_, t) in enumerate(rows):
-            p, c = list(t.prompt_token_ids), list(t.completion_token_ids)
-            tokens[i, : len(p) + len(c)] = p + c
-            seg[i, : len(p) + len(c)] = 1
-            # logprobs[j] scores completion token j, predicted at position len(p) + j - 1.
-            behaviour[i, len(p) - 1 : len(p) + len(c) - 1] = t.logprobs
-            # Model tokens only: an episode's observation tokens (mask 0) have no behaviour
-            # log-prob to audit; and only the tokens tagged with `version`.
-            of_version = np.asarray(t.versions) == version
-            mask[i, len(p) - 1 : len(p) + len(c) - 1] = np.asarray(t.mask) * of_version
+            p = len(t.prompt_token_ids)
+            behaviour[i, p - 1 : p + len(t.completion_token_ids) - 1] = t.logprobs
         pos = np.broadcast_to(np.arange(width - 1, dtype=np.int32), (n, width - 1))
         temp, trunc = sampling or self.sampling
         learner, entropy, _, variance, collision = (
@@ -270,3 +257,24 @@ class VersionRescorer:
         )  # fmt: skip
         logging.debug("re-scored %d rows of version %d: %s", k, version, stats)
         return stats
+
+
+def pack_rows(trajectories, version: int, rows: int):
+    """(tokens, segment ids [rows, W], mask [rows, W - 1]) of trajectories laid out as the
+    learner scores them: prompt + completion from position 0, W a power of two >= 16 (so a
+    jitted forward compiles once or twice per run, not once per row length), and the mask
+    1 on the completion tokens the model sampled (an episode's observation tokens are not)
+    that are tagged `version`; completion token j is the target of position len(p) + j - 1.
+    Rows past the trajectories are padding (all zero)."""
+    width = max(len(t.prompt_token_ids) + len(t.completion_token_ids) for t in trajectories)
+    width = max(16, 1 << (width - 1).bit_length())
+    tokens = np.zeros((rows, width), np.int32)
+    seg = np.zeros((rows, width), np.int32)
+    mask = np.zeros((rows, width - 1), np.float32)
+    for i, t in enumerate(trajectories):
+        p, c = list(t.prompt_token_ids), list(t.completion_token_ids)
+        tokens[i, : len(p) + len(c)] = p + c
+        seg[i, : len(p) + len(c)] = 1
+        of_version = np.asarray(t.versions) == version
+        mask[i, len(p) - 1 : len(p) + len(c) - 1] = np.asarray(t.mask) * of_version
+    return tokens, seg, mask
