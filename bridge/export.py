@@ -376,8 +376,13 @@ def _define_flags():
     flags.DEFINE_string("base_dir", "", "LoRA: base HF dir ('' = the checkpoint's reference).")
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """`echo2-export` (pyproject's scripts): the same as `python -m bridge.export`."""
     from absl import app
 
     _define_flags()
     app.run(main)
+
+
+if __name__ == "__main__":
+    cli()

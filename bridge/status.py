@@ -102,5 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         print(flush=True)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """`echo2-status` (pyproject's scripts): the same as `python -m bridge.status`."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()

@@ -398,5 +398,10 @@ def main(argv):
     print(json.dumps({"workdir": _WORKDIR.value, "step": learner.step, "phase": learner.phase}))
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """`echo2-train` (pyproject's scripts): the same as `python -m learner_jax.train`."""
     app.run(main)
+
+
+if __name__ == "__main__":
+    cli()

@@ -397,5 +397,10 @@ def main(argv):
     os._exit(0)
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """`echo2-worker` (pyproject's scripts): the same as `python -m rollout_gpu.worker`."""
     app.run(main)
+
+
+if __name__ == "__main__":
+    cli()

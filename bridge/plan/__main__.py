@@ -55,5 +55,10 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def cli() -> None:
+    """`echo2-plan` (pyproject's scripts): the same as `python -m bridge.plan`."""
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    cli()
