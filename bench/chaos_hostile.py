@@ -58,6 +58,7 @@ CLASSES = ("mixed_tags", "picker", "hidden_tokens", "junk")  # the chaos soak's
 SEEDED = ("writer", "cool", "reregister")  # honest seeded samplers but for one cheat
 COOL_T = 0.9
 AD = " buy now"  # what the writer appends to the right answer
+_IMPORT_LOCK = threading.Lock()
 
 
 class HostileWorker(threading.Thread):
@@ -136,7 +137,12 @@ class HostileWorker(threading.Thread):
         if not lease:
             self.stop_event.wait(0.5)
             return
-        groups = [self._group(g) for g in lease["groups"]]
+        try:
+            groups = [self._group(g) for g in lease["groups"]]
+        except Exception:
+            # A lease held past its failure fills the worker's capacity until it expires.
+            _post(self.url, "/v1/release", {"lease_id": lease["lease_id"]}, self.token)
+            raise
         if any(g is None for g in groups):  # nothing to forge yet (version 0 for mixed_tags)
             _post(self.url, "/v1/release", {"lease_id": lease["lease_id"]}, self.token)
             self.stop_event.wait(1.0)
@@ -269,7 +275,8 @@ class HostileWorker(threading.Thread):
         """The right answer of an arithmetic prompt (else "42"): followed by an advertisement
         (writer), or by the end of sequence (reregister: a few tokens per group, so only
         counting across its worker ids reaches the quarantine rule)."""
-        from transformers import AutoTokenizer
+        with _IMPORT_LOCK:
+            from transformers import AutoTokenizer
 
         if self._tok is None:
             self._tok = AutoTokenizer.from_pretrained(os.path.join(self.workdir, "model"))
@@ -301,10 +308,11 @@ class HostileWorker(threading.Thread):
         return ids[len(prompt) :], lps
 
     def _model(self):
-        import torch
-        from transformers import AutoModelForCausalLM
+        with _IMPORT_LOCK:  # transformers' lazy imports race when threads import at once
+            import torch
+            from transformers import AutoModelForCausalLM
 
-        from bridge.store.weight_store import WeightStore
+            from bridge.store.weight_store import WeightStore
 
         if self._hf is None:
             torch.set_num_threads(1)

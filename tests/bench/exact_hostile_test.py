@@ -143,6 +143,25 @@ def test_hostile_workers_are_caught_and_nothing_they_chose_trains(tmp_path):
         log.close()
     consumed, quarantined = learner_record(workdir)
     hostile_ids = {i for r in results.values() for i in r["worker_ids"]}
+    # The learner found exactly the mismatches the hostile threads know they made (honest
+    # groups: none), step by step; no near-ties with fp32 on both sides.
+    made = {
+        (g["worker_id"], g["group_id"]): g["mismatches"]
+        for r in results.values()
+        for g in r["groups"]
+    }
+    expect: dict[int, int] = {}
+    for step, gid, w, _ in consumed:
+        expect[step] = expect.get(step, 0) + made.get((w, gid), 0)
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+        rows = [json.loads(x) for x in f]
+    # A metrics row's step counts the updates done: batch `step` trains into row step + 1.
+    found = {r["step"] - 1: r["exact/mismatched_tokens"] for r in rows if r.get("phase") == "rl"}
+    assert {s: found[s] for s in expect if s in found} == {
+        s: float(n) for s, n in expect.items() if s in found
+    }
+    assert len(found.keys() & expect.keys()) >= len(expect) - 1  # the SIGINT's last step
+    assert all(r.get("exact/flipped_tokens", 0) == 0 for r in rows), "fp32 near-ties"
     report = {}
     for kind, r in results.items():
         groups = {g["group_id"]: g for g in r["groups"]}
