@@ -12,40 +12,78 @@ worker, for the whole soak or until the controller revokes its token:
   junk           (9) a $0 worker that asks for many groups and returns random tokens fast
                  with made-up log-probs.
 
+Against the exact check (docs/design/exact-verification.md), classes that sample HONESTLY
+with each lease's seed (transformers in float32 on the version read back from the store,
+the noise of bridge/contracts/gumbel.py, profile `engine_dtype` float32 so the check gives
+them no slack) and report the policy's true log-probs, except for one cheat:
+
+  writer         replaces one sample per group with its own text (the right answer of an
+                 arithmetic prompt followed by an advertisement, up to max_tokens);
+  cool           samples every token at temperature 0.9 while the lease says the run's;
+  reregister     writes the right answer alone into one sample per group (a few tokens)
+                 and registers again after every lease, presenting a per-worker credential
+                 (identity.py `mint_credential`) as its join secret, so its mismatches add
+                 up across its ids and the credential is barred (403) once one of them is
+                 quarantined. It stops when barred.
+
+Each of these records per accepted group (`result["groups"]`: group id, worker id,
+`mismatches`, `tokens`) how many of its tokens are not the seeded sampler's choice: what the
+learner's check must find. A group with 0 (the cheat happened to pick the seeded tokens)
+carries no token the worker chose.
+
 `result` per worker: its class, worker id, submit statuses, groups accepted, whether it
 was quarantined (a 401 on its token) and `caught_after_s`, the seconds from its first
 registration to the first 401 (None if never). A hostile worker is neutralised when it was
 quarantined or none of its groups were accepted. From loopback the bench's registrations
-are the operator's own ("local" identity, never barred: identity.py), so a quarantined
-hostile thread stops rather than registering again.
+with the shared secret are the operator's own ("local" identity, never barred:
+identity.py), so a quarantined hostile thread stops rather than registering again.
 """
 
 from __future__ import annotations
 
 import os
 import random
+import re
 import threading
 import time
 
+import numpy as np
+
 from bench.chaos_faults import _post
+from bridge.contracts import gumbel
+from bridge.control.identity import mint_credential
 from bridge.model import tiny_model
 
-CLASSES = ("mixed_tags", "picker", "hidden_tokens", "junk")
+CLASSES = ("mixed_tags", "picker", "hidden_tokens", "junk")  # the chaos soak's
+SEEDED = ("writer", "cool", "reregister")  # honest seeded samplers but for one cheat
+COOL_T = 0.9
+AD = " buy now"  # what the writer appends to the right answer
+_IMPORT_LOCK = threading.Lock()
 
 
 class HostileWorker(threading.Thread):
     def __init__(self, kind: str, url: str, secret: str, workdir: str, seed: int = 0):
         super().__init__(daemon=True, name=f"hostile-{kind}")
-        if kind not in CLASSES:
-            raise ValueError(f"hostile class must be one of {CLASSES}, got {kind!r}")
+        if kind not in CLASSES + SEEDED:
+            raise ValueError(f"hostile class must be one of {CLASSES + SEEDED}, got {kind!r}")
         self.kind, self.url, self.secret, self.workdir = kind, url, secret, workdir
         self.rng, self.stop_event = random.Random(seed), threading.Event()
         self.token, self.version, self.store = None, 0, None
         self.result = {"class": kind, "worker_id": None, "statuses": {}, "accepted_groups": 0,
                        "quarantined": False, "errors": 0, "last_error": "",
-                       "caught_after_s": None}  # fmt: skip
+                       "caught_after_s": None, "worker_ids": [], "groups": [],
+                       "barred": False}  # fmt: skip
         self._registered_at: float | None = None
-        self._hf, self._hf_version = None, None
+        self._hf, self._hf_version, self._tok = None, None, None
+        self._record: dict[int, dict] = {}  # group id -> its mismatches and tokens (seeded)
+        # reregister presents its own credential (identity cred:<name>), not the shared secret
+        self.join_secret = (
+            mint_credential(secret, f"hostile-{seed}") if kind == "reregister" else secret
+        )
+
+    def _done(self) -> bool:
+        """Quarantined (token revoked), or for reregister: its credential barred."""
+        return self.result["barred" if self.kind == "reregister" else "quarantined"]
 
     def stop(self) -> dict:
         self.stop_event.set()
@@ -53,7 +91,7 @@ class HostileWorker(threading.Thread):
         return self.result
 
     def run(self) -> None:
-        while not self.stop_event.is_set() and not self.result["quarantined"]:
+        while not self.stop_event.is_set() and not self._done():
             try:
                 if self.token is None:
                     self._register()
@@ -67,10 +105,18 @@ class HostileWorker(threading.Thread):
     def _register(self) -> None:
         profile = {"accelerator": "cpu", "price_per_hour": 0.0,
                    "max_concurrent_sequences": 64 if self.kind == "junk" else 4}  # fmt: skip
-        code, r = _post(self.url, "/v1/register", {"join_secret": self.secret, "profile": profile})
+        if self.kind in SEEDED:
+            profile["engine_dtype"] = "float32"  # the check's margin is then 1e-3: no slack
+        code, r = _post(
+            self.url, "/v1/register", {"join_secret": self.join_secret, "profile": profile}
+        )
+        if code == 403 and self.result["worker_ids"]:
+            self.result["barred"] = True  # a worker of this identity was quarantined
+            return
         if code != 200:
             raise RuntimeError(f"register: {code}")
         self.token, self.result["worker_id"] = r["token"], r["worker_id"]
+        self.result["worker_ids"].append(r["worker_id"])
         if self._registered_at is None:
             self._registered_at = time.time()
         self._announce(r["announcement"])
@@ -91,7 +137,12 @@ class HostileWorker(threading.Thread):
         if not lease:
             self.stop_event.wait(0.5)
             return
-        groups = [self._group(g) for g in lease["groups"]]
+        try:
+            groups = [self._group(g) for g in lease["groups"]]
+        except Exception:
+            # A lease held past its failure fills the worker's capacity until it expires.
+            _post(self.url, "/v1/release", {"lease_id": lease["lease_id"]}, self.token)
+            raise
         if any(g is None for g in groups):  # nothing to forge yet (version 0 for mixed_tags)
             _post(self.url, "/v1/release", {"lease_id": lease["lease_id"]}, self.token)
             self.stop_event.wait(1.0)
@@ -102,18 +153,29 @@ class HostileWorker(threading.Thread):
         st[str(code)] = st.get(str(code), 0) + 1
         if code == 200:
             self.result["accepted_groups"] += len(r["accepted"])
+            self.result["groups"] += [
+                {"group_id": gid, "worker_id": self.result["worker_id"],
+                 **self._record.pop(gid, {})}
+                for gid in r["accepted"]
+            ]  # fmt: skip
         elif code == 401:
             self._caught()
         else:
             _post(self.url, "/v1/release", {"lease_id": lease["lease_id"]}, self.token)
+        if self.kind == "reregister" and code != 401:
+            self.token = None  # a new worker id for the next lease, same credential
         if self.kind != "junk":
             self.stop_event.wait(0.5)  # about an honest worker's pace; junk goes flat out
 
     def _caught(self) -> None:
+        if not self.result["quarantined"]:
+            self.result["caught_after_s"] = round(time.time() - self._registered_at, 1)
         self.result["quarantined"] = True
-        self.result["caught_after_s"] = round(time.time() - self._registered_at, 1)
+        self.token = None  # reregister tries its credential again: 403 once barred
 
     def _group(self, g: dict) -> dict | None:
+        if self.kind in SEEDED:
+            return self._seeded_group(g)
         n, max_tokens, v = g["n"], g["sampling"]["max_tokens"], self.version
         out = []
         for i in range(n):
@@ -139,6 +201,96 @@ class HostileWorker(threading.Thread):
                             finish_reason="stop" if stop else "length"))  # fmt: skip
         return {"group_id": g["group_id"], "trajectories": out}
 
+    def _seeded_group(self, g: dict) -> dict:
+        """n samples drawn with the lease's seed, but for this class's cheat."""
+        s, v, prompt = g["sampling"], self.version, g["prompt_token_ids"]
+        if s["top_k"] > 0 or s["top_p"] < 1.0 or s["min_p"] > 0.0:
+            raise ValueError("the seeded hostile classes sample untruncated leases only")
+        stops = set(s["stop_token_ids"]) | {tiny_model.EOS_ID}
+        args = (prompt, s["seed"], s["max_tokens"], s["temperature"], stops)
+        samples = [self._seeded(*args, index=i) for i in range(g["n"])]
+        honest = [ids for ids, _ in samples]
+        if self.kind == "cool":
+            samples = [self._seeded(*args, index=i, use_t=COOL_T) for i in range(g["n"])]
+        else:  # writer, reregister: one sample is the worker's own text
+            i = self.rng.randrange(g["n"])
+            ids = self._written(g["prompt"], s["max_tokens"])
+            samples[i] = (ids, self._score(prompt, ids, s["temperature"], s["seed"], i)[0])
+        # What the learner will find (fp32 both sides: exactly): each submitted token that
+        # is not the seeded argmax of the lease's T given its own prefix is a mismatch.
+        bad = 0
+        if [ids for ids, _ in samples] != honest:
+            for i, (ids, _) in enumerate(samples):
+                if ids != honest[i]:
+                    bad += self._score(prompt, ids, s["temperature"], s["seed"], i)[1]
+        self._record[g["group_id"]] = {"mismatches": bad,
+                                       "tokens": sum(len(ids) for ids, _ in samples)}  # fmt: skip
+        out = [
+            dict(prompt_id=g["prompt_id"], sample_index=i, prompt_token_ids=prompt,
+                 completion_token_ids=ids, logprobs=lps, versions=[v] * len(ids),
+                 finish_reason="stop" if ids[-1] in stops else "length")
+            for i, (ids, lps) in enumerate(samples)
+        ]  # fmt: skip
+        return {"group_id": g["group_id"], "trajectories": out}
+
+    def _seeded(self, prompt, seed, max_tokens, temperature, stops, index, use_t=None):
+        """Sample `index` of a group as the verifiable sampler draws it: token =
+        argmax(logits / T + gumbel(seed + index, position, v)), at `use_t` (default the
+        lease's T), with the policy's log-probs at the lease's T (what an honest worker
+        reports). Incremental decoding (transformers' KV cache)."""
+        import torch
+
+        model = self._model()
+        lo, hi = gumbel.key_words(seed, index)
+        ids, lps, past, fed = list(prompt), [], None, 0
+        with torch.no_grad():
+            for _ in range(max_tokens):
+                out = model(torch.tensor([ids[fed:]]), past_key_values=past, use_cache=True)
+                past, fed = out.past_key_values, len(ids)
+                logits = out.logits[0, -1].double().numpy()
+                z = logits / (use_t or temperature)
+                tok = int(np.argmax(z + gumbel.gumbel(lo, hi, len(ids), len(z))))
+                ids.append(tok)
+                lps.append(float(_log_softmax(logits / temperature)[tok]))
+                if tok in stops:
+                    break
+        return ids[len(prompt) :], lps
+
+    def _score(self, prompt, ids, temperature, seed, index) -> tuple[list[float], int]:
+        """The policy's true log-probs of completion `ids` of sample `index` (one forward),
+        and how many of its tokens are not the seeded sampler's choice given their prefix."""
+        import torch
+
+        with torch.no_grad():
+            logits = self._model()(torch.tensor([list(prompt) + list(ids)])).logits[0]
+        rows = logits.double().numpy()[len(prompt) - 1 : -1] / temperature
+        lo, hi = gumbel.key_words(seed, index)
+        lps, bad = [], 0
+        for j, (z, t) in enumerate(zip(rows, ids, strict=True)):
+            lps.append(float(_log_softmax(z)[t]))
+            bad += int(np.argmax(z + gumbel.gumbel(lo, hi, len(prompt) + j, len(z))) != t)
+        return lps, bad
+
+    def _written(self, prompt_text: str, max_tokens: int) -> list[int]:
+        """The right answer of an arithmetic prompt (else "42"): followed by an advertisement
+        (writer), or by the end of sequence (reregister: a few tokens per group, so only
+        counting across its worker ids reaches the quarantine rule)."""
+        with _IMPORT_LOCK:
+            from transformers import AutoTokenizer
+
+        if self._tok is None:
+            self._tok = AutoTokenizer.from_pretrained(os.path.join(self.workdir, "model"))
+        m = re.search(r"(-?\d+)\s*([-+*])\s*(-?\d+)", prompt_text)
+        answer = "42"
+        if m:
+            a, op, b = int(m[1]), m[2], int(m[3])
+            answer = str({"+": a + b, "-": a - b, "*": a * b}[op])
+        if self.kind == "writer":
+            return self._tok.encode(answer + AD, add_special_tokens=False)[:max_tokens]
+        return self._tok.encode(answer, add_special_tokens=False)[: max_tokens - 1] + [
+            tiny_model.EOS_ID
+        ]
+
     def _greedy(self, prompt: list[int], max_tokens: int):
         """The current policy's greedy answer and its true log-probs (temperature 1)."""
         import torch
@@ -156,10 +308,11 @@ class HostileWorker(threading.Thread):
         return ids[len(prompt) :], lps
 
     def _model(self):
-        import torch
-        from transformers import AutoModelForCausalLM
+        with _IMPORT_LOCK:  # transformers' lazy imports race when threads import at once
+            import torch
+            from transformers import AutoModelForCausalLM
 
-        from bridge.store.weight_store import WeightStore
+            from bridge.store.weight_store import WeightStore
 
         if self._hf is None:
             torch.set_num_threads(1)
@@ -172,6 +325,11 @@ class HostileWorker(threading.Thread):
             self._hf.tie_weights()
             self._hf_version = self.version
         return self._hf
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+    x = x - x.max()
+    return x - np.log(np.exp(x).sum())
 
 
 def start(url: str, secret: str, workdir: str, classes=CLASSES, seed: int = 0):

@@ -32,6 +32,7 @@ answers out; `audit` quarantines a worker whose log-probs stray from the learner
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import threading
@@ -48,6 +49,7 @@ from bridge.control.eval_leases import EvalBoard, eval_idle
 from bridge.control.fleet_plan import FleetPlan
 from bridge.control.heartbeat_pacing import HeartbeatPacing
 from bridge.control.hot_state import HotFlusher
+from bridge.control.identity import IdentityBook
 from bridge.control.intake import Intake, own_lease
 from bridge.control.learner_api import LearnerSide
 from bridge.control.learner_calls import LearnerCalls
@@ -358,6 +360,7 @@ class Controller(LearnerCalls):
         token revoked, leases ended, buffered groups requeued."""
         with self._op():
             out = self.auditor.fold(stats, self.clock())
+            out += self._with_credential(out)
             for worker_id in out:
                 self.workers.drop(worker_id)  # its token is gone
                 self.timing.forget(worker_id)
@@ -366,6 +369,25 @@ class Controller(LearnerCalls):
             if out:
                 self._replan()
             return out
+
+    def _with_credential(self, quarantined: list[str]) -> list[str]:
+        """The other worker ids of a quarantined worker's credential, quarantined with it
+        (in the caller's transaction): the credential is one party whose count reached the
+        rule, so its live id (registered before the ban) and its earlier ids' buffered
+        groups go too. A host identity does not cascade: other workers behind one address
+        may be other parties (identity.py)."""
+        creds = {IdentityBook(self.db).of(w) for w in quarantined}
+        creds = sorted(c for c in creds if c and c.startswith("cred:"))
+        out, now = [], self.clock()
+        for cred in creds:
+            done = set(self.db.quarantined())
+            rows = self.db.q("SELECT key FROM kv WHERE key LIKE 'identity/%' AND value=?",
+                             (json.dumps(cred),))  # fmt: skip
+            for w in sorted(r["key"].split("/", 1)[1] for r in rows):
+                if w not in done and self.db.worker(w) is not None:
+                    audit_lib.quarantine(self.db, w, f"a worker of {cred} was quarantined", now)
+                    out.append(w)
+        return out
 
     # -- run end -------------------------------------------------------------------------
     def end_run(self, reason: str = "finished") -> None:

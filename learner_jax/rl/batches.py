@@ -10,12 +10,17 @@ turns true (Ctrl-C); `check_fleet()` runs while it waits, so a dead local fleet 
 the run instead of hanging it, and `timeout_s` without a batch is an error too.
 `checkpointed(step)` frees consumed trajectories once a checkpoint holds them;
 `last_row_workers` names the worker of each row of the newest batch and `last_groups` holds
-its groups (for the audit).
+its groups (for the audit). With the exact check on, each step logs one line (train.log) of
+which worker made each consumed group and which groups were refused:
+
+    exact check step 7: groups {"12": "w3", "13": "w1"} refused [12]
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import logging
 import time
 from collections.abc import Callable
 
@@ -83,6 +88,10 @@ class BatchSource:
                 refused = frozenset(self.last_verdict.refused)
                 self.ctl.audit(self.last_verdict.stats)
                 stats = {**stats, **self.last_verdict.metrics}
+                # What trained and what did not, per group: the record a run is judged by.
+                made = json.dumps({str(g.group_id): g.worker_id for g in groups})
+                logging.info("exact check step %d: groups %s refused %s", step, made,
+                             sorted(refused))  # fmt: skip
             batch, rstats = rollout_batch.groups_to_batch(
                 groups,
                 s.samples_per_group,

@@ -24,13 +24,27 @@ def test_mismatches_add_up_per_credential_across_registrations(tmp_path):
     # the credential registers again (its first id is superseded): the count stays
     second, _ = ctl.register(PROFILE, identity="cred:mallory")
     assert ctl.audit([_exact(second, 100, 1)]) == []
-    assert ctl.audit([_exact(second, 100, 1)]) == [second]
+    assert ctl.audit([_exact(second, 100, 1)]) == [second, first]  # the earlier id too
     why = ctl.db.quarantined()[second]["why"]
     assert "5 of 300 checked tokens were not the seeded sampler's choice" in why
     with pytest.raises(SubmissionError):
         ctl.register(PROFILE, identity="cred:mallory")  # barred, restarts included
     assert ctl.db.get("audit/exact_tokens") == 300
     assert ctl.db.get("audit/exact_bad") == 5
+    ctl.close()
+
+
+def test_a_quarantine_takes_every_id_of_the_credential(tmp_path):
+    ctl = make(tmp_path, exact_quarantine_tokens=5)
+    old, _ = ctl.register(PROFILE, identity="cred:mallory")
+    live, token = ctl.register(PROFILE, identity="cred:mallory")  # supersedes `old`
+    other, _ = ctl.register(PROFILE, identity="cred:alice")
+    # the learner checks `old`'s groups late, after the credential registered again: the
+    # live id (its token, its leases and buffered groups) goes with it, no other party
+    assert ctl.audit([_exact(old, 100, 5)]) == [old, live]
+    assert ctl.workers.authenticate(token) is None
+    assert "a worker of cred:mallory was quarantined" in ctl.db.quarantined()[live]["why"]
+    assert other not in ctl.db.quarantined()
     ctl.close()
 
 
