@@ -32,7 +32,6 @@ answers out; `audit` quarantines a worker whose log-probs stray from the learner
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import math
 import threading
@@ -376,14 +375,12 @@ class Controller(LearnerCalls):
         rule, so its live id (registered before the ban) and its earlier ids' buffered
         groups go too. A host identity does not cascade: other workers behind one address
         may be other parties (identity.py)."""
-        creds = {IdentityBook(self.db).of(w) for w in quarantined}
-        creds = sorted(c for c in creds if c and c.startswith("cred:"))
+        book = IdentityBook(self.db)
+        creds = sorted({c for c in map(book.of, quarantined) if c and c.startswith("cred:")})
         out, now = [], self.clock()
         for cred in creds:
             done = set(self.db.quarantined())
-            rows = self.db.q("SELECT key FROM kv WHERE key LIKE 'identity/%' AND value=?",
-                             (json.dumps(cred),))  # fmt: skip
-            for w in sorted(r["key"].split("/", 1)[1] for r in rows):
+            for w in book.workers_of(cred):
                 if w not in done and self.db.worker(w) is not None:
                     audit_lib.quarantine(self.db, w, f"a worker of {cred} was quarantined", now)
                     out.append(w)

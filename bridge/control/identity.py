@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import hmac
+import json
 import re
 
 from bridge.broadcast.relay_address import is_loopback
@@ -107,6 +108,13 @@ class IdentityBook:
 
     def of(self, worker_id: str) -> str | None:
         return self.db.get(f"identity/{worker_id}")
+
+    def workers_of(self, identity: str) -> list[str]:
+        """Every worker id `identity` registered (a scan: for a quarantine, not a lease)."""
+        rows = self.db.q(
+            "SELECT key FROM kv WHERE key LIKE 'identity/%' AND value=?", (json.dumps(identity),)
+        )
+        return sorted(r["key"].split("/", 1)[1] for r in rows)
 
 
 def main(argv=None) -> None:
