@@ -151,18 +151,19 @@ class Run:
     def close(self) -> None:
         if self.worker is not None:
             self.worker.request_stop()
-            self.thread.join(30)
+            self.thread.join(60)
+            assert not self.thread.is_alive(), "the worker thread did not stop"
         for close in reversed(self.closers):
             close()
         self.learner.close()
 
 
-@pytest.fixture
-def engine(vllm_engine):
-    from rollout_gpu import weight_swap
-
-    yield vllm_engine
-    weight_swap.restore(vllm_engine, weight_swap.EngineVersion())  # its own weights again
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir, extra_vllm_engine):
+    """An engine of this module's own: its worker thread drives it, and a thread that
+    outlived its test must not share an engine with later tests (vLLM is not
+    thread-safe: a suite run hung in the next test's generate on the session engine)."""
+    return extra_vllm_engine(tiny_model_dir, dtype="float32", max_model_len=256, seed=0)
 
 
 def _trained_past(run: Run, end: int, version: int) -> None:
