@@ -189,7 +189,7 @@ class ControllerDB(LeaseRows):
     # this connection is the table's only writer, so the cache is the committed value plus
     # this transaction's puts, and a rollback drops it. A lease grant read `next_step` four
     # times and `leases/issued` once, each a statement that released and re-took the GIL
-    # under the controller's lock (issue 25, stop 36).
+    # under the controller's lock (docs/design/lease-path.md).
     def get(self, key: str, default: Any = None) -> Any:
         text = self._kv.get(key, _UNREAD)
         if text is _UNREAD:

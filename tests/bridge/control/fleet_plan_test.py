@@ -97,7 +97,7 @@ def test_own_rate_counts_the_gaps_between_leases_unless_the_controller_held_the_
     # worker's own time is 3 s + 2 gaps, scaled to one gap per lease (3 x 1.25 s).
     leases = [(0.0, 1.0, 10), (1.25, 2.25, 10), (2.5, 3.5, 10)]
     assert capacity.own_rate(leases) == pytest.approx(30 / 3.75)
-    assert busy_rate(leases)[0] == pytest.approx(30 / 3.0)  # what overstated it (issue 32)
+    assert busy_rate(leases)[0] == pytest.approx(30 / 3.0)  # the busy rate overstates it
     # Refused at 1.05 (admission full) and at 2.3: only 0.05 s of each gap is the worker's.
     assert capacity.own_rate(leases, [1.05, 2.3]) == pytest.approx(30 / (3 + 0.1 * 3 / 2))
     # An outage (a 100 s gap) counts as one mean lease at most.
