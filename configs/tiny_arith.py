@@ -296,8 +296,8 @@ def get_config() -> ConfigDict:
     c.controller.max_leases_per_worker = 4
     c.controller.token_ttl_s = 900.0
     c.controller.join_secret_grace_s = 600.0
-    # Fleet-scale pacing (docs/design/lease-path.md): the heartbeat interval handed out is live workers /
-    # heartbeat_budget_per_s (within [5 s, worker_timeout_s / 3]); workers refused because the
+    # Fleet-scale pacing (docs/design/lease-path.md): the heartbeat interval handed out is
+    # live workers / heartbeat_budget_per_s (within [5 s, worker_timeout_s / 3]); workers refused because the
     # admission window is full ask again within idle workers / lease_retry_budget_per_s
     # (bridge/control/refusal_pacing.py). Load then grows with work, not with idle workers.
     c.controller.heartbeat_budget_per_s = 50.0
