@@ -297,9 +297,10 @@ def get_config() -> ConfigDict:
     c.controller.token_ttl_s = 900.0
     c.controller.join_secret_grace_s = 600.0
     # Fleet-scale pacing (docs/design/lease-path.md): the heartbeat interval handed out is
-    # live workers / heartbeat_budget_per_s (within [5 s, worker_timeout_s / 3]); workers refused because the
-    # admission window is full ask again within idle workers / lease_retry_budget_per_s
-    # (bridge/control/refusal_pacing.py). Load then grows with work, not with idle workers.
+    # live workers / heartbeat_budget_per_s (within [5 s, worker_timeout_s / 3]); workers
+    # refused because the admission window is full ask again within idle workers /
+    # lease_retry_budget_per_s (bridge/control/refusal_pacing.py). Load then grows with
+    # work, not with idle workers.
     c.controller.heartbeat_budget_per_s = 50.0
     c.controller.lease_retry_budget_per_s = 100.0
     # Behaviour log-prob audit (bridge/control/audit.py): besides the rows the learner's own
