@@ -74,11 +74,13 @@ def false_quarantine_bound(rate: float, tokens: int = QUARANTINE_TOKENS,
     mismatches at `rate` per token reach the quarantine rule (scipy's binomial tail)."""
     from scipy import stats
 
-    worst = 0.0
-    for n in np.unique(np.geomspace(tokens, 1e9, 400).astype(np.int64)):
-        need = max(tokens, int(np.ceil(fraction * n)))
-        worst = max(worst, float(stats.binom.sf(need - 1, n, rate)))
-    return worst
+    # Every n up to well past tokens / fraction, where the count rule hands over to the
+    # share rule and the tail peaks, then a geometric grid to a billion tokens.
+    dense = int(20 * tokens / fraction) if fraction > 0 else 100 * tokens
+    tail = np.geomspace(max(dense, tokens), 1e9, 400).astype(np.int64)
+    n = np.unique(np.concatenate([np.arange(tokens, dense + 1), tail]))
+    need = np.maximum(tokens, np.ceil(fraction * n)).astype(np.int64)
+    return float(stats.binom.sf(need - 1, n, rate).max())
 
 
 def classify(gaps, scales, mask, abs_margin: float = MARGIN_ABS,
