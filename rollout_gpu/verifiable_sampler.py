@@ -2,16 +2,16 @@
 
     engine.llm.collective_rpc(install)    # VllmEngine.start does this
 
-Each sampled token is `argmax_v(z_v + g(key, position, v))` (bridge/contracts/gumbel.py),
-z the logits vLLM's sampler has processed (temperature, min-p, top-k, top-p; dropped tokens
--inf), key the request's vLLM seed (vLLM already gives child i of an n > 1 request the seed
-`seed + i`, v1/engine/parallel_sampling.py) and position the index of the token being
-sampled in the whole sequence. `VerifiableSampler` takes the place of vLLM 0.32's
-`TopKTopPSampler` in the model runner's `Sampler`: top-k/top-p and the reported log-probs
-are vLLM's own (`apply_top_k_top_p`, log-softmax of the processed logits in
-`processed_logprobs` mode), so the behaviour log-probs stay the policy's, not the noised
-scores'; only the draw changes. Greedy rows (T = 0) never reach it (`Sampler.sample`
-picks their argmax itself), and a request without a seed gets fresh random keys each step.
+Each sampled token is `argmax_v(z_v + g(key, position, v))` (bridge/contracts/gumbel.py), z
+the logits vLLM's sampler has processed (temperature, min-p, top-k, top-p; dropped tokens
+-inf), key the request's seed (`SamplingParams.extra_args[SEED_KEY]`, one single-sample
+request per sample: rollout_gpu/vllm_engine.py says why not vLLM's own `seed`) and position
+the index of the token being sampled in the whole sequence. `VerifiableSampler` takes the
+place of vLLM 0.32's `TopKTopPSampler` in the model runner's `Sampler`: top-k/top-p and the
+reported log-probs are vLLM's own (`apply_top_k_top_p`, log-softmax of the processed logits
+in `processed_logprobs` mode), so the behaviour log-probs stay the policy's, not the noised
+scores'; only the draw changes. Greedy rows (T = 0) never reach it (`Sampler.sample` picks
+their argmax itself), and a request without a seed gets fresh random keys each step.
 
 The noise bits equal the contract's (numpy/jax uint32) bit for bit. Each row's hash of
 (key, position) is the contract's numpy `position_base` (a few values per step); the
@@ -39,6 +39,8 @@ import torch
 from torch import nn
 
 from bridge.contracts import gumbel
+
+SEED_KEY = "echo2_seed"  # the SamplingParams.extra_args key rollout_gpu/vllm_engine.py sets
 
 log = logging.getLogger(__name__)
 
@@ -157,8 +159,8 @@ class VerifiableSampler(nn.Module):
         seeds: list[int | None] = []
         for req_id in req_ids:
             state = runner.requests.get(req_id)
-            params = getattr(state, "sampling_params", None)
-            seeds.append(getattr(params, "seed", None))
+            args = getattr(getattr(state, "sampling_params", None), "extra_args", None) or {}
+            seeds.append(args.get(SEED_KEY))
         positions = np.zeros(rows, np.int64)
         positions[: len(req_ids)] = batch.num_tokens_no_spec[: len(req_ids)]
         seeds += [None] * (rows - len(req_ids))  # dummy rows (profiling runs)

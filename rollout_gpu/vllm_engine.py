@@ -17,11 +17,15 @@ still sees the model's temperature-1 log-softmax.
 
 Sampling is verifiable (rollout_gpu/verifiable_sampler.py, installed by `start`, then
 `engine.verifiable`): each sampled token is argmax(z + g) with z those processed logits
-and g the Gumbel noise of bridge/contracts/gumbel.py keyed by the request's seed (child i
-of an n > 1 request: seed + i) and the token's position in the whole sequence, so the
-learner can recompute every draw. The reported log-probs are still the policy's (of z,
-not of z + g). It needs vLLM's v1 model runner (the one whose sampler it replaces), which
-`start` selects.
+and g the Gumbel noise of bridge/contracts/gumbel.py keyed by the request's seed (sample
+i: seed + i) and the token's position in the whole sequence, so the learner can recompute
+every draw. The reported log-probs are still the policy's (of z, not of z + g). It needs
+vLLM's v1 model runner (the one whose sampler it replaces), which `start` selects. The key
+rides in `SamplingParams.extra_args` (vLLM's field for custom samplers), one single-sample
+request per sample, never in `SamplingParams.seed`: a seed makes vLLM keep a per-request
+torch generator, and on the CPU backend its rewind after a chunked prefill raises ("CPU
+Generator does not use offset", gpu_model_runner `_bookkeeping_sync`), killing the worker
+on any prompt longer than one step's token budget.
 
 Weight loading is vLLM 0.32's `reload_weights` (model_executor/model_loader/reload): it
 moves every layer to the meta device, buffers incoming tensors per layer, and
@@ -161,10 +165,17 @@ class VllmEngine(RolloutEngine):
         requests: Sequence[SampleRequest],
         should_abort: Callable[[], bool] = lambda: False,
     ) -> list[list[Completion]]:
-        prompts = [{"prompt_token_ids": [int(t) for t in r.prompt_token_ids]} for r in requests]
         lora = self.lora_request
-        params = [_params(r) for r in requests]
-        ids = self.llm.enqueue(prompts, params, lora_request=lora, use_tqdm=False)
+        # One engine request per (request, first sample index, params): a seeded request is
+        # n single-sample requests, each with its own key (module docstring).
+        fanned = [(i, j, p) for i, r in enumerate(requests) for j, p in _params(r)]
+        prompts = [
+            {"prompt_token_ids": [int(t) for t in requests[i].prompt_token_ids]}
+            for i, _, _ in fanned
+        ]
+        ids = self.llm.enqueue(
+            prompts, [p for _, _, p in fanned], lora_request=lora, use_tqdm=False
+        )
         engine, done = self.llm.llm_engine, []
         # `LLM.generate`, except that `should_abort()` is polled each engine step.
         while engine.has_unfinished_requests():
@@ -181,7 +192,10 @@ class VllmEngine(RolloutEngine):
             raise GenerationError(f"asked for adapter {lora}, the engine served {served}")
         # Request ids are increasing counters; this is the order they were enqueued in.
         done.sort(key=lambda o: int(o.request_id))
-        return [sorted(map(_completion, o.outputs), key=lambda c: c.index) for o in done]
+        results: list[list[Completion]] = [[] for _ in requests]
+        for out, (i, first, _) in zip(done, fanned, strict=True):
+            results[i] += [_completion(o, first) for o in out.outputs]
+        return [sorted(r, key=lambda c: c.index) for r in results]
 
     def prompt_logprobs(self, token_lists: Sequence[Sequence[int]]) -> list[np.ndarray]:
         from vllm import SamplingParams
@@ -223,23 +237,31 @@ class VllmEngine(RolloutEngine):
             raise RuntimeError("could not reset vLLM's prefix cache (requests still running)")
 
 
-def _params(r: SampleRequest):
+def _params(r: SampleRequest) -> list[tuple[int, Any]]:
+    """(first sample index, SamplingParams) of each engine request serving `r`."""
     from vllm import SamplingParams
 
-    return SamplingParams(
-        n=r.n,
-        temperature=r.temperature,
-        top_p=r.top_p,
-        top_k=r.top_k if r.top_k > 0 else 0,  # 0 = off in vLLM
-        min_p=r.min_p,
-        max_tokens=r.max_tokens,
-        stop_token_ids=[int(t) for t in r.stop_token_ids],
-        logprobs=0,
-        seed=r.seed,
-    )
+    from rollout_gpu import verifiable_sampler
+
+    def params(n: int, seed: int | None):
+        return SamplingParams(
+            n=n,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k if r.top_k > 0 else 0,  # 0 = off in vLLM
+            min_p=r.min_p,
+            max_tokens=r.max_tokens,
+            stop_token_ids=[int(t) for t in r.stop_token_ids],
+            logprobs=0,
+            extra_args=None if seed is None else {verifiable_sampler.SEED_KEY: seed},
+        )
+
+    if r.seed is None:
+        return [(0, params(r.n, None))]
+    return [(i, params(1, r.seed + i)) for i in range(r.n)]
 
 
-def _completion(sample) -> Completion:
+def _completion(sample, first: int = 0) -> Completion:
     tokens = [int(t) for t in sample.token_ids]
     logprobs = None
     if sample.logprobs is not None and len(sample.logprobs) == len(tokens):
@@ -249,7 +271,7 @@ def _completion(sample) -> Completion:
             ]
         except (KeyError, TypeError):  # a position without the sampled token's entry
             logprobs = None
-    return Completion(sample.index, tokens, logprobs, sample.finish_reason)
+    return Completion(first + sample.index, tokens, logprobs, sample.finish_reason)
 
 
 def _reprocess_tied_layers(worker) -> int:

@@ -246,3 +246,23 @@ def test_reported_logprobs_are_the_policys(generated, hf_logits):
             assert np.abs(got - want).max() <= 1e-4, np.abs(got - want).max()
             assert np.abs(got - noised).max() > 0.1
     print(f"largest |reported - transformers| log-prob: {worst:.2e}")
+
+
+@pytest.mark.vllm
+def test_seeded_requests_survive_a_chunked_prefill(vllm_engine):
+    """Prompts that together exceed one engine step's token budget are prefilled in chunks.
+    Keyed through vLLM's own `SamplingParams.seed`, vLLM's CPU backend raised on that
+    ("CPU Generator does not use offset") and the worker died: a holdem run lost a worker
+    per lease. Each sample still follows its own key: the same requests give the same
+    tokens, and the batch order does not change any sample's tokens."""
+    budget = vllm_engine.llm.llm_engine.vllm_config.scheduler_config.max_num_batched_tokens
+    length = 200
+    count = budget // length + 2
+    requests = [
+        SampleRequest(prompt(100 + i, length), n=2, temperature=1.0, max_tokens=4, seed=7 * i)
+        for i in range(count)
+    ]
+    first = vllm_engine.generate(requests)
+    assert [len(samples) for samples in first] == [2] * count
+    again = vllm_engine.generate(requests[::-1])[::-1]
+    assert [[s.token_ids for s in r] for r in again] == [[s.token_ids for s in r] for r in first]
