@@ -519,3 +519,66 @@ def test_a_users_environment_from_its_own_module(tmp_path, text_codec, monkeypat
     finally:
         ctl.close()
         pool.close()
+
+
+BARRIER_ENV = """
+import threading
+from bridge.tasks import Environment, register_env
+
+BARRIER = threading.Barrier(2, timeout=60)  # a deadlock guard, not a timing
+
+@register_env("barrier_guess", max_turns=4, turn_max_tokens=2)
+class BarrierGuess(Environment):
+    \"\"\"Guess a digit; each step waits until a second replay reaches a step too.\"\"\"
+    def reset(self, seed):
+        self.secret = seed % 10
+        return "Guess 0-9:"
+    def step(self, action):
+        BARRIER.wait()
+        g = action.strip()[:1]
+        if g == str(self.secret):
+            return " yes.", 1.0, True
+        return (" higher:" if g.isdigit() and int(g) < self.secret else " lower:"), 0.0, False
+"""
+
+
+def test_two_lines_played_at_once_commit_one(tmp_path, text_codec, monkeypatch):
+    """Two requests playing different first turns of one episode at the same moment (each
+    replay waits until the other has started): one is answered and committed, the other
+    refused (409), so concurrent requests are no way to probe two lines."""
+    import concurrent.futures
+
+    (tmp_path / "barrier_env_mod.py").write_text(BARRIER_ENV)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    task = make_task("barrier_guess", module="barrier_env_mod")
+    config = ControllerConfig(groups_per_step=1, group_size=2, vocab_size=100,
+                              sampling=SamplingParams(max_tokens=8, stop_token_ids=[EOS_ID]),
+                              max_completion_tokens=40, reward_timeout_s=0.0)  # fmt: skip
+    # reward_timeout_s 0: replays inline, in the server's request threads (the barrier's)
+    ctl = Controller(config, os.path.join(tmp_path, "c.db"), task, codec=text_codec)
+    server = serve_controller(ctl, str(tmp_path), ServerOptions())
+    secret = load_or_create_join_secret(str(tmp_path))
+    try:
+        with httpx.Client(base_url=server.url, timeout=120) as client:
+            r = client.post("/v1/register", json={"join_secret": secret, "profile": PROFILE})
+            headers = {"Authorization": f"Bearer {r.json()['token']}"}
+            ctl.publish(0)
+            r = client.post("/v1/lease", headers=headers, json={"worker_version": 0})
+            lease = r.json()["lease"]
+            gid = lease["groups"][0]["group_id"]
+
+            def line(guess):
+                body = {"lease_id": lease["lease_id"], "episodes": [
+                    {"group_id": gid, "sample_index": 0,
+                     "turns": [text_codec.encode(guess)]}]}  # fmt: skip
+                return client.post("/v1/episode", headers=headers, json=body)
+
+            with concurrent.futures.ThreadPoolExecutor(2) as pool:
+                got = list(pool.map(line, ["1", "8"]))
+        assert sorted(r.status_code for r in got) == [200, 409], [r.text for r in got]
+        (turns, _, _) = ctl.db.episode_states(lease["lease_id"])[gid, 0]
+        won = ["1", "8"][[r.status_code for r in got].index(200)]
+        assert turns == [text_codec.encode(won)]
+    finally:
+        server.stop()
+        ctl.close()
