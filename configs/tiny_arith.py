@@ -296,8 +296,8 @@ def get_config() -> ConfigDict:
     c.controller.max_leases_per_worker = 4
     # Environment replays per worker (POST /v1/episode, bridge/control/episode_steps.py):
     # sustained per second and at once; past them a worker is answered 429 and waits.
-    c.controller.episode_replays_per_s = 200.0
-    c.controller.episode_replay_burst = 1024.0
+    c.controller.episode_replays_per_s = 1000.0
+    c.controller.episode_replay_burst = 4096.0
     c.controller.token_ttl_s = 900.0
     c.controller.join_secret_grace_s = 600.0
     # Fleet-scale pacing (docs/design/lease-path.md): the heartbeat interval handed out is
