@@ -28,8 +28,9 @@ a bet shows its card is not the Queen), then play and submit another. So:
 - a submitted episode's model turns must be exactly its committed turns (the submission's
   check, intake.py `check_played`): every turn of a leased episode is played here.
 
-Evaluation leases (eval_leases.py, in memory) still step statelessly: they train nothing.
-The submission is also checked as before: the scoring replay compares every environment
+An evaluation lease (eval_leases.py) holds its episodes' states in its own row, in memory
+like the lease (its groups are leased as single-turn, so its results carry one turn). The
+submission is also checked as before: the scoring replay compares every environment
 token of the trajectory with the replay's observations (rewards.py).
 """
 
@@ -71,26 +72,23 @@ class EpisodeSteps:
         evals = getattr(ctl, "evals", None)  # eval leases (eval_leases.py), if any
         return cls(ctl.db, ctl.lock, ctl.config, ctl.content, ctl.codec, ctl.scorer, evals)
 
-    def _eval_leased(self, worker_id: str, lease_id: str) -> dict | None:
-        """group id -> (Prompt, n) of an evaluation lease (held in memory); None if
-        `lease_id` is no evaluation lease."""
+    def _eval_leased(self, worker_id: str, lease_id: str) -> tuple[dict, dict]:
+        """`_leased` of an evaluation lease (in memory, eval_leases.py: its episode states
+        live in the lease's row and go with it); call under the board's lock."""
         ev = self.evals
-        if ev is None or not ev.owns(lease_id):
-            return None
-        with ev._lock:
-            lease = ev.leases.get(lease_id)
-            if lease is None or lease["worker"] != worker_id:
-                raise SubmissionError(f"no active eval lease {lease_id} of yours", 404)
-            rows = [ev.groups.get(g) for g in lease["groups"]]
-            return {
-                r["group"].group_id: (r["prompt"], r["group"].n)
-                for r in rows
-                if r and r["state"] == "leased"
-            }
+        lease = ev.leases.get(lease_id)
+        if lease is None or lease["worker"] != worker_id:
+            raise SubmissionError(f"no active eval lease {lease_id} of yours", 404)
+        rows = [ev.groups.get(g) for g in lease["groups"]]
+        return {
+            r["group"].group_id: (r["prompt"], r["group"].n)
+            for r in rows
+            if r and r["state"] == "leased"
+        }, lease.setdefault("episodes", {})
 
     def _leased(self, worker_id: str, lease_id: str) -> tuple[dict, dict]:
         """(group id -> (Prompt, n) of the groups `lease_id` (the worker's, active) holds,
-        the lease's committed episode states); call under the lock."""
+        the lease's committed episode states); call under the controller's lock."""
         lease = own_lease(self.db, worker_id, lease_id)
         if lease["state"] != "active":
             raise SubmissionError(f"lease {lease_id!r} is {lease['state']}", 409)
@@ -168,12 +166,12 @@ class EpisodeSteps:
         keys = [(e.group_id, e.sample_index) for e in req.episodes]
         if len(set(keys)) != len(keys):
             raise SubmissionError("an episode appears twice in the request")
-        evals = self._eval_leased(worker_id, req.lease_id)
-        if evals is not None:  # stateless: an evaluation trains nothing
-            played = [(e, self._check(e, evals)) for e in req.episodes]
-            return EpisodeStepResponse(observations=self._replays(worker_id, played))
-        with self.lock:
-            rows, states = self._leased(worker_id, req.lease_id)
+        ev = self.evals
+        in_db = ev is None or not ev.owns(req.lease_id)  # else an evaluation lease
+        lock, leased = (self.lock, self._leased) if in_db else (ev._lock, self._eval_leased)
+        with lock:
+            rows, states = leased(worker_id, req.lease_id)
+            states = dict(states)  # what the replays start from
         prompts = [self._check(e, rows) for e in req.episodes]
         played = [
             (e, p)
@@ -184,29 +182,35 @@ class EpisodeSteps:
             (e.group_id, e.sample_index): o
             for (e, _), o in zip(played, self._replays(worker_id, played), strict=True)
         }
-        with self.lock, self.db.tx():  # commit only onto the states the replays started from
-            rows, now = self._leased(worker_id, req.lease_id)
-            for k in fresh:
-                if k[0] not in rows or now.get(k) != states.get(k):
-                    raise SubmissionError(f"group {k[0]} sample {k[1]}: played meanwhile", 409)
-            self.db.put_episode_states(
-                req.lease_id,
-                {
-                    (e.group_id, e.sample_index): (
-                        [list(t) for t in e.turns],
-                        fresh[e.group_id, e.sample_index].observation,
-                        fresh[e.group_id, e.sample_index].done,
-                    )
-                    for e, _ in played
-                },
-            )
-        self.db.sync()  # durable before the answer, as every controller operation
+        new = {
+            (e.group_id, e.sample_index): ([list(t) for t in e.turns], o.observation, o.done)
+            for (e, _), o in zip(played, fresh.values(), strict=True)
+        }
+        if new and in_db:
+            with self.lock, self.db.tx():
+                self._commit(*self._leased(worker_id, req.lease_id), states, new)
+                self.db.put_episode_states(req.lease_id, new)
+            self.db.sync()  # durable before the answer, as every controller operation
+        elif new:
+            with lock:
+                rows, now = leased(worker_id, req.lease_id)
+                self._commit(rows, now, states, new)
+                now.update(new)
         return EpisodeStepResponse(
             observations=[
                 fresh.get(k) or EpisodeObservation(observation=states[k][1], done=states[k][2])
                 for k in keys
             ]
         )
+
+    @staticmethod
+    def _commit(rows: dict, now: dict, states: dict, new: dict) -> None:
+        """Refuse (409) to commit `new` unless each of its episodes is still leased and
+        still in the state its replay started from (`states`): of two requests playing
+        one episode at once, one line is answered, never both."""
+        for k in new:
+            if k[0] not in rows or now.get(k) != states.get(k):
+                raise SubmissionError(f"group {k[0]} sample {k[1]}: played meanwhile", 409)
 
     def _replays(self, worker_id: str, played: list) -> list[EpisodeObservation]:
         """Replay each (turns, prompt) of `played`, within the worker's budget."""
