@@ -294,6 +294,10 @@ def get_config() -> ConfigDict:
     c.controller.register_rate_per_s = 1.0
     c.controller.register_burst = 64.0
     c.controller.max_leases_per_worker = 4
+    # Environment replays per worker (POST /v1/episode, bridge/control/episode_steps.py):
+    # sustained per second and at once; past them a worker is answered 429 and waits.
+    c.controller.episode_replays_per_s = 1000.0
+    c.controller.episode_replay_burst = 4096.0
     c.controller.token_ttl_s = 900.0
     c.controller.join_secret_grace_s = 600.0
     # Fleet-scale pacing (docs/design/lease-path.md): the heartbeat interval handed out is

@@ -23,8 +23,10 @@ rewards the worker's environment computes are not sent: the controller replays.
 Hidden state (issue 23 item 8): the controller's leases carry no seed (`EpisodeSpec.seed`
 -1; a poker seed is the deal). The observations then come from the controller, one
 POST /v1/episode per turn for all live episodes of the lease (`observe`, the model turns
-so far as token ids; bridge/control/episode_steps.py). A spec with a seed (tests, older
-controllers) is still played on a local environment.
+so far as token ids; bridge/control/episode_steps.py). The controller holds what each
+episode has played: a request carries each live episode once, with exactly one new turn,
+and the submission must be those turns (a retry of a request gets the same answers). A
+spec with a seed (tests, older controllers) is still played on a local environment.
 """
 
 from __future__ import annotations

@@ -284,13 +284,12 @@ class WorkerAudit:
 
 
 def vouches(db, worker_id: str, min_tokens: int) -> bool:
-    """Whether the audit vouches for `worker_id`'s work (issue 23 item 9): once the run
-    audits at all, a worker's measured throughput counts for activation (fleet_plan.py)
-    only after `min_tokens` of its own tokens passed the audit, so a $0 worker returning
-    junk fast cannot put the honest fleet on standby before it is judged. A run that
-    audits nothing (the audit off, tests of other parts) vouches for everyone."""
-    if not db.get("audit/tokens", 0):
-        return True
+    """Whether the audit vouches for `worker_id`'s work: only its own identity's audited
+    tokens do (`evidence_key`), `min_tokens` of them passed. Until then its measured
+    throughput does not count for activation (fleet_plan.py: it stays active, unmeasured),
+    so a $0 worker returning junk fast cannot put an audited worker on standby, not even
+    before the run's first audit (when nobody is vouched for, activation keeps everyone
+    active)."""
     s = db.audit_sums(evidence_key(db, worker_id))
     return s is not None and s["total"] >= min_tokens
 

@@ -80,6 +80,13 @@ class ControllerConfig:
     register_rate_per_s: float = 1.0  # registrations per client IP
     register_burst: float = 64.0
     max_leases_per_worker: int = 4  # active leases one worker may hold
+    # Environment replays (POST /v1/episode, episode_steps.py) per worker: sustained and at
+    # once; a request over it is answered 429. A request needing more than the burst empties
+    # a full bucket, so any one lease's turn gets through. 0 = off. A Kuhn poker replay
+    # costs ~0.16 ms of a reward-pool process (measured on a loaded 2-core box): one worker
+    # takes at most ~1/6 of a pool process sustained; the burst is one maximal request.
+    episode_replays_per_s: float = 1000.0
+    episode_replay_burst: float = 4096.0
     token_ttl_s: float = 900.0  # a token dies this long after its worker's last contact
     join_secret_grace_s: float = 600.0  # a rotated-out join secret still works (join_secret.py)
     # Weight broadcast (bridge/broadcast): "store" (every worker reads the store), "chain"

@@ -53,6 +53,10 @@ CREATE TABLE IF NOT EXISTS leases (
   lease_id TEXT PRIMARY KEY, worker_id TEXT NOT NULL, created_at REAL NOT NULL,
   expires_at REAL NOT NULL, state TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS leases_state ON leases(state, expires_at);
+CREATE TABLE IF NOT EXISTS episodes (
+  lease_id TEXT NOT NULL, group_id INTEGER NOT NULL, sample_index INTEGER NOT NULL,
+  turns TEXT NOT NULL, observation TEXT NOT NULL, done INTEGER NOT NULL,
+  PRIMARY KEY (lease_id, group_id, sample_index)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS fleet (
   worker_id TEXT PRIMARY KEY, standby INTEGER NOT NULL DEFAULT 0,

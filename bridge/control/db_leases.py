@@ -7,6 +7,9 @@ heartbeat moves it (`renew_leases`), so it lives in `LeaseDeadlines`, in memory,
 the row's `expires_at` only when the controller persists its hot state (`persist_deadlines`,
 at most `hot_flush_s` apart; bridge/control/hot_state.py). A heartbeat touches no SQLite.
 
+The episodes a lease's worker has played turn by turn (bridge/control/episode_steps.py) are
+rows keyed by the lease, written in the operation's transaction and deleted when it ends.
+
 Restart (kill -9): `restore_deadlines(not_before)` reloads every active lease from its row
 with the deadline max(persisted `expires_at`, `not_before`); the controller passes its
 start time + `lease_ttl_s`. Conservative on purpose: the persisted deadline may be one flush
@@ -182,6 +185,32 @@ class LeaseRows:
         self._x("UPDATE leases SET state=? WHERE lease_id=?", (state, lease_id))
         if state != "active":
             self.deadlines.ended(lease_id)
+            self._x("DELETE FROM episodes WHERE lease_id=?", (lease_id,))  # nothing to check
+
+    # -- the episodes a lease's worker has played (bridge/control/episode_steps.py) -------
+    def episode_states(self, lease_id: str) -> dict[tuple[int, int], tuple]:
+        """(group_id, sample_index) -> (turns, last observation, done) of every episode of
+        `lease_id` with a committed turn."""
+        rows = self.q(
+            "SELECT group_id, sample_index, turns, observation, done FROM episodes"
+            " WHERE lease_id=?",
+            (lease_id,),
+        )
+        return {
+            (r["group_id"], r["sample_index"]): (json.loads(r["turns"]), r["observation"],
+                                                 bool(r["done"]))
+            for r in rows
+        }  # fmt: skip
+
+    def put_episode_states(self, lease_id: str, states: dict[tuple[int, int], tuple]) -> None:
+        self.conn.executemany(
+            "INSERT OR REPLACE INTO episodes(lease_id, group_id, sample_index, turns,"
+            " observation, done) VALUES (?, ?, ?, ?, ?, ?)",
+            [
+                (lease_id, gid, i, json.dumps(turns), obs, int(done))
+                for (gid, i), (turns, obs, done) in states.items()
+            ],
+        )
 
     def end_lease(self, lease_id: str, state: str) -> None:
         """End a lease as `state` (expired, released): its unsubmitted groups requeue."""

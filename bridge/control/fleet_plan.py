@@ -42,7 +42,9 @@ condition fails; the console's words on it: bridge/control/capacity_advice.py.
 Activation (`activation=True`): the active set is re-solved on join, leave and quarantine
 and at most every `activation_period_s` on heartbeats (measured speeds and T change
 continuously; `decide`'s hysteresis keeps jitter from flipping the set). Unmeasured workers
-stay active: they must lease to be measured. Before T is known nothing changes. Standby
+stay active: they must lease to be measured. A worker's speed counts only once the audit
+vouches for its own work (audit.vouches); until then it is unmeasured, so it can neither
+be put on standby nor put anyone else there. Before T is known nothing changes. Standby
 workers are told `active=false` and get no leases; they are billed `standby_price_fraction`
 of their price while alive (0: released, not billed).
 

@@ -4,10 +4,11 @@
 lease content it checks against; it never references the controller. `check` (no lock:
 committed rows through `ControllerDB.read_view`; issue 25, stop 36) validates every group
 against the lease, the configured limits and the prompt ids the controller builds itself
-(bridge/control/validation.py) and the version the lease was taken at (a token tagged older
-than it is refused) and changes nothing but lease deadlines. The caller then scores the
-fresh groups (bridge/control/rewards.py), and `accept` (under the lock) re-reads the
-groups' states and buffers the scored groups atomically. A checked submission renews its
+(bridge/control/validation.py), the version the lease was taken at (a token tagged older
+than it is refused) and, for an episode, the turns its worker played through POST
+/v1/episode (episode_steps.py), and changes nothing but lease deadlines. The caller then
+scores the fresh groups (bridge/control/rewards.py), and `accept` (under the lock) re-reads
+the groups' states and buffers the scored groups atomically. A checked submission renews its
 worker's leases not yet past their deadline beyond the worst-case scoring time (two
 timeouts per completion, rewards.py), so scoring never expires them; a lease that ended
 anyway (expired before the check, released, the worker quarantined) is refused with 409
@@ -27,7 +28,7 @@ from bridge.contracts import staleness as staleness_rule
 from bridge.control.config import ControllerConfig
 from bridge.control.db import ControllerDB
 from bridge.control.lease_content import LeaseContent
-from bridge.control.protocol import Submission, Trajectory
+from bridge.control.protocol import GroupResult, Submission, Trajectory
 from bridge.control.validation import SubmissionError, check_group
 from bridge.tasks import Prompt
 
@@ -42,6 +43,20 @@ def own_lease(db: ControllerDB, worker_id: str, lease_id: str):
     if lease["worker_id"] != worker_id:
         raise SubmissionError(f"lease {lease_id!r} belongs to another worker", 403)
     return lease
+
+
+def check_played(states: dict, group: GroupResult) -> None:
+    """Refuse (422) a submitted episode whose model turns are not the turns its worker
+    played through POST /v1/episode (`states`: the lease's committed episode states,
+    `ControllerDB.episode_states`; episode_steps.py)."""
+    for t in group.trajectories:
+        turns = [list(ids) for m, ids in t.segments() if m == 1]
+        played = states.get((group.group_id, t.sample_index), ([], "", False))[0]
+        if turns != played:
+            raise SubmissionError(
+                f"group {group.group_id} sample {t.sample_index}: its {len(turns)} model "
+                f"turns are not the {len(played)} played through POST /v1/episode"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +91,7 @@ class Intake:
         ids = [g.group_id for g in sub.groups]
         if len(set(ids)) != len(ids):
             raise SubmissionError("a group id appears twice in the submission")
-        fresh, prompts = [], {}
+        fresh, prompts, played = [], {}, None
         for g in sub.groups:
             row = rows.get(g.group_id)
             if row is None:
@@ -87,6 +102,7 @@ class Intake:
                 )
             if row["state"] in ("buffered", "consumed"):
                 continue  # a duplicate, reported by accept
+            episode = self.content.episode(row["answer"])
             check_group(
                 g,
                 prompt_id=row["prompt_id"],
@@ -97,8 +113,12 @@ class Intake:
                 newest_version=newest,
                 lease_version=db.get(f"lease_version/{sub.lease_id}"),
                 prompt_token_ids=self.content.prompt_ids(row["prompt"]),
-                episode=self.content.episode(row["answer"]),
+                episode=episode,
             )
+            if episode is not None:
+                if played is None:
+                    played = db.episode_states(sub.lease_id)
+                check_played(played, g)
             fresh.append(g)
             prompts[g.group_id] = Prompt(row["prompt_id"], row["prompt"], row["answer"])
         if fresh:  # contact renews the leases, and scoring time must not expire them

@@ -63,19 +63,20 @@ class RateLimiter:
         self._buckets: dict[Hashable, tuple[float, float]] = {}  # key -> (tokens, at)
         self._lock = threading.Lock()
 
-    def take(self, key: Hashable) -> float:
-        """Spend one token of `key`'s bucket: 0.0 if there was one, else the seconds until
-        there is (the request is refused and nothing is spent)."""
+    def take(self, key: Hashable, cost: float = 1.0) -> float:
+        """Spend `cost` tokens of `key`'s bucket (at most a full one): 0.0 if it had them,
+        else the seconds until it has (the request is refused and nothing is spent)."""
         if self.rate <= 0:
             return 0.0
+        cost = min(float(cost), self.burst)
         with self._lock:
             now = self.clock()
             tokens, at = self._buckets.get(key, (self.burst, now))
             tokens = min(self.burst, tokens + (now - at) * self.rate)
-            if tokens < 1.0:
+            if tokens < cost:
                 self._buckets[key] = (tokens, now)
-                return (1.0 - tokens) / self.rate
-            self._buckets[key] = (tokens - 1.0, now)
+                return (cost - tokens) / self.rate
+            self._buckets[key] = (tokens - cost, now)
             if len(self._buckets) > self.max_keys:
                 self._prune(now)
             return 0.0

@@ -194,7 +194,8 @@ class EpisodeSpec(_Model):
 
 
 class EpisodeTurns(_Model):
-    """One leased episode's model turns so far, token ids exactly as sampled."""
+    """One leased episode's model turns so far, token ids exactly as sampled: the turns
+    already answered and one new turn (the same turns again: the answer already given)."""
 
     group_id: int
     sample_index: int = Field(ge=0, le=1 << 16)
@@ -202,7 +203,10 @@ class EpisodeTurns(_Model):
 
 
 class EpisodeStep(_Model):
-    """POST /v1/episode: the next observation of each episode, after its last turn."""
+    """POST /v1/episode: the next observation of each episode, after its last turn. The
+    controller holds what each episode has played (bridge/control/episode_steps.py): an
+    episode appears once per request and cannot be rewound; a submitted episode must be
+    the turns played here. Replays are budgeted per worker (429 with Retry-After)."""
 
     lease_id: str = Field(max_length=128)
     episodes: list[EpisodeTurns] = Field(min_length=1, max_length=4096)

@@ -52,7 +52,7 @@ from fastapi.responses import JSONResponse
 from bridge.broadcast.relay_address import is_loopback
 from bridge.control import limits, prometheus
 from bridge.control.controller import Controller
-from bridge.control.episode_steps import EpisodeSteps
+from bridge.control.episode_steps import EpisodeSteps, OverBudget
 from bridge.control.fast_routes import RelayFilter, fast_routes
 from bridge.control.http_bounds import bounded_protocol
 from bridge.control.http_guard import HttpGuard, json_body, with_schemas
@@ -179,6 +179,9 @@ def make_app(
 
     @app.exception_handler(SubmissionError)
     async def refused(request: Request, e: SubmissionError):
+        if isinstance(e, OverBudget):  # waited out by ControllerClient, like a rate limit
+            status, body, headers = _too_many(e.wait_s)
+            return JSONResponse({**body, "detail": str(e)}, status_code=status, headers=headers)
         return JSONResponse({"detail": str(e)}, status_code=e.status)
 
     @app.post("/v1/register", response_model=RegisterResponse)

@@ -2,7 +2,8 @@
 
 Contract of a task:
 - `train_prompts(seed)` an endless, deterministic iterator of `Prompt`s (same seed, same
-  stream), so a restarted controller can skip what it already drew.
+  stream), so a restarted controller can skip what it already drew. `seed` is any int (a
+  task that `hides_state` gets a 256-bit secret one).
 - `eval_prompts()` a fixed held-out list, disjoint from the training stream.
 - `reward(prompt, completion)` a float for one completion text (special tokens removed).
 - `sft_examples(seed)` an iterator of (prompt text, target completion text), or nothing.
@@ -46,6 +47,11 @@ class Task(abc.ABC):
     # How the prompt text is presented to the model (bridge/contracts/prompt.py); a config's
     # prompt.format overrides it. Plain text unless a task says otherwise.
     prompt_format: PromptFormat = PromptFormat()
+    # True when a prompt's `answer` holds state the prompt text hides from workers (an
+    # episode's seed is a card deal): the controller then draws `train_prompts` from a
+    # seed keyed by the run's secret (bridge/control/prompt_stream.py), so no worker can
+    # rebuild the stream from the config's public seed and look a prompt up in it.
+    hides_state: bool = False
 
     @abc.abstractmethod
     def train_prompts(self, seed: int) -> Iterator[Prompt]:

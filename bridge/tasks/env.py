@@ -36,7 +36,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
-import random
+import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -192,6 +192,8 @@ class EnvTask(Task):
     workers get each observation from the controller (bridge/control/episode_steps.py).
     """
 
+    hides_state = True  # the seed is the episode's hidden state (a deal)
+
     def __init__(
         self,
         env: str,
@@ -216,7 +218,9 @@ class EnvTask(Task):
 
     def prompt_id(self, seed: int) -> str:
         """`<env>/<digest of the seed>`: a prompt id goes to workers, the seed (the deal)
-        must not (issue 23 item 8; the trusted side keeps it in `answer`)."""
+        must not (the trusted side keeps it in `answer`). Opaque because the controller's
+        training seeds are secret (`hides_state`): a digest of a public seed could be
+        looked up in the public stream."""
         return (
             f"{self.env_name}/{hashlib.sha256(f'{self.env_name}/{seed}'.encode()).hexdigest()[:16]}"
         )
@@ -225,9 +229,11 @@ class EnvTask(Task):
         return Prompt(self.prompt_id(seed), self.env.reset(seed), str(seed))
 
     def train_prompts(self, seed: int) -> Iterator[Prompt]:
-        rng = random.Random(f"{self.env_name}/train/{seed}")
-        while True:
-            yield self._prompt(rng.randrange(_SEED_SPACE))
+        # Each episode seed a hash of (stream seed, index), not a Mersenne Twister draw: the
+        # twister is linear, so the seat and card of enough prompts (seed % 12) would give
+        # away its state, and with it every later deal, even from a secret stream seed.
+        for i in itertools.count():
+            yield self._prompt(_seed(f"{self.env_name}/train/{seed}", i))
 
     def eval_prompts(self) -> list[Prompt]:
         return [self._prompt(_seed(f"{self.env_name}/eval", i)) for i in range(self.eval_size)]

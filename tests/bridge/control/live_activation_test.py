@@ -5,13 +5,13 @@ file with an injected clock (fleet_plan_test.py's helpers)."""
 import pytest
 from fleet_plan_test import Clock, hb, make, run_lease, worker
 
-from bridge.control import activation
+from bridge.control import activation, audit
 from bridge.control.protocol import LeaseRequest
 
 
 def four_workers(tmp_path, text_codec, clock, **cfg):
-    """A cheap-and-fast pair (a, b), a pricey fast one (c), a cheap slow one (d), measured;
-    the learner needs R / T = 4 rollouts/s (4.4 with the margin)."""
+    """A cheap-and-fast pair (a, b), a pricey fast one (c), a cheap slow one (d), measured and
+    audited; the learner needs R / T = 4 rollouts/s (4.4 with the margin)."""
     ctl = make(tmp_path, text_codec, clock, activation_period_s=30.0, **cfg)
     ctl.publish(0)
     a, b, c, d = (worker(ctl, p) for p in (1.0, 1.0, 3.0, 0.5))
@@ -19,6 +19,9 @@ def four_workers(tmp_path, text_codec, clock, **cfg):
     run_lease(ctl, clock, b, groups=2, seconds=2.0)  # 2
     run_lease(ctl, clock, c, groups=5, seconds=2.0)  # 5
     run_lease(ctl, clock, d, groups=1, seconds=4.0)  # 0.5
+    # Each one's own audited work vouches for its speed (audit.vouches).
+    ctl.audit([audit.AuditStat(w, 0, tokens=ctl.config.audit_min_tokens, sum_k3=0.0,
+                               sum_logratio=0.0) for w in (a, b, c, d)])  # fmt: skip
     ctl.report_learner(step_s=1.0)
     return ctl, (a, b, c, d)
 

@@ -131,3 +131,33 @@ def test_a_free_worker_does_not_take_the_fleet_before_it_is_audited(live):
     assert ctl.audit([ok]) == []
     clock.t += 31.0
     assert not heartbeat(client, honest)["active"] and heartbeat(client, junk)["active"]
+
+
+@pytest.mark.parametrize("live", [dict(activation=True, groups_per_step=2, staleness=20,
+                                       audit_min_tokens=20, worker_timeout_s=100.0)],
+                         indirect=True)  # fmt: skip
+def test_before_any_audit_a_free_worker_displaces_nobody(live):
+    """Nobody is vouched for before the run's first audit: a $0 worker that returned one
+    instant lease does not put the honest worker on standby, and once only the honest one
+    is audited its speed alone counts (the unaudited one stays active, unmeasured)."""
+    ctl, clock, client, join = live
+    ctl.publish(0)
+    honest_id, honest = join(price=1.0)
+    junk_id, junk = join(price=0.0)
+    got, _ = lease(client, honest, 4)
+    clock.t += 1.0  # 8 rollouts/s
+    assert len(submit(client, honest, got).json()["accepted"]) == 4
+    got, _ = lease(client, junk, 4)  # returned at once: junk, fast
+    clock.t += 0.01
+    assert len(submit(client, junk, got).json()["accepted"]) == 4
+    ctl.report_learner(step_s=1.0)  # the learner needs 4.4 rollouts/s with the margin
+    clock.t += 31.0  # past activation_period_s; no audit has run
+    # Before: everyone counted as vouched for, and the $0 worker alone covered the need.
+    assert heartbeat(client, honest)["active"] and heartbeat(client, junk)["active"]
+    assert ctl.db.fleet_row(honest_id)["standby"] == 0
+    fine = audit.AuditStat(honest_id, 0, tokens=40, sum_k3=40e-6, sum_logratio=0.0)
+    assert ctl.audit([fine]) == []
+    clock.t += 31.0
+    assert heartbeat(client, honest)["active"] and heartbeat(client, junk)["active"]
+    assert ctl.stats()["fleet/standby_workers"] == 0
+    assert ctl.db.fleet_row(junk_id)["standby"] == 0
