@@ -95,14 +95,14 @@ class LearnerSide:
         self.db.incr("groups/consumed", len(rows))
         self.timing.batch_taken(self.clock())
         workers = self.db.lease_workers([r["lease_id"] for r in rows if r["lease_id"]])
-        dtypes = {w: self._engine_dtype(w) for w in set(workers.values())}
+        dtypes = {w: self.engine_dtype(w) for w in set(workers.values())}
         return [
             {**dict(r), "worker_id": (w := workers.get(r["lease_id"], "")),
              "engine_dtype": dtypes.get(w, "bfloat16")}
             for r in rows
         ]  # fmt: skip
 
-    def _engine_dtype(self, worker_id: str) -> str:
+    def engine_dtype(self, worker_id: str) -> str:
         """The engine dtype `worker_id` declared (its registered profile)."""
         row = self.db.worker(worker_id)
         profile = json.loads(row["profile"]) if row is not None else {}

@@ -128,4 +128,8 @@ class LearnerCalls:
         method so a controller in its own process (process.py) serves them too."""
         if call not in LEARNER_CALLS:
             raise ValueError(f"evaluation call must be one of {LEARNER_CALLS}, got {call!r}")
-        return getattr(self.evals, call)(*args, **kwargs)
+        out = getattr(self.evals, call)(*args, **kwargs)
+        if call == "take_check_rows":  # the exact check's margin follows the engine's dtype
+            dtypes = {r["worker"]: self.learner.engine_dtype(r["worker"]) for r in out}
+            out = [{**r, "engine_dtype": dtypes[r["worker"]]} for r in out]
+        return out

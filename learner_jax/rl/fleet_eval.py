@@ -149,7 +149,8 @@ class FleetEval:
             groups = [
                 ConsumedGroup(group_id=r["group_id"], prompt_id="", prompt="", answer="",
                               trajectories=r["trajectories"], worker_id=r["worker"],
-                              sampling_seed=r["seed"])
+                              sampling_seed=r["seed"],
+                              engine_dtype=r.get("engine_dtype", "bfloat16"))
                 for r in rows if r["temperature"] == temperature
             ]  # fmt: skip
             verdict = self.exact.check(groups, temperature=temperature)

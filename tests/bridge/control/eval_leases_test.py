@@ -10,6 +10,7 @@ import json
 import os
 
 import httpx
+import numpy as np
 import pytest
 
 from bridge.control.config import ControllerConfig
@@ -542,40 +543,51 @@ def test_results_arrive_off_the_learners_thread_and_the_run_waits_for_the_last(c
     assert "gave up waiting for the fleet evaluation of version(s) [7]" in caplog.text
 
 
-def test_the_learner_checks_every_eval_token(tmp_path, text_codec, tiny_model_dir):
-    """FleetEval with the run's ExactChecker: an honest greedy worker's group (the argmax
-    of the model, computed here by transformers) is accepted and audited clean; a
-    fabricated answer is refused, offered again and its worker quarantined; only the
-    accepted group may count."""
-    import torch
-    import transformers
+class EvalCheckRun:
+    """A controller with a greedy evaluation of two prompts queued, admission full, and
+    FleetEval with the run's ExactChecker (learner_jax/rl/fleet_eval.py); `submit` answers
+    one eval lease of a worker with tokens chosen by `pick(ids so far)`."""
 
-    from learner_jax import hf_import
-    from learner_jax.rl.exact_check import ExactChecker
-    from learner_jax.rl.fleet_eval import FleetEval
+    def __init__(self, tmp_path, text_codec, tiny_model_dir, margin=None):
+        import torch
+        import transformers
 
-    ctl = Controller(
-        ControllerConfig(
-            staleness=1, groups_per_step=2, group_size=2, vocab_size=128, hot_flush_s=0,
-            sampling=SamplingParams(max_tokens=4), reward_timeout_s=0.0,
-            exact_quarantine_tokens=1,
-        ),
-        str(tmp_path / "controller.db"),
-        make_task("arithmetic", format_reward=0.1),
-        codec=text_codec,
-    )  # fmt: skip
-    ctl.evaluation("configure", str(tmp_path))
-    cfg, params = hf_import.load_hf_params(tiny_model_dir)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32)
-    checker = ExactChecker(lambda v: params, cfg, temperature=1.0, rows_per_call=4, chunk=8)
-    hook = FleetEval(ctl, PROMPTS[:2], 4, 0.0, period=1, end=9, start=0, exact=checker)
-    ctl.publish(0)
-    ctl.evaluation("request", 0, PROMPTS[:2], n=4, temperature=0.0)
-    saturate(ctl)
-    honest, cheat = worker(ctl), worker(ctl)
+        from learner_jax import hf_import
+        from learner_jax.rl.exact_check import ExactChecker
+        from learner_jax.rl.fleet_eval import FleetEval
 
-    def submit(worker_id, pick):
-        lease = ask(ctl, worker_id, 0).lease
+        self.ctl = ctl = Controller(
+            ControllerConfig(
+                staleness=1, groups_per_step=2, group_size=2, vocab_size=128, hot_flush_s=0,
+                sampling=SamplingParams(max_tokens=4), reward_timeout_s=0.0,
+                exact_quarantine_tokens=1,
+            ),
+            str(tmp_path / "controller.db"),
+            make_task("arithmetic", format_reward=0.1),
+            codec=text_codec,
+        )  # fmt: skip
+        ctl.evaluation("configure", str(tmp_path))
+        cfg, params = hf_import.load_hf_params(tiny_model_dir)
+        self.hf = transformers.AutoModelForCausalLM.from_pretrained(
+            tiny_model_dir, dtype=torch.float32
+        )
+        margin = {} if margin is None else {"margin": margin}
+        checker = ExactChecker(
+            lambda v: params, cfg, temperature=1.0, rows_per_call=4, chunk=8, **margin
+        )
+        self.hook = FleetEval(ctl, PROMPTS[:2], 4, 0.0, period=1, end=9, start=0, exact=checker)
+        ctl.publish(0)
+        ctl.evaluation("request", 0, PROMPTS[:2], n=4, temperature=0.0)
+        saturate(ctl)
+
+    def logits(self, ids):
+        import torch
+
+        with torch.no_grad():
+            return self.hf(torch.tensor([ids])).logits[0, -1].double().numpy()
+
+    def submit(self, worker_id, pick):
+        lease = ask(self.ctl, worker_id, 0).lease
         [g] = lease.groups
         ids = list(g.prompt_token_ids)
         for _ in range(4):
@@ -588,12 +600,21 @@ def test_the_learner_checks_every_eval_token(tmp_path, text_codec, tiny_model_di
             "lease_id": lease.lease_id,
             "groups": [{"group_id": g.group_id, "trajectories": [traj]}],
         }
-        assert ctl.submit(worker_id, Submission.model_validate(sub)).accepted == [g.group_id]
+        assert self.ctl.submit(worker_id, Submission.model_validate(sub)).accepted == [g.group_id]
         return g.group_id
 
+
+def test_the_learner_checks_every_eval_token(tmp_path, text_codec, tiny_model_dir):
+    """FleetEval with the run's ExactChecker: an honest greedy worker's group (the argmax
+    of the model, computed here by transformers) is accepted and audited clean; a
+    fabricated answer is refused, offered again and its worker quarantined; only the
+    accepted group may count."""
+    run = EvalCheckRun(tmp_path, text_codec, tiny_model_dir)
+    ctl, hook, submit = run.ctl, run.hook, run.submit
+    honest, cheat = worker(ctl), worker(ctl)
+
     def argmax(ids):
-        with torch.no_grad():
-            return int(hf(torch.tensor([ids])).logits[0, -1].argmax())
+        return int(run.logits(ids).argmax())
 
     good = submit(honest, argmax)
     bad = submit(cheat, lambda ids: 20)  # its own answer
@@ -603,3 +624,39 @@ def test_the_learner_checks_every_eval_token(tmp_path, text_codec, tiny_model_di
     assert ctl.evals.groups[bad]["state"] == "queued"
     assert hook._drain()["eval/exact_refused_groups"] == 1.0
     ctl.close()
+
+
+def test_eval_tokens_are_checked_at_the_margin_of_the_engine_declared(
+    tmp_path, text_codec, tiny_model_dir
+):
+    """The same runner-ups (within the bf16 margin, past the fp32 one, 1e-3) from a worker
+    that declared a float32 engine are refused, and from one that declared bfloat16 are
+    accepted: the eval rows carry the worker's engine dtype. (The tiny model's top two
+    logits lie ~0.2 apart, so the bf16 margin is set to 0.3 + 0.08 max|z| here.)"""
+    from bridge.contracts import exact_check
+
+    margin = 0.3
+    run = EvalCheckRun(tmp_path, text_codec, tiny_model_dir, margin=margin)
+    f32, bf16 = (run.ctl.register(WorkerProfile(**PROFILE, engine_dtype=d))[0]
+                 for d in ("float32", "bfloat16"))  # fmt: skip
+    near_ties = []
+
+    def runner_up_at_near_ties(ids):
+        z = run.logits(ids)
+        first, second = np.argsort(z)[::-1][:2]
+        gap = z[first] - z[second]
+        # clear of both edges: the learner computes z in float32, this in float64
+        bf16_margin = margin + exact_check.MARGIN_REL * np.abs(z).max()
+        if 2 * exact_check.FLIP_GAP < gap < 0.9 * bf16_margin:
+            near_ties.append(gap)
+            return int(second)
+        return int(first)
+
+    strict = run.submit(f32, runner_up_at_near_ties)
+    assert near_ties, "no near tie in these prompts: the test checks nothing"
+    loose = run.submit(bf16, runner_up_at_near_ties)
+    run.hook._collect()
+    assert run.ctl.evals.groups[strict]["state"] == "queued"  # refused, offered again
+    assert run.ctl.evals.groups[loose]["state"] == "done"
+    assert f32 in run.ctl.db.quarantined() and bf16 not in run.ctl.db.quarantined()
+    run.ctl.close()
