@@ -40,12 +40,29 @@ def start_relays(
         cmd += [f"--up_burst_kb={burst_kb}"] if burst_kb else []
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
         files.append(f)
+    return procs, _urls(procs, files)
+
+
+def start_relays_in(bed, hosts: list[str], tmp: str) -> tuple[list, list[str]]:
+    """One relay per testbed host (bench/netbed.py), inside its network namespace, bound
+    to its address, with no upload limit of its own: the kernel shapes its link."""
+    procs, files = [], []
+    for host in hosts:
+        f = os.path.join(tmp, f"{host}.url")
+        cmd = [sys.executable, "-m", "rollout_gpu.relay", f"--host={bed.ip(host)}",
+               f"--url_file={f}"]  # fmt: skip
+        procs.append(bed.popen(host, cmd, stdout=subprocess.DEVNULL))
+        files.append(f)
+    return procs, _urls(procs, files)
+
+
+def _urls(procs: list, files: list[str]) -> list[str]:
     deadline = time.time() + 120
     while not all(os.path.exists(f) for f in files):
         if time.time() > deadline or any(p.poll() is not None for p in procs):
             raise RuntimeError("relays did not start")
         time.sleep(0.2)
-    return procs, [open(f).read().strip() for f in files]
+    return [open(f).read().strip() for f in files]
 
 
 def random_linears(model_bytes: int, rng) -> list[tuple[str, np.ndarray]]:
