@@ -212,20 +212,6 @@ def netns_headline(rows: list[dict], delta: dict) -> dict:
     }
 
 
-def wait_complete(url: str, version: int, timeout: float = 900.0) -> float:
-    """Seconds until the relay at `url` holds `version`, every chunk verified."""
-    t0 = time.time()
-    while True:
-        v = relay_procs.call(url, "/status")["versions"].get(str(version), {})
-        if v.get("failed"):
-            raise RuntimeError(f"{url}: version {version}: {v['failed']}")
-        if v.get("complete"):
-            return time.time() - t0
-        if time.time() - t0 > timeout:
-            raise RuntimeError(f"{url}: version {version} not complete in {timeout:.0f} s")
-        time.sleep(0.05)
-
-
 def start_netns(count: int, s: float, tmp: str):
     """The testbed: the store's host (uplink s), the learner's (--learner_mbps) and `count`
     relays (uplink B), each a relay process in its own namespace; returns the bed (entered),
@@ -271,13 +257,13 @@ def main(argv):
         def load_origin(version: int) -> None:
             if not FLAGS.netns:
                 relay_procs.call(origin, "/fetch", {"version": version, "sources": [store.spec]})
-                wait_complete(origin, version)
+                relay_procs.wait_complete(origin, version)
                 return
             # the learner's host reads its own disk, then publishes over its thin uplink
             relay_procs.call(learner, "/fetch", {"version": version, "sources": [store.spec]})
-            wait_complete(learner, version)
+            relay_procs.wait_complete(learner, version)
             relay_procs.call(origin, "/fetch", {"version": version, "sources": [learner]})
-            seconds = wait_complete(origin, version)
+            seconds = relay_procs.wait_complete(origin, version)
             man = store.manifest(version)
             nbytes = man.delta.nbytes if man.delta is not None else man.total_bytes
             publish.append({"version": version, "seconds": seconds, "bytes": nbytes,

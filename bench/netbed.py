@@ -253,7 +253,9 @@ class Netbed:
         # after, each free to use the whole rate when the other is idle. One FIFO would
         # queue a host's ACKs and chunk requests behind its own uploads, and a relay that
         # both uploads and downloads (a chain's middle) would starve its download.
-        _run(*tc, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "htb", "default", "20")
+        # add, not replace: htb cannot change in place; on a shaped link the classes change
+        _run(*tc, "qdisc", "add", "dev", dev, "root", "handle", "1:", "htb", "default", "20",
+             check=False)  # fmt: skip
         for cls, r, prio in (("1:1", rate, None), ("1:10", half, "0"), ("1:20", half, "1")):
             parent = "1:" if cls == "1:1" else "1:1"
             _run(*tc, "class", "replace", "dev", dev, "parent", parent, "classid", cls, "htb",

@@ -3,6 +3,8 @@
 
     procs, urls = start_relays(n, up_mbps, tmp)     # `python -m rollout_gpu.relay` each
     call(url, "/fetch", {"version": v, "sources": [...]})
+    wait_complete(url, v)                           # seconds until it holds v, verified
+    start_relays_in(bed, hosts, tmp)                # one per bench/netbed.py host, in its netns
     publish_model(store, model_bytes, chunk_bytes, version)   # random bf16 "linears"
     publish_delta_chain(store, model_bytes, chunk_bytes, first, k, density)  # anchor + k deltas
 """
@@ -28,6 +30,20 @@ def call(url: str, path: str, body: dict | None = None) -> dict:
     req.add_header("Content-Type", "application/json")
     with urllib.request.urlopen(req, timeout=30) as r:
         return json.loads(r.read())
+
+
+def wait_complete(url: str, version: int, timeout: float = 900.0) -> float:
+    """Seconds until the relay at `url` holds `version`, every chunk verified."""
+    t0 = time.time()
+    while True:
+        v = call(url, "/status")["versions"].get(str(version), {})
+        if v.get("failed"):
+            raise RuntimeError(f"{url}: version {version}: {v['failed']}")
+        if v.get("complete"):
+            return time.time() - t0
+        if time.time() - t0 > timeout:
+            raise RuntimeError(f"{url}: version {version} not complete in {timeout:.0f} s")
+        time.sleep(0.05)
 
 
 def start_relays(
