@@ -290,3 +290,52 @@ class Netbed:
     def heal(self, host: str) -> None:
         """Its link up again (shaping stays: the qdisc belongs to the device)."""
         _run("ip", "-n", self.ns[host], "link", "set", "eth0", "up")
+
+
+# -- network faults (for the benches' chaos: each returns what it did, for the event log) --
+def partition_for(bed: Netbed, host: str, seconds: float) -> dict:
+    """Cut `host` off for `seconds`, then heal it."""
+    t0 = time.time()
+    bed.partition(host)
+    try:
+        time.sleep(seconds)
+    finally:
+        bed.heal(host)
+    return {"fault": "partition", "host": host, "at": t0, "seconds": time.time() - t0}
+
+
+def partition_when(bed: Netbed, host: str, ready, seconds: float, timeout: float = 60.0) -> dict:
+    """Partition `host` for `seconds` as soon as `ready()` is true (polled every 20 ms), e.g.
+    while a relay holds part of a version and is serving the rest: a partition mid-chunk."""
+    deadline = time.time() + timeout
+    while not ready():
+        if time.time() > deadline:
+            return {"fault": "partition", "host": host, "skipped": "never ready"}
+        time.sleep(0.02)
+    return partition_for(bed, host, seconds)
+
+
+def flap(bed: Netbed, host: str, times: int = 3, down_s: float = 1.0, up_s: float = 1.0) -> dict:
+    """Take the host's link down and up `times` times (a flapping uplink)."""
+    t0 = time.time()
+    for i in range(times):
+        partition_for(bed, host, down_s)
+        if i + 1 < times:
+            time.sleep(up_s)
+    return {"fault": "flap", "host": host, "at": t0, "times": times, "down_s": down_s}
+
+
+def slow(bed: Netbed, host: str, factor: float = 10.0) -> dict:
+    """Shape the host's uplink `factor` times slower than now (it must be shaped);
+    `restore(bed, fault)` puts the rate back."""
+    rate = bed.up[host]
+    if rate <= 0:
+        raise ValueError(f"netbed: {host}'s uplink is unshaped; give it a rate to slow")
+    bed.set_rate(host, rate / factor)
+    return {"fault": "slow", "host": host, "at": time.time(), "from_mbps": rate,
+            "to_mbps": rate / factor}  # fmt: skip
+
+
+def restore(bed: Netbed, fault: dict) -> None:
+    """Undo a `slow`."""
+    bed.set_rate(fault["host"], fault["from_mbps"])
