@@ -71,6 +71,7 @@ import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 
 from absl import app, flags
@@ -109,11 +110,20 @@ flags.DEFINE_bool(
 flags.DEFINE_float(
     "learner_mbps", 4.0, "--netns: the learner host's uplink, MB/s (it publishes to the store)."
 )
+flags.DEFINE_bool(
+    "net_faults",
+    False,
+    "--netns: also run the chain of the largest N under network faults "
+    "(a middle relay partitioned mid-version, one relay's uplink 10x slower, the learner's "
+    "uplink flapping while it publishes).",
+)
+flags.DEFINE_float("fault_s", 3.0, "--net_faults: seconds the relay stays partitioned.")
 flags.DEFINE_list(
     "delta_patches", ["pieces"], "Delta arm, once per entry: 'pieces' (a patch larger than a "
     "chunk in chunk-sized pieces) and/or 'whole' (every patch one object per hop, as before)."
 )  # fmt: skip
 VERSION = 1
+FLAP_VERSION = 900  # --net_faults publishes it through the flapping uplink
 DELTA_FIRST = 1000  # the delta arm's versions: after any the sweep publishes
 
 
@@ -212,6 +222,42 @@ def netns_headline(rows: list[dict], delta: dict) -> dict:
     }
 
 
+def fault_arm(bed, origin, relays, load_origin, publish, m, c, b, s) -> list[dict]:
+    """The chain of len(`relays`) under each network fault (bench/netbed.py), once each:
+    every relay must still end with the version verified. Rows as the arms' (one run)."""
+    n, mid = len(relays), len(relays) // 2
+    host, rows = f"r{mid}", []
+
+    def holds_part() -> bool:  # the middle relay holds a quarter to three quarters
+        v = relay_procs.call(relays[mid], "/status")["versions"].get(str(VERSION))
+        return bool(v) and not v["complete"] and v["total"] // 4 <= v["have"] <= 3 * v["total"] // 4
+
+    done: list[dict] = []
+    cut = threading.Thread(
+        target=lambda: done.append(netbed.partition_when(bed, host, holds_part, FLAGS.fault_s))
+    )
+    cut.start()
+    runs = [_run(origin, relays, "chain", FLAGS.fanout)]
+    cut.join()
+    rows.append(_row("chain-partition", n, runs, m, c, b, s) | {"fault": done[0]})
+    fault = netbed.slow(bed, host, 10.0)
+    try:
+        runs = [_run(origin, relays, "chain", FLAGS.fanout)]
+    finally:
+        netbed.restore(bed, fault)
+    rows.append(_row("chain-slow", n, runs, m, c, b, s) | {"fault": fault})
+    flapping = threading.Thread(target=lambda: done.append(netbed.flap(bed, "learner")))
+    flapping.start()
+    load_origin(FLAP_VERSION)  # the learner publishes through its flapping uplink
+    flapping.join()
+    rows.append({"arm": "publish-flap", "n": 1, "fault": done[-1], **publish[-1]})
+    for r in rows[:2]:
+        _print_row(r)
+    print(f"publish through a flapping uplink: {publish[-1]['seconds']:.2f} s "
+          f"(M / learner rate {publish[-1]['ideal_s']:.2f} s)")  # fmt: skip
+    return rows
+
+
 def start_netns(count: int, s: float, tmp: str):
     """The testbed: the store's host (uplink s), the learner's (--learner_mbps) and `count`
     relays (uplink B), each a relay process in its own namespace; returns the bed (entered),
@@ -295,6 +341,10 @@ def main(argv):
             ]
             sweep_rows.append(_row("chain", n, runs, mk, float(kb << 10), b, s))
             _print_row(sweep_rows[-1])
+        faults = []
+        if FLAGS.netns and FLAGS.net_faults:
+            relay_procs.publish_model(store, FLAGS.model_mb * 10**6, int(c), FLAP_VERSION)
+            faults = fault_arm(bed, origin, relays[: ns[-1]], load_origin, publish, m, c, b, s)
         delta = {}
         for i, patches in enumerate(FLAGS.delta_patches if FLAGS.delta_versions else []):
             first = DELTA_FIRST + i * (FLAGS.delta_versions + 1)
@@ -312,6 +362,7 @@ def main(argv):
             "rows": rows,
             "chunk_sweep": sweep_rows,
             "delta": delta,
+            "net_faults": faults,
         }
         if FLAGS.netns:
             out["headline"] = netns_headline(rows, delta)
