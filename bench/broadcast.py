@@ -4,7 +4,7 @@
         [--chunk_kb=1024] [--n=1,2,4,8,16] [--modes=store,chain,tree] [--fanout=2]
         [--repeats=3] [--sweep_chunk_kb=256,1024,4096] [--sweep_n=8]
         [--delta_versions=3] [--delta_n=8] [--delta_density=0.02] [--delta_patches=pieces,whole]
-        [--netns] [--learner_mbps=4]
+        [--netns] [--learner_mbps=4] [--net_faults] [--fault_s=3]
 
 N standalone relays (`python -m rollout_gpu.relay`, separate processes, real HTTP on
 loopback, no vLLM) each with an upload token bucket of B = --up_mbps; the store is modelled
@@ -57,8 +57,13 @@ N) and `netns_delta_time_ratio` (a delta version's chain seconds over the full v
 the delta arm runs with --delta_versions=3 unless given). The kernel has no netem here, so
 links add no delay (bench/netbed.py). For example:
 
-    python -m bench.broadcast --netns --out=/tmp/bench_broadcast_netns.json --model_mb=16 \
-        --up_mbps=4 --chunk_kb=512 --n=1,2,4,8 --repeats=2 --delta_n=8
+    python -m bench.broadcast --netns --out=/tmp/bench_broadcast_netns.json --model_mb=8 \
+        --up_mbps=2 --chunk_kb=256 --n=1,2,4,8 --repeats=2 --delta_n=8
+
+`--net_faults` then runs the chain of the largest N once under each network fault: its
+middle relay cut off for --fault_s while it holds a quarter to three quarters of the
+version, that relay's uplink 10x slower, and the learner's uplink flapping (3 x 1 s down)
+while it publishes a version; rows `chain-partition`, `chain-slow`, `publish-flap`.
 `--delta_patches=pieces,whole` runs the delta arm once per entry: "pieces" (a patch larger
 than a chunk is stored in chunk-sized pieces, the default) and "whole" (every patch one
 object, which crosses each hop whole before the next relay can start it).
