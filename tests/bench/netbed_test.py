@@ -8,6 +8,8 @@ netbed.unavailable()'s.
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -102,3 +104,28 @@ def test_close_removes_namespaces_even_when_the_body_raises():
     assert not [ns for ns in made if ns in left]
     link = subprocess.run(["ip", "link", "show", bed.ctl], capture_output=True, text=True)
     assert link.returncode != 0  # the root namespace's control link went with the switch
+
+
+NO_CAPS = """from bench import netbed
+reason = netbed.unavailable()
+try:
+    netbed.Netbed({"a": 1.0})
+except RuntimeError as e:
+    print(reason, "|", e)
+"""
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="needs setpriv to drop capabilities")
+def test_without_the_capabilities_it_says_what_it_needs():
+    """Root without capabilities (setpriv clears them) cannot make namespaces: the testbed
+    says so instead of failing half-built."""
+    r = subprocess.run(
+        ["setpriv", "--bounding-set=-all", "--inh-caps=-all", sys.executable, "-c", NO_CAPS],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        timeout=120,
+    )
+    reason, _, error = r.stdout.strip().partition(" | ")
+    assert "ip netns add" in reason, r
+    assert error == f"netbed: {reason}", r
