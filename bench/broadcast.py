@@ -4,6 +4,7 @@
         [--chunk_kb=1024] [--n=1,2,4,8,16] [--modes=store,chain,tree] [--fanout=2]
         [--repeats=3] [--sweep_chunk_kb=256,1024,4096] [--sweep_n=8]
         [--delta_versions=3] [--delta_n=8] [--delta_density=0.02] [--delta_patches=pieces,whole]
+        [--netns] [--learner_mbps=4] [--net_faults] [--fault_s=3]
 
 N standalone relays (`python -m rollout_gpu.relay`, separate processes, real HTTP on
 loopback, no vLLM) each with an upload token bucket of B = --up_mbps; the store is modelled
@@ -43,6 +44,26 @@ the model (M_delta / B + (N-1) c / B with c the largest key). Run only it with `
 A relay's token bucket starts a version full (`--burst_kb`, 1 MiB by default): a delta
 near that size crosses a link as a burst, faster than B; `--burst_kb=256` (one piece, the
 least) keeps the links at B for the delta arm too.
+
+`--netns` (root; bench/netbed.py) runs the same arms over real kernel links instead of
+loopback: the store's origin relay, a learner host and every relay each in its own network
+namespace on a bridge, every host's uplink shaped by the kernel (htb: s for the store,
+--learner_mbps for the learner, B for each relay; downlinks free, as the bound assumes), the
+relays with no token bucket of their own. s is a rate here (--store_mbps, default B), not
+measured. Each version is published by the learner's host to the store's over its thin
+uplink before it is broadcast (`netns.publish` in the JSON: seconds and M / learner rate).
+Headline: `netns_chain_vs_bound` (the chain's seconds over the Kumar & Ross bound, largest
+N) and `netns_delta_time_ratio` (a delta version's chain seconds over the full version's;
+the delta arm runs with --delta_versions=3 unless given). The kernel has no netem here, so
+links add no delay (bench/netbed.py). For example:
+
+    python -m bench.broadcast --netns --out=/tmp/bench_broadcast_netns.json --model_mb=8 \
+        --up_mbps=2 --chunk_kb=256 --n=1,2,4,8 --repeats=2 --delta_n=8
+
+`--net_faults` then runs the chain of the largest N once under each network fault: its
+middle relay cut off for --fault_s while it holds a quarter to three quarters of the
+version, that relay's uplink 10x slower, and the learner's uplink flapping (3 x 1 s down)
+while it publishes a version; rows `chain-partition`, `chain-slow`, `publish-flap`.
 `--delta_patches=pieces,whole` runs the delta arm once per entry: "pieces" (a patch larger
 than a chunk is stored in chunk-sized pieces, the default) and "whole" (every patch one
 object, which crosses each hop whole before the next relay can start it).
@@ -55,14 +76,15 @@ import os
 import shutil
 import statistics
 import tempfile
+import threading
 import time
 
 from absl import app, flags
 
-from bench import relay_procs
-from bridge.broadcast import topology as topo
+from bench import netbed, relay_procs
+from bench.broadcast_run import ideals
+from bench.broadcast_run import run_once as _run
 from bridge.store.weight_store import WeightStore
-from rollout_gpu.peer_fetch import sources_for
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "JSON file for the results.", required=True)
@@ -84,62 +106,30 @@ flags.DEFINE_integer("sweep_n", 8, "Receivers for the chunk-size sweep.")
 flags.DEFINE_integer("delta_versions", 0, "Delta arm: delta versions after a full one (0 = off).")
 flags.DEFINE_integer("delta_n", 8, "Delta arm: relays in the chain.")
 flags.DEFINE_float("delta_density", 0.02, "Delta arm: fraction of elements each version changes.")
+flags.DEFINE_bool(
+    "netns",
+    False,
+    "Real kernel links (bench/netbed.py): each relay, the store and the "
+    "learner in its own network namespace, rates shaped by htb; needs root.",
+)
+flags.DEFINE_float(
+    "learner_mbps", 4.0, "--netns: the learner host's uplink, MB/s (it publishes to the store)."
+)
+flags.DEFINE_bool(
+    "net_faults",
+    False,
+    "--netns: also run the chain of the largest N under network faults "
+    "(a middle relay partitioned mid-version, one relay's uplink 10x slower, the learner's "
+    "uplink flapping while it publishes).",
+)
+flags.DEFINE_float("fault_s", 3.0, "--net_faults: seconds the relay stays partitioned.")
 flags.DEFINE_list(
     "delta_patches", ["pieces"], "Delta arm, once per entry: 'pieces' (a patch larger than a "
     "chunk in chunk-sized pieces) and/or 'whole' (every patch one object per hop, as before)."
 )  # fmt: skip
 VERSION = 1
+FLAP_VERSION = 900  # --net_faults publishes it through the flapping uplink
 DELTA_FIRST = 1000  # the delta arm's versions: after any the sweep publishes
-
-
-def _run(origin: str, relays: list[str], mode: str, fanout: int, version: int = VERSION) -> dict:
-    t = topo.Topology(mode, fanout)
-    for i, url in enumerate(relays):
-        t.join(topo.Node(f"r{i}", url))
-    for url in relays:
-        relay_procs.call(url, "/forget", {"version": version})
-    before = relay_procs.call(origin, "/status")["bytes_up"]
-    t0 = time.time()
-    depth = 1
-    for i, url in enumerate(relays):
-        p = t.placement(f"r{i}")
-        depth = max(depth, p.depth)
-        srcs = sources_for(p.parent_url, p.fallback_urls, origin)
-        relay_procs.call(url, "/fetch", {"version": version, "sources": srcs})
-    done: dict[str, dict] = {}
-    while len(done) < len(relays):
-        time.sleep(0.05)
-        for url in relays:
-            v = relay_procs.call(url, "/status")["versions"].get(str(version))
-            if v and v["failed"]:
-                raise RuntimeError(f"{url}: {v['failed']}")
-            if v and v["complete"]:
-                done[url] = v
-        if time.time() - t0 > 900:
-            raise RuntimeError("broadcast did not finish in 15 min")
-    origin_bytes = relay_procs.call(origin, "/status")["bytes_up"] - before
-    # Each receiver's own fetch time: a link running at B takes M / B of it.
-    own_s = [max(1e-9, v["completed_at"] - v["started_at"]) for v in done.values()]
-    return {
-        "seconds": max(v["completed_at"] for v in done.values()) - t0,
-        "store_bytes": origin_bytes,
-        "depth": depth,
-        "fetch_s": own_s,
-    }
-
-
-def ideals(mode: str, n: int, m: float, c: float, b: float, f: int, depth: int, s: float) -> dict:
-    one_to_many = n * m / s
-    kumar_ross = max(m / s, n * m / (s + n * b))
-    # Relays throttle uploads only: one receiver reads the store at s; with more, the chain
-    # (or tree) runs at its slowest link, min(s, B).
-    first = m / (s if n == 1 else min(s, b))
-    model = {
-        "store": one_to_many,
-        "chain": first + (n - 1) * c / b,
-        "tree": first if n == 1 else first + ((min(f, n - 1) - 1) * m + (depth - 1) * c) / b,
-    }[mode]
-    return {"model_s": model, "kumar_ross_s": kumar_ross, "one_to_many_s": one_to_many}
 
 
 def measured_store_bytes_per_s(store: WeightStore, model_bytes: float, repeats: int = 3) -> float:
@@ -224,35 +214,117 @@ def delta_arm(store, origin, relays, load_origin, c: float, b: float, s: float,
             "speedup": full_s / delta_s, "rows": rows}  # fmt: skip
 
 
+def netns_headline(rows: list[dict], delta: dict) -> dict:
+    """The chain's time over the Kumar & Ross bound at the largest N, and a delta version's
+    broadcast time over the full version's (the first --delta_patches entry)."""
+    chain = [r for r in rows if r["arm"] == "chain"]
+    top = max(chain, key=lambda r: r["n"]) if chain else None
+    arm = next(iter(delta.values()), None)
+    return {
+        "netns_chain_vs_bound": top["seconds"] / top["kumar_ross_s"] if top else None,
+        "netns_chain_n": top["n"] if top else None,
+        "netns_delta_time_ratio": arm["delta_s_median"] / arm["full_s"] if arm else None,
+    }
+
+
+def fault_arm(bed, origin, relays, load_origin, publish, m, c, b, s) -> list[dict]:
+    """The chain of len(`relays`) under each network fault (bench/netbed.py), once each:
+    every relay must still end with the version verified. Rows as the arms' (one run)."""
+    n, mid = len(relays), len(relays) // 2
+    host, rows = f"r{mid}", []
+
+    def holds_part() -> bool:  # the middle relay holds a quarter to three quarters
+        v = relay_procs.call(relays[mid], "/status")["versions"].get(str(VERSION))
+        return bool(v) and not v["complete"] and v["total"] // 4 <= v["have"] <= 3 * v["total"] // 4
+
+    done: list[dict] = []
+    cut = threading.Thread(
+        target=lambda: done.append(netbed.partition_when(bed, host, holds_part, FLAGS.fault_s))
+    )
+    cut.start()
+    runs = [_run(origin, relays, "chain", FLAGS.fanout)]
+    cut.join()
+    rows.append(_row("chain-partition", n, runs, m, c, b, s) | {"fault": done[0]})
+    fault = netbed.slow(bed, host, 10.0)
+    try:
+        runs = [_run(origin, relays, "chain", FLAGS.fanout)]
+    finally:
+        netbed.restore(bed, fault)
+    rows.append(_row("chain-slow", n, runs, m, c, b, s) | {"fault": fault})
+    flapping = threading.Thread(target=lambda: done.append(netbed.flap(bed, "learner")))
+    flapping.start()
+    load_origin(FLAP_VERSION)  # the learner publishes through its flapping uplink
+    flapping.join()
+    rows.append({"arm": "publish-flap", "n": 1, "fault": done[-1], **publish[-1]})
+    for r in rows[:2]:
+        _print_row(r)
+    print(f"publish through a flapping uplink: {publish[-1]['seconds']:.2f} s "
+          f"(M / learner rate {publish[-1]['ideal_s']:.2f} s)")  # fmt: skip
+    return rows
+
+
+def start_netns(count: int, s: float, tmp: str):
+    """The testbed: the store's host (uplink s), the learner's (--learner_mbps) and `count`
+    relays (uplink B), each a relay process in its own namespace; returns the bed (entered),
+    the processes and the origin, learner and relay URLs."""
+    hosts = {"store": s / 1e6, "learner": FLAGS.learner_mbps}
+    hosts.update({f"r{i}": FLAGS.up_mbps for i in range(count)})
+    bed = netbed.Netbed(hosts).__enter__()
+    try:
+        procs, urls = relay_procs.start_relays_in(bed, list(hosts), tmp)
+    except BaseException:
+        bed.close()
+        raise
+    return bed, procs, urls[0], urls[1], urls[2:]
+
+
 def main(argv):
     del argv
+    if FLAGS.netns and (reason := netbed.unavailable()):
+        raise SystemExit(f"--netns: {reason}")
+    if FLAGS.netns and not FLAGS["delta_versions"].present:
+        FLAGS.delta_versions = 3  # the headline's delta ratio needs the delta arm
     tmp = tempfile.mkdtemp(prefix="bench_broadcast_")
-    procs = []
+    procs, bed, publish = [], None, []
     try:
         store = WeightStore(os.path.join(tmp, "store"))
         m = relay_procs.publish_model(store, FLAGS.model_mb * 10**6, FLAGS.chunk_kb << 10, VERSION)
         c, b = float(FLAGS.chunk_kb << 10), FLAGS.up_mbps * 1e6
         ns = sorted(int(x) for x in FLAGS.n)
         sweep = [int(k) for k in FLAGS.sweep_chunk_kb]
-        s = FLAGS.store_mbps * 1e6 or measured_store_bytes_per_s(store, m)
-        procs, origin = relay_procs.start_relays(1, s / 1e6, tmp, prefix="origin")
         count = max(ns + [FLAGS.sweep_n] + [FLAGS.delta_n] * bool(FLAGS.delta_versions))
-        more, relays = relay_procs.start_relays(count, FLAGS.up_mbps, tmp, burst_kb=FLAGS.burst_kb)
-        procs, origin = procs + more, origin[0]
+        if FLAGS.netns:
+            # the kernel shapes every uplink: s must be a rate, not the disk's read speed
+            s = (FLAGS.store_mbps or FLAGS.up_mbps) * 1e6
+            bed, procs, origin, learner, relays = start_netns(count, s, tmp)
+        else:
+            s = FLAGS.store_mbps * 1e6 or measured_store_bytes_per_s(store, m)
+            procs, origin = relay_procs.start_relays(1, s / 1e6, tmp, prefix="origin")
+            more, relays = relay_procs.start_relays(
+                count, FLAGS.up_mbps, tmp, burst_kb=FLAGS.burst_kb
+            )
+            procs, origin = procs + more, origin[0]
 
         def load_origin(version: int) -> None:
-            relay_procs.call(origin, "/fetch", {"version": version, "sources": [store.spec]})
-            while (
-                not relay_procs.call(origin, "/status")["versions"]
-                .get(str(version), {})
-                .get("complete")
-            ):
-                time.sleep(0.1)
+            if not FLAGS.netns:
+                relay_procs.call(origin, "/fetch", {"version": version, "sources": [store.spec]})
+                relay_procs.wait_complete(origin, version)
+                return
+            # the learner's host reads its own disk, then publishes over its thin uplink
+            relay_procs.call(learner, "/fetch", {"version": version, "sources": [store.spec]})
+            relay_procs.wait_complete(learner, version)
+            relay_procs.call(origin, "/fetch", {"version": version, "sources": [learner]})
+            seconds = relay_procs.wait_complete(origin, version)
+            man = store.manifest(version)
+            nbytes = man.delta.nbytes if man.delta is not None else man.total_bytes
+            publish.append({"version": version, "seconds": seconds, "bytes": nbytes,
+                            "ideal_s": nbytes / (FLAGS.learner_mbps * 1e6)})  # fmt: skip
 
         load_origin(VERSION)
         rows = []
+        how = "kernel" if FLAGS.netns else "given" if FLAGS.store_mbps else "measured"
         print(f"M={m / 1e6:.1f} MB  c={c / 2**10:.0f} KiB  B={b / 1e6:.1f} MB/s  "
-              f"s={s / 1e6:.1f} MB/s ({'given' if FLAGS.store_mbps else 'measured'})  "
+              f"s={s / 1e6:.1f} MB/s ({how})  "
               f"M/B={m / b:.1f} s  f={FLAGS.fanout}")  # fmt: skip
         hdr = f"{'N':>3} {'arm':>6} {'c_KiB':>6} {'seconds':>8} {'ideal_s':>7} {'ratio':>6} "
         print(hdr + f"{'model_s':>8} {'1toN_s':>8} {'store_MB':>9} {'copies':>6} "
@@ -274,6 +346,10 @@ def main(argv):
             ]
             sweep_rows.append(_row("chain", n, runs, mk, float(kb << 10), b, s))
             _print_row(sweep_rows[-1])
+        faults = []
+        if FLAGS.netns and FLAGS.net_faults:
+            relay_procs.publish_model(store, FLAGS.model_mb * 10**6, int(c), FLAP_VERSION)
+            faults = fault_arm(bed, origin, relays[: ns[-1]], load_origin, publish, m, c, b, s)
         delta = {}
         for i, patches in enumerate(FLAGS.delta_patches if FLAGS.delta_versions else []):
             first = DELTA_FIRST + i * (FLAGS.delta_versions + 1)
@@ -283,7 +359,7 @@ def main(argv):
             "chunk_bytes": c,
             "up_bytes_per_s": b,
             "store_bytes_per_s": s,
-            "store_bandwidth": "given" if FLAGS.store_mbps else "measured",
+            "store_bandwidth": how,
             "fanout": FLAGS.fanout,
             "repeats": FLAGS.repeats,
             "cpu_count": os.cpu_count(),
@@ -291,7 +367,18 @@ def main(argv):
             "rows": rows,
             "chunk_sweep": sweep_rows,
             "delta": delta,
+            "net_faults": faults,
         }
+        if FLAGS.netns:
+            out["headline"] = netns_headline(rows, delta)
+            out["netns"] = {
+                "kernel_qdiscs": netbed.kernel_qdiscs(),
+                "publish": publish,
+                "learner_up_bytes_per_s": FLAGS.learner_mbps * 1e6,
+                "hosts": dict(bed.up),
+                "shaping": "htb on each host's uplink",
+            }
+            print("  ".join(f"{k}={v}" for k, v in out["headline"].items()))
         with open(FLAGS.out, "w") as f:
             json.dump(out, f, indent=1)
         print(f"wrote {FLAGS.out}")
@@ -300,6 +387,8 @@ def main(argv):
             p.terminate()
         for p in procs:
             p.wait(timeout=10)
+        if bed is not None:
+            bed.close()
         shutil.rmtree(tmp, ignore_errors=True)
 
 

@@ -25,6 +25,21 @@ checks that no gap between RL steps outlasts the bound the faults allow (bench/c
 baseline runs the same number of RL steps without faults; held-out accuracies must agree
 within 5 points. Prints the fault table and the audit; writes everything as JSON to --out.
 Exit status 1 if the audit fails.
+
+`--netns` (root; bench/netbed.py) runs the soak on real kernel links: the binary in a
+learner namespace (uplink --learner_mbps), each worker in its own (uplink --worker_mbps,
+its relay on its own address), joined by a bridge; `--relay_chain` makes the broadcast a
+relay chain. It adds the network faults (the default faults there: all but hostile_peer,
+plus these): `net_slow` (one worker's uplink 10x slower, to the end), `net_partition` (a
+worker's link cut for 20 s while its relay holds part of a version, or, without a relay
+chain, while it holds a lease), `net_flap` (the learner's uplink down 3 x 2 s). The weight
+store stays a local directory; `hostile_peer`'s relay listens on the root namespace's
+loopback, out of the workers' reach.
+The issue's 30-minute soak in the testbed:
+
+    python -m bench.chaos --netns --relay_chain --minutes=30 --out=/tmp/chaos_netns.json \
+        --faults=worker_kill,binary_kill,binary_restart,sigstop,corrupt,garbage,\
+hostile_workers,net_partition,net_flap,net_slow
 """
 
 from __future__ import annotations
@@ -39,7 +54,7 @@ import sys
 import threading
 import time
 
-from bench import arms, chaos_audit, chaos_hostile, chaos_peer, chaos_stall
+from bench import arms, chaos_audit, chaos_hostile, chaos_peer, chaos_stall, netbed
 from bench.chaos_soak import Soak
 
 LEASE_TTL_S = 60.0  # bridge/control/controller.py ControllerConfig.lease_ttl_s
@@ -53,6 +68,7 @@ ALL_FAULTS = (
     "hostile_workers",
     "hostile_peer",
 )
+NET_FAULTS = ("net_partition", "net_flap", "net_slow")  # --netns only (bench/netbed.py)
 
 
 def schedule(faults: list[str], seconds: float, rng: random.Random) -> list[tuple[float, str]]:
@@ -75,6 +91,12 @@ def schedule(faults: list[str], seconds: float, rng: random.Random) -> list[tupl
         plan.append((j(0.58, 0.66), "garbage"))
     if "worker_kill" in faults:
         plan += [(j(lo, lo + 0.08), "worker_kill") for lo in (0.12, 0.40, 0.82)]
+    if "net_slow" in faults:  # stays slowed to the end
+        plan.append((j(0.06, 0.10), "net_slow"))
+    if "net_partition" in faults:
+        plan.append((j(0.64, 0.70), "net_partition"))
+    if "net_flap" in faults:
+        plan.append((j(0.88, 0.94), "net_flap"))
     return sorted(plan)
 
 
@@ -83,14 +105,24 @@ def vocab_size(workdir: str) -> int:
         return json.load(f)["vocab_size"]
 
 
-def soak(config, base, workdir, overrides, n_workers, seconds, faults, seed, corrupt_count) -> dict:
+def soak(config, base, workdir, overrides, n_workers, seconds, faults, seed, corrupt_count,
+         net=None) -> dict:  # fmt: skip
+    """`net`: (learner MB/s, worker MB/s, relay chain?) to run in a testbed (bench/netbed.py)."""
     wd = os.path.join(workdir, "soak")
     shutil.copytree(base, wd)
-    s = Soak(config, wd, overrides, n_workers, relay="hostile_peer" in faults)
+    bed = None
+    if net is not None:
+        learner_mbps, worker_mbps, _ = net
+        hosts = {"learner": learner_mbps, **{f"w{i}": worker_mbps for i in range(n_workers)}}
+        bed = netbed.Netbed(hosts).__enter__()
+    relay = "hostile_peer" in faults or (net is not None and net[2])
+    s = Soak(config, wd, overrides, n_workers, relay=relay, bed=bed)
     try:
         return _soak(s, wd, n_workers, seconds, faults, seed, corrupt_count)
     finally:
         s.kill_everything()
+        if bed is not None:
+            bed.close()
 
 
 def _soak(s: Soak, wd: str, n_workers, seconds, faults, seed, corrupt_count) -> dict:
@@ -129,6 +161,13 @@ def _soak(s: Soak, wd: str, n_workers, seconds, faults, seed, corrupt_count) -> 
                 secret = f.read().strip()
             hostile_workers = chaos_hostile.start(s.url, secret, wd, seed=seed)
             s.event("hostile_workers", "fleet", ", ".join(chaos_hostile.CLASSES))
+        elif fault == "net_partition":
+            part = (rng, chaos_stall.NET_PARTITION_S)
+            threading.Thread(target=s.net_partition, args=part, daemon=True).start()
+        elif fault == "net_flap":
+            threading.Thread(target=s.net_flap, args=chaos_stall.NET_FLAP, daemon=True).start()
+        elif fault == "net_slow":
+            s.net_slow(rng, chaos_stall.NET_SLOW_FACTOR)
         elif fault == "hostile_peer":
             with open(os.path.join(wd, "join_token")) as f:
                 peer = chaos_peer.start(s.url, f.read().strip())
@@ -262,6 +301,7 @@ def run(
     with_baseline=True,
     corrupt_count=2,
     sft_from=None,
+    net=None,
 ) -> dict:
     overrides = ["total_steps=100000", "checkpoint.interval=5", *overrides]
     sft = [o for o in overrides if not o.startswith("total_steps=")]
@@ -273,8 +313,9 @@ def run(
     else:
         base = arms.warm_start(config, workdir, sft)
     soaked = soak(
-        config, base, workdir, overrides, workers, minutes * 60, list(faults), seed, corrupt_count
-    )
+        config, base, workdir, overrides, workers, minutes * 60, list(faults), seed, corrupt_count,
+        net,
+    )  # fmt: skip
     acc = {"soak": soaked["accuracy"], "reference": "none"}
     ok_acc = True
     if with_baseline:
@@ -298,6 +339,9 @@ def run(
             "seed": seed,
             "workers": workers,
             "faults": list(faults),
+            "netns": None
+            if net is None
+            else dict(zip(("learner_mbps", "worker_mbps", "relay_chain"), net, strict=True)),
         },
     }
     print_report(r)
@@ -316,11 +360,30 @@ def main():
     p.add_argument("--config", default="configs/tiny_arith.py")
     p.add_argument("--workdir", default="/tmp/echo2_chaos")
     p.add_argument("--set", nargs="*", default=[], help="extra KEY=VALUE config overrides")
-    p.add_argument("--faults", default=",".join(ALL_FAULTS))
+    p.add_argument("--faults", default="", help="default: all (the network faults with --netns)")
     p.add_argument("--corrupt_versions", type=int, default=2, help="consecutive versions")
     p.add_argument("--no-baseline", dest="baseline", action="store_false")
     p.add_argument("--sft_from", default="", help="copy this warm start instead of training")
+    p.add_argument(
+        "--netns",
+        action="store_true",
+        help="the binary and each worker in its own network namespace (root)",
+    )
+    p.add_argument("--learner_mbps", type=float, default=8.0, help="--netns: learner uplink")
+    p.add_argument("--worker_mbps", type=float, default=8.0, help="--netns: worker uplinks")
+    p.add_argument(
+        "--relay_chain",
+        action="store_true",
+        help="--netns: workers relay chunks to each other (bridge.broadcast=chain)",
+    )
     a = p.parse_args()
+    faults = a.faults.split(",") if a.faults else list(ALL_FAULTS)
+    if a.netns and not a.faults:  # hostile_peer's relay is out of the workers' reach there
+        faults = [f for f in faults if f != "hostile_peer"] + list(NET_FAULTS)
+    if a.netns and (reason := netbed.unavailable()):
+        raise SystemExit(f"--netns: {reason}")
+    if not a.netns and set(faults) & set(NET_FAULTS):
+        raise SystemExit(f"faults {sorted(set(faults) & set(NET_FAULTS))} need --netns")
     r = run(
         a.out,
         a.minutes,
@@ -329,10 +392,11 @@ def main():
         a.config,
         a.workdir,
         a.set,
-        a.faults.split(","),
+        faults,
         a.baseline,
         a.corrupt_versions,
         a.sft_from,
+        (a.learner_mbps, a.worker_mbps, a.relay_chain) if a.netns else None,
     )
     sys.exit(0 if r["ok"] else 1)
 

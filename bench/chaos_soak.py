@@ -1,6 +1,12 @@
 """The processes of one chaos-soak run directory (bench/chaos.py): the training binary
 (rerun with the same workdir after each kill), the bench's own rollout workers (restarted
 when they exit), the event log `<workdir>/chaos_events.jsonl`, and the fault actions.
+
+With a testbed (`bed`, bench/netbed.py: hosts `learner` and `w0`..`w{n-1}`) the binary runs
+in the learner's network namespace and each worker in its own, so every controller call and
+every relay chunk crosses a kernel-shaped link; the network faults (a worker's link cut
+while it is mid-version or holds a lease, the learner's uplink flapping, a worker's uplink
+10x slower) act on those links. The weight store stays a local directory, read by path.
 """
 
 from __future__ import annotations
@@ -14,10 +20,12 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 
-from bench import arms, chaos_faults
+from bench import arms, chaos_faults, netbed
 
 ROOT = arms.ROOT
+RELAY_PORT = 7070  # a worker's relay in its own namespace: a fixed port the bench can poll
 
 
 def free_port() -> int:
@@ -30,16 +38,21 @@ class Soak:
     """One run directory: the binary (rerun as needed), the bench's workers, the events."""
 
     def __init__(self, config: str, workdir: str, overrides: list[str], n_workers: int,
-                 relay: bool = False):  # fmt: skip
+                 relay: bool = False, bed: netbed.Netbed | None = None):  # fmt: skip
         self.config, self.workdir, self.n, self.relay = config, workdir, n_workers, relay
+        self.bed = bed
         self.port = free_port()
+        host = bed.ip("learner") if bed else "127.0.0.1"
+        # workers call from their own addresses: a testbed is the trusted LAN plain HTTP needs
+        lan = [f"controller.host={host}", "controller.allow_plain_http=True"] if bed else []
         self.overrides = [
             "local_workers=0",
             f"controller.port={self.port}",
             *(["bridge.broadcast=chain"] if relay else []),  # peers relay chunks (chaos_peer)
+            *lan,
             *overrides,
         ]
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"http://{host}:{self.port}"
         self.binary: subprocess.Popen | None = None
         self.runs = 0
         self.run_starts: list[float] = []
@@ -77,6 +90,7 @@ class Soak:
             f"--workdir={self.workdir}",
             *[f"--config.{kv}" for kv in self.overrides],
         ]
+        cmd = self.bed.exec_argv("learner", cmd) if self.bed else cmd
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         env.pop("XLA_FLAGS", None)
         log = open(os.path.join(self.workdir, f"binary-{self.runs}.log"), "w")  # noqa: SIM115
@@ -138,6 +152,10 @@ class Soak:
             "--grace_s=5",
             f"--region=chaos-{i}",
         ]
+        if self.bed:
+            ip = self.bed.ip(f"w{i}")
+            cmd = self.bed.exec_argv(f"w{i}", [*cmd, f"--relay_host={ip}",
+                                               f"--relay_port={RELAY_PORT}"])  # fmt: skip
         log = open(os.path.join(self.wlogs, f"worker-{i}.log"), "ab")  # noqa: SIM115
         self.workers[i] = subprocess.Popen(
             cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
@@ -305,3 +323,42 @@ class Soak:
             "garbage_client", r.get("worker_id") or "?", codes or f"register {r['register']}"
         )
         return r
+
+    # -- network faults (a testbed only) -------------------------------------------------
+    def mid_version(self, i: int) -> bool:
+        """Worker `i`'s relay holds part of a version (it is fetching, and serving what it
+        holds to its children): a cut now is a cut mid-chunk for someone."""
+        url = f"http://{self.bed.ip(f'w{i}')}:{RELAY_PORT}/status"
+        try:
+            with urllib.request.urlopen(url, timeout=1.0) as r:
+                versions = json.loads(r.read())["versions"].values()
+        except (OSError, ValueError):
+            return False
+        return any(0 < v["have"] < v["total"] and not v["complete"] for v in versions)
+
+    def net_partition(self, rng: random.Random, seconds: float) -> None:
+        """Cut a worker's link for `seconds`: mid-version when its relay is fetching one
+        (a relay chain), else while it holds a lease; within 60 s, or then anyway."""
+        i = rng.randrange(self.n)
+        caught = "anyway (never caught mid-version or holding a lease)"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.relay and self.mid_version(i):
+                caught = "mid-version"
+                break
+            if not self.relay and self.held_lease(i):
+                caught = "holding a lease"
+                break
+            time.sleep(0.02)
+        r = netbed.partition_for(self.bed, f"w{i}", seconds)
+        self.event("net_partition", f"worker-{i}", f"link down {r['seconds']:.1f}s {caught}; up")
+
+    def net_flap(self, times: int, down_s: float, up_s: float) -> None:
+        netbed.flap(self.bed, "learner", times, down_s, up_s)
+        self.event("net_flap", "learner", f"uplink down {times}x {down_s:.0f}s, up {up_s:.0f}s")
+
+    def net_slow(self, rng: random.Random, factor: float) -> None:
+        """One worker's uplink `factor` times slower, for the rest of the soak."""
+        i = rng.randrange(self.n)
+        r = netbed.slow(self.bed, f"w{i}", factor)
+        self.event("net_slow", f"worker-{i}", f"uplink {r['from_mbps']:g} -> {r['to_mbps']:g} MB/s")

@@ -20,6 +20,11 @@ allowance is what recovering from it must cost at most:
                                   the controller) + the healer's first wait (a re-report)
                                   + the first run's start (the publish, every worker's swap)
     garbage, hostile_*            0: refused without touching the learner
+    net_partition                 the cut (NET_PARTITION_S) and the lease TTL after it: the
+                                  cut worker's leases hold admission until they expire
+    net_flap                      the flapping (NET_FLAP down and up times) and two
+                                  heartbeats: every worker loses the controller meanwhile
+    net_slow                      the lease TTL: a lease of the slowed worker may expire
 
 The soak's B is the largest B(gap) the schedule allows, over a window holding every fault;
 the check fails on any gap past its own bound. Without healing, two corrupt head versions
@@ -32,6 +37,9 @@ import statistics
 
 HEARTBEAT_S = 5.0  # bridge/control/config.py ControllerConfig.heartbeat_interval_s
 HEAL_FIRST_WAIT_S = 10.0  # learner_jax/rl/heal.py VersionHealer.first_wait_s
+NET_PARTITION_S = 20.0  # bench/chaos.py's net_partition: a worker's link down this long
+NET_FLAP = (3, 2.0, 2.0)  # net_flap: the learner's uplink down `times` x down_s, up_s between
+NET_SLOW_FACTOR = 10.0  # net_slow: a worker's uplink this many times slower
 
 
 def allowances(lease_ttl_s: float, startup_s: float, corrupt_count: int) -> dict[str, float]:
@@ -42,6 +50,9 @@ def allowances(lease_ttl_s: float, startup_s: float, corrupt_count: int) -> dict
         "worker_kill": lease_ttl_s,
         "sigstop": 2 * lease_ttl_s + 15.0,
         "corrupt": corrupt_count * per_corrupt,
+        "net_partition": NET_PARTITION_S + lease_ttl_s,
+        "net_flap": NET_FLAP[0] * NET_FLAP[1] + (NET_FLAP[0] - 1) * NET_FLAP[2] + 2 * HEARTBEAT_S,
+        "net_slow": lease_ttl_s,
     }
 
 

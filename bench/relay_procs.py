@@ -3,6 +3,8 @@
 
     procs, urls = start_relays(n, up_mbps, tmp)     # `python -m rollout_gpu.relay` each
     call(url, "/fetch", {"version": v, "sources": [...]})
+    wait_complete(url, v)                           # seconds until it holds v, verified
+    start_relays_in(bed, hosts, tmp)                # one per bench/netbed.py host, in its netns
     publish_model(store, model_bytes, chunk_bytes, version)   # random bf16 "linears"
     publish_delta_chain(store, model_bytes, chunk_bytes, first, k, density)  # anchor + k deltas
 """
@@ -30,6 +32,20 @@ def call(url: str, path: str, body: dict | None = None) -> dict:
         return json.loads(r.read())
 
 
+def wait_complete(url: str, version: int, timeout: float = 900.0) -> float:
+    """Seconds until the relay at `url` holds `version`, every chunk verified."""
+    t0 = time.time()
+    while True:
+        v = call(url, "/status")["versions"].get(str(version), {})
+        if v.get("failed"):
+            raise RuntimeError(f"{url}: version {version}: {v['failed']}")
+        if v.get("complete"):
+            return time.time() - t0
+        if time.time() - t0 > timeout:
+            raise RuntimeError(f"{url}: version {version} not complete in {timeout:.0f} s")
+        time.sleep(0.05)
+
+
 def start_relays(
     n: int, up_mbps: float, tmp: str, prefix: str = "relay", burst_kb: int | None = None
 ) -> tuple[list, list[str]]:
@@ -40,12 +56,29 @@ def start_relays(
         cmd += [f"--up_burst_kb={burst_kb}"] if burst_kb else []
         procs.append(subprocess.Popen(cmd, stdout=subprocess.DEVNULL))
         files.append(f)
+    return procs, _urls(procs, files)
+
+
+def start_relays_in(bed, hosts: list[str], tmp: str) -> tuple[list, list[str]]:
+    """One relay per testbed host (bench/netbed.py), inside its network namespace, bound
+    to its address, with no upload limit of its own: the kernel shapes its link."""
+    procs, files = [], []
+    for host in hosts:
+        f = os.path.join(tmp, f"{host}.url")
+        cmd = [sys.executable, "-m", "rollout_gpu.relay", f"--host={bed.ip(host)}",
+               f"--url_file={f}"]  # fmt: skip
+        procs.append(bed.popen(host, cmd, stdout=subprocess.DEVNULL))
+        files.append(f)
+    return procs, _urls(procs, files)
+
+
+def _urls(procs: list, files: list[str]) -> list[str]:
     deadline = time.time() + 120
     while not all(os.path.exists(f) for f in files):
         if time.time() > deadline or any(p.poll() is not None for p in procs):
             raise RuntimeError("relays did not start")
         time.sleep(0.2)
-    return procs, [open(f).read().strip() for f in files]
+    return [open(f).read().strip() for f in files]
 
 
 def random_linears(model_bytes: int, rng) -> list[tuple[str, np.ndarray]]:

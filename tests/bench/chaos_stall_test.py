@@ -26,3 +26,19 @@ def test_a_stall_past_its_bound_fails_also_at_the_end_of_the_soak():
     walls = STEADY + [STEADY[-1] + 40.0]
     r = chaos_stall.check(walls, [], walls[-1] + 1.0, 60.0, startup_s=80.0, corrupt_count=2)
     assert not r["ok"] and r["over_bound"][0]["bound_s"] == 30.0
+
+
+def test_network_faults_allow_their_cut_and_the_lease_ttl():
+    """A worker cut off for NET_PARTITION_S holds admission until its leases expire; the
+    learner's flapping uplink costs its down and up times and two heartbeats."""
+    ttl = 60.0
+    allow = chaos_stall.allowances(ttl, startup_s=80.0, corrupt_count=2)
+    assert allow["net_partition"] == chaos_stall.NET_PARTITION_S + ttl
+    times, down, up = chaos_stall.NET_FLAP
+    assert allow["net_flap"] == times * down + (times - 1) * up + 2 * chaos_stall.HEARTBEAT_S
+    cut = (STEADY[-1] + 1.0, "net_partition")
+    gap = 30.0 + chaos_stall.NET_PARTITION_S + ttl  # base + the partition's allowance
+    for extra, ok in ((-1.0, True), (1.0, False)):
+        walls = STEADY + [STEADY[-1] + gap + extra]
+        r = chaos_stall.check(walls, [cut], walls[-1] + 1.0, ttl, startup_s=80.0, corrupt_count=2)
+        assert r["ok"] is ok, r
