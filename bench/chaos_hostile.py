@@ -24,7 +24,13 @@ them no slack) and report the policy's true log-probs, except for one cheat:
                  and registers again after every lease, presenting a per-worker credential
                  (identity.py `mint_credential`) as its join secret, so its mismatches add
                  up across its ids and the credential is barred (403) once one of them is
-                 quarantined. It stops when barred.
+                 quarantined. It stops when barred;
+  bestof         a best-of-n picker: one sample per group is the most likely of four draws
+                 (the seeded one and three with keys of its own), by the policy's own
+                 log-probability, each token drawn honestly at the lease's T;
+  evalfab        samples rollouts honestly and answers greedy (T = 0) evaluation groups with
+                 the right answer of the arithmetic prompt: a fabricated evaluation, which
+                 must never count (eval_samples.jsonl) however right it is.
 
 Each of these records per accepted group (`result["groups"]`: group id, worker id,
 `mismatches`, `tokens`) how many of its tokens are not the seeded sampler's choice: what the
@@ -55,7 +61,9 @@ from bridge.control.identity import mint_credential
 from bridge.model import tiny_model
 
 CLASSES = ("mixed_tags", "picker", "hidden_tokens", "junk")  # the chaos soak's
-SEEDED = ("writer", "cool", "reregister")  # honest seeded samplers but for one cheat
+# honest seeded samplers but for one cheat
+SEEDED = ("writer", "cool", "reregister", "bestof", "evalfab")
+BEST_OF = 4
 COOL_T = 0.9
 AD = " buy now"  # what the writer appends to the right answer
 _IMPORT_LOCK = threading.Lock()
@@ -72,7 +80,7 @@ class HostileWorker(threading.Thread):
         self.result = {"class": kind, "worker_id": None, "statuses": {}, "accepted_groups": 0,
                        "quarantined": False, "errors": 0, "last_error": "",
                        "caught_after_s": None, "worker_ids": [], "groups": [],
-                       "barred": False}  # fmt: skip
+                       "barred": False, "eval_groups": 0}  # fmt: skip
         self._registered_at: float | None = None
         self._hf, self._hf_version, self._tok = None, None, None
         self._record: dict[int, dict] = {}  # group id -> its mismatches and tokens (seeded)
@@ -207,12 +215,20 @@ class HostileWorker(threading.Thread):
         if s["top_k"] > 0 or s["top_p"] < 1.0 or s["min_p"] > 0.0:
             raise ValueError("the seeded hostile classes sample untruncated leases only")
         stops = set(s["stop_token_ids"]) | {tiny_model.EOS_ID}
+        if s["temperature"] == 0:  # a greedy evaluation group: argmax, no key
+            self.result["eval_groups"] += 1
+            return self._greedy_group(g, stops)
         args = (prompt, s["seed"], s["max_tokens"], s["temperature"], stops)
         samples = [self._seeded(*args, index=i) for i in range(g["n"])]
         honest = [ids for ids, _ in samples]
         if self.kind == "cool":
             samples = [self._seeded(*args, index=i, use_t=COOL_T) for i in range(g["n"])]
-        else:  # writer, reregister: one sample is the worker's own text
+        elif self.kind == "bestof":
+            i = self.rng.randrange(g["n"])
+            keys = [self.rng.randrange(gumbel.SEED_LIMIT) for _ in range(BEST_OF - 1)]
+            draws = [samples[i]] + [self._seeded(prompt, k, *args[2:], index=0) for k in keys]
+            samples[i] = max(draws, key=lambda d: sum(d[1]))
+        elif self.kind in ("writer", "reregister"):  # one sample is the worker's own text
             i = self.rng.randrange(g["n"])
             ids = self._written(g["prompt"], s["max_tokens"])
             samples[i] = (ids, self._score(prompt, ids, s["temperature"], s["seed"], i)[0])
@@ -224,6 +240,27 @@ class HostileWorker(threading.Thread):
                 if ids != honest[i]:
                     bad += self._score(prompt, ids, s["temperature"], s["seed"], i)[1]
         self._record[g["group_id"]] = {"mismatches": bad,
+                                       "tokens": sum(len(ids) for ids, _ in samples)}  # fmt: skip
+        out = [
+            dict(prompt_id=g["prompt_id"], sample_index=i, prompt_token_ids=prompt,
+                 completion_token_ids=ids, logprobs=lps, versions=[v] * len(ids),
+                 finish_reason="stop" if ids[-1] in stops else "length")
+            for i, (ids, lps) in enumerate(samples)
+        ]  # fmt: skip
+        return {"group_id": g["group_id"], "trajectories": out}
+
+    def _greedy_group(self, g: dict, stops: set) -> dict:
+        """An evaluation group: the greedy answer (honest), or evalfab's right answer."""
+        prompt, v, s = g["prompt_token_ids"], self.version, g["sampling"]
+        samples = [self._greedy(prompt, s["max_tokens"]) for _ in range(g["n"])]
+        bad = 0
+        if self.kind == "evalfab":
+            ids = self._written(g["prompt"], s["max_tokens"])
+            lps, bad = self._score(prompt, ids, 1.0, None, 0)
+            samples = [(ids, lps)] * g["n"]
+            bad *= g["n"]
+        self._record[g["group_id"]] = {"mismatches": bad, "prompt_id": g["prompt_id"],
+                                       "eval": True,
                                        "tokens": sum(len(ids) for ids, _ in samples)}  # fmt: skip
         out = [
             dict(prompt_id=g["prompt_id"], sample_index=i, prompt_token_ids=prompt,
@@ -258,17 +295,19 @@ class HostileWorker(threading.Thread):
 
     def _score(self, prompt, ids, temperature, seed, index) -> tuple[list[float], int]:
         """The policy's true log-probs of completion `ids` of sample `index` (one forward),
-        and how many of its tokens are not the seeded sampler's choice given their prefix."""
+        and how many of its tokens are not the seeded sampler's choice given their prefix
+        (seed None: not the argmax, as a greedy evaluation is checked)."""
         import torch
 
         with torch.no_grad():
             logits = self._model()(torch.tensor([list(prompt) + list(ids)])).logits[0]
         rows = logits.double().numpy()[len(prompt) - 1 : -1] / temperature
-        lo, hi = gumbel.key_words(seed, index)
         lps, bad = [], 0
         for j, (z, t) in enumerate(zip(rows, ids, strict=True)):
             lps.append(float(_log_softmax(z)[t]))
-            bad += int(np.argmax(z + gumbel.gumbel(lo, hi, len(prompt) + j, len(z))) != t)
+            if seed is not None:
+                z = z + gumbel.gumbel(*gumbel.key_words(seed, index), len(prompt) + j, len(z))
+            bad += int(np.argmax(z) != t)
         return lps, bad
 
     def _written(self, prompt_text: str, max_tokens: int) -> list[int]:
@@ -317,7 +356,12 @@ class HostileWorker(threading.Thread):
         if self._hf is None:
             torch.set_num_threads(1)
             path = os.path.join(self.workdir, "model")
-            self._hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+            # One load at a time: transformers' loading patches torch process-wide (empty
+            # init), and two threads loading at once left a model with other weights than
+            # the file's (every token of a thread's honest samples then mismatched).
+            with _IMPORT_LOCK:
+                self._hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+            self._hf.eval()
         if self._hf_version != self.version and self.store is not None:
             tensors = WeightStore(self.store).read_all(self.version)
             sd = {k: torch.from_numpy(a.astype("float32")) for k, a in tensors.items()}

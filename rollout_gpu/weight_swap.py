@@ -119,7 +119,13 @@ def to_torch(arr: np.ndarray):
 def restore(engine: RolloutEngine, current: EngineVersion) -> None:
     """Reload `current` in full (after a failed reload or a failed canary)."""
     if current.tensors is None:
-        engine.load_weights(None)  # the weights the engine was built with, from its model dir
+        try:
+            engine.load_weights(None)  # the weights the engine was built with, from its dir
+        except NotImplementedError:
+            # An engine started on dummy weights (the worker's) has no version to go back
+            # to: it stays without one (`current.version` None: the worker does not
+            # generate until a version loads), and the caller's error is what is raised.
+            pass
     else:
         engine.load_weights([(n, to_torch(a)) for n, a in current.tensors.items()])
 

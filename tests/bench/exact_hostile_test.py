@@ -2,10 +2,12 @@
 
 `python -m learner_jax.train` (configs/test_tiny.py, two local vLLM workers, fp32) trains a
 tiny model with peaked weights (std 0.2: choosing tokens shows within a few samples) while
-three hostile threads (bench/chaos_hostile.py) sample honestly with each lease's seed but
+five hostile threads (bench/chaos_hostile.py) sample honestly with each lease's seed but
 for one cheat: `writer` (one sample per group is the right answer plus an advertisement),
-`cool` (T=0.9 while the lease says 1.0) and `reregister` (the right answer alone in one
-sample per group, a new worker id after every lease, one credential).
+`cool` (T=0.9 while the lease says 1.0), `reregister` (the right answer alone in one
+sample per group, a new worker id after every lease, one credential), `bestof` (one sample
+per group is the likeliest of four draws) and `evalfab` (honest rollouts; the right answer
+in every greedy fleet-evaluation group, evaluated every 4 steps).
 
 Each thread knows how many of its tokens are not the seeded sampler's choice (fp32 on both
 sides: exactly what the learner finds). From the learner's per-step record in train.log
@@ -20,14 +22,15 @@ checked) and asserts:
   reach 8 mismatches plus the rest of that one batch;
 - reregister needed several worker ids (its groups carry few tokens): the count is summed
   per credential;
-- the honest workers had 0 refused groups and 0 quarantines.
+- the honest workers had 0 refused groups and 0 quarantines;
+- no evaluation answer that is not the greedy argmax counted (eval_samples.jsonl), and the
+  evaluation fabricator was quarantined for it.
 
     pytest -m "slow and vllm" tests/bench/exact_hostile_test.py
 """
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -38,6 +41,7 @@ from safetensors.numpy import save_file
 
 from bench import chaos_hostile
 from bench.chaos_soak import free_port
+from bench.exact_honest import learner_record
 from bridge.contracts import exact_check
 from bridge.model import tiny_model
 
@@ -48,17 +52,20 @@ GROUPS_PER_STEP, MAX_TOKENS = 2, 8
 ARGS = [
     "--config.local_workers=2",
     "--config.sft.steps=0",
-    "--config.total_steps=400",  # stopped with SIGINT once every hostile worker is out
+    "--config.total_steps=2000",  # stopped with SIGINT once every hostile worker is out
     f"--config.batch.groups_per_step={GROUPS_PER_STEP}",
     f"--config.batch.max_answer_len={MAX_TOKENS}",
     "--config.batch.max_prompt_len=16",
-    "--config.rollout.eval_period=0",
+    "--config.eval.on=fleet",
+    # An evaluation every 4 steps, 2 greedy samples per prompt: often enough that the
+    # fabricator gets eval leases, rarely enough that the hostile threads (transformers,
+    # one token at a time) still get rollout leases.
+    "--config.rollout.eval_period=4",
+    "--config.eval.n=2",
     "--config.task.eval_size=4",
     "--config.fleet.max_num_seqs=16",
     "--config.checkpoint.interval=1000",
 ]
-STEP_LINE = re.compile(r"exact check step (\d+): groups (\{.*?\}) refused \[([\d, ]*)\]")
-QUARANTINE_LINE = re.compile(r"quarantined worker (\S+):")
 
 
 def peaked_workdir(workdir):
@@ -68,25 +75,6 @@ def peaked_workdir(workdir):
     tiny_model.make_tiny_model(path, cfg)
     weights = tiny_model.random_hf_weights(cfg, seed=3, std=0.2)
     save_file(weights, os.path.join(path, "model.safetensors"), metadata={"format": "pt"})
-
-
-def learner_record(workdir):
-    """[(step, group id, worker id, refused)] of every consumed group, in the order the
-    learner checked them, and {quarantined worker id: the step whose audit did it}. (A group
-    dropped at a quarantine goes back to the queue under its id: the worker tells whose
-    copy a step consumed.)"""
-    rows, quarantined, pending = {}, {}, []
-    with open(os.path.join(workdir, "train.log"), errors="replace") as f:
-        for line in f:
-            if m := STEP_LINE.search(line):
-                quarantined.update((w, int(m[1])) for w in pending)  # this batch's audit
-                pending = []
-                refused = {int(x) for x in m[3].replace(",", " ").split()}
-                made = json.loads(m[2]).items()
-                rows[int(m[1])] = [(int(m[1]), int(k), w, int(k) in refused) for k, w in made]
-            if m := QUARANTINE_LINE.search(line):
-                pending.append(m[1])
-    return [r for s in sorted(rows) for r in rows[s]], quarantined
 
 
 def test_hostile_workers_are_caught_and_nothing_they_chose_trains(tmp_path):
@@ -122,6 +110,8 @@ def test_hostile_workers_are_caught_and_nothing_they_chose_trains(tmp_path):
             time.sleep(1.0)
     finally:
         results = {w.kind: w.stop() for w in workers}
+        with open(tmp_path / "hostile.json", "w") as f:  # what each thread did, for a failure
+            json.dump(results, f, indent=1)
         if proc.poll() is None:
             proc.send_signal(signal.SIGINT)
             try:
@@ -135,7 +125,7 @@ def test_hostile_workers_are_caught_and_nothing_they_chose_trains(tmp_path):
     # made some (honest groups: none). (The counts agree to a token or so: one run found 47
     # where the threads counted 46, not yet explained.)
     made = {(g["worker_id"], g["group_id"]): g["mismatches"] for r in results.values()
-            for g in r["groups"]}  # fmt: skip
+            for g in r["groups"] if not g.get("eval")}  # fmt: skip
     expect: dict[int, int] = {}
     for step, gid, w, _ in consumed:
         expect[step] = expect.get(step, 0) + made.get((w, gid), 0)
@@ -149,7 +139,7 @@ def test_hostile_workers_are_caught_and_nothing_they_chose_trains(tmp_path):
     assert all(r.get("exact/flipped_tokens", 0) == 0 for r in rows), "fp32 near-ties"
     report = {}
     for kind, r in results.items():
-        groups = {g["group_id"]: g for g in r["groups"]}
+        groups = {g["group_id"]: g for g in r["groups"] if not g.get("eval")}
         ids = set(r["worker_ids"])
         mine = [(s, gid, refused) for s, gid, w, refused in consumed if w in ids]
         # Not one group with a chosen token trained.
@@ -160,14 +150,26 @@ def test_hostile_workers_are_caught_and_nothing_they_chose_trains(tmp_path):
         # most 8 (the rule's count) plus the rest of the last batch.
         at = min((quarantined[i] for i in ids if i in quarantined), default=None)
         assert at is not None, (kind, ids, quarantined)
-        assert max(s for s, _, _ in mine) <= at, (kind, at, mine)
-        assert len(mine) <= exact_check.QUARANTINE_TOKENS + GROUPS_PER_STEP - 1, (kind, mine)
+        assert max((s for s, _, _ in mine), default=at) <= at, (kind, at, mine)
+        if kind != "evalfab":  # its rollouts are honest: only its evaluations count against it
+            bound = exact_check.QUARANTINE_TOKENS + GROUPS_PER_STEP - 1
+            assert len(mine) <= bound, (kind, mine)
         bad = sum(groups[gid]["mismatches"] for _, gid, _ in mine)
         checked = sum(groups[gid]["tokens"] for _, gid, _ in mine)
         report[kind] = dict(ids=len(ids), accepted=len(groups), consumed=len(mine),
                             refused=len(mine) - len(trained), trained_unchanged=len(trained),
                             mismatches=bad, checked=checked)  # fmt: skip
-    assert results["writer"]["quarantined"] and results["cool"]["quarantined"], results
+    for kind in ("writer", "cool", "bestof", "evalfab"):
+        assert results[kind]["quarantined"], (kind, results[kind])
+    # Not one fabricated evaluation answer counted; the fabricator did answer some.
+    fabricated = {g["prompt_id"] for g in results["evalfab"]["groups"]
+                  if g.get("eval") and g["mismatches"]}  # fmt: skip
+    assert fabricated, results["evalfab"]["groups"]
+    fab_ids = set(results["evalfab"]["worker_ids"])
+    with open(os.path.join(workdir, "eval_samples.jsonl")) as f:
+        counted = [json.loads(x) for x in f]
+    assert counted, "no evaluation finished"
+    assert not [c for c in counted if c["worker"] in fab_ids and c["prompt_id"] in fabricated]
     assert results["reregister"]["barred"], results["reregister"]
     # One lease (one group) per worker id, a few written tokens each: no id of reregister
     # could reach 8 mismatches alone; the count per credential did.

@@ -294,9 +294,15 @@ def test_canary_compare_criteria():
     ref = [np.array([-1.0, -2.0, -3.0])]
     assert canary.compare([ref[0] + 5e-4], ref, "float32").ok
     assert not canary.compare([ref[0] + 2e-3], ref, "float32").ok
-    # bf16: k3 of d=0.03 is ~4.5e-4 (ok); d=0.06 is ~1.8e-3 (not ok).
+    # bf16: RMS within 5% of the spread, at least 0.5: 0.041 here (std of -1, -2, -3)
     assert canary.compare([ref[0] + 0.03], ref, "bfloat16").ok
     assert not canary.compare([ref[0] + 0.06], ref, "bfloat16").ok
+    wide = [np.array([-30.0, -20.0, -10.0])]  # spread 8.2: a trained model's probe tokens
+    assert canary.compare([wide[0] + 0.3], wide, "bfloat16").ok
+    assert not canary.compare([wide[0] + 0.5], wide, "bfloat16").ok
+    flat = [np.array([-4.9, -4.8, -4.85])]  # spread below the 0.5 floor: limit 0.025
+    assert canary.compare([flat[0] + 0.02], flat, "bfloat16").ok
+    assert not canary.compare([flat[0] + 0.03], flat, "bfloat16").ok
     with pytest.raises(ValueError, match="needs 2 log-probs"):
         canary.canary_payload([[1, 5, 6]], [np.zeros(3)])
 
@@ -322,9 +328,22 @@ def test_second_family_bf16_engine(llama_bf16):
     print(f"llama bf16 engine: canary {result}; check sequences {kl}")
     assert result.ok and kl.ok and kl.kl <= 1e-3
     assert max_diff(got, h.initial) > 0.05
-    # A fp32 version into the bf16 engine is judged by the bf16 criterion and passes too.
-    w32 = tiny_model.random_hf_weights(h.cfg, seed=124)
-    assert h.load(h.publish(w32, dtype="float32")).ok
+    # A fp32 version into the bf16 engine is judged by the bf16 criterion and passes too,
+    # peaked weights included (logits of a few units, as a trained model's: their bf16
+    # rounding costs more than 1e-3 of canary KL).
+    w32 = tiny_model.random_hf_weights(h.cfg, seed=124, std=0.2)
+    peaked = h.load(h.publish(w32, dtype="float32"))
+    print(f"llama bf16 engine, peaked fp32 version: canary {peaked}")
+    assert peaked.ok
+    # A square tensor transposed after the learner's canary (a conversion bug) is still
+    # caught on the bf16 engine, on flat weights, where every error is small.
+    good = tiny_model.random_hf_weights(h.cfg, seed=126)
+    name = "model.layers.0.self_attn.v_proj.weight"
+    assert good[name].shape[0] == good[name].shape[1]
+    bad = {**good, name: np.ascontiguousarray(good[name].T)}
+    with pytest.raises(weight_swap.CanaryMismatch) as err:
+        h.load(h.publish(bad, canary_weights=good))
+    print(f"llama bf16 engine, transposed v_proj: canary {err.value.result}")
     # And a refusal keeps the bf16 engine on its version as well.
     before = h.engine_lps()
     v = h.publish(tiny_model.random_hf_weights(h.cfg, seed=125))
