@@ -22,10 +22,15 @@ is really gone stops heartbeating and is dropped after `worker_timeout_s`.
 
 Placement by measured delivery (topology.rank_rate): a report's bytes from peers over its
 fetch time is what the reporter received while routed to its parent; the parent's
-`delivered_bytes_per_s` is the best of its children's for the newest version they
-reported (0 when a child routed to it got nothing from peers). A worker's declared uplink
-only caps that, so declaring a huge uplink buys the chain root for at most the versions
-before its children have measured it.
+`delivered_bytes_per_s` is the lowest of its children's for the newest version they
+reported (0 when a child routed to it got nothing from peers). A delivery report is a
+claim the controller cannot check byte for byte, so no child can raise its parent above
+what another child of it measured: a Sybil child claiming 1e12 B/s for a relay that
+served its honest sibling nothing leaves that relay at 0 (the worst a lying child can do
+is lower its own parent, which then feeds fewer; it never puts a relay that serves
+nothing above one that serves). A worker's declared uplink only caps the measured rate
+and places no one: until a child has measured it, a worker hangs behind every relay that
+has delivered (topology.py).
 
 Delta versions (bridge/delta/) put a few % of the model on each link: a fetch that small
 is dominated by per-request latency, so its bytes / seconds says little about the uplink
@@ -175,7 +180,8 @@ class BroadcastState:
             self.topology.exclude(accused)
 
     def _delivered(self, parent: str | None, rep) -> None:
-        """Credit the reporter's measured receive rate to the parent it was routed to."""
+        """Credit the reporter's measured receive rate to the parent it was routed to (the
+        lowest of the children's for one version: module docstring)."""
         node = self.topology.nodes.get(parent) if parent else None
         if node is None:
             return
@@ -188,7 +194,7 @@ class BroadcastState:
             or rep.bytes_from_peers == 0  # delivered nothing at all
             or rep.version - v >= _STALE_VERSIONS
         )
-        if newer or (rep.version == v and rate > best):
+        if newer or (rep.version == v and rate < best):
             self.delivery[parent] = (rep.version, rate, payload)
             node.delivered_bytes_per_s = rate
 

@@ -9,9 +9,12 @@ Modes (config key `bridge.broadcast`; "auto", the demo's default, is resolved by
          node's uplink is split f ways: about f(M + depth*c)/B
 
 Placement is an order of nodes laid out in heap order under the store (the virtual root).
-`rebuild` sorts by delivery measured at the children (a declared uplink only an upper
-bound, `rank_rate`), fastest first, so fast uplinks sit near the root where they feed the
-most; `join` appends (a new node lands at a leaf and moves no one); `remove`
+`rebuild` sorts by delivery measured at the children (`rank_rate`), fastest first, so fast
+uplinks sit near the root where they feed the most. A worker's declared uplink is a claim,
+never a rank: it only caps what was measured. Unmeasured nodes follow every node measured
+to deliver something, in join order, so a newcomer declaring 10 TB/s is placed behind
+every relay that has delivered and above no one of them; nodes measured to deliver nothing
+come last. `join` appends (a new node lands at a leaf and moves no one); `remove`
 drops a node from the order, so in a chain its child now hangs from its grandparent.
 Every placement lists fallbacks (grandparent, great-grandparent ... ) and the store is
 always the last resort. Nodes excluded for serving bad bytes never relay to anyone: they
@@ -21,7 +24,6 @@ hang as extra leaves under the last healthy node.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 
 MODES = ("store", "chain", "tree")
 CONFIG_MODES = ("auto", *MODES)
@@ -57,17 +59,22 @@ class Node:
     delivered_bytes_per_s: float | None = None
 
 
-def rank_rate(node: Node, typical: float | None) -> float:
-    """The uplink a node is placed by (issue 23 item 2): what its children measured, its
-    own declaration only an upper bound. Unmeasured: its declaration, capped at the fleet's
-    typical measured delivery once there is one (so a huge declaration buys no more than an
-    average relay until it is measured, one version later)."""
+def rank_rate(node: Node) -> float | None:
+    """The uplink a node is placed by: what its children measured, capped by its own
+    declaration; None = not measured yet (a declaration alone places no one)."""
+    if node.delivered_bytes_per_s is None:
+        return None
     declared = node.up_bytes_per_s if node.up_bytes_per_s > 0 else float("inf")
-    if node.delivered_bytes_per_s is not None:
-        return min(declared, node.delivered_bytes_per_s)
-    if typical is None:
-        return node.up_bytes_per_s
-    return min(declared, typical)
+    return min(declared, node.delivered_bytes_per_s)
+
+
+def _rank_key(node: Node) -> tuple[int, float]:
+    """Sort key: measured to deliver (fastest first), then unmeasured, then measured to
+    deliver nothing (stable sort: ties keep join order)."""
+    rate = rank_rate(node)
+    if rate is None:
+        return (1, 0.0)
+    return (0, -rate) if rate > 0 else (2, 0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,14 +120,8 @@ class Topology:
             self.excluded.add(node_id)
 
     def rebuild(self) -> None:
-        """Re-sort by `rank_rate`, fastest first (stable: ties keep join order)."""
-        measured = [
-            n.delivered_bytes_per_s
-            for n in self.nodes.values()
-            if n.delivered_bytes_per_s is not None
-        ]
-        typical = statistics.median(measured) if measured else None
-        self.order.sort(key=lambda n: -rank_rate(self.nodes[n], typical))
+        """Re-sort by `_rank_key` (measured delivery, fastest first)."""
+        self.order.sort(key=lambda n: _rank_key(self.nodes[n]))
 
     # -- placement ----------------------------------------------------------------------
     def _parent_index(self, i: int) -> int | None:
