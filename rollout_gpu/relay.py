@@ -29,7 +29,10 @@ Uploads go through a token bucket (`up_bytes_per_s`, rollout_gpu/uplink.py), use
 bench to model links.
 
 Hostile peers: parameters checked first (bridge/broadcast/relay_params.py, else 400); a
-response gets `max_send_s` (uplink.send); past `max_clients` /kv requests in flight: 429.
+response gets `max_send_s` in all and `read_stall_s` per piece (uplink.send); past
+`max_clients` /kv requests in flight, `max_readers` peer addresses or `per_reader` requests
+of one address: 429. Peers share the uplink fairly (uplink.Uplink): a peer that does not
+read holds nothing another peer waits on.
 """
 
 from __future__ import annotations
@@ -78,6 +81,9 @@ class Relay(VersionCache):
         tamper: Callable[[str, bytes], bytes] | None = None,
         max_send_s: float = 30.0,
         max_clients: int = 64,
+        max_readers: int = 32,
+        per_reader: int = 8,
+        read_stall_s: float = 5.0,
     ):
         self.mirror = ws.WeightStore(mirror or f"memory://relay-{uuid.uuid4().hex}")
         self.host, self.port, self.control = host, port, control
@@ -85,6 +91,7 @@ class Relay(VersionCache):
         self.advertise_url, self.tamper = advertise_url, tamper
         self.max_send_s, self.max_clients, self.clients = max_send_s, max_clients, 0
         self.bucket = TokenBucket(up_bytes_per_s, up_burst_bytes) if up_bytes_per_s > 0 else None
+        self._slots = (max_readers, per_reader, read_stall_s)  # the Uplink, made on the loop
         self.versions: dict[int, CachedVersion] = {}
         self.results: dict[int, peer_fetch.FetchResult] = {}
         self.bytes_up, self.busy_s = 0, 0.0
@@ -122,7 +129,7 @@ class Relay(VersionCache):
 
     async def _serve(self, ready) -> None:
         self._changed = asyncio.Event()
-        self._uplink = asyncio.Lock()
+        self.uplink = uplink.Uplink(self.bucket, *self._slots)
         self.session = aiohttp.ClientSession()
         routes = [web.get("/kv/{key:.+}", self._get), web.get("/status", self._status)]
         if self.control:
@@ -238,13 +245,15 @@ class Relay(VersionCache):
             wait = params.wait_s(request.query.get("wait"), MAX_WAIT_S)
         except params.BadParam as e:
             return web.Response(status=400, text=str(e))
-        if self.clients >= self.max_clients:
+        reader = request.remote or ""
+        if self.clients >= self.max_clients or not self.uplink.admit(reader):
             return web.Response(status=429, headers={"Retry-After": "1"})
         self.clients += 1
         try:
             return await self._answer(request, key, wait)
         finally:
             self.clients -= 1
+            self.uplink.release(reader)
 
     async def _answer(self, request: web.Request, key: str, wait: float):
         deadline = time.monotonic() + wait
@@ -271,7 +280,7 @@ class Relay(VersionCache):
         def tally(sent: int, seconds: float) -> None:
             self.bytes_up, self.busy_s = self.bytes_up + sent, self.busy_s + seconds
 
-        return await uplink.send(request, body, self._uplink, self.bucket, self.max_send_s, tally)
+        return await uplink.send(request, body, self.uplink, self.max_send_s, tally)
 
     def status(self) -> dict:
         versions = {
