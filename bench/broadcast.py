@@ -98,6 +98,7 @@ def _run(origin: str, relays: list[str], mode: str, fanout: int, version: int = 
         t.join(topo.Node(f"r{i}", url))
     for url in relays:
         relay_procs.call(url, "/forget", {"version": version})
+    sha = relay_procs.manifest_sha(origin, version)
     before = relay_procs.call(origin, "/status")["bytes_up"]
     t0 = time.time()
     depth = 1
@@ -105,7 +106,8 @@ def _run(origin: str, relays: list[str], mode: str, fanout: int, version: int = 
         p = t.placement(f"r{i}")
         depth = max(depth, p.depth)
         srcs = sources_for(p.parent_url, p.fallback_urls, origin)
-        relay_procs.call(url, "/fetch", {"version": version, "sources": srcs})
+        relay_procs.call(url, "/fetch", {"version": version, "sources": srcs,
+                                         "manifest_sha256": sha})  # fmt: skip
     done: dict[str, dict] = {}
     while len(done) < len(relays):
         time.sleep(0.05)
@@ -241,7 +243,9 @@ def main(argv):
         procs, origin = procs + more, origin[0]
 
         def load_origin(version: int) -> None:
-            relay_procs.call(origin, "/fetch", {"version": version, "sources": [store.spec]})
+            sha = relay_procs.manifest_sha(store, version)
+            relay_procs.call(origin, "/fetch", {"version": version, "sources": [store.spec],
+                                                "manifest_sha256": sha})  # fmt: skip
             while (
                 not relay_procs.call(origin, "/status")["versions"]
                 .get(str(version), {})
