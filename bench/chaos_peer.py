@@ -6,8 +6,9 @@ so they fetch chunks from peers. `HostilePeer` joins with the run's join secret 
 worker, runs a real relay (rollout_gpu/relay.py) on 127.0.0.1 whose `tamper` hook flips the
 first byte of every chunk it serves, fetches each announced version from the store into
 it, and heartbeats its relay URL with a huge declared uplink (which places it nowhere: the
-controller ranks by measured delivery, so the peer lands in join order and feeds the workers
-that join after it, e.g. restarted ones, until their reports have measured it). With `liar`
+controller ranks by measured delivery; joining after the fleet's first version it is a leaf
+until the controller's own probe of its relay, which gets an altered chunk and excludes it;
+before that, in join order, its children catch it). With `liar`
 it also reports its own routed parent, an honest relay, as having served a corrupt chunk (a
 real chunk key of the version): the controller re-verifies and must hold that against the
 liar, not the relay. It takes no leases: its only weapon is bytes.

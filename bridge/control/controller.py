@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from bridge.broadcast.report_check import ReportChecker
+from bridge.broadcast.report_check import ReportChecker, probe_uplink
 from bridge.broadcast.state import BroadcastState
 from bridge.control import audit as audit_lib
 from bridge.control import fleet_status, limits
@@ -120,6 +120,7 @@ class Controller(LearnerCalls):
         self.broadcast = BroadcastState(
             c.broadcast, c.broadcast_fanout, c.broadcast_bad_limit, c.worker_timeout_s,
             checker=None if c.broadcast == "store" else ReportChecker(),
+            prober=None if c.broadcast == "store" else ReportChecker(probe_uplink, 8),
         )  # fmt: skip
         self._polling = threading.local()  # in wait_batch: take_batch skips stats on a miss
         self.pacing = HeartbeatPacing(c)  # the interval each reply carries
