@@ -50,6 +50,16 @@ class Uplink:
         self.max_readers, self.per_reader = max_readers, per_reader
         self.turn = asyncio.Lock()  # the bucket's tokens: one piece per turn, FIFO
         self.readers: dict[str, tuple[list, asyncio.Lock]] = {}  # address -> ([n], lock)
+        self.sending, self.since = 0, 0.0  # responses being sent; busy time counted up to
+
+    def busy(self, start: bool) -> float:
+        """A response starts (True) or ends sending; the wall time the uplink was busy
+        (some response sending) since the last call. Concurrent responses share the
+        uplink, so summing each one's own duration would count the same second twice."""
+        now = time.monotonic()
+        seconds = now - self.since if self.sending else 0.0
+        self.since, self.sending = now, self.sending + (1 if start else -1)
+        return seconds
 
     def admit(self, reader: str) -> bool:
         """Take a slot for one request of `reader`; False: none free (429)."""
@@ -78,15 +88,16 @@ async def send(
     tally: Callable[[int, float], None],
 ) -> web.StreamResponse:
     """`body` as the response to an `admit`ted request, in its reader's turn (`Uplink`);
-    `tally(bytes, seconds)` after. Past `max_send_s` (plus the bucket's own pacing of `body`)
-    in all, or `uplink.read_stall_s` on one piece, the connection is aborted."""
+    `tally(bytes, busy seconds)` after (`Uplink.busy`). Past `max_send_s` (plus the
+    bucket's own pacing of `body`) in all, or `uplink.read_stall_s` on one piece, the
+    connection is aborted."""
     bucket = uplink.bucket
     limit = max_send_s + (len(body) / bucket.rate if bucket is not None else 0.0)
     _, mine = uplink.readers[request.remote or ""]
     async with mine:
         resp = web.StreamResponse(headers={"Content-Length": str(len(body))})
         await resp.prepare(request)
-        t0, view, sent = time.monotonic(), memoryview(body), 0
+        view, sent, busy = memoryview(body), 0, uplink.busy(True)
         try:
             async with asyncio.timeout(limit):
                 for i in range(0, len(body), PIECE):
@@ -104,5 +115,5 @@ async def send(
                 request.transport.abort()
             raise
         finally:
-            tally(sent, time.monotonic() - t0)
+            tally(sent, busy + uplink.busy(False))
     return resp

@@ -221,3 +221,29 @@ def test_each_reader_has_bounded_slots(store, relay_of):
     for t in waiters:
         t.join(timeout=60)
     assert answers == [200, 200, 200] and relay.status()["clients"] == 0
+
+
+def test_readers_share_the_uplink_and_its_measured_rate_counts_wall_time(store, relay_of):
+    """Two readers at once (two addresses) on a relay limited to 16 MB/s: both are served
+    concurrently, and the relay's measured uplink (which caps its place in the topology)
+    counts the wall time its uplink was busy, not each response's time summed (that would
+    halve it)."""
+    rate = 16e6
+    relay = relay_of(up_bytes_per_s=rate, up_burst_bytes=256 << 10)
+    key = chunk_key(relay)
+    got = {}
+
+    def read(address):
+        transport = httpx.HTTPTransport(local_address=address)
+        with httpx.Client(transport=transport, timeout=60) as c:
+            got[address] = len(c.get(f"{relay.url}/kv/{key}").content)
+
+    readers = [threading.Thread(target=read, args=(ip,)) for ip in ("127.0.0.2", "127.0.0.3")]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join(timeout=60)
+    assert got == {"127.0.0.2": BIG, "127.0.0.3": BIG}
+    # The bucket bounds it from above (plus its burst); summed durations would give ~rate/2.
+    measured = relay.status()["up_bytes_per_s"]
+    assert 0.7 * rate < measured < 1.1 * rate, measured
