@@ -306,14 +306,18 @@ def main(argv):
             procs, origin = procs + more, origin[0]
 
         def load_origin(version: int) -> None:
+            sha = relay_procs.manifest_sha(store, version)
             if not FLAGS.netns:
-                relay_procs.call(origin, "/fetch", {"version": version, "sources": [store.spec]})
+                relay_procs.call(origin, "/fetch", {"version": version, "sources": [store.spec],
+                                                    "manifest_sha256": sha})  # fmt: skip
                 relay_procs.wait_complete(origin, version)
                 return
             # the learner's host reads its own disk, then publishes over its thin uplink
-            relay_procs.call(learner, "/fetch", {"version": version, "sources": [store.spec]})
+            relay_procs.call(learner, "/fetch", {"version": version, "sources": [store.spec],
+                                                 "manifest_sha256": sha})  # fmt: skip
             relay_procs.wait_complete(learner, version)
-            relay_procs.call(origin, "/fetch", {"version": version, "sources": [learner]})
+            relay_procs.call(origin, "/fetch", {"version": version, "sources": [learner],
+                                                "manifest_sha256": sha})  # fmt: skip
             seconds = relay_procs.wait_complete(origin, version)
             man = store.manifest(version)
             nbytes = man.delta.nbytes if man.delta is not None else man.total_bytes

@@ -21,6 +21,7 @@ def run_once(origin: str, relays: list[str], mode: str, fanout: int, version: in
         t.join(topo.Node(f"r{i}", url))
     for url in relays:
         relay_procs.call(url, "/forget", {"version": version})
+    sha = relay_procs.manifest_sha(origin, version)
     before = relay_procs.call(origin, "/status")["bytes_up"]
     t0 = time.time()
     depth = 1
@@ -28,7 +29,8 @@ def run_once(origin: str, relays: list[str], mode: str, fanout: int, version: in
         p = t.placement(f"r{i}")
         depth = max(depth, p.depth)
         srcs = sources_for(p.parent_url, p.fallback_urls, origin)
-        relay_procs.call(url, "/fetch", {"version": version, "sources": srcs})
+        relay_procs.call(url, "/fetch", {"version": version, "sources": srcs,
+                                         "manifest_sha256": sha})  # fmt: skip
     done: dict[str, dict] = {}
     while len(done) < len(relays):
         time.sleep(0.05)

@@ -5,11 +5,13 @@ With fault `hostile_peer` the soak's broadcast runs as a relay chain
 so they fetch chunks from peers. `HostilePeer` joins with the run's join secret like a
 worker, runs a real relay (rollout_gpu/relay.py) on 127.0.0.1 whose `tamper` hook flips the
 first byte of every chunk it serves, fetches each announced version from the store into
-it, and heartbeats its relay URL with a huge declared uplink (so the controller places it at
-the chain's root until its children have measured it). With `liar` it also reports its own
-routed parent, an honest relay, as having served a corrupt chunk (a real chunk key of the
-version): the controller re-verifies and must hold that against the liar, not the relay.
-It takes no leases: its only weapon is bytes.
+it, and heartbeats its relay URL with a huge declared uplink (which places it nowhere: the
+controller ranks by measured delivery; joining after the fleet's first version it is a leaf
+until the controller's own probe of its relay, which gets an altered chunk and excludes it;
+before that, in join order, its children catch it). With `liar`
+it also reports its own routed parent, an honest relay, as having served a corrupt chunk (a
+real chunk key of the version): the controller re-verifies and must hold that against the
+liar, not the relay. It takes no leases: its only weapon is bytes.
 
 `verdict` is the soak's check: the peer served altered chunks (the attack was tried), the
 controller proved one and excluded the peer (`broadcast/corrupt_proven`), no honest relay
@@ -28,7 +30,7 @@ from bridge.broadcast import chunks as chunks_lib
 from bridge.store.weight_store import WeightStore
 from rollout_gpu.relay import Relay
 
-DECLARED_UP = 1e12  # bytes/s: a lie that buys the chain's root until measured
+DECLARED_UP = 1e12  # bytes/s: a lie (only a cap on what its children measure)
 
 
 def flip(key: str, body: bytes | None) -> bytes | None:

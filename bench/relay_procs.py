@@ -2,7 +2,8 @@
 (no absl flags here: a test may import it beside modules that define their own).
 
     procs, urls = start_relays(n, up_mbps, tmp)     # `python -m rollout_gpu.relay` each
-    call(url, "/fetch", {"version": v, "sources": [...]})
+    sha = manifest_sha(store_or_relay_url, v)       # what a controller would announce
+    call(url, "/fetch", {"version": v, "sources": [...], "manifest_sha256": sha})
     wait_complete(url, v)                           # seconds until it holds v, verified
     start_relays_in(bed, hosts, tmp)                # one per bench/netbed.py host, in its netns
     publish_model(store, model_bytes, chunk_bytes, version)   # random bf16 "linears"
@@ -11,6 +12,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -21,7 +23,20 @@ import urllib.request
 import numpy as np
 
 from bridge.store import chunk_digest
+from bridge.store.layout import LAYOUT
 from bridge.store.weight_store import WeightStore
+
+
+def manifest_sha(source: WeightStore | str, version: int) -> str:
+    """SHA-256 of `version`'s manifest in a store or as a relay URL serves it (the harness's
+    own origin): the hash a controller announces and a relay's POST /fetch must name."""
+    key = LAYOUT.manifest_key(version)
+    if isinstance(source, WeightStore):
+        raw = source.kv.read(key).result().value
+    else:
+        with urllib.request.urlopen(f"{source}/kv/{key}", timeout=30) as r:
+            raw = r.read()
+    return hashlib.sha256(raw).hexdigest()
 
 
 def call(url: str, path: str, body: dict | None = None) -> dict:

@@ -354,6 +354,10 @@ def get_config() -> ConfigDict:
     # to another host it names: bridge/broadcast/relay_address.py), except these
     # comma-separated host names or IPs (a NAT's public name), kept as the worker gives them.
     c.controller.relay_hosts = ""
+    # Comma-separated addresses or CIDRs of reverse proxies in front of the controller whose
+    # X-Forwarded-For / X-Forwarded-Proto are believed ('' = none: a worker is known by the
+    # address it connects from, never by one a header names).
+    c.controller.trusted_proxies = ""
     # The controller in a process of its own (bridge/control/process.py): workers over HTTP,
     # the learner over loopback, so a long train step never delays a heartbeat.
     c.controller.own_process = True

@@ -377,6 +377,7 @@ def server_options(config):
         keyfile=c.tls_key or None,
         allow_plain_http=bool(c.allow_plain_http),
         relay_hosts=tuple(h.strip() for h in c.relay_hosts.split(",") if h.strip()),
+        trusted_proxies=tuple(h.strip() for h in c.trusted_proxies.split(",") if h.strip()),
         prometheus=bool(c.get("prometheus", True)),
         metrics_token_file=c.get("metrics_token_file", "") or None,
     )

@@ -215,7 +215,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         parts.callback(watcher.stop)
         publisher = weights.WeightPublisher(
             store,
-            ctl.publish,
+            weights.announcing_hash(ctl.publish),
             learner,
             every=config.publish_every,
             keep=config.staleness + 2,

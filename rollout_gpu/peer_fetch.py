@@ -185,7 +185,13 @@ async def fetch_version(
     mkey = LAYOUT.manifest_key(version)
     if manifest_sha256:
         check = lambda raw: raw is not None and chunks_lib.manifest_sha256(raw) == manifest_sha256
-        manifest_bytes = await get(mkey, check, readers)
+        try:
+            manifest_bytes = await get(mkey, check, readers)
+        except FetchError:
+            raise FetchError(
+                f"version {version}: no source serves the manifest with the announced sha256 "
+                f"{manifest_sha256}; refused, nothing loaded"
+            ) from None
     else:  # only the root of trust may hand us the manifest
         manifest_bytes = await get(mkey, lambda raw: raw is not None, readers[-1:])
     manifest = Manifest.model_validate_json(manifest_bytes)

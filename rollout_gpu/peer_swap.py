@@ -12,7 +12,9 @@ store object `weight_swap.load_version` reads:
     serving each verified chunk onward meanwhile. If that fetch fails outright, the worker
     reads the store directly, as before.
 Either way load_version verifies every array checksum again and runs the canary: only
-where the bytes come from changes. A delta version (bridge/delta/) comes through the relay
+where the bytes come from changes. The announcement's manifest SHA-256 goes with every
+fetch: a relay copy whose manifest differs (begun on another peer's instruction) is refused
+and dropped, and the worker reads the store. A delta version (bridge/delta/) comes through the relay
 too: the relay fetches what the worker, serving version `have()` (WeightVersions sets it),
 needs to rebuild it (the patches after `have`, or the anchor whole and the patches after
 it: rollout_gpu/relay_cache.py), and load_version rebuilds from the relay's copy with the
@@ -79,7 +81,8 @@ class PeerSwap:
                 return
             self._prefetched = ann.version
             sources = peer_fetch.sources_for(self.parent, self.fallbacks, ann.store)
-        fut = self.relay.fetch_async(ann.version, sources, have=self.have())
+        sha = ann.manifest_sha256
+        fut = self.relay.fetch_async(ann.version, sources, sha, have=self.have())
         with self._lock:
             self._inflight = (ann.version, fut)
 
@@ -116,7 +119,8 @@ class PeerSwap:
             return direct
         sources = peer_fetch.sources_for(parent, fallbacks, direct.spec)
         try:  # joins the prefetch that note_route started, if any
-            fut = self.relay.fetch_async(ann.version, sources, have=self.have())
+            sha = ann.manifest_sha256  # the relay refuses a copy whose manifest differs
+            fut = self.relay.fetch_async(ann.version, sources, sha, have=self.have())
             result = fut.result()
         except Exception as e:  # noqa: BLE001 - the direct read below is today's path
             logging.warning(

@@ -14,7 +14,9 @@ read-through mirror of the store for the versions it holds):
                             410 for a key it will not hold (a version older than its
                             newest that it never began, an anchor held as its patch only)
     GET  /status            versions held, bytes served, measured rates
-    POST /fetch, /forget    standalone only (`control=True`): {"version", "sources"}
+    POST /fetch, /forget    standalone only (`control=True`): {"version", "sources",
+                            "manifest_sha256"} (the hash the controller announced: a
+                            manifest that differs is refused, 409 if held already)
 
 A chunk enters the relay's cache only after it matched the manifest's per-chunk digest
 (rollout_gpu/peer_fetch.py), and is checked again when served, so bytes corrupted in
@@ -29,7 +31,10 @@ Uploads go through a token bucket (`up_bytes_per_s`, rollout_gpu/uplink.py), use
 bench to model links.
 
 Hostile peers: parameters checked first (bridge/broadcast/relay_params.py, else 400); a
-response gets `max_send_s` (uplink.send); past `max_clients` /kv requests in flight: 429.
+response gets `max_send_s` in all and `read_stall_s` per piece (uplink.send); past
+`max_clients` /kv requests in flight, `max_readers` peer addresses or `per_reader` requests
+of one address: 429. Peers share the uplink fairly (uplink.Uplink): a peer that does not
+read holds nothing another peer waits on.
 """
 
 from __future__ import annotations
@@ -60,6 +65,10 @@ __all__ = ["PIECE", "Relay", "TokenBucket"]
 MAX_WAIT_S = 30.0
 
 
+class ManifestMismatch(peer_fetch.FetchError):
+    """A version's manifest is not the one announced (its SHA-256 differs)."""
+
+
 class Relay(VersionCache):
     """A relay + fetcher with its own event loop thread; `fetch` blocks its caller."""
 
@@ -78,6 +87,9 @@ class Relay(VersionCache):
         tamper: Callable[[str, bytes], bytes] | None = None,
         max_send_s: float = 30.0,
         max_clients: int = 64,
+        max_readers: int = 32,
+        per_reader: int = 8,
+        read_stall_s: float = 5.0,
     ):
         self.mirror = ws.WeightStore(mirror or f"memory://relay-{uuid.uuid4().hex}")
         self.host, self.port, self.control = host, port, control
@@ -85,8 +97,10 @@ class Relay(VersionCache):
         self.advertise_url, self.tamper = advertise_url, tamper
         self.max_send_s, self.max_clients, self.clients = max_send_s, max_clients, 0
         self.bucket = TokenBucket(up_bytes_per_s, up_burst_bytes) if up_bytes_per_s > 0 else None
+        self._slots = (max_readers, per_reader, read_stall_s)  # the Uplink, made on the loop
         self.versions: dict[int, CachedVersion] = {}
         self.results: dict[int, peer_fetch.FetchResult] = {}
+        self.errors: dict[int, str] = {}  # version -> why a POST /fetch of it failed
         self.bytes_up, self.busy_s = 0, 0.0
         self.url = ""
         self._tasks: dict[int, asyncio.Task] = {}
@@ -122,7 +136,7 @@ class Relay(VersionCache):
 
     async def _serve(self, ready) -> None:
         self._changed = asyncio.Event()
-        self._uplink = asyncio.Lock()
+        self.uplink = uplink.Uplink(self.bucket, *self._slots)
         self.session = aiohttp.ClientSession()
         routes = [web.get("/kv/{key:.+}", self._get), web.get("/status", self._status)]
         if self.control:
@@ -169,6 +183,28 @@ class Relay(VersionCache):
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     async def _fetch(self, version, sources, manifest_sha256=None, whole=None):
+        result = await self._fetch_any(version, sources, manifest_sha256, whole)
+        if manifest_sha256:
+            await self._check_manifest(version, manifest_sha256)
+        return result
+
+    async def _check_manifest(self, version: int, manifest_sha256: str) -> None:
+        """The copy held for `version` is the announced one, or it is dropped: a copy begun
+        on another instruction (another sha, or none: a peer's POST /fetch naming its own
+        store) is never handed to a worker told to expect `manifest_sha256`."""
+        st = self.versions.get(version)
+        got = chunks_lib.manifest_sha256(st.manifest_bytes) if st is not None else None
+        if got is not None and got != manifest_sha256:
+            task = self._tasks.pop(version, None)
+            if task is not None and not task.done():
+                task.cancel()
+            await self._drop(version)
+            raise ManifestMismatch(
+                f"version {version}: the manifest held has sha256 {got}, not the announced "
+                f"{manifest_sha256}; refused and dropped, nothing loaded"
+            )
+
+    async def _fetch_any(self, version, sources, manifest_sha256=None, whole=None):
         if self.holds(version, whole):
             return self.results.get(version) or peer_fetch.FetchResult(version)
         task = self._tasks.get(version)
@@ -238,13 +274,15 @@ class Relay(VersionCache):
             wait = params.wait_s(request.query.get("wait"), MAX_WAIT_S)
         except params.BadParam as e:
             return web.Response(status=400, text=str(e))
-        if self.clients >= self.max_clients:
+        reader = request.remote or ""
+        if self.clients >= self.max_clients or not self.uplink.admit(reader):
             return web.Response(status=429, headers={"Retry-After": "1"})
         self.clients += 1
         try:
             return await self._answer(request, key, wait)
         finally:
             self.clients -= 1
+            self.uplink.release(reader)
 
     async def _answer(self, request: web.Request, key: str, wait: float):
         deadline = time.monotonic() + wait
@@ -271,7 +309,7 @@ class Relay(VersionCache):
         def tally(sent: int, seconds: float) -> None:
             self.bytes_up, self.busy_s = self.bytes_up + sent, self.busy_s + seconds
 
-        return await uplink.send(request, body, self._uplink, self.bucket, self.max_send_s, tally)
+        return await uplink.send(request, body, self.uplink, self.max_send_s, tally)
 
     def status(self) -> dict:
         versions = {
@@ -293,6 +331,7 @@ class Relay(VersionCache):
             "bytes_up": self.bytes_up,
             "up_bytes_per_s": self.up_bytes_per_s,
             "clients": self.clients,
+            "errors": {str(v): e for v, e in list(self.errors.items())},
         }
 
     async def _status(self, request: web.Request) -> web.Response:
@@ -306,12 +345,19 @@ class Relay(VersionCache):
 
     async def _post_fetch(self, request: web.Request) -> web.Response:
         version, sources, sha = await self._body(request, params.fetch_body)
+        try:  # a copy held already: answered now (the fetch below would only join it)
+            await self._check_manifest(version, sha)
+        except ManifestMismatch as e:
+            return web.json_response({"ok": False, "error": str(e)}, status=409)
 
         async def run():
             try:
                 await self._fetch(version, sources, sha)
             except Exception as e:  # noqa: BLE001 - recorded in status; logged here
                 logging.error("relay: fetch of version %d failed: %s", version, log_safe(e))
+                self.errors[version] = str(e)[:500]
+                while len(self.errors) > 16:
+                    del self.errors[min(self.errors)]
 
         asyncio.ensure_future(run())
         return web.json_response({"ok": True}, status=202)

@@ -26,6 +26,10 @@ claimed the fetch: FETCHING -> SWAP_READY), `ensure` (SWAP_READY -> LOADED or RE
 the backoff's end: REFUSED -> SWAP_READY). Workers swap only between leases, so all tokens
 of a lease carry the version that generated them.
 
+Whatever store the version is read from (the announced one, or the relay's copy), its
+manifest must have the SHA-256 the announcement names (`AnnouncedStore`), else the load is
+refused before anything is read or swapped.
+
 `hear` and `note` run on the heartbeat thread as well as the main one: they only replace
 the announcement (one reference assignment) and start a relay fetch (PeerSwap locks its own
 state); everything else runs on the worker's main thread.
@@ -34,13 +38,43 @@ state); everything else runs on the worker's main thread.
 from __future__ import annotations
 
 import enum
+import hashlib
 import time
 
 from absl import logging
 
 from bridge.control.protocol import VersionAnnouncement
 from rollout_gpu.engine import RolloutEngine
-from rollout_gpu.weight_swap import EngineVersion, load_version
+from rollout_gpu.weight_swap import EngineVersion, WeightSwapError, load_version
+
+
+class AnnouncedStore:
+    """`store` as load_version reads it, the announced version's manifest checked against
+    the announced SHA-256 (the bytes checked are the bytes parsed: one read)."""
+
+    def __init__(self, store, ann: VersionAnnouncement):
+        self.store, self.ann = store, ann
+
+    def manifest(self, version: int):
+        if version != self.ann.version or not self.ann.manifest_sha256:
+            return self.store.manifest(version)
+        from bridge.store.layout import LAYOUT
+        from bridge.store.manifest import Manifest, VersionNotFoundError
+
+        kv = getattr(self.store, "kv", None) or self.store.store.kv  # a _ReportingStore
+        r = kv.read(LAYOUT.manifest_key(version)).result()
+        if r.state != "value":
+            raise VersionNotFoundError(f"version {version} has no manifest")
+        got = hashlib.sha256(r.value).hexdigest()
+        if got != self.ann.manifest_sha256:
+            raise WeightSwapError(
+                f"version {version}: the manifest read has sha256 {got}, not the announced "
+                f"{self.ann.manifest_sha256}; refused, nothing loaded"
+            )
+        return Manifest.model_validate_json(r.value)
+
+    def __getattr__(self, name):
+        return getattr(self.store, name)
 
 
 class VersionState(enum.Enum):
@@ -162,7 +196,7 @@ class WeightVersions:
         try:
             # Through the peer relay when the controller routes one (rollout_gpu/peer_swap.py).
             store = self.peers.store_for(ann) if self.peers else WeightStore(ann.store)
-            canary = load_version(engine, store, ann.version, self.current)
+            canary = load_version(engine, AnnouncedStore(store, ann), ann.version, self.current)
         except Exception as e:  # noqa: BLE001 - the engine keeps serving the previous version
             wait = min(60.0, 2 * failed[0]) if failed else 5.0
             self._refused = {ann.version: (wait, self.clock() + wait, ann.published_at)}

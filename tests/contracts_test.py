@@ -68,7 +68,7 @@ CONFIG_KEYS = [
     pytest.param("rollout.partial", marks=later("rollout.partial (off|continue)")),
     pytest.param("staleness_min", marks=later("staleness 'auto' with staleness_min")),
     pytest.param("staleness_max", marks=later("staleness 'auto' with staleness_max")),
-    pytest.param("controller.trusted_proxies", marks=later("controller.trusted_proxies")),
+    "controller.trusted_proxies",
 ]
 
 # bench -> (the module that writes its JSON, the headline keys; None: `rows` only)

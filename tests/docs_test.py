@@ -36,7 +36,6 @@ PENDING_CONFIG_KEYS = {
     "rollout.partial",
     "staleness_min",
     "staleness_max",
-    "controller.trusted_proxies",
 }
 METRICS = """step policy_version reward/mean staleness/mean staleness/max staleness/dropped
 mismatch/kl learner/utilization time/step_s time/wait_s bridge/publish_s fleet/active_workers

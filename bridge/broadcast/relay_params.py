@@ -11,8 +11,9 @@ changes nothing):
   characters, no empty, '.' or '..' segment, no leading '/' or backslash;
 - POST /fetch and /forget bodies (standalone relays only): a JSON object with an integer
   `version` in [0, 2^53), for /fetch a list of 1..`MAX_SOURCES` sources (relay URLs as
-  `http(s)://` strings, the store last as a spec string or object) and an optional
-  64-hex-digit `manifest_sha256`.
+  `http(s)://` strings, the store last as a spec string or object) and the 64-hex-digit
+  `manifest_sha256` the controller announced (required: without it the manifest would be
+  whatever the last source, named by the caller, serves).
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def version(body) -> int:
     return v
 
 
-def fetch_body(body) -> tuple[int, list, str | None]:
+def fetch_body(body) -> tuple[int, list, str]:
     """(version, sources, manifest_sha256) of a POST /fetch body."""
     v = version(body)
     sources = body.get("sources")
@@ -79,6 +80,6 @@ def fetch_body(body) -> tuple[int, list, str | None]:
         if isinstance(s, str) and (len(s) > 1024 or not s.isprintable()):
             raise BadParam("a source is at most 1024 printable characters")
     sha = body.get("manifest_sha256")
-    if sha is not None and not (isinstance(sha, str) and _SHA256.fullmatch(sha)):
-        raise BadParam("manifest_sha256 must be 64 lowercase hex digits")
+    if not (isinstance(sha, str) and _SHA256.fullmatch(sha)):
+        raise BadParam("manifest_sha256 (the announced manifest's) must be 64 lowercase hex digits")
     return v, sources, sha

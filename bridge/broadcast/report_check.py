@@ -19,8 +19,11 @@ not caught here; its children lose nothing but time (they verify every chunk and
 to the next source, then the store), and its measured delivery (topology.rank_rate) drops,
 so it loses its place in the tree.
 
-`ReportChecker` runs checks on one background thread so a heartbeat never waits on a
-relay; at most `max_pending` checks wait (more are answered `unknown` at once).
+`probe_uplink` is the controller measuring a relay itself (bridge/broadcast/state.py probes
+a relay no child has measured yet): one chunk, timed and verified.
+
+`ReportChecker` runs checks (or probes) on one background thread so a heartbeat never waits
+on a relay; at most `max_pending` checks wait (more are answered `unknown` at once).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 import httpx
@@ -72,6 +76,44 @@ def check_chunk(store_spec, relay_url: str, version: int, key: str,
     except httpx.HTTPError:
         return "unknown"
     return "ok" if chunks_lib.chunk_ok(spec, raw) else "corrupt"
+
+
+def probe_uplink(store_spec, relay_url: str, version: int, key: str = "",
+                 timeout_s: float = TIMEOUT_S) -> tuple[str, float | None, int]:  # fmt: skip
+    """The controller's own measurement of a relay: (verdict, bytes/s, bytes) of reading the
+    largest chunk of `version` from `relay_url` as a child would, checked against the
+    store's manifest. `key` is unused (the probe picks the chunk; ReportChecker passes one).
+
+    `ok`: it served the chunk intact at that rate; `corrupt`: it served other bytes (proof,
+    as for a report); `unknown`: no answer, busy, the version gone, or nothing to time (the
+    chunk is absent, all fill value): nothing measured, the relay stays a leaf."""
+    del key
+    from bridge.store.weight_store import WeightStore
+
+    try:
+        plan = chunks_lib.chunk_plan(version, WeightStore(store_spec).manifest(version))
+    except Exception as e:  # noqa: BLE001 - gc'd, the store unreachable
+        logging.info("uplink probe of version %d not possible: %s", version, e)
+        return "unknown", None, 0
+    if not plan:
+        return "unknown", None, 0
+    spec = max(plan, key=lambda s: s.full_nbytes)
+    t0, body = time.monotonic(), bytearray()
+    try:
+        with httpx.stream("GET", f"{relay_url}/kv/{spec.key}", params={"wait": 0},
+                          timeout=timeout_s) as r:  # fmt: skip
+            if r.status_code != 200:
+                return "unknown", None, 0  # absent (nothing to time), busy, not held
+            for piece in r.iter_bytes():
+                body += piece
+                if len(body) > spec.full_nbytes:
+                    return "corrupt", 0.0, 0
+    except httpx.HTTPError:
+        return "unknown", None, 0
+    seconds = max(time.monotonic() - t0, 1e-6)
+    if not chunks_lib.chunk_ok(spec, bytes(body)):
+        return "corrupt", 0.0, 0
+    return "ok", len(body) / seconds, len(body)
 
 
 class ReportChecker:

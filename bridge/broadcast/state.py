@@ -22,10 +22,20 @@ is really gone stops heartbeating and is dropped after `worker_timeout_s`.
 
 Placement by measured delivery (topology.rank_rate): a report's bytes from peers over its
 fetch time is what the reporter received while routed to its parent; the parent's
-`delivered_bytes_per_s` is the best of its children's for the newest version they
-reported (0 when a child routed to it got nothing from peers). A worker's declared uplink
-only caps that, so declaring a huge uplink buys the chain root for at most the versions
-before its children have measured it.
+`delivered_bytes_per_s` is the lowest of its children's for the newest version they
+reported (0 when a child routed to it got nothing from peers). A delivery report is a
+claim the controller cannot check byte for byte, so no child can raise its parent above
+what another child of it measured: a Sybil child claiming 1e12 B/s for a relay that
+served its honest sibling nothing leaves that relay at 0 (the worst a lying child can do
+is lower its own parent, which then feeds fewer; it never puts a relay that serves
+nothing above one that serves). A worker's declared uplink only caps the measured rate
+and places no one: until a child has measured it, a worker hangs behind every relay that
+has delivered, a leaf (topology.py). A worker no child has measured yet is measured by the
+controller itself once it reports holding a version: one chunk read from its relay, timed
+and checked against the store's manifest (report_check.probe_uplink; a corrupt one is proof,
+as for a report), credited like a child's report. A relay measured to deliver nothing is
+probed again every `_REPROBE_VERSIONS` versions, so a passing fault does not bench it for
+good.
 
 Delta versions (bridge/delta/) put a few % of the model on each link: a fetch that small
 is dominated by per-request latency, so its bytes / seconds says little about the uplink
@@ -53,14 +63,18 @@ from bridge.broadcast import topology as topo
 
 _MAX_VERSIONS = 64  # versions whose reports are kept for the metrics
 _STALE_VERSIONS = 32  # a rate measured this many versions ago yields to any newer one
+_REPROBE_VERSIONS = 8  # a relay measured to deliver nothing is probed again this often
 
 
 class BroadcastState:
     def __init__(self, mode: str = "store", fanout: int = 2, bad_limit: int = 2,
-                 worker_timeout_s: float = 30.0, checker=None):  # fmt: skip
+                 worker_timeout_s: float = 30.0, checker=None, prober=None):  # fmt: skip
         self.topology = topo.Topology(mode, fanout)
         self.bad_limit, self.worker_timeout_s = bad_limit, worker_timeout_s
         self.checker = checker  # report_check.ReportChecker; None: reports are unverifiable
+        # A ReportChecker running report_check.probe_uplink; None: only children measure.
+        self.prober = prober
+        self.probed: dict[str, int] = {}  # worker -> the version its relay was last probed on
         self.stores: dict[int, object] = {}  # version -> the store spec it was published to
         self.false_by: dict[str, set] = collections.defaultdict(set)  # reporter -> {relay}
         self.ignored: set[str] = set()  # reporters whose reports no longer count
@@ -127,6 +141,7 @@ class BroadcastState:
             routed = self.routed.get((worker_id, rep.version), [])
             if routed and rep.fetch_s > 0:
                 self._delivered(self.by_url.get(routed[0]), rep)
+            self._probe(worker_id, rep.version)
             for bad in rep.bad_sources:
                 bad_id = self.by_url.get(bad.source)
                 if bad_id is None or bad_id == worker_id:
@@ -175,22 +190,63 @@ class BroadcastState:
             self.topology.exclude(accused)
 
     def _delivered(self, parent: str | None, rep) -> None:
-        """Credit the reporter's measured receive rate to the parent it was routed to."""
+        """Credit the reporter's measured receive rate to the parent it was routed to (the
+        lowest of the children's for one version: module docstring)."""
+        rate = rep.bytes_from_peers / rep.fetch_s
+        payload = rep.bytes_from_peers + rep.bytes_from_store
+        self._credit(parent, rep.version, rate, payload)
+
+    def _credit(self, parent: str | None, version: int, rate: float, payload: int) -> None:
         node = self.topology.nodes.get(parent) if parent else None
         if node is None:
             return
-        rate = rep.bytes_from_peers / rep.fetch_s
-        payload = rep.bytes_from_peers + rep.bytes_from_store
         v, best, held = self.delivery.get(parent, (-1, 0.0, 0))
-        newer = rep.version > v and (
+        newer = version > v and (
             4 * payload >= held  # a payload of the same order: like for like
             or rate >= best  # a small payload's rate is a lower bound: it is at least this
-            or rep.bytes_from_peers == 0  # delivered nothing at all
-            or rep.version - v >= _STALE_VERSIONS
+            or rate == 0  # delivered nothing at all
+            or version - v >= _STALE_VERSIONS
         )
-        if newer or (rep.version == v and rate > best):
-            self.delivery[parent] = (rep.version, rate, payload)
+        if newer or (version == v and rate < best):
+            self.delivery[parent] = (version, rate, payload)
             node.delivered_bytes_per_s = rate
+
+    def _probe(self, worker_id: str, version: int) -> None:
+        """Have the controller measure `worker_id`'s relay on `version` (which it reports
+        holding) when no child has measured it to deliver: a newcomer once per version until
+        measured, one measured to deliver nothing every `_REPROBE_VERSIONS` versions."""
+        node = self.topology.nodes.get(worker_id)
+        if self.prober is None or node is None or not node.relay_url:
+            return
+        rate = topo.rank_rate(node)
+        last = self.probed.get(worker_id)
+        if worker_id in self.topology.excluded or (rate or 0.0) > 0:
+            return
+        if last is not None and version - last < (1 if rate is None else _REPROBE_VERSIONS):
+            return
+        store, url = self.stores.get(version), node.relay_url
+        if store is None:
+            return
+        self.probed[worker_id] = version
+
+        def done(result) -> None:
+            with self.lock:
+                self._probe_result(worker_id, url, version, result)
+
+        self.prober.submit(store, url, version, "", done)  # full: tried on a later version
+
+    def _probe_result(self, worker_id: str, url: str, version: int, result) -> None:
+        node = self.topology.nodes.get(worker_id)
+        if node is None or node.relay_url != url or isinstance(result, str):
+            return  # gone, moved, or the probe itself failed ("unknown")
+        verdict, rate, nbytes = result
+        if verdict == "corrupt":  # proof, as for a checked report
+            self.proven_corrupt += 1
+            self.topology.exclude(worker_id)
+            logging.warning("relay of %s served the controller a corrupt chunk: relays no more",
+                            worker_id)  # fmt: skip
+        elif verdict == "ok":
+            self._credit(worker_id, version, rate, nbytes)
 
     def leave(self, worker_id: str) -> None:
         with self.lock:
@@ -199,6 +255,7 @@ class BroadcastState:
     def _forget(self, worker_id: str) -> None:
         self.topology.remove(worker_id)
         self.delivery.pop(worker_id, None)
+        self.probed.pop(worker_id, None)
         self.reporters.discard(worker_id)
         self.last_seen.pop(worker_id, None)
         self.suspect.discard(worker_id)

@@ -9,10 +9,16 @@ Modes (config key `bridge.broadcast`; "auto", the demo's default, is resolved by
          node's uplink is split f ways: about f(M + depth*c)/B
 
 Placement is an order of nodes laid out in heap order under the store (the virtual root).
-`rebuild` sorts by delivery measured at the children (a declared uplink only an upper
-bound, `rank_rate`), fastest first, so fast uplinks sit near the root where they feed the
-most; `join` appends (a new node lands at a leaf and moves no one); `remove`
-drops a node from the order, so in a chain its child now hangs from its grandparent.
+`rebuild` sorts by delivery measured at the children or by the controller's own probe of
+the node's relay (`rank_rate`), fastest first, so fast uplinks sit near the root where they
+feed the most. A worker's declared uplink is a claim, never a rank: it only caps what was
+measured. Once any node has been measured to deliver, only such nodes relay: an unmeasured
+newcomer (whatever it declares) and a node measured to deliver nothing are leaves, like an
+excluded node, until a measurement says otherwise (bridge/broadcast/state.py probes them).
+Before anything is measured (a fleet's first version) every node relays in join order:
+someone must go first, and the declarations order no one. `join` appends (a new node lands
+at a leaf and moves no one); `remove` drops a node from the order, so in a chain its child
+now hangs from its grandparent.
 Every placement lists fallbacks (grandparent, great-grandparent ... ) and the store is
 always the last resort. Nodes excluded for serving bad bytes never relay to anyone: they
 hang as extra leaves under the last healthy node.
@@ -21,7 +27,6 @@ hang as extra leaves under the last healthy node.
 from __future__ import annotations
 
 import dataclasses
-import statistics
 
 MODES = ("store", "chain", "tree")
 CONFIG_MODES = ("auto", *MODES)
@@ -52,22 +57,27 @@ class Node:
     relay_url: str = ""
     up_bytes_per_s: float = 0.0  # the worker's own figure: only an upper bound; 0 = unknown
     down_bytes_per_s: float = 0.0
-    # What its children measured receiving while routed to it (bridge/broadcast/state.py);
-    # None = not measured yet, 0.0 = measured to deliver nothing.
+    # What its children (or the controller's probe) measured receiving from it
+    # (bridge/broadcast/state.py); None = not measured yet, 0.0 = measured to deliver nothing.
     delivered_bytes_per_s: float | None = None
 
 
-def rank_rate(node: Node, typical: float | None) -> float:
-    """The uplink a node is placed by (issue 23 item 2): what its children measured, its
-    own declaration only an upper bound. Unmeasured: its declaration, capped at the fleet's
-    typical measured delivery once there is one (so a huge declaration buys no more than an
-    average relay until it is measured, one version later)."""
+def rank_rate(node: Node) -> float | None:
+    """The uplink a node is placed by: what was measured receiving from it, capped by its
+    own declaration; None = not measured yet (a declaration alone places no one)."""
+    if node.delivered_bytes_per_s is None:
+        return None
     declared = node.up_bytes_per_s if node.up_bytes_per_s > 0 else float("inf")
-    if node.delivered_bytes_per_s is not None:
-        return min(declared, node.delivered_bytes_per_s)
-    if typical is None:
-        return node.up_bytes_per_s
-    return min(declared, typical)
+    return min(declared, node.delivered_bytes_per_s)
+
+
+def _rank_key(node: Node) -> tuple[int, float]:
+    """Sort key: measured to deliver (fastest first), then unmeasured, then measured to
+    deliver nothing (stable sort: ties keep join order)."""
+    rate = rank_rate(node)
+    if rate is None:
+        return (1, 0.0)
+    return (0, -rate) if rate > 0 else (2, 0.0)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,8 +97,12 @@ class Topology:
         self.mode = mode
         self.fanout = 1 if mode == "chain" else fanout
         self.nodes: dict[str, Node] = {}
-        self.order: list[str] = []  # healthy relays in heap order
+        self.order: list[str] = []  # healthy nodes in heap order
         self.excluded: set[str] = set()
+        # The nodes that relay (a prefix of `order`), fixed at `rebuild`: every node until
+        # one has been measured to deliver, then only those (module docstring).
+        self.relaying: set[str] = set()
+        self.bootstrap = True
 
     # -- membership ---------------------------------------------------------------------
     def join(self, node: Node) -> None:
@@ -97,30 +111,31 @@ class Topology:
         self.nodes[node.node_id] = node
         if not known and node.node_id not in self.excluded:
             self.order.append(node.node_id)
+            if self.bootstrap:
+                self.relaying.add(node.node_id)
 
     def remove(self, node_id: str) -> None:
         """A node left or died: its subtree re-hangs from its ancestors."""
         self.nodes.pop(node_id, None)
         self.excluded.discard(node_id)
+        self.relaying.discard(node_id)
         if node_id in self.order:
             self.order.remove(node_id)
 
     def exclude(self, node_id: str) -> None:
         """Never let `node_id` relay again (it served bad bytes); it still gets versions."""
+        self.relaying.discard(node_id)
         if node_id in self.order:
             self.order.remove(node_id)
         if node_id in self.nodes:
             self.excluded.add(node_id)
 
     def rebuild(self) -> None:
-        """Re-sort by `rank_rate`, fastest first (stable: ties keep join order)."""
-        measured = [
-            n.delivered_bytes_per_s
-            for n in self.nodes.values()
-            if n.delivered_bytes_per_s is not None
-        ]
-        typical = statistics.median(measured) if measured else None
-        self.order.sort(key=lambda n: -rank_rate(self.nodes[n], typical))
+        """Re-sort by `_rank_key` (measured delivery, fastest first) and fix who relays."""
+        self.order.sort(key=lambda n: _rank_key(self.nodes[n]))
+        delivering = {n for n in self.order if (rank_rate(self.nodes[n]) or 0.0) > 0}
+        self.bootstrap = not delivering
+        self.relaying = set(self.order) if self.bootstrap else delivering
 
     # -- placement ----------------------------------------------------------------------
     def _parent_index(self, i: int) -> int | None:
@@ -132,13 +147,15 @@ class Topology:
         return (i - 1) // self.fanout
 
     def placement(self, node_id: str) -> Placement:
-        if node_id in self.excluded or node_id not in self.order:
+        if node_id not in self.relaying:
             if node_id not in self.nodes:
                 raise KeyError(f"unknown node {node_id!r}")
-            # Excluded: a leaf under the last healthy node (or the store).
-            if self.mode == "store" or not self.order:
+            # Excluded, unmeasured or measured to deliver nothing: a leaf under the last
+            # relay (or the store).
+            relays = [n for n in self.order if n in self.relaying]
+            if self.mode == "store" or not relays:
                 return Placement(None, None, (), 1)
-            last = self.order[-1]
+            last = relays[-1]
             up = self.placement(last)
             chain = (self.nodes[last].relay_url, up.parent_url or "", *up.fallback_urls)
             urls = tuple(u for u in chain if u)

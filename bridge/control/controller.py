@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
-from bridge.broadcast.report_check import ReportChecker
+from bridge.broadcast.report_check import ReportChecker, probe_uplink
 from bridge.broadcast.state import BroadcastState
 from bridge.control import audit as audit_lib
 from bridge.control import fleet_status, limits
@@ -120,6 +120,7 @@ class Controller(LearnerCalls):
         self.broadcast = BroadcastState(
             c.broadcast, c.broadcast_fanout, c.broadcast_bad_limit, c.worker_timeout_s,
             checker=None if c.broadcast == "store" else ReportChecker(),
+            prober=None if c.broadcast == "store" else ReportChecker(probe_uplink, 8),
         )  # fmt: skip
         self._polling = threading.local()  # in wait_batch: take_batch skips stats on a miss
         self.pacing = HeartbeatPacing(c)  # the interval each reply carries
@@ -170,10 +171,15 @@ class Controller(LearnerCalls):
             self.db.sync()
 
     # -- versions ------------------------------------------------------------------------
-    def publish(self, version: int, store: dict | str | None = None) -> VersionAnnouncement:
-        """Announce `version` (call once its manifest is in the weight store `store`)."""
+    def publish(
+        self, version: int, store: dict | str | None = None, manifest_sha256: str | None = None
+    ) -> VersionAnnouncement:
+        """Announce `version` (call once its manifest is in the weight store `store`), with
+        its manifest's SHA-256 (given, or read here from a store on this machine's disk), so
+        every worker can refuse a manifest that differs, whoever hands it one."""
+        sha = manifest_sha256 or _local_manifest_sha256(store, version)
         with self._op():
-            ann = self.versions.publish(version, store)
+            ann = self.versions.publish(version, store, sha)
             self.liveness.published(version)
             self.fleet.published(version, ann.published_at)
             self.broadcast.publish(version, ann.published_at, ann.store)
@@ -447,3 +453,21 @@ class Controller(LearnerCalls):
         out["fleet/no_admissible_work"] = int(stuck)
         out["learner/since_last_step_s"] = self.liveness.since_last_step_s(now)
         return out
+
+
+def _local_manifest_sha256(store, version: int) -> str | None:
+    """SHA-256 of `version`'s manifest in `store` when that is a file store (a read that
+    cannot hang); None otherwise (a remote store's hash is the publisher's to pass), or
+    when it cannot be read: workers then take the manifest from the store only."""
+    from bridge.broadcast.chunks import manifest_sha256
+    from bridge.store.layout import LAYOUT
+    from bridge.store.weight_store import WeightStore, parse_spec
+
+    try:
+        if store is None or parse_spec(store)["driver"] != "file":
+            return None
+        r = WeightStore(store).kv.read(LAYOUT.manifest_key(version)).result(timeout=10)
+    except Exception as e:  # noqa: BLE001 - a bad spec, a missing directory
+        logging.warning("version %d: manifest not readable for its hash: %s", version, e)
+        return None
+    return manifest_sha256(r.value) if r.state == "value" else None

@@ -91,6 +91,13 @@ class VersionAnnouncement(_Model):
         description="where to read it: a bridge.store.weight_store.WeightStore spec (URL or dict)",
     )
     published_at: float = 0.0
+    manifest_sha256: str | None = Field(
+        default=None,
+        pattern=r"^[0-9a-f]{64}$",
+        description="SHA-256 of the version's manifest as published: a worker refuses a "
+        "manifest that differs, from a peer or its own relay's copy (None: not known; the "
+        "manifest is then read from the store only)",
+    )
 
 
 class RegisterResponse(_Model):

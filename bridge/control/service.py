@@ -25,7 +25,10 @@ store URL (and read the tokens), so a plain-HTTP request from a non-loopback add
 refused (403, before any body is parsed) unless `allow_plain_http` (the training binary's
 `controller.allow_plain_http`); serve HTTPS with `controller.tls_cert`/`controller.tls_key`.
 A worker's advertised relay URL becomes the address it called from (or an allow-listed
-host, `relay_hosts`; bridge/broadcast/relay_address.py). Worker-supplied strings are logged
+host, `relay_hosts`; bridge/broadcast/relay_address.py). X-Forwarded-For / -Proto are read
+only from the proxies `trusted_proxies` names (`controller.trusted_proxies`; default none):
+uvicorn's own default believes them from 127.0.0.1, so any local forwarder would let a
+worker pick the address it is known and routed to. Worker-supplied strings are logged
 escaped (bridge/control/log_text.py); a completion holding a token the reward cannot see
 counts against its worker (`WorkerRegistry.count_hidden`).
 """
@@ -96,6 +99,9 @@ class ServerOptions:
     advertise_host: str | None = None  # the host in the published url; default: the bind host
     allow_plain_http: bool = False  # serve non-loopback workers without TLS (unsafe on a WAN)
     relay_hosts: tuple[str, ...] = ()  # relay URL hosts kept as claimed (NAT names)
+    # Addresses / CIDRs of the reverse proxies whose X-Forwarded-For / -Proto are believed;
+    # empty: those headers are ignored from everyone.
+    trusted_proxies: tuple[str, ...] = ()
     prometheus: bool = True  # GET /metrics (bridge/control/prometheus.py)
     metrics_token_file: str | None = None  # bearer for non-loopback scrapers; None: loopback only
     lean_routes: bool = True  # heartbeat and lease without FastAPI (fast_routes.py)
@@ -322,6 +328,9 @@ class ControllerServer:
             ssl_certfile=o.certfile,
             ssl_keyfile=o.keyfile,
             http=bounded_protocol(o.header_timeout_s, o.max_connections_per_peer),
+            # uvicorn trusts 127.0.0.1's forwarded headers unless told otherwise.
+            proxy_headers=bool(o.trusted_proxies),
+            forwarded_allow_ips=list(o.trusted_proxies) or "",
         )
         if not o.certfile and not o.allow_plain_http and not is_loopback(o.host):
             logging.warning(

@@ -28,11 +28,15 @@ class VersionBoard:
         """The newest announcement; version -1 before the first publish."""
         return self._current
 
-    def publish(self, version: int, store: dict | str | None) -> VersionAnnouncement:
-        """Announce `version` (its manifest is in the weight store `store`)."""
+    def publish(
+        self, version: int, store: dict | str | None, manifest_sha256: str | None = None
+    ) -> VersionAnnouncement:
+        """Announce `version` (its manifest, of SHA-256 `manifest_sha256`, is in the weight
+        store `store`)."""
         if version < self.current().version:
             raise ValueError(f"version {version} is older than published {self.current().version}")
-        ann = VersionAnnouncement(version=version, store=store, published_at=self.clock())
+        ann = VersionAnnouncement(version=version, store=store, published_at=self.clock(),
+                                  manifest_sha256=manifest_sha256)  # fmt: skip
         self.db.put("announcement", ann.model_dump())
         self._current = ann
         return ann

@@ -31,6 +31,7 @@ step) and announced again, so workers stalled on it retry.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -45,6 +46,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from bridge.contracts import canary as canary_lib
 from bridge.delta.publisher import DeltaPublisher
 from bridge.store import model_files
+from bridge.store.layout import LAYOUT
 from bridge.store.manifest import CorruptVersionError
 from bridge.store.weight_store import WeightStore
 from learner_jax import model, publish
@@ -52,6 +54,18 @@ from learner_jax.background_publish import BackgroundPublisher, PublishError
 from learner_jax.rl.adapter_versions import AdapterVersions
 
 STORE_DIR = "weights"
+
+
+def announcing_hash(publish: Callable) -> Callable:
+    """`publish(version, spec, manifest_sha256=...)` (the controller's) as an announce
+    callback `(version, spec)`: the manifest just written is hashed here, where the store is
+    the learner's own, so workers can refuse any other manifest whoever hands it to them."""
+
+    def announce(version: int, spec):
+        raw = WeightStore(spec).kv.read(LAYOUT.manifest_key(version)).result().value
+        return publish(version, spec, manifest_sha256=hashlib.sha256(raw).hexdigest())
+
+    return announce
 
 
 def open_store(spec: str, workdir: str, step: int) -> WeightStore:

@@ -45,7 +45,9 @@ def test_chain_between_the_bound_and_its_model(tmp_path):
     with netbed.Netbed(hosts) as bed:
         _, urls = relay_procs.start_relays_in(bed, list(hosts), str(tmp_path))
         origin, relays = urls[0], urls[1:]
-        relay_procs.call(origin, "/fetch", {"version": 1, "sources": [store.spec]})
+        sha = relay_procs.manifest_sha(store, 1)
+        relay_procs.call(origin, "/fetch", {"version": 1, "sources": [store.spec],
+                                            "manifest_sha256": sha})  # fmt: skip
         relay_procs.wait_complete(origin, 1)
         run = run_once(origin, relays, "chain", 2, version=1)
     want = ideals("chain", n, float(m), float(CHUNK), b, 2, run["depth"], b)

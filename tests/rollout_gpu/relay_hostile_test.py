@@ -1,6 +1,7 @@
-"""A relay against hostile peers (issue 23 item 3), over real HTTP on loopback (no vLLM):
-every parameter is checked before use (a NaN `wait` used to spin the event loop), a peer
-that does not read loses the uplink within `max_send_s`, and in-flight requests are capped."""
+"""A relay against hostile peers, over real HTTP on loopback (no vLLM): every parameter is
+checked before use (a NaN `wait` used to spin the event loop), a peer that does not read
+loses its slot within seconds and costs other peers nothing, and in-flight requests are
+capped, per peer address too."""
 
 import socket
 import threading
@@ -99,14 +100,16 @@ def test_a_peer_that_does_not_read_loses_the_uplink(store, relay_of):
     hog.connect((relay.host, int(relay.url.rsplit(":", 1)[1])))
     hog.sendall(f"GET /kv/{key} HTTP/1.1\r\nHost: relay\r\n\r\n".encode())
     deadline = time.monotonic() + 30
-    while not relay._uplink.locked():  # the hog's response holds the uplink now
+    while relay.status()["clients"] < 1:  # the hog's request is in flight
         assert time.monotonic() < deadline
         time.sleep(0.01)
     t0 = time.monotonic()
-    r = httpx.get(f"{relay.url}/kv/{key}", timeout=30)
+    r = httpx.get(f"{relay.url}/kv/{key}", timeout=30)  # from the hog's own address
     elapsed = time.monotonic() - t0
     assert r.status_code == 200 and r.content == want
-    assert elapsed < 20, elapsed  # the hog had the uplink for max_send_s, not stall_s
+    # Behind the hog in its address's turn: the hog kept it for read_stall_s (5 s) at most
+    # once its buffers were full, not for max_send_s or stall_s.
+    assert elapsed < 20, elapsed
     # The hog's connection was cut before it got the chunk.
     hog.settimeout(10)
     got = 0
@@ -141,3 +144,106 @@ def test_in_flight_requests_are_capped(store, relay_of):
         t.join(timeout=60)
     assert answers == [200, 200] and relay.status()["clients"] == 0
     assert httpx.get(url, timeout=5).status_code == 200
+
+
+def stalled_reader(relay, key: str, address: str) -> socket.socket:
+    """A peer at `address` (another loopback address: another reader) that asks for `key`
+    and never reads."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.bind((address, 0))
+    s.connect((relay.host, int(relay.url.rsplit(":", 1)[1])))
+    s.sendall(f"GET /kv/{key} HTTP/1.1\r\nHost: relay\r\n\r\n".encode())
+    return s
+
+
+def test_readers_that_stop_reading_cost_an_honest_child_nothing(tmp_path, monkeypatch):
+    """Two readers that never read hold connections to a relay configured as a worker's;
+    an honest child's 4 MiB chunk still arrives within its 10 s read timeout (it waited
+    behind them for the relay's 30 s max_send_s before), and they lose their slots."""
+    chunk = 4 << 20
+    monkeypatch.setattr(chunk_digest, "CHUNK_BYTES", chunk)
+    store = WeightStore(str(tmp_path / "store"))
+    a = np.random.default_rng(1).standard_normal((chunk // 2 // 1024, 1024)).astype(np.float32)
+    store.publish(VERSION, 1, [("a", a)], {}, dtype="bfloat16")
+    relay = Relay()
+    relay.start()
+    try:
+        relay.fetch(VERSION, [store.spec], timeout=60)
+        key = chunk_key(relay)
+        hogs = [stalled_reader(relay, key, ip) for ip in ("127.0.0.2", "127.0.0.3")]
+        deadline = time.monotonic() + 30
+        while relay.status()["clients"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        r = httpx.get(f"{relay.url}/kv/{key}", timeout=10)
+        assert r.status_code == 200 and r.content == store.kv.read(key).result().value
+        # Their slots come free: a stalled reader is cut within read_stall_s (5 s) once its
+        # socket buffers are full (a reader whose buffers took the whole chunk is done).
+        deadline = time.monotonic() + 30
+        while relay.status()["clients"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        for hog in hogs:
+            hog.close()
+    finally:
+        relay.stop()
+
+
+def test_each_reader_has_bounded_slots(store, relay_of):
+    """Past `per_reader` requests in flight from one address: 429 for that address only;
+    past `max_readers` addresses: 429 for a new one."""
+    relay = relay_of(fetch=False, per_reader=2, max_readers=2)
+    url = f"{relay.url}/kv/{LAYOUT.manifest_key(VERSION)}"
+    answers = []
+
+    def wait_for_manifest(address):  # held by the relay until it has the version
+        transport = httpx.HTTPTransport(local_address=address)
+        with httpx.Client(transport=transport, timeout=60) as c:
+            answers.append(c.get(url, params={"wait": "30"}).status_code)
+
+    waiters = [
+        threading.Thread(target=wait_for_manifest, args=(ip,))
+        for ip in ("127.0.0.1", "127.0.0.1", "127.0.0.2")
+    ]
+    for t in waiters:
+        t.start()
+    deadline = time.monotonic() + 30
+    while relay.status()["clients"] < 3:
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    for ip, refused in (("127.0.0.1", True), ("127.0.0.2", False), ("127.0.0.3", True)):
+        transport = httpx.HTTPTransport(local_address=ip)
+        with httpx.Client(transport=transport, timeout=5) as c:
+            r = c.get(url, params={"wait": "0"})
+        assert (r.status_code == 429) == refused, (ip, r.status_code)
+    relay.fetch(VERSION, [store.spec], timeout=60)
+    for t in waiters:
+        t.join(timeout=60)
+    assert answers == [200, 200, 200] and relay.status()["clients"] == 0
+
+
+def test_readers_share_the_uplink_and_its_measured_rate_counts_wall_time(store, relay_of):
+    """Two readers at once (two addresses) on a relay limited to 16 MB/s: both are served
+    concurrently, and the relay's measured uplink (which caps its place in the topology)
+    counts the wall time its uplink was busy, not each response's time summed (that would
+    halve it)."""
+    rate = 16e6
+    relay = relay_of(up_bytes_per_s=rate, up_burst_bytes=256 << 10)
+    key = chunk_key(relay)
+    got = {}
+
+    def read(address):
+        transport = httpx.HTTPTransport(local_address=address)
+        with httpx.Client(transport=transport, timeout=60) as c:
+            got[address] = len(c.get(f"{relay.url}/kv/{key}").content)
+
+    readers = [threading.Thread(target=read, args=(ip,)) for ip in ("127.0.0.2", "127.0.0.3")]
+    for t in readers:
+        t.start()
+    for t in readers:
+        t.join(timeout=60)
+    assert got == {"127.0.0.2": BIG, "127.0.0.3": BIG}
+    # The bucket bounds it from above (plus its burst); summed durations would give ~rate/2.
+    measured = relay.status()["up_bytes_per_s"]
+    assert 0.7 * rate < measured < 1.1 * rate, measured

@@ -34,11 +34,12 @@ def _broadcast(origin, relays, version, kill=None):
     urls = [u for _, u in relays]
     for u in urls:
         bench.call(u, "/forget", {"version": version})
+    sha = bench.manifest_sha(origin, version)
     t0 = time.time()
     for i, u in enumerate(urls):
         up = [origin, *urls[:i]][::-1]
         srcs = sources_for(up[0], up[1:2], origin) if i else [origin]
-        bench.call(u, "/fetch", {"version": version, "sources": srcs})
+        bench.call(u, "/fetch", {"version": version, "sources": srcs, "manifest_sha256": sha})
     killed = None
     while True:
         if kill and killed is None and _status(urls[kill[0] + 1], version).get("have", 0) >= 3:
@@ -62,7 +63,9 @@ def test_kill_9_of_the_middle_relay_mid_broadcast(tmp_path):
     try:
         origin, relays = urls[0], list(zip(procs[1:], urls[1:], strict=True))
         for v in (1, 2):  # the origin (the store's uplink) holds both versions
-            bench.call(origin, "/fetch", {"version": v, "sources": [store.spec]})
+            sha = bench.manifest_sha(store, v)
+            bench.call(origin, "/fetch", {"version": v, "sources": [store.spec],
+                                          "manifest_sha256": sha})  # fmt: skip
             while not _status(origin, v).get("complete"):
                 time.sleep(0.05)
         clean_s, _ = _broadcast(origin, relays, 1)

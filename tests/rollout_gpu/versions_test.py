@@ -111,3 +111,26 @@ def test_a_version_announced_again_is_tried_at_once_and_reported_only_for_its_re
     assert v.state() is VersionState.REFUSED and v.lease_claims()["unloadable_version"] == 2
     now[0] += 5.1  # its backoff starts over at 5 s: it is another copy
     assert v.state() is VersionState.SWAP_READY
+
+
+def test_a_manifest_other_than_the_announced_one_is_refused_before_loading(tmp_path, caplog):
+    """The announcement names the manifest's SHA-256; a store holding another manifest under
+    that version number is refused before any array is read or the engine touched."""
+    import hashlib
+    import logging
+
+    import numpy as np
+
+    from bridge.store.layout import LAYOUT
+
+    store = WeightStore(str(tmp_path / "store"))
+    store.publish(3, 3, [("a", np.ones((8, 8), np.float32))], {})
+    raw = store.kv.read(LAYOUT.manifest_key(3)).result().value
+    right = hashlib.sha256(raw).hexdigest()
+    v = WeightVersions()
+    with caplog.at_level(logging.ERROR):
+        v.note(ann(3, store.spec).model_copy(update={"manifest_sha256": "0" * 64}))
+        assert not v.ensure(None)
+    assert v.state() is VersionState.REFUSED
+    assert f"sha256 {right}, not the announced {'0' * 64}" in caplog.text
+    assert v.current.version is None and not v.current.tensors

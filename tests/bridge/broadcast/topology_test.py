@@ -36,11 +36,24 @@ def test_tree_store_feeds_one_root_then_fanout():
     }  # fmt: skip
 
 
-def test_rebuild_puts_fastest_uplinks_near_the_root():
-    t = make("chain", 3, rates=[1e6, 9e6, 5e6])
+def test_rebuild_puts_fastest_measured_uplinks_near_the_root():
+    t = make("chain", 5, rates=[1e6, 9e6, 5e6, 1e13, 1e13])
+    for node, delivered in zip(t.order, [1e6, 9e6, 8e6, None, 0.0], strict=True):
+        t.nodes[node].delivered_bytes_per_s = delivered
     t.rebuild()
-    assert t.order == ["w1", "w2", "w0"]
-    assert parents(t) == {"w1": None, "w2": "w1", "w0": "w2"}
+    # Measured (capped by the declaration: w2 declared 5e6), then unmeasured, then the one
+    # measured to deliver nothing; only the measured relay, the others are leaves.
+    assert t.order == ["w1", "w2", "w0", "w3", "w4"]
+    assert parents(t) == {"w1": None, "w2": "w1", "w0": "w2", "w3": "w0", "w4": "w0"}
+    t.join(Node("new", "http://new", up_bytes_per_s=1e13))  # declares 10 TB/s: a leaf too
+    assert t.placement("new").parent == "w0" and "new" not in parents(t).values()
+
+
+def test_before_anything_is_measured_every_node_relays_in_join_order():
+    t = make("chain", 3, rates=[1e6, 1e13, 5e6])
+    t.rebuild()
+    t.join(Node("late", "http://late", up_bytes_per_s=1e13))
+    assert parents(t) == {"w0": None, "w1": "w0", "w2": "w1", "late": "w2"}
 
 
 def test_join_attaches_at_a_leaf_and_moves_no_one():

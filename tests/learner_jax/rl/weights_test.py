@@ -48,3 +48,26 @@ def test_open_store_default_configured_and_stale_versions(tmp_path):
     with pytest.raises(ValueError, match=r"versions \[7\] newer than checkpoint step 2"):
         open_store(spec, wd, step=2)
     assert WeightStore(f"file://{tmp_path}/shared").versions() == [7]  # untouched
+
+
+def test_the_announcement_carries_the_manifest_hash(tmp_path):
+    """What the learner announces names the manifest it wrote, so workers can refuse any
+    other (the controller cannot read a remote store's manifest itself without stalling)."""
+    from bridge.broadcast.chunks import manifest_sha256
+    from bridge.control.config import ControllerConfig
+    from bridge.control.controller import Controller
+    from bridge.store.layout import LAYOUT
+    from bridge.store.weight_store import WeightStore
+    from bridge.tasks import make_task
+    from learner_jax.rl.weights import announcing_hash
+
+    store = WeightStore(f"memory://announce-{os.getpid()}")  # the controller cannot read it
+    _publish_small(store, 3)
+    want = manifest_sha256(store.kv.read(LAYOUT.manifest_key(3)).result().value)
+    ctl = Controller(ControllerConfig(), str(tmp_path / "c.db"), make_task("arithmetic"))
+    try:
+        assert ctl.publish(3, store.spec).manifest_sha256 is None
+        assert announcing_hash(ctl.publish)(3, store.spec).manifest_sha256 == want
+        assert ctl.announcement().manifest_sha256 == want
+    finally:
+        ctl.close()
