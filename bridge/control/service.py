@@ -13,7 +13,9 @@ per-worker bearer token; the controller stores only its SHA-256. A middleware an
 401 on every other path without a valid token before any body is parsed, and 413 for a
 body over `max_body_bytes` (411 when a body has no Content-Length; counted as it arrives
 whatever its framing, JSON depth and size bounded: http_guard.py). GET /v1/status
-(read-only) also takes the join secret as bearer, for `python -m bridge.status`. For WAN use pass
+(read-only) also takes the join secret as bearer, for `python -m bridge.status`: the
+whole fleet table; with a worker's token it shows the run and that worker's own row, not
+other workers' names or identities. For WAN use pass
 `certfile`/`keyfile` and the server speaks HTTPS. Abuse limits (bridge/control/limits.py):
 429 + Retry-After past a per-worker (per client IP for /v1/register) request rate, checked
 before any body is parsed. The join secret is re-read when its file changes, the old one
@@ -56,7 +58,7 @@ from bridge.control.episode_steps import EpisodeSteps
 from bridge.control.fast_routes import RelayFilter, fast_routes
 from bridge.control.http_bounds import bounded_protocol
 from bridge.control.http_guard import HttpGuard, json_body, with_schemas
-from bridge.control.identity import identity_of
+from bridge.control.identity import LOCAL, identity_of
 from bridge.control.join_secret import JoinSecret, load_or_create_join_secret
 from bridge.control.log_text import log_safe
 from bridge.control.protocol import (
@@ -191,12 +193,22 @@ def make_app(
         return JSONResponse({"detail": str(e)}, status_code=e.status)
 
     @app.post("/v1/register", response_model=RegisterResponse)
-    def register(req: RegisterRequest, request: Request) -> RegisterResponse:
+    def register(req: RegisterRequest, request: Request) -> RegisterResponse | JSONResponse:
         ip = request.client.host if request.client else None
         identity = identity_of(req.join_secret, secret.accepted(), ip)  # identity.py
         if identity is None:
             raise HTTPException(403, "wrong join secret")
-        worker_id, token = controller.register(req.profile, identity)
+        # One party's registrations, whatever addresses it comes from (limits.py).
+        if identity != LOCAL and (wait := controller.limits.check_registrant(identity)) > 0:
+            status, body, headers = _too_many(wait)
+            return JSONResponse(body, status, headers)
+        try:
+            worker_id, token = controller.register(req.profile, identity)
+        except SubmissionError as e:
+            if e.status != 429:  # too many live workers: ask again when one may have gone
+                raise
+            status, body, headers = _too_many(controller.config.worker_timeout_s)
+            return JSONResponse({**body, "detail": str(e)}, status, headers)
         c = controller.config
         return RegisterResponse(
             worker_id=worker_id,
@@ -270,8 +282,9 @@ def make_app(
         return controller.announcement()
 
     @app.get("/v1/status", dependencies=auth)
-    def status() -> dict:
-        return controller.status()
+    def status(request: Request) -> dict:
+        # A worker sees the run and its own row; the operator (join secret) the whole fleet.
+        return controller.status(only=request.state.worker_id)
 
     app.add_middleware(
         HttpGuard,
