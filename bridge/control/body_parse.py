@@ -100,7 +100,8 @@ def rebuild_submission(packed: tuple) -> Submission:
         built = []
         for fields in trajs:
             values = {k: _unpack(v) for k, v in fields.items()}
-            built.append(WorkerTrajectory.model_construct(set(fields), **values))
+            # The fields set are those the worker sent (the child passes only those).
+            built.append(WorkerTrajectory.model_construct(**values))
         out.append(GroupResult.model_construct(group_id=group_id, trajectories=built))
     return Submission.model_construct(lease_id=lease_id, groups=out)
 

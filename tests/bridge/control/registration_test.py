@@ -69,6 +69,8 @@ def test_a_worker_cannot_take_a_provisioned_or_live_name(serve):
     assert bearer(register(url, secret, "local-1"))
     assert httpx.post(url + "/v1/leave", headers=squat).is_success
     assert follower_view(ctl) == {"local-0": "active", "local-1": "active"}
+    mallorys = [w["name"] for w in ctl.status()["workers"] if w["identity"] == "cred:mallory"]
+    assert mallorys == ["", ""]  # the spy and the squatter
     # The credential of a name owns it too; another credential does not.
     r = register(url, mint_credential(secret, "eve"), "sky-0")
     assert r.status_code == 200
