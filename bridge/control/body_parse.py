@@ -23,6 +23,7 @@ import array
 import multiprocessing
 import os
 import queue
+import resource
 import threading
 
 import pydantic
@@ -107,6 +108,37 @@ def rebuild_submission(packed: tuple) -> Submission:
 
 
 _CHILD_CALLS = {"bounds": json_bounds, "submission": parse_submission_packed}
+# A parse may grow the parser's memory by this many times the body (RLIMIT_DATA): an honest
+# submission costs ~8x (pydantic-core's JSON tree, then the Python objects); shapes that
+# pass the byte-level bounds can cost more (a body of `[0,0,0]` lists: 43x), and are refused.
+PARSE_MEMORY_FACTOR = 16
+_SLACK = 32 << 20  # allocator granularity, the reply's pickle
+
+
+def _data_bytes() -> int:
+    """This process's data segment (heap and private anonymous mappings): what
+    RLIMIT_DATA limits."""
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[5]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _within_budget(name: str, body: bytes, args: tuple):
+    """The call, its memory limited to PARSE_MEMORY_FACTOR x the body. A Python allocation
+    past it raises MemoryError (refused here); pydantic-core's (Rust) aborts the process,
+    which the server also answers with a 413 (`ParsePool._call`)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    limit = _data_bytes() + PARSE_MEMORY_FACTOR * len(body) + _SLACK
+    resource.setrlimit(resource.RLIMIT_DATA, (min(limit, hard) if hard > 0 else limit, hard))
+    try:
+        return _CHILD_CALLS[name](body, *args)
+    except MemoryError:
+        why = _TOO_COSTLY
+        return ("refused", 413, why) if name == "submission" else (413, why)
+    finally:
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+_TOO_COSTLY = f"JSON that costs more than {PARSE_MEMORY_FACTOR}x its size to parse"
 
 
 def _child(conn) -> None:
@@ -123,7 +155,9 @@ def _child(conn) -> None:
             body = conn.recv_bytes()
         except (EOFError, OSError):
             return
-        conn.send(_CHILD_CALLS[name](body, *args))
+        reply = _within_budget(name, body, args)
+        del body
+        conn.send(reply)
 
 
 class _Parser:
@@ -185,18 +219,23 @@ class ParsePool:
         try:
             return parser.call(name, body, args)
         except (EOFError, OSError):
-            # The child died (killed by the OS for memory, say): a fresh one, one more try.
+            # The child died mid-parse: past its memory budget (pydantic-core aborts when an
+            # allocation fails), or killed. A fresh one takes its place; this body, which
+            # may kill the next one too, is refused.
             parser.close()
             with self._lock:
                 self._all.remove(parser)
                 parser = self._spawn()
-            return parser.call(name, body, args)
+            raise BodyRefused(413, _TOO_COSTLY) from None
         finally:
             idle.put(parser)
 
     def bounds(self, body: bytes, max_depth: int, max_elements: int):
         """`json_bounds` of `body`, in a child."""
-        return self._call("bounds", body, (max_depth, max_elements))
+        try:
+            return self._call("bounds", body, (max_depth, max_elements))
+        except BodyRefused as e:
+            return e.status, e.detail
 
     def submission(self, body: bytes, max_depth: int, max_elements: int) -> Submission:
         """`body` as a validated `Submission`; raises `BodyRefused` for a body over a

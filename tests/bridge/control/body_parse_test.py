@@ -46,6 +46,23 @@ def test_a_body_of_nested_empty_arrays_is_refused_before_it_is_parsed(served):
     assert dump(ctl) == before
 
 
+def test_a_body_that_costs_more_than_its_budget_to_parse_is_refused(served):
+    """4 MiB of `[0,0,0]` lists passes the byte-level bounds but costs ~43x its size in
+    the parser: refused (413) by the parser's memory budget; the next body is parsed."""
+    ctl, _, client, headers = served
+    h = {**headers, "Content-Type": "application/json"}
+    body = b'{"lease_id": "x", "groups": [' + b",".join([b"[0,0,0]"] * (1 << 19)) + b"]}"
+    r = client.post("/v1/submit", headers=h, content=body)
+    assert r.status_code == 413 and "to parse" in r.text, r.text[:200]
+    traj = dict(
+        prompt_id="p", sample_index=0, prompt_token_ids=[1], completion_token_ids=[1000] * 8,
+        logprobs=[-0.5] * 8, versions=[0] * 8, finish_reason="stop",
+    )  # fmt: skip
+    groups = [{"group_id": g, "trajectories": [traj] * 1000} for g in range(20)]  # ~4 MiB
+    r = client.post("/v1/submit", headers=headers, json={"lease_id": "x", "groups": groups})
+    assert r.status_code == 404 and "unknown lease" in r.text, r.text[:200]
+
+
 def _lease(ctl, client, headers) -> dict:
     ctl.publish(0, {"driver": "memory"})
     r = client.post("/v1/lease", headers=headers, json={"worker_version": 0, "max_groups": 1})
