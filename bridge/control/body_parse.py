@@ -13,8 +13,10 @@ token). The server rebuilds the model trajectory by trajectory from those valida
 at a time (at most 65,536 values each, well under a millisecond), and the event loop runs
 in between. Other paths' large bodies get their bound scan there too (`bounds`).
 
-What a parse may cost in memory is bounded by the bytes before it starts (http_guard.py:
-containers and values per byte, nesting), and that cost lands in a child, not the server.
+What a parse may cost in memory is bounded twice: by the bytes before it starts
+(http_guard.py: containers and values per byte, nesting), and in the child by a limit on
+its data segment of `PARSE_MEMORY_FACTOR` x the body (RLIMIT_DATA, set around each parse):
+a body past it is refused (413), and its cost never lands in the server's process.
 """
 
 from __future__ import annotations
