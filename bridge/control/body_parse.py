@@ -5,7 +5,7 @@ the last, and the JSON bound scan (http_guard.py `json_bounds`) holds it too. Do
 server's process, a big body stalls every other request, heartbeats on the event loop
 included: three concurrent ~14 MB submissions took the heartbeats' p99 from ~18 ms to
 ~1.2 s (bench/body_parse.py). A body of at least `min_bytes` goes to a small pool of
-spawned processes instead (`ParsePool`): the child runs the bound scan, validates the whole
+parser processes instead (`ParsePool`): the child runs the bound scan, validates the whole
 `Submission` with the same model and rules, and sends back each trajectory with its token
 ids, log-probs and versions packed as arrays (a few objects per trajectory, not one per
 token). The server rebuilds the model trajectory by trajectory from those validated values
@@ -22,10 +22,13 @@ a body past it is refused (413), and its cost never lands in the server's proces
 from __future__ import annotations
 
 import array
-import multiprocessing
+import multiprocessing.connection
 import os
 import queue
 import resource
+import socket
+import subprocess
+import sys
 import threading
 
 import pydantic
@@ -162,12 +165,25 @@ def _child(conn) -> None:
         conn.send(reply)
 
 
+def _child_main(fd: int) -> None:
+    """`python -c` entry of a parser process: its end of the socket pair is `fd`."""
+    _child(multiprocessing.connection.Connection(fd))
+
+
 class _Parser:
-    def __init__(self, ctx):
-        self.conn, theirs = ctx.Pipe()
-        self.proc = ctx.Process(target=_child, args=(theirs,), daemon=True, name="body-parser")
-        self.proc.start()
+    """One parser process: a fresh interpreter (`python -c`, not multiprocessing's spawn,
+    which would import the parent's main module: in the training binary, JAX) on a socket
+    pair. It exits when the server's end closes, the server's death included."""
+
+    def __init__(self):
+        ours, theirs = socket.socketpair()
+        entry = f"from bridge.control.body_parse import _child_main; _child_main({theirs.fileno()})"
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", entry], pass_fds=[theirs.fileno()], env=env
+        )
         theirs.close()
+        self.conn = multiprocessing.connection.Connection(ours.detach())
 
     def call(self, name: str, body: bytes, args: tuple):
         self.conn.send((name, args))
@@ -178,24 +194,30 @@ class _Parser:
 
     def close(self) -> None:
         self.conn.close()
-        self.proc.join(timeout=1.0)
-        if self.proc.is_alive():
+        try:
+            self.proc.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait(timeout=5.0)
 
 
 class ParsePool:
-    """`processes` spawned parsers, started at the first large body; `min_bytes`: smaller
+    """`processes` parser processes, started at the first large body; `min_bytes`: smaller
     bodies are parsed in the caller (microseconds to a few milliseconds). The calls block:
     make them from a thread."""
 
     def __init__(self, processes: int = 2, min_bytes: int = 128 << 10):
         self.processes, self.min_bytes = max(1, processes), min_bytes
-        self._ctx = multiprocessing.get_context("spawn")  # no threads or locks inherited
         self._idle: queue.Queue[_Parser] | None = None
         self._all: list[_Parser] = []
         self._lock = threading.Lock()
         self._closed = False
         self.parsed = 0  # bodies parsed by the pool (tests, metrics)
+
+    def pids(self) -> list[int]:
+        """The parser processes' ids (tests, operators)."""
+        with self._lock:
+            return [p.proc.pid for p in self._all]
 
     def large(self, body: bytes) -> bool:
         return self.min_bytes > 0 and len(body) >= self.min_bytes
@@ -211,7 +233,7 @@ class ParsePool:
             return self._idle
 
     def _spawn(self) -> _Parser:
-        p = _Parser(self._ctx)
+        p = _Parser()
         self._all.append(p)
         return p
 

@@ -4,7 +4,6 @@ parsed in a parser process, not on the server's GIL (bridge/control/body_parse.p
 the server rebuilds from the parser's packed arrays is the model pydantic validates."""
 
 import json
-import multiprocessing
 import os
 import signal
 import threading
@@ -70,10 +69,6 @@ def _lease(ctl, client, headers) -> dict:
     return r.json()["lease"]
 
 
-def _parsers() -> list:
-    return [p for p in multiprocessing.active_children() if p.name == "body-parser"]
-
-
 def test_a_large_submission_is_parsed_in_a_parser_process(served):
     """With the parser processes stopped, a large submission waits and a heartbeat is
     answered; resumed, the submission is accepted."""
@@ -100,10 +95,10 @@ def test_a_large_submission_is_parsed_in_a_parser_process(served):
         groups.append({"group_id": g["group_id"], "trajectories": trajs})
     body = json.dumps({"lease_id": lease["lease_id"], "groups": groups}).encode()
     body = body[:-1] + b" " * 2048 + b"}"  # past the 1 KiB threshold
-    parsers = _parsers()
+    parsers = server.app.state.parse_pool.pids()
     assert parsers, "no parser process"
-    for p in parsers:
-        os.kill(p.pid, signal.SIGSTOP)
+    for pid in parsers:
+        os.kill(pid, signal.SIGSTOP)
     replies = []
     t = threading.Thread(
         target=lambda: replies.append(
@@ -117,8 +112,8 @@ def test_a_large_submission_is_parsed_in_a_parser_process(served):
         t.join(0.5)
         assert not replies  # the submission is in a stopped parser
     finally:
-        for p in parsers:
-            os.kill(p.pid, signal.SIGCONT)
+        for pid in parsers:
+            os.kill(pid, signal.SIGCONT)
     t.join(60)
     assert replies[0].status_code == 200, replies[0].text
     assert replies[0].json()["accepted"] == [g["group_id"] for g in lease["groups"]]
