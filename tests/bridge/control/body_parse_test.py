@@ -62,6 +62,18 @@ def test_a_body_that_costs_more_than_its_budget_to_parse_is_refused(served):
     assert r.status_code == 404 and "unknown lease" in r.text, r.text[:200]
 
 
+def test_paths_parsed_on_the_event_loop_take_small_bodies_only(served):
+    """A heartbeat is parsed on the event loop: a 2 MiB one is refused unread (413), not
+    parsed there; a submission of that size is taken."""
+    _, _, client, headers = served
+    h = {**headers, "Content-Type": "application/json"}
+    pad = json.dumps({"worker_version": 0, "relay_url": "x" * (2 << 20)})
+    r = client.post("/v1/heartbeat", headers=h, content=pad)
+    assert r.status_code == 413 and "exceeds 1048576" in r.text, r.text[:200]
+    sub = json.dumps({"lease_id": "x" * (2 << 20), "groups": []})
+    assert client.post("/v1/submit", headers=h, content=sub).status_code == 422
+
+
 def _lease(ctl, client, headers) -> dict:
     ctl.publish(0, {"driver": "memory"})
     r = client.post("/v1/lease", headers=headers, json={"worker_version": 0, "max_groups": 1})
