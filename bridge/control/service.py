@@ -94,7 +94,7 @@ class ServerOptions:
     max_json_depth: int = 32  # nesting, checked on the raw bytes (http_guard.py)
     max_json_elements: int = 4_000_000  # values in one body, likewise
     # Bodies of at least parse_offload_bytes are scanned and parsed by parse_processes
-    # spawned processes, off the server's GIL (body_parse.py); paths other than submit and
+    # parser processes, off the server's GIL (body_parse.py); paths other than submit and
     # episode take at most small_body_bytes (parsed on the event loop).
     parse_processes: int = 2
     parse_offload_bytes: int = 128 << 10
