@@ -293,6 +293,12 @@ def get_config() -> ConfigDict:
     c.controller.rate_limit_burst = 60.0
     c.controller.register_rate_per_s = 1.0
     c.controller.register_burst = 64.0
+    # Per registering identity, a credential or a remote host (bridge/control/identity.py;
+    # the operator's own machine is exempt): registrations at once, then per second, and a
+    # remote host's live workers at a time (a credential holds one).
+    c.controller.register_identity_burst = 4.0
+    c.controller.register_identity_rate_per_s = 0.05
+    c.controller.max_live_workers_per_address = 8
     c.controller.max_leases_per_worker = 4
     # Environment replays per worker (POST /v1/episode, bridge/control/episode_steps.py):
     # sustained per second and at once; past them a worker is answered 429 and waits.

@@ -79,6 +79,12 @@ class ControllerConfig:
     rate_limit_burst: float = 60.0
     register_rate_per_s: float = 1.0  # registrations per client IP
     register_burst: float = 64.0
+    # Per registering identity (a credential, or a remote host presenting the shared secret;
+    # not the operator's own machine, bridge/control/identity.py): registrations at once and
+    # sustained, and a remote host's live workers at a time (a credential holds one).
+    register_identity_burst: float = 4.0
+    register_identity_rate_per_s: float = 0.05
+    max_live_workers_per_address: int = 8
     max_leases_per_worker: int = 4  # active leases one worker may hold
     # Environment replays (POST /v1/episode, episode_steps.py) per worker: sustained and at
     # once; a request over it is answered 429. A request needing more than the burst empties

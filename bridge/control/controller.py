@@ -409,8 +409,9 @@ class Controller(LearnerCalls):
         drain between `end_run()` and stopping the server."""
         return run_end_wait(self.workers_told_run_over, timeout_s)
 
-    def status(self) -> dict:
-        """The fleet table and the run's step, staleness and spend (fleet_status.py)."""
+    def status(self, only: str | None = None) -> dict:
+        """The fleet table and the run's step, staleness and spend (fleet_status.py);
+        `only`: that worker's row alone (what a worker may see)."""
         stats = self._stats()  # writes the hot state first
         with self._op():
             self.db.expire_leases(self.clock())
@@ -422,6 +423,8 @@ class Controller(LearnerCalls):
                 policy_version=self.versions.current().version,
                 too_slow=self.timing.too_slow,
                 active=self.workers.is_active,
+                identities=self.workers.identities.table(),
+                only=only,
             )
 
     # -- metrics -------------------------------------------------------------------------

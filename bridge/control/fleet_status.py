@@ -5,9 +5,12 @@ under the controller's lock) into one JSON-able dict:
 
     {"run":     {"step", "policy_version", "staleness_bound", "staleness_now", "spend_usd",
                  "spend_usd_per_hour", "run_over", "workers": {state: count}},
-     "workers": [{"worker_id", "name", "state", "version", "rollouts_per_s",
+     "workers": [{"worker_id", "name", "identity", "state", "version", "rollouts_per_s",
                   "price_per_hour", "cost_usd", "last_contact_s", "accelerator", "region"}],
      ...the controller's flat stats (fleet/active_workers, groups/buffered, ...)}
+
+`name` is shown only on the rows of the identity that owns it (identity.py), so a worker
+cannot pass itself off as a provisioned one. A worker's own view (`only`) is its row.
 
 A worker's state is the first that holds of: `quarantined` (its token was revoked by the
 audit), `gone` (left, or silent for longer than `worker_timeout_s`), `standby` (the
@@ -45,11 +48,16 @@ def fleet_status(
     policy_version: int,
     too_slow: Collection[str],
     active: Callable[[str], bool],
+    identities: tuple[dict, dict] = ({}, {}),
+    only: str | None = None,
 ) -> dict:
     """The fleet's status from the controller's database `db` (bridge/control/db.py) and
     config; `stats` are the controller's flat stats, `too_slow` the workers lease_timing.py
-    refused last, `active(worker_id)` the activation decision."""
+    refused last, `active(worker_id)` the activation decision, `identities` (worker id ->
+    identity, name -> identity: identity.py) who registered each worker and owns each name;
+    `only`: the rows of that worker alone (the run's totals still count every worker)."""
     c, too_slow = config, set(too_slow)
+    by_worker, owners = identities
     # Standby time is billed at a fraction of the price (bridge/control/fleet_plan.py).
     rows = db.fleet_rows()
     off = 1.0 - c.standby_price_fraction
@@ -58,10 +66,14 @@ def fleet_status(
         profile = json.loads(w["profile"])
         price = float(profile.get("price_per_hour", 0.0))
         standby_s = rows[w["worker_id"]]["standby_s"] if w["worker_id"] in rows else 0.0
+        who, name = by_worker.get(w["worker_id"]), profile.get("name", "")
+        if name in owners and owners[name] != who:
+            name = ""  # a name another identity owns is not this worker's to show
         workers.append(
             {
                 "worker_id": w["worker_id"],
-                "name": profile.get("name", ""),
+                "name": name,
+                "identity": who or "",
                 "state": worker_state(w, now, c.worker_timeout_s, too_slow, active),
                 "version": w["version"],
                 "rollouts_per_s": w["samples_per_s"],
@@ -88,4 +100,6 @@ def fleet_status(
         "run_over": db.get("run_over") is not None,
         "workers": counts,
     }
+    if only is not None:
+        workers = [w for w in workers if w["worker_id"] == only]
     return {**stats, "run": run, "workers": workers}

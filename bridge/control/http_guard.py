@@ -10,7 +10,13 @@ controller's CPU under load (BUILD_NOTES.md, issue 25 profile). In order:
    they arrive, and refused (413) the moment it passes the limit: no framing trick gets a
    larger body to the parser.
 2. **JSON shape** (`json_bounds`), on the raw bytes before any parser builds objects: nesting
-   at most `max_json_depth`, at most `max_json_elements` values (413).
+   at most `max_json_depth`, at most `max_json_elements` values, and at most one container
+   (`[`, `{`) per `BYTES_PER_CONTAINER` bytes (413): what a parse may cost in memory is then
+   proportional to the body (a container is ~64 bytes of Python objects, a value at most
+   ~36; a body of nested empty arrays, 3 bytes per container, cost 35x its size). A large
+   body is scanned in a parser process (bridge/control/body_parse.py), or by its route's
+   own parse there (`parsed_in_route`, /v1/submit); a path outside `large_body_paths` takes
+   at most `small_body_bytes` (its handler parses on the event loop).
 3. `check(scope, headers)`, the service's policy (plain HTTP, rate limits, the bearer token):
    an early reply, or None to go on (it may put `worker_id` in `scope["state"]`).
 
@@ -34,6 +40,9 @@ _STRING = re.compile(rb'"[^"]*"')
 _INNERMOST = re.compile(rb"\[[^\[\]{}]*\]|\{[^\[\]{}]*\}")
 _NOT_STRUCTURE = bytes(range(256)).translate(None, b'"[]{},')
 _ON_LOOP_BYTES = 1 << 16  # bodies up to this are scanned on the event loop (microseconds)
+# An honest body has far fewer containers: a trajectory is ~6 in >= 100 bytes of its keys.
+BYTES_PER_CONTAINER = 8
+_FREE_CONTAINERS = 64  # however short the body
 
 
 def json_bounds(body: bytes, max_depth: int, max_elements: int) -> tuple[int, str] | None:
@@ -42,9 +51,12 @@ def json_bounds(body: bytes, max_depth: int, max_elements: int) -> tuple[int, st
     JSON (brackets that do not balance) is left to the parser's 422."""
     quotes = body.replace(b"\\\\", b"").replace(b'\\"', b"").translate(None, _NOT_STRUCTURE)
     structure = _STRING.sub(b"", quotes)  # only [ ] { } , remain
-    elements = structure.count(b",") + 1 + structure.count(b"[") + structure.count(b"{")
+    containers = structure.count(b"[") + structure.count(b"{")
+    elements = structure.count(b",") + 1 + containers
     if elements > max_elements:
         return 413, f"JSON of more than {max_elements} elements"
+    if containers > (most := len(body) // BYTES_PER_CONTAINER + _FREE_CONTAINERS):
+        return 413, f"JSON of more than {most} containers ({BYTES_PER_CONTAINER} bytes each)"
     brackets = structure.replace(b",", b"")
     # Each pass removes the innermost pairs: a body of depth d is empty after d passes.
     for _ in range(max_depth):
@@ -81,10 +93,22 @@ class HttpGuard:
         max_json_depth: int = 32,
         max_json_elements: int = 4_000_000,
         fast: dict | None = None,
+        *,
+        parse_pool=None,
+        parsed_in_route: frozenset = frozenset(),
+        large_body_paths: frozenset | None = None,
+        small_body_bytes: int = 1 << 20,
     ):
         self.app, self.check, self.fast = app, check, fast or {}
         self.max_body_bytes, self.max_depth = max_body_bytes, max_json_depth
         self.max_elements = max_json_elements
+        self.pool, self.parsed_in_route = parse_pool, parsed_in_route
+        self.large_body_paths, self.small_body_bytes = large_body_paths, small_body_bytes
+
+    def _limit(self, path: str) -> int:
+        if self.large_body_paths is None or path in self.large_body_paths:
+            return self.max_body_bytes
+        return min(self.max_body_bytes, self.small_body_bytes)
 
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http":
@@ -93,11 +117,12 @@ class HttpGuard:
         length = headers.get("content-length")
         if length is None and "transfer-encoding" in headers:
             return await send_json(send, 411, {"detail": "Content-Length required"})
+        limit = self._limit(scope["path"])
         if length is not None:
             if not length.isdigit():
                 return await send_json(send, 400, {"detail": "bad Content-Length"})
-            if int(length) > self.max_body_bytes:
-                detail = f"body of {length} bytes exceeds {self.max_body_bytes}"
+            if int(length) > limit:
+                detail = f"body of {length} bytes exceeds {limit}"
                 return await send_json(send, 413, {"detail": detail})
         reply = await self.check(scope, headers)
         if reply is not None:
@@ -110,14 +135,17 @@ class HttpGuard:
                 return
             chunk = message.get("body", b"")
             size += len(chunk)
-            if size > self.max_body_bytes:
-                detail = f"body exceeds {self.max_body_bytes} bytes"
+            if size > limit:
+                detail = f"body exceeds {limit} bytes"
                 return await send_json(send, 413, {"detail": detail})
             body.append(chunk)
             more = message.get("more_body", False)
         data = b"".join(body)
         bounds = (data, self.max_depth, self.max_elements)
-        if len(data) > _ON_LOOP_BYTES:  # a big body is scanned on a pool thread
+        if self.pool is not None and self.pool.large(data):  # off this process's GIL
+            in_route = scope["path"] in self.parsed_in_route
+            bad = None if in_route else await anyio.to_thread.run_sync(self.pool.bounds, *bounds)
+        elif len(data) > _ON_LOOP_BYTES:  # a big body is scanned on a pool thread
             bad = await anyio.to_thread.run_sync(json_bounds, *bounds)
         else:
             bad = json_bounds(*bounds) if data else None

@@ -23,6 +23,19 @@ quarantined worker could register again under a new id and start from zero evide
 - `local`: the shared secret from loopback, i.e. the operator's own machine (the training
   binary's local workers, which rejoin after a restart). Never banned.
 
+What an identity may do besides (workers.py, limits.py): a `host:` identity holds at most
+`max_live_workers_per_address` live workers (a credential holds one, above), and every
+identity but `local` registers at most `register_identity_burst` at once, then
+`register_identity_rate_per_s`.
+
+Names: a worker's `--name` (what provisioners and the fleet follower know their workers by)
+is bound to the identity that first registered it (`name/<name>` in `kv`); another identity
+cannot register under it (409), so a worker cannot take a provisioned or live worker's
+name, and the status table shows a name only on the rows of its owner. Two identities may
+take a name over: `local` (the operator's own machine: the binary's provisioned workers)
+and the credential of that very name (`cred:<name>`, which only the operator can mint), so
+a name squatted before its worker started is taken back.
+
 The binding is two keys of the controller's `kv` table (`identity/<worker_id>` and
 `identity_live/<identity>`), and the ban is derived from the `quarantine` table, so both
 survive a controller restart without state of their own. Workers registered before this
@@ -108,6 +121,30 @@ class IdentityBook:
 
     def of(self, worker_id: str) -> str | None:
         return self.db.get(f"identity/{worker_id}")
+
+    def name_refused(self, name: str, identity: str | None) -> str | None:
+        """Why `identity` may not register as `name` (another identity holds it), else None."""
+        if not name or identity is None:  # no name; an in-process caller (tests, benches)
+            return None
+        owner = self.db.get(f"name/{name}")
+        if owner in (None, identity) or identity in (LOCAL, f"cred:{name}"):
+            return None
+        return f"the name {name!r} belongs to another worker; choose another --name"
+
+    def bind_name(self, name: str, identity: str | None) -> None:
+        if name and identity is not None:
+            self.db.put(f"name/{name}", identity)
+
+    def table(self) -> tuple[dict[str, str], dict[str, str]]:
+        """(worker id -> identity, name -> identity): two scans, for the status table."""
+        out: tuple[dict[str, str], dict[str, str]] = ({}, {})
+        rows = self.db.q(
+            "SELECT key, value FROM kv WHERE key LIKE 'identity/%' OR key LIKE 'name/%'"
+        )
+        for r in rows:
+            kind, _, key = r["key"].partition("/")
+            out[kind == "name"][key] = json.loads(r["value"])
+        return out
 
     def workers_of(self, identity: str) -> list[str]:
         """Every worker id `identity` registered (a scan: for a quarantine, not a lease)."""

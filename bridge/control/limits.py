@@ -7,7 +7,10 @@ more than its share of the controller, however it behaves:
   (`rate_limit_per_s` sustained, `rate_limit_burst` at once) and one per (client IP,
   "register") for registration, which is the one endpoint that creates rows without a
   token (`register_rate_per_s`, `register_burst`; a wrong join secret costs a token too,
-  so guessing secrets is slow). A request over its bucket is answered 429 with
+  so guessing secrets is slow), and one per registering identity, a credential or a remote
+  host, once the join secret has named it (`register_identity_rate_per_s`,
+  `register_identity_burst`; the operator's own machine is exempt: identity.py). A request
+  over its bucket is answered 429 with
   `Retry-After` (whole seconds, RFC 9110) and `retry_after_s` (exact) in the body, before
   any body is parsed or any lock taken, and counted in `fleet/rate_limited`.
   The defaults are 10x what an honest worker does at the demo's pace: it heartbeats every
@@ -99,6 +102,9 @@ class Limits:
     def __init__(self, config, clock: Callable[[], float] = time.monotonic):
         self.workers = RateLimiter(config.rate_limit_per_s, config.rate_limit_burst, clock)
         self.register = RateLimiter(config.register_rate_per_s, config.register_burst, clock)
+        self.registrant = RateLimiter(
+            config.register_identity_rate_per_s, config.register_identity_burst, clock
+        )
         self.rate_limited = 0
         self.by_endpoint: dict[str, int] = {}
 
@@ -111,6 +117,15 @@ class Limits:
         if wait > 0:
             self.rate_limited += 1  # racy under threads by at most a count: a metric
             self.by_endpoint[endpoint] = self.by_endpoint.get(endpoint, 0) + 1
+        return wait
+
+    def check_registrant(self, identity: str) -> float:
+        """0.0 if `identity` (identity.py) may register one more worker now, else the
+        seconds to wait (counted as rate limited). The caller exempts `local`."""
+        wait = self.registrant.take(identity)
+        if wait > 0:
+            self.rate_limited += 1
+            self.by_endpoint["/v1/register"] = self.by_endpoint.get("/v1/register", 0) + 1
         return wait
 
     def stats(self) -> dict:

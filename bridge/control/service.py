@@ -13,7 +13,9 @@ per-worker bearer token; the controller stores only its SHA-256. A middleware an
 401 on every other path without a valid token before any body is parsed, and 413 for a
 body over `max_body_bytes` (411 when a body has no Content-Length; counted as it arrives
 whatever its framing, JSON depth and size bounded: http_guard.py). GET /v1/status
-(read-only) also takes the join secret as bearer, for `python -m bridge.status`. For WAN use pass
+(read-only) also takes the join secret as bearer, for `python -m bridge.status`: the
+whole fleet table; with a worker's token it shows the run and that worker's own row, not
+other workers' names or identities. For WAN use pass
 `certfile`/`keyfile` and the server speaks HTTPS. Abuse limits (bridge/control/limits.py):
 429 + Retry-After past a per-worker (per client IP for /v1/register) request rate, checked
 before any body is parsed. The join secret is re-read when its file changes, the old one
@@ -45,7 +47,6 @@ import socket
 import threading
 import time
 
-import pydantic
 import uvicorn
 from fastapi import FastAPI, HTTPException, Request
 from fastapi.concurrency import run_in_threadpool
@@ -54,12 +55,13 @@ from fastapi.responses import JSONResponse
 
 from bridge.broadcast.relay_address import is_loopback
 from bridge.control import limits, prometheus
+from bridge.control.body_parse import BodyRefused, ParsePool
 from bridge.control.controller import Controller
 from bridge.control.episode_steps import EpisodeSteps, OverBudget
 from bridge.control.fast_routes import RelayFilter, fast_routes
 from bridge.control.http_bounds import bounded_protocol
 from bridge.control.http_guard import HttpGuard, json_body, with_schemas
-from bridge.control.identity import identity_of
+from bridge.control.identity import LOCAL, identity_of
 from bridge.control.join_secret import JoinSecret, load_or_create_join_secret
 from bridge.control.log_text import log_safe
 from bridge.control.protocol import (
@@ -94,6 +96,12 @@ class ServerOptions:
     max_body_bytes: int = 16 << 20
     max_json_depth: int = 32  # nesting, checked on the raw bytes (http_guard.py)
     max_json_elements: int = 4_000_000  # values in one body, likewise
+    # Bodies of at least parse_offload_bytes are scanned and parsed by parse_processes
+    # parser processes, off the server's GIL (body_parse.py); paths other than submit and
+    # episode take at most small_body_bytes (parsed on the event loop).
+    parse_processes: int = 2
+    parse_offload_bytes: int = 128 << 10
+    small_body_bytes: int = 1 << 20
     header_timeout_s: float = 10.0  # a request's headers must arrive within (http_bounds.py)
     max_connections_per_peer: int = 64  # open connections per client address (not loopback)
     advertise_host: str | None = None  # the host in the published url; default: the bind host
@@ -125,8 +133,11 @@ def make_app(
     max_json_depth: int = 32,
     max_json_elements: int = 4_000_000,
     lean: bool = True,
+    parse_pool: ParsePool | None = None,
+    small_body_bytes: int = 1 << 20,
 ) -> FastAPI:
     secret = join_secret if isinstance(join_secret, JoinSecret) else JoinSecret(join_secret)
+    parser = parse_pool or ParsePool()
     relay = RelayFilter(relay_hosts)  # the relay URL a worker may advertise
 
     app = FastAPI(
@@ -191,12 +202,22 @@ def make_app(
         return JSONResponse({"detail": str(e)}, status_code=e.status)
 
     @app.post("/v1/register", response_model=RegisterResponse)
-    def register(req: RegisterRequest, request: Request) -> RegisterResponse:
+    def register(req: RegisterRequest, request: Request) -> RegisterResponse | JSONResponse:
         ip = request.client.host if request.client else None
         identity = identity_of(req.join_secret, secret.accepted(), ip)  # identity.py
         if identity is None:
             raise HTTPException(403, "wrong join secret")
-        worker_id, token = controller.register(req.profile, identity)
+        # One party's registrations, whatever addresses it comes from (limits.py).
+        if identity != LOCAL and (wait := controller.limits.check_registrant(identity)) > 0:
+            status, body, headers = _too_many(wait)
+            return JSONResponse(body, status, headers)
+        try:
+            worker_id, token = controller.register(req.profile, identity)
+        except SubmissionError as e:
+            if e.status != 429:  # too many live workers: ask again when one may have gone
+                raise
+            status, body, headers = _too_many(controller.config.worker_timeout_s)
+            return JSONResponse({**body, "detail": str(e)}, status, headers)
         c = controller.config
         return RegisterResponse(
             worker_id=worker_id,
@@ -224,16 +245,18 @@ def make_app(
         openapi_extra={"requestBody": json_body("Submission")},
     )
     async def submit(request: Request) -> SubmitResponse:
-        # The body (up to max_body_bytes) is parsed on a pool thread, not on the event loop:
-        # a big submission does not stall other workers' heartbeats (issue 23 item 10).
+        # The body (up to max_body_bytes) is parsed off the event loop, a large one in a
+        # parser process (body_parse.py): it does not stall other workers' heartbeats.
         body = await request.body()
         return await run_in_threadpool(_submit, request.state.worker_id, body)
 
     def _submit(worker: str, body: bytes) -> SubmitResponse:
         try:
-            sub = Submission.model_validate_json(body)  # pydantic-core's parser: measured
-        except pydantic.ValidationError as e:
-            errors = [{**x, "loc": ("body", *x["loc"])} for x in e.errors()]
+            sub = parser.submission(body, max_json_depth, max_json_elements)
+        except BodyRefused as e:
+            if e.status != 422:
+                raise SubmissionError(e.detail, e.status) from None
+            errors = [{**x, "loc": ("body", *x["loc"])} for x in e.detail]
             raise RequestValidationError(errors) from None
         resp = controller.submit(worker, sub)
         if controller.scorer is not None and resp.accepted:  # hidden tokens scored 0: count
@@ -268,8 +291,9 @@ def make_app(
         return controller.announcement()
 
     @app.get("/v1/status", dependencies=auth)
-    def status() -> dict:
-        return controller.status()
+    def status(request: Request) -> dict:
+        # A worker sees the run and its own row; the operator (join secret) the whole fleet.
+        return controller.status(only=request.state.worker_id)
 
     app.add_middleware(
         HttpGuard,
@@ -278,7 +302,12 @@ def make_app(
         max_json_depth=max_json_depth,
         max_json_elements=max_json_elements,
         fast=fast_routes(controller, relay, _submit) if lean else {},
+        parse_pool=parser,
+        parsed_in_route=frozenset({"/v1/submit"}),
+        large_body_paths=frozenset({"/v1/submit", "/v1/episode"}),
+        small_body_bytes=small_body_bytes,
     )
+    app.state.parse_pool = parser
     app.openapi = with_schemas(app, Submission, public=PUBLIC_PATHS)
     return app
 
@@ -299,6 +328,8 @@ class ControllerServer:
             max_json_depth=options.max_json_depth,
             max_json_elements=options.max_json_elements,
             lean=options.lean_routes,
+            parse_pool=ParsePool(options.parse_processes, options.parse_offload_bytes),
+            small_body_bytes=options.small_body_bytes,
         )
         if options.prometheus:
             prometheus.install(
@@ -370,6 +401,7 @@ class ControllerServer:
         server, self._server = self._server, None
         if server is None:
             return
+        self.app.state.parse_pool.close()
         server.should_exit = True
         deadline = time.monotonic() + grace_s
         while self._thread.is_alive() and time.monotonic() < deadline:

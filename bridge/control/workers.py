@@ -65,19 +65,40 @@ class WorkerRegistry:
         registration leaves (one live worker per credential)."""
         if why := self.identities.refused(identity):
             raise SubmissionError(why, 403)
-        worker_id, token = f"w-{uuid.uuid4().hex[:12]}", secrets.token_urlsafe(32)
         # Its own words, shown in logs and the status table: one escaped line each.
         texts = ("accelerator", "region", "name")
         profile = profile.model_copy(update={k: log_safe(getattr(profile, k), 128) for k in texts})
+        if why := self.identities.name_refused(profile.name, identity):
+            raise SubmissionError(why, 409)
         now = self.clock()
+        if why := self._too_many_live(identity, now):
+            raise SubmissionError(why, 429)
+        worker_id, token = f"w-{uuid.uuid4().hex[:12]}", secrets.token_urlsafe(32)
         self.db.add_worker(worker_id, hash_token(token), profile.model_dump_json(), now)
         self.hot.add(worker_id, hash_token(token), now)
         self.db.incr("workers/registered")
         previous = self.identities.bind(worker_id, identity)
+        self.identities.bind_name(profile.name, identity)
         if previous and (row := self.db.worker(previous)) and row["left_at"] is None:
             logging.warning("worker %s supersedes %s (%s)", worker_id, previous, identity)
             self.leave(previous)
         return worker_id, token
+
+    def _too_many_live(self, identity: str | None, now: float) -> str | None:
+        """Why a remote host may not register one more worker (it has
+        `max_live_workers_per_address` heard within `worker_timeout_s`), else None. A
+        credential holds one live worker anyway (identity.py); `local` is the operator."""
+        most = self.config.max_live_workers_per_address
+        if most <= 0 or not identity or not identity.startswith("host:"):
+            return None
+        live = self.hot.live_versions(now - self.config.worker_timeout_s)
+        n = sum(1 for w in self.identities.workers_of(identity) if w in live)
+        if n < most:
+            return None
+        return (
+            f"{identity} has {n} live workers (controller.max_live_workers_per_address); "
+            "one must leave or go silent first"
+        )
 
     def authenticate(self, token: str) -> str | None:
         row = self.hot.by_token(hash_token(token))  # in memory: no SQLite, no lock

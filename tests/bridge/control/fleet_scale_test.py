@@ -18,6 +18,7 @@ import httpx
 import pytest
 from controller_helpers import blocking_fsync, dump, make, register, worker
 
+from bridge.control import body_parse
 from bridge.control import service as service_lib
 from bridge.control.db import ControllerDB
 from bridge.control.protocol import Heartbeat, LeaseRequest
@@ -231,7 +232,7 @@ def test_submission_parsed_off_the_event_loop(service, monkeypatch):
     headers = register(client, secret)
     lease = _lease(ctl, client, headers)
     parsing, release = threading.Event(), threading.Event()
-    real = service_lib.Submission
+    real = body_parse.Submission
 
     class SlowSubmission(real):
         @classmethod
@@ -240,7 +241,7 @@ def test_submission_parsed_off_the_event_loop(service, monkeypatch):
             assert release.wait(30)
             return real.model_validate_json(data, **kw)
 
-    monkeypatch.setattr(service_lib, "Submission", SlowSubmission)
+    monkeypatch.setattr(body_parse, "Submission", SlowSubmission)
     t, replies = _submit_in_background(server, headers, lease)
     assert parsing.wait(30)
     # The parse is stuck; the event loop is not: a heartbeat is answered.
