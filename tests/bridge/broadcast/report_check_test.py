@@ -106,7 +106,9 @@ def test_corrupt_reports_are_checked_against_the_digest(fleet):
         w["child"].heartbeat(bad=[(url["hostile"], {})])  # no chunk named: counts nothing
         assert ctl.broadcast.stats(ctl.clock())["broadcast/corrupt_reports"] == 0
         w["child"].heartbeat(bad=[(url["hostile"], {"key": key})])
-        wait_for(ctl, lambda s: s["broadcast/corrupt_proven"] == 1)
+        # (the controller's own probe of a newcomer's relay, report_check.probe_uplink, may
+        # prove the hostile relay corrupt too, before or after the report)
+        wait_for(ctl, lambda s: s["broadcast/corrupt_proven"] >= 1)
         assert ctl.broadcast.topology.excluded == {w["hostile"].id}  # one report: proof
         assert w["child"].heartbeat()["relay_parent"] == url["liar"]
 
@@ -120,4 +122,4 @@ def test_corrupt_reports_are_checked_against_the_digest(fleet):
     assert ctl.broadcast.topology.excluded == {w["hostile"].id, w["liar"].id}
     assert ctl.broadcast.ignored == {w["liar"].id}
     assert ctl.broadcast.topology.order[:2] == [w["h1"].id, w["h2"].id]  # still relaying
-    assert stats["broadcast/corrupt_reports"] == 3 and stats["broadcast/corrupt_proven"] == 1
+    assert stats["broadcast/corrupt_reports"] == 3 and stats["broadcast/corrupt_proven"] in (1, 2)
