@@ -12,7 +12,7 @@ WORKDIR ?= /tmp/echo2_demo
 # CI logs name the slowest tests: the suite has a 20-minute budget on 2 cores.
 PYTEST_ARGS ?= --durations=30
 
-.PHONY: demo test lint venv clean mutants
+.PHONY: demo test test-parallel lint venv clean mutants
 
 venv: $(STAMP)
 
@@ -33,6 +33,16 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# The suite on 2 pytest-xdist workers, a whole file per worker (module fixtures built once;
+# each worker starts its own session vLLM engine, ~3 GiB per worker). Tests marked `alone`
+# measure a real run's speed, which a neighbour on the same cores would change: they run
+# afterwards, by themselves.
+# Only their files are collected again (collecting the whole suite costs over a minute here).
+ALONE_FILES = $(shell grep -rl "pytest.mark.alone" tests)
+test-parallel: $(STAMP)
+	$(VENV)/bin/python -m pytest -n 2 --dist loadfile -m "not alone" $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -m alone $(PYTEST_ARGS) $(ALONE_FILES)
 
 # Mutation testing of the critical modules (bench/mutants_targets.toml), all or MODULES="a.py
 # b.py"; writes bench/mutants_results.json and bench/mutants_report.md. mutmut is the dev extra.

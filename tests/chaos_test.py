@@ -14,6 +14,7 @@ from bench import chaos
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.vllm,
+    pytest.mark.alone,  # the fault schedule and the stall bound are in wall-clock seconds
 ]
 
 TINY = [

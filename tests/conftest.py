@@ -3,7 +3,10 @@
 The environment variables must be set before jax or vllm is imported anywhere.
 """
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -13,6 +16,17 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# One persistent XLA compilation cache for the whole session, inherited by every child
+# process (the training binary, workers, multihost peers, xdist workers): they compile the
+# same tiny-model functions, and a hit loads an executable instead of recompiling it. Tests
+# that rebuild a jitted function in-process hit it too (the key is the HLO, not the Python
+# object). Every compile is cached: on 2 busy cores even the small ones cost tens of ms.
+# An explicit JAX_COMPILATION_CACHE_DIR (empty: no cache) wins.
+if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
+    os.environ["JAX_COMPILATION_CACHE_DIR"] = tempfile.mkdtemp(prefix="echo2_jax_cache_")
+    atexit.register(shutil.rmtree, os.environ["JAX_COMPILATION_CACHE_DIR"], ignore_errors=True)
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "-1")
 
 import pytest  # noqa: E402
 
