@@ -94,6 +94,12 @@ def test_rows_of_delta_versions_are_checked_under_the_rebuilt_weights(tmp_path):
     assert checker.check(_tagged(rows[1], 0)).refused == set(SEEDS)
     assert checker.check(_tagged(rows[2], 1)).refused == set(SEEDS)
     assert checker.check(_tagged(rows[1], 2)).refused == set(SEEDS)
+    # a swap from 1 to 2 mid-generation: each token checked under the delta it names
+    s, head = SEEDS[0], [t.completion_token_ids[:6] for t in rows[1][0].trajectories]
+    swapped = [h + sample(hfs[2], s, i, prefix=h)[6:] for i, h in enumerate(head)]
+    tags = [1] * 6 + [2] * (LENGTH - 6)
+    assert checker.check([group(s, s, swapped, versions=tags)]).refused == set()
+    assert checker.check([group(s, s, swapped, versions=[1] * LENGTH)]).refused == {s}
 
 
 def _lora_config(base_dir):
