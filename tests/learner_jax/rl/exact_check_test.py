@@ -1,94 +1,28 @@
-"""The learner's exact check against an independent sampler: transformers computes the
-logits, numpy the truncation (vLLM's order) and the seeded Gumbel-max choice
-(bridge/contracts/gumbel.py); the checker recomputes everything in JAX from the same HF
-weights and must pass every honest token and refuse every group with a chosen one.
-
-The weights are peaked (std 0.2) so that a worker's choice differs from the sampler's
-often enough to show within a few samples.
-"""
+"""The learner's exact check against an independent sampler (independent_sampler.py:
+transformers logits, numpy truncation in vLLM's order and the seeded Gumbel-max choice);
+the checker recomputes everything in JAX from the same HF weights and must pass every
+honest token and refuse every group with a chosen one."""
 
 import copy
 
 import numpy as np
 import pytest
 import torch
-import transformers
-from safetensors.numpy import save_file
+from independent_sampler import LENGTH, N, hf_model, model_dir, peaked_weights
+from independent_sampler import group as _group
+from independent_sampler import sample as _sample
 
 from bridge.contracts import exact_check, gumbel
-from bridge.control.protocol import ConsumedGroup, Trajectory
-from bridge.model import tiny_model
 from learner_jax import hf_import
 from learner_jax.rl.exact_check import ExactChecker
 from learner_jax.truncation import Truncation
 
-PROMPT = [5, 17, 33, 8]
-N, LENGTH = 4, 12
-
 
 @pytest.fixture(scope="module")
 def peaked(tmp_path_factory):
-    path = tmp_path_factory.mktemp("peaked")
-    cfg = tiny_model.tiny_config("qwen3")
-    tiny_model.make_tiny_model(str(path), cfg)
-    weights = tiny_model.random_hf_weights(cfg, seed=3, std=0.2)
-    save_file(weights, str(path / "model.safetensors"), metadata={"format": "pt"})
-    path = str(path)
-    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float64)
+    path = model_dir(str(tmp_path_factory.mktemp("peaked")), peaked_weights())
     cfg, params = hf_import.load_hf_params(path)
-    return hf, cfg, params
-
-
-def _truncate(z, top_k=-1, top_p=1.0, min_p=0.0, order=("min_p", "top_k", "top_p")):
-    """vLLM's processing of tempered logits z [V] in `order` (dropped: -inf), float64."""
-    z = z.copy()
-    for step in order:
-        if step == "min_p" and min_p > 0:
-            p = np.exp(z - z.max())
-            z[p < min_p * p.max()] = -np.inf
-        if step == "top_k" and 0 < top_k < len(z):
-            z[z < np.sort(z)[-top_k]] = -np.inf
-        if step == "top_p" and top_p < 1.0:
-            order_ = np.argsort(z)  # ascending, as vLLM sorts
-            p = np.exp(z[order_] - z.max())
-            cum = np.cumsum(p / p.sum())
-            drop = cum <= 1 - top_p
-            drop[-1] = False
-            z[order_[drop]] = -np.inf
-    return z
-
-
-def _sample(hf, seed, index, temperature=1.0, chooser=None, prefix=(), **trunc):
-    """One completion from the independent sampler, continuing PROMPT + `prefix` (a
-    multi-turn episode's earlier tokens); `chooser(z, g)` overrides the choice (a
-    cheater). Incremental decoding (transformers' KV cache)."""
-    lo, hi = gumbel.key_words(seed, index)
-    ids, past, fed = list(PROMPT) + list(prefix), None, 0
-    for _ in range(LENGTH - len(prefix)):
-        with torch.no_grad():
-            out = hf(torch.tensor([ids[fed:]]), past_key_values=past, use_cache=True)
-        past, fed = out.past_key_values, len(ids)
-        z = _truncate(out.logits[0, -1].numpy() / temperature, **trunc)
-        g = gumbel.gumbel(lo, hi, len(ids), len(z))
-        ids.append(int(np.argmax(z + g)) if chooser is None else chooser(z, g))
-    return ids[len(PROMPT) :]
-
-
-def _group(gid, seed, completions, worker="w1", versions=None, mask=None, dtype="float32"):
-    """A consumed group from a worker whose engine is `dtype` (the test's sampler computes
-    in float64: an fp32 engine's numbers, checked with no slack)."""
-    trajs = [
-        Trajectory(
-            prompt_id=f"p{gid}", sample_index=i, prompt_token_ids=PROMPT,
-            completion_token_ids=c, logprobs=[-1.0] * len(c),
-            versions=versions or [0] * len(c), finish_reason="length", reward=1.0,
-            completion_mask=mask,
-        )
-        for i, c in enumerate(completions)
-    ]  # fmt: skip
-    return ConsumedGroup(group_id=gid, prompt_id=f"p{gid}", prompt="", answer="",
-                         trajectories=trajs, worker_id=worker, sampling_seed=seed,
-                         engine_dtype=dtype)  # fmt: skip
+    return hf_model(path), cfg, params
 
 
 _CHECKERS: dict = {}
