@@ -16,6 +16,9 @@ mutants/ there, so the repository is never touched. The JSON keeps the rows of m
 rerun from the previous `--out`, so a subset run updates only its own rows; the markdown
 report (`--report`) lists the survivors of every row as file:line and the mutated code.
 
+A module's `functions` (in the targets file) restricts its run to the mutants of those
+functions, for a module whose whole run would take too long; the row counts only them.
+
 mutmut switches mutants inside each function call (trampolines), so code that runs at import
 (a registry's decorator calls) runs before any mutant is selected: its mutants survive whatever
 the tests do. Break such code by hand and record the result in the equivalents file.
@@ -28,6 +31,7 @@ selected test reaches; a timeout counts as caught.
 from __future__ import annotations
 
 import ast
+import fnmatch
 import json
 import os
 import re
@@ -78,6 +82,30 @@ def load_targets(path: Path = TARGETS) -> tuple[dict[str, list[str]], list[str]]
     return {m: list(v["tests"]) for m, v in data["modules"].items()}, list(data["skip_lines"])
 
 
+def load_functions(path: Path = TARGETS) -> dict[str, list[str]]:
+    """module path -> the functions its run is restricted to (`functions`; absent = all)."""
+    data = tomllib.loads(path.read_text())
+    return {m: list(v["functions"]) for m, v in data["modules"].items() if "functions" in v}
+
+
+def mutant_patterns(module: str, functions: list[str]) -> list[str]:
+    """mutmut's mutant-name patterns (fnmatch) of `functions` of `module`: a function f is
+    x_f, a method C.m is xǁCǁm; nested functions are mutated as part of their parent."""
+    out = []
+    for f in functions:
+        cls, _, meth = f.rpartition(".")
+        local = f"xǁ{cls}ǁ{meth}" if cls else f"x_{f}"
+        out.append(f"{module_name(module)}.{local}__mutmut_*")
+    return out
+
+
+def selected(codes: dict[str, int | None], patterns: list[str]) -> dict[str, int | None]:
+    """The mutants of a restricted run (all when `patterns` is empty)."""
+    if not patterns:
+        return codes
+    return {m: c for m, c in codes.items() if any(fnmatch.fnmatchcase(m, p) for p in patterns)}
+
+
 def load_equivalents(path: Path = EQUIVALENTS) -> dict[str, dict]:
     """mutant name -> {"mutation": the mutated line, "reason": why it changes nothing}."""
     if not path.exists():
@@ -125,13 +153,15 @@ def prepare_workdir(workdir: Path, module: str, tests: list[str], skip_lines: li
     )
 
 
-def run_mutmut(workdir: Path, max_children: int) -> tuple[int, float]:
-    """`mutmut run` in workdir; its spinner output goes to workdir/mutmut.log."""
+def run_mutmut(workdir: Path, max_children: int, patterns: list[str]) -> tuple[int, float]:
+    """`mutmut run` in workdir (only the mutants matching `patterns`, if any); its spinner
+    output goes to workdir/mutmut.log."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only mutants/ imports
     start = time.monotonic()
     with open(workdir / "mutmut.log", "w") as log:
+        cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
         rc = subprocess.call(
-            [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)],
+            cmd + patterns,
             cwd=workdir,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -273,6 +303,12 @@ def headline(rows: list[dict]) -> dict:
     }
 
 
+def _only(row: dict) -> str:
+    """' (only f, g)' for a run restricted to some functions."""
+    fns = row.get("functions") or []
+    return f" (only {', '.join(f'`{f}`' for f in fns)})" if fns else ""
+
+
 def render_markdown(result: dict) -> str:
     """bench/mutants_report.md: the per-module table, then every survivor and equivalent."""
     out = [
@@ -290,7 +326,8 @@ def render_markdown(result: dict) -> str:
     ]
     for r in result["rows"]:
         out.append(
-            f"| `{r['module']}` | {', '.join(f'`{t}`' for t in r['tests'])} | {r['total']} "
+            f"| `{r['module']}`{_only(r)} | {', '.join(f'`{t}`' for t in r['tests'])} "
+            f"| {r['total']} "
             f"| {r['killed']} | {r['timeout']} | {r['survived']} | {r['no_tests']} "
             f"| {r['equivalent']} | {r['survivor_rate']:.1%} | {r['wall_s']:.0f} |"
         )
@@ -313,13 +350,16 @@ def render_markdown(result: dict) -> str:
     return "\n".join(out) + "\n"
 
 
-def score_module(workdir: Path, module: str, tests: list[str], equivalents: dict) -> dict:
-    """Read one module's results from its workdir and summarize them."""
+def score_module(
+    workdir: Path, module: str, tests: list[str], equivalents: dict, patterns: list[str] = ()
+) -> dict:
+    """Read one module's results from its workdir and summarize them (only the mutants
+    matching `patterns` when the run was restricted to some functions)."""
     meta = workdir / "mutants" / (module + ".meta")
     if not meta.exists():
         tail = (workdir / "mutmut.log").read_text()[-3000:] if workdir.exists() else ""
         raise RuntimeError(f"mutmut wrote no results for {module} in {workdir}:\n{tail}")
-    codes = json.loads(meta.read_text())["exit_code_by_key"]
+    codes = selected(json.loads(meta.read_text())["exit_code_by_key"], list(patterns))
     diffs = {m: mutant_diff(workdir, m) for m, c in codes.items() if status_of(c) in _SURVIVING}
     row = summarize_module(module, codes, equivalents, diffs)
     row["tests"] = tests
@@ -339,6 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     fl(argv if argv is not None else sys.argv)
 
     targets, skip_lines = load_targets()
+    functions = load_functions()
     modules = fl.modules.replace(",", " ").split() or list(targets)
     unknown = [m for m in modules if m not in targets]
     if unknown:
@@ -351,12 +392,13 @@ def main(argv: list[str] | None = None) -> int:
         verb = "rescoring the last run" if fl.rescore else "mutating"
         print(f"{module}: {verb}, tests {' '.join(targets[module])}", flush=True)
         workdir = Path(fl.workdir) / module_name(module)
+        patterns = mutant_patterns(module, functions.get(module, []))
         wall, rc = rows.get(module, {}).get("wall_s", 0.0), 0
         if not fl.rescore:
             prepare_workdir(workdir, module, targets[module], skip_lines)
-            rc, wall = run_mutmut(workdir, fl.max_children)
-        row = score_module(workdir, module, targets[module], equivalents)
-        row.update(wall_s=round(wall, 1), mutmut_rc=rc)
+            rc, wall = run_mutmut(workdir, fl.max_children, patterns)
+        row = score_module(workdir, module, targets[module], equivalents, patterns)
+        row.update(wall_s=round(wall, 1), mutmut_rc=rc, functions=functions.get(module, []))
         rows[module] = row
         print(
             f"  {row['total']} mutants: {row['killed']} killed, {row['timeout']} timeout, "
