@@ -158,9 +158,9 @@ def row_workers(groups, group_size: int) -> list[str]:
 
 
 class WorkerAudit:
-    """Token-decayed per-worker sums, kept in the controller's database (`audit` table, so a
-    restart keeps the evidence); `add` says why a worker is now past a threshold. The
-    caller holds the database's transaction."""
+    """Token-decayed sums per identity (`evidence_key`), kept in the controller's database
+    (`audit` table, so a restart keeps the evidence); `add` says why a worker is now past a
+    threshold. The caller holds the database's transaction."""
 
     def __init__(self, config: AuditConfig, db):
         self.config, self.db = config, db
@@ -177,14 +177,11 @@ class WorkerAudit:
 
     def add_exact(self, stat: AuditStat) -> str | None:
         """Fold in the exact check's counts; why the worker must be quarantined, else None.
-        Mismatches add up per identity (the credential or the caller's host that
-        registered the worker, identity.py), so registering again starts from the count
-        the party already has; the operator's own loopback workers count per id."""
+        Mismatches add up per identity (`evidence_key`), like the statistical sums."""
         if stat.exact_tokens <= 0:
             return None
         self.db.incr("audit/exact_tokens", stat.exact_tokens)
-        party = IdentityBook(self.db).of(stat.worker_id)
-        party = stat.worker_id if party in (None, LOCAL) else party
+        party = evidence_key(self.db, stat.worker_id)
         checked = self.db.get(f"exact_checked/{party}", 0) + int(stat.exact_tokens)
         self.db.put(f"exact_checked/{party}", checked)
         c, why = self.config, None
@@ -212,7 +209,8 @@ class WorkerAudit:
         numbers = (stat.sum_k3, stat.sum_logratio, stat.sum_dev, stat.sum_var, stat.sum_evidence)
         if stat.tokens <= 0 or not all(math.isfinite(x) for x in numbers):
             return None if stat.tokens <= 0 else "non-finite audit numbers"
-        s = self.db.audit_sums(stat.worker_id) or dict(
+        party = evidence_key(self.db, stat.worker_id)
+        s = self.db.audit_sums(party) or dict(
             k3=0.0, lr=0.0, n=0.0, total=0.0, dev=0.0, var=0.0, cusum=0.0
         )
         keep = math.exp(-stat.tokens / c.window_tokens)
@@ -228,7 +226,7 @@ class WorkerAudit:
         # judges before min_tokens (a one-token-answer picker would otherwise last 64
         # groups); the reset at 0 keeps an honest past from hiding a later change.
         s["cusum"] = max(0.0, s["cusum"] + stat.sum_evidence)
-        self.db.put_audit_sums(stat.worker_id, s)
+        self.db.put_audit_sums(party, s)
         kl, lr = s["k3"] / s["n"], s["lr"] / s["n"]
         if c.sampling_evidence > 0 and s["cusum"] >= c.sampling_evidence:
             return (
@@ -270,9 +268,9 @@ class WorkerAudit:
         return out
 
     def score(self, worker_id: str) -> dict:
-        """{'kl', 'logratio', 'sampling_z', 'sampling_evidence', 'tokens'} of a worker
-        (zeros before any audit)."""
-        s = self.db.audit_sums(worker_id)
+        """{'kl', 'logratio', 'sampling_z', 'sampling_evidence', 'tokens'} of a worker's
+        identity (zeros before any audit)."""
+        s = self.db.audit_sums(evidence_key(self.db, worker_id))
         if not s or s["n"] <= 0:
             return {"kl": 0.0, "logratio": 0.0, "sampling_z": 0.0, "sampling_evidence": 0.0,
                     "tokens": 0.0}  # fmt: skip
@@ -293,8 +291,17 @@ def vouches(db, worker_id: str, min_tokens: int) -> bool:
     audits nothing (the audit off, tests of other parts) vouches for everyone."""
     if not db.get("audit/tokens", 0):
         return True
-    s = db.audit_sums(worker_id)
+    s = db.audit_sums(evidence_key(db, worker_id))
     return s is not None and s["total"] >= min_tokens
+
+
+def evidence_key(db, worker_id: str) -> str:
+    """Whose evidence a worker's audited tokens add to: its identity (the credential or the
+    caller's host that registered it, identity.py), so registering again under a new id
+    starts from the evidence the party already has; the operator's own loopback workers,
+    never barred, are judged one id at a time."""
+    party = IdentityBook(db).of(worker_id)
+    return worker_id if party in (None, LOCAL) else party
 
 
 def quarantine(db, worker_id: str, why: str, now: float) -> int:

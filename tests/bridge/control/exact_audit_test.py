@@ -73,3 +73,24 @@ def test_the_rule_and_its_false_alarm_bound():
     # the identity works; a rate at the fraction itself: surely
     assert exact_check.false_quarantine_bound(1e-4) < 1e-9
     assert exact_check.false_quarantine_bound(0.05) > 0.99
+
+
+def _statistical(worker_id, tokens, mean_k3):
+    return AuditStat(worker_id=worker_id, version=0, tokens=tokens,
+                     sum_k3=mean_k3 * tokens, sum_logratio=0.0)  # fmt: skip
+
+
+def test_the_statistical_evidence_adds_up_per_credential_too(tmp_path):
+    """A credential that registers again before any of its ids reaches `min_tokens` (256)
+    keeps its audited tokens: 200 far-off tokens under each of two ids are judged as 400
+    of one party. The operator's loopback workers are judged one id at a time."""
+    ctl = make(tmp_path, audit_min_tokens=256)
+    first, _ = ctl.register(PROFILE, identity="cred:mallory")
+    assert ctl.audit([_statistical(first, 200, 0.5)]) == []
+    second, _ = ctl.register(PROFILE, identity="cred:mallory")
+    assert ctl.audit([_statistical(second, 200, 0.5)]) == [second, first]
+    assert "mean k3 0.5 per token" in ctl.db.quarantined()[second]["why"]
+    a, _ = ctl.register(PROFILE, identity="local")
+    b, _ = ctl.register(PROFILE, identity="local")
+    assert ctl.audit([_statistical(a, 200, 0.5), _statistical(b, 200, 0.5)]) == []
+    ctl.close()
