@@ -309,6 +309,28 @@ def _only(row: dict) -> str:
     return f" (only {', '.join(f'`{f}`' for f in fns)})" if fns else ""
 
 
+def _before(row: dict) -> str:
+    b = row.get("before")
+    if not b:
+        return "—"
+    text = f"{b['survivor_rate']:.1%} ({b['survivors']}/{b['scored']})"
+    if b["tests"] != row["tests"]:
+        text += " with " + ", ".join(f"`{t}`" for t in b["tests"])
+    return text
+
+
+def previous_run(row: dict) -> dict:
+    """What the report's `before` column keeps of a module's earlier row."""
+    surv = row["survived"] + row["no_tests"]
+    scored = row["total"] - row["equivalent"] - row["other"]
+    return {
+        "survivor_rate": row["survivor_rate"],
+        "survivors": surv,
+        "scored": scored,
+        "tests": row["tests"],
+    }
+
+
 def render_markdown(result: dict) -> str:
     """bench/mutants_report.md: the per-module table, then every survivor and equivalent."""
     out = [
@@ -321,16 +343,21 @@ def render_markdown(result: dict) -> str:
         f"({result['headline']['survivors']} of the non-equivalent mutants).",
         "",
         "| module | tests | mutants | killed | timeout | survived | no tests | equivalent "
-        "| survivor rate | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| survivor rate | before | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         out.append(
             f"| `{r['module']}`{_only(r)} | {', '.join(f'`{t}`' for t in r['tests'])} "
             f"| {r['total']} "
             f"| {r['killed']} | {r['timeout']} | {r['survived']} | {r['no_tests']} "
-            f"| {r['equivalent']} | {r['survivor_rate']:.1%} | {r['wall_s']:.0f} |"
+            f"| {r['equivalent']} | {r['survivor_rate']:.1%} | {_before(r)} | {r['wall_s']:.0f} |"
         )
+    out += [
+        "",
+        "`before`: the module's previous run (its survivors over its scored mutants, and "
+        "the tests it ran when they were other ones).",
+    ]
     out += ["", "## Survivors", ""]
     any_surv = False
     for r in result["rows"]:
@@ -399,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
             rc, wall = run_mutmut(workdir, fl.max_children, patterns)
         row = score_module(workdir, module, targets[module], equivalents, patterns)
         row.update(wall_s=round(wall, 1), mutmut_rc=rc, functions=functions.get(module, []))
+        earlier = rows.get(module)
+        if earlier is not None:  # a rerun compares with the last run; a rescore keeps it
+            row["before"] = earlier.get("before") if fl.rescore else previous_run(earlier)
         rows[module] = row
         print(
             f"  {row['total']} mutants: {row['killed']} killed, {row['timeout']} timeout, "

@@ -124,6 +124,11 @@ def test_report_scores_a_small_result():
     assert result["headline"]["survivor_rate_by_module"] == {module: 0.5}
     md = mutants.render_markdown(result)
     assert f"`{module}:{surv['line']}`" in md and "return sum(values) * len(values)" in md
+    # A rerun keeps the earlier run's rate as `before` (2 survivors of 4 scored mutants).
+    before = mutants.previous_run({**row, "tests": ["old_test.py"]})
+    assert before == {"survivor_rate": 0.5, "survivors": 2, "scored": 4, "tests": ["old_test.py"]}
+    md = mutants.render_markdown({**result, "rows": [{**row, "before": before}]})
+    assert "| 50.0% | 50.0% (2/4) with `old_test.py` | 1 |" in md
 
 
 def test_unknown_exit_codes_are_not_survivors():

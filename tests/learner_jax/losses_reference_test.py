@@ -218,7 +218,7 @@ def _check_against_reference(d, inp, cfg, drawn=False):
 # No shrinking: the drawn values are a seed and a handful of settings, readable as they
 # are; a failing example is reported at once (mutation runs fail hundreds of times).
 settings_ = settings(
-    max_examples=30, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate]
+    max_examples=20, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate]
 )
 _cfgs = st.fixed_dictionaries(
     dict(
@@ -246,6 +246,19 @@ def test_every_loss_and_knob_matches_the_float64_reference(cfg, seed, seq, kl_sc
     cfg = losses.LossConfig(**cfg)
     d, inp = _inputs(seed, seq, True, cfg.entropy_coef > 0, kl_scale)
     _check_against_reference(d, inp, cfg, drawn=True)
+
+
+@pytest.mark.parametrize("name", LOSSES)
+@pytest.mark.parametrize("off_policy", losses.OFF_POLICY)
+@pytest.mark.parametrize("bias", [False, True])
+def test_each_loss_with_each_correction(name, off_policy, bias):
+    # Every (loss, correction) pair, which random draws may miss; a cap of 1.5 puts some
+    # weights (token and sequence) past it on both sides, a sequence is dropped by its mask.
+    cfg = losses.LossConfig(name=name, off_policy=off_policy, clip_eps=0.2, clip_eps_high=0.28,
+                            is_cap=1.5, kl_coef=0.05, kl_bias_correction=bias,
+                            entropy_coef=0.01)  # fmt: skip
+    d, inp = _inputs(0, (1, 1, 0, 1, 1, 1), True, True, 0.5)
+    _check_against_reference(d, inp, cfg)
 
 
 @pytest.mark.parametrize("name", LOSSES)
