@@ -96,6 +96,16 @@ def test_an_intact_chunk_is_ok_and_the_check_asks_without_waiting(world):
     assert _check(world, spec.key, lambda k, stored: stored) == "ok"
     assert world[3].queries[-1] == "wait=0"  # a relay without the chunk answers at once
 
+    def pieces(k, stored):  # the same bytes in small pieces, as a slow link delivers them
+        def gen():
+            for i in range(0, len(stored[1]), 8):
+                yield stored[1][i : i + 8]
+                time.sleep(0.01)
+
+        return 200, gen()
+
+    assert _check(world, spec.key, pieces) == "ok"
+
 
 def test_every_wrong_body_is_corrupt(world):
     spec = _chunk(world, stored=True)
@@ -148,24 +158,16 @@ def test_nothing_proven_is_unknown_and_a_key_of_no_chunk_is_no_chunk(world):
     assert len(relay.queries) == asked  # no chunk: the relay is not even asked
 
 
-def test_a_relay_that_never_answers_is_unknown_after_the_timeout(world):
+def test_a_relay_slower_than_the_timeout_is_unknown(world):
     spec = _chunk(world, stored=True)
-    gate = threading.Event()
 
-    def hang(k, s):
-        gate.wait(30)
+    def late(
+        k, s
+    ):  # the intact chunk, 3 s late: past the check's 0.5 s, within httpx's 5 s default
+        time.sleep(3.0)
         return s
 
-    t0 = time.monotonic()
-    try:
-        assert _check(world, spec.key, hang, timeout_s=0.5) == "unknown"
-    finally:
-        gate.set()
-    assert time.monotonic() - t0 < 20  # the timeout, not the relay, ended the check
-
-
-def test_the_default_timeout_is_bounded():
-    assert 0 < report_check.TIMEOUT_S <= 60
+    assert _check(world, spec.key, late, timeout_s=0.5) == "unknown"
 
 
 def test_checker_runs_checks_in_order_on_one_thread_and_survives_errors():
