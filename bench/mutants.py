@@ -45,6 +45,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 TARGETS = REPO / "bench" / "mutants_targets.toml"
 EQUIVALENTS = REPO / "bench" / "mutants_equivalents.toml"
+# Hand-written context of the runs (how each was run, before/after, what was left), copied
+# to the end of the report.
+NOTES = REPO / "bench" / "mutants_notes.md"
 # What mutmut copies into mutants/ so that the tests import only mutated code.
 PACKAGES = ("bridge", "learner_jax", "rollout_gpu", "bench")
 
@@ -331,8 +334,9 @@ def previous_run(row: dict) -> dict:
     }
 
 
-def render_markdown(result: dict) -> str:
-    """bench/mutants_report.md: the per-module table, then every survivor and equivalent."""
+def render_markdown(result: dict, notes: str = "") -> str:
+    """bench/mutants_report.md: the per-module table, then every survivor and equivalent,
+    then `notes` (bench/mutants_notes.md)."""
     out = [
         "# Mutation testing report",
         "",
@@ -374,6 +378,8 @@ def render_markdown(result: dict) -> str:
     for r in result["rows"]:
         for e in r["equivalents"]:
             out.append(f"- `{r['module']}:{e['line']}` `{e['mutation']}` — {e['reason']}")
+    if notes.strip():
+        out += ["", notes.strip()]
     return "\n".join(out) + "\n"
 
 
@@ -440,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"headline": headline(ordered), "rows": ordered}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
-    Path(fl.report).write_text(render_markdown(result))
+    notes = NOTES.read_text() if NOTES.exists() else ""
+    Path(fl.report).write_text(render_markdown(result, notes))
     print(json.dumps(result["headline"], indent=1))
     return 0
 

@@ -7,6 +7,9 @@ mean k3 and mean log-ratio), each threshold at its exact edge."""
 import itertools
 import math
 
+import jax
+import jax.numpy as jnp
+import numpy as np
 import pytest
 from controller_helpers import Clock, make, worker
 from hypothesis import Phase, given, settings
@@ -255,3 +258,34 @@ def test_evidence_adds_up_per_credential_and_loopback_workers_alone(tmp_path):
     assert audit.vouches(ctl.db, l1, 10) and not audit.vouches(ctl.db, l2, 10)
     assert audit.vouches(ctl.db, again, 10)  # its credential's 10 tokens
     ctl.close()
+
+
+def test_small_thresholds_and_single_tokens(db):
+    # Thresholds below 1 still judge (0 is off, not 1): evidence 0.5, |Z| 0.5, and a Z of
+    # +0.8 (inside (0.5, 1]) reads as likelier tokens.
+    small = audit.WorkerAudit(audit.AuditConfig(**{**vars(CFG), "sampling_z": 0.5,
+                                                     "sampling_evidence": 0.5}), db)  # fmt: skip
+    assert _kind(small.add(_stat("ev-small", 1, ev=0.75))) == "evidence"
+    assert _kind(small.add(_stat("z-small", 64, dev=0.8, var=1.0))) == "z+"
+    assert _kind(small.add(_stat("z-small-", 64, dev=-0.8, var=1.0))) == "z-"
+    # One token is a measurement: its non-finite numbers are refused, its row is counted.
+    a = audit.WorkerAudit(CFG, db)
+    assert a.add(_stat("one-nan", 1, k3=math.nan)) == "non-finite audit numbers"
+    (one,) = audit.row_sums_to_worker_stats(["w"], [True], [0.5], [0.25], [1], 2)
+    assert (one.tokens, one.sum_k3, one.sum_logratio) == (1, 0.5, 0.25)
+
+
+def test_row_sums_trace_under_jit():
+    # The jitted train step calls row_sums with xp=jax.numpy on tracers: every array op
+    # must be xp's, not numpy's.
+    rng = np.random.default_rng(1)
+    learner, behaviour = rng.normal(-2.0, 0.5, (2, 5)), rng.normal(-2.0, 0.5, (2, 5))
+    mask = np.array([[1, 1, 0, 0, 0], [1, 1, 1, 1, 1]], np.float32)
+    f32 = lambda x: jnp.asarray(x, jnp.float32)
+    got = jax.jit(lambda a, b, m: audit.row_sums(a, b, m, xp=jnp))(
+        f32(learner), f32(behaviour), f32(mask)
+    )
+    want = audit.row_sums(learner, behaviour, mask.astype(np.float64))
+    for g, w in zip(got, want, strict=True):
+        # float32 of O(1) terms, <= 5 per row: well within 1e-5 of the row's scale
+        np.testing.assert_allclose(np.asarray(g, np.float64), w, rtol=1e-5, atol=1e-5)
