@@ -40,6 +40,7 @@ def _inputs(seed, seq_mask, with_ref, with_entropy, kl_scale):
     mask = (rng.random((B, T)) < 0.7).astype(np.float64)
     mask[0] = 0.0  # a sequence without completion tokens
     mask[1] = 1.0  # and one that is all completion
+    mask[3] = (0.0, 0.0, 1.0, 0.0)  # and one of a single token
     pad = mask == 0
     # Padded positions hold garbage (exp of it overflows float32): it must not count.
     logp[pad], prox[pad], behav[pad], ref[pad] = 200.0, -200.0, -np.inf, 150.0
@@ -239,7 +240,9 @@ _cfgs = st.fixed_dictionaries(
 @given(
     cfg=_cfgs,
     seed=st.integers(0, 2**31),
-    seq=st.sampled_from([None, (1, 1, 1, 1, 1, 1), (1, 1, 0, 1, 0, 1), (0,) * B]),
+    seq=st.sampled_from(
+        [None, (1, 1, 1, 1, 1, 1), (1, 1, 0, 1, 0, 1), (0,) * B, (0, 0, 0, 1, 0, 0)]
+    ),
     kl_scale=st.sampled_from([None, 0.5]),
 )
 def test_every_loss_and_knob_matches_the_float64_reference(cfg, seed, seq, kl_scale):
@@ -258,6 +261,15 @@ def test_each_loss_with_each_correction(name, off_policy, bias):
                             is_cap=1.5, kl_coef=0.05, kl_bias_correction=bias,
                             entropy_coef=0.01)  # fmt: skip
     d, inp = _inputs(0, (1, 1, 0, 1, 1, 1), True, True, 0.5)
+    _check_against_reference(d, inp, cfg)
+
+
+@pytest.mark.parametrize("name", LOSSES)
+@pytest.mark.parametrize("off_policy", ["tis", "geo_seq"])
+def test_one_kept_sequence_of_one_token(name, off_policy):
+    # The batch mean over one sequence, a length normalization by one token.
+    cfg = losses.LossConfig(name=name, off_policy=off_policy, kl_coef=0.05)
+    d, inp = _inputs(0, (0, 0, 0, 1, 0, 0), True, False, None)
     _check_against_reference(d, inp, cfg)
 
 
