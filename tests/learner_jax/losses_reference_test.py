@@ -199,13 +199,14 @@ def _run(d, inp, cfg):
     return float(loss), np.asarray(grad, np.float64), {k: float(v) for k, v in metrics.items()}
 
 
-def _check_against_reference(d, inp, cfg, drawn=False):
+def _check_against_reference(d, inp, cfg, drawn=False, exact_edges=False):
     """`drawn`: inputs drawn by hypothesis, which skips those at an edge; a fixed input
-    must not be at one."""
+    must not be at one, unless it sits there exactly (`exact_edges`: float32 computes
+    the same value as float64 there)."""
     want_loss, want_grad, want_m, scale, edge = reference(d, cfg)
     if drawn:
         assume(not edge)
-    assert not edge, "a ratio at a branch's edge: pick another seed"
+    assert exact_edges or not edge, "a ratio at a branch's edge: pick another seed"
     loss, grad, metrics = _run(d, inp, cfg)
     _close(loss, want_loss, scale, "loss")
     # each gradient entry is one token's terms: at the scale of the largest of them
@@ -271,6 +272,22 @@ def test_one_kept_sequence_of_one_token(name, off_policy):
     cfg = losses.LossConfig(name=name, off_policy=off_policy, kl_coef=0.05)
     d, inp = _inputs(0, (0, 0, 0, 1, 0, 0), True, False, None)
     _check_against_reference(d, inp, cfg)
+
+
+@pytest.mark.parametrize("name", LOSSES)
+@pytest.mark.parametrize("off_policy", ["tis", "mask", "token_mis", "seq_mis"])
+def test_a_weight_exactly_at_the_cap_is_kept(name, off_policy):
+    # behavior == prox: every weight is exp(0) = 1 exactly, at the cap 1.0 and at 1 / cap,
+    # inside [1/c, c]: nothing is clipped or masked. The ratios r are seed 0's, which the
+    # test above checks are off the clip edges.
+    d, inp = _inputs(0, (1, 1, 0, 1, 1, 1), True, False, None)
+    d["behav"] = np.where(d["mask"] > 0, d["prox"], d["behav"])
+    inp = losses.LossInputs(**{**vars(inp), "behavior_logp": jnp.asarray(d["behav"], jnp.float32)})
+    cfg = losses.LossConfig(name=name, off_policy=off_policy, clip_eps=0.2, clip_eps_high=0.28,
+                            is_cap=1.0)  # fmt: skip
+    _check_against_reference(d, inp, cfg, exact_edges=True)
+    _, _, metrics = _run(d, inp, cfg)
+    assert metrics["is_weight/masked_frac"] == 0.0 and metrics["is_weight/clipped_frac"] == 0.0
 
 
 @pytest.mark.parametrize("name", LOSSES)
