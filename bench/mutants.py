@@ -16,6 +16,9 @@ mutants/ there, so the repository is never touched. The JSON keeps the rows of m
 rerun from the previous `--out`, so a subset run updates only its own rows; the markdown
 report (`--report`) lists the survivors of every row as file:line and the mutated code.
 
+A module's `functions` (in the targets file) restricts its run to the mutants of those
+functions, for a module whose whole run would take too long; the row counts only them.
+
 mutmut switches mutants inside each function call (trampolines), so code that runs at import
 (a registry's decorator calls) runs before any mutant is selected: its mutants survive whatever
 the tests do. Break such code by hand and record the result in the equivalents file.
@@ -28,6 +31,7 @@ selected test reaches; a timeout counts as caught.
 from __future__ import annotations
 
 import ast
+import fnmatch
 import json
 import os
 import re
@@ -41,6 +45,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 TARGETS = REPO / "bench" / "mutants_targets.toml"
 EQUIVALENTS = REPO / "bench" / "mutants_equivalents.toml"
+# Hand-written context of the runs (how each was run, before/after, what was left), copied
+# to the end of the report.
+NOTES = REPO / "bench" / "mutants_notes.md"
 # What mutmut copies into mutants/ so that the tests import only mutated code.
 PACKAGES = ("bridge", "learner_jax", "rollout_gpu", "bench")
 
@@ -76,6 +83,30 @@ def load_targets(path: Path = TARGETS) -> tuple[dict[str, list[str]], list[str]]
     """module path -> covering test files, in run order; and the skipped-line patterns."""
     data = tomllib.loads(path.read_text())
     return {m: list(v["tests"]) for m, v in data["modules"].items()}, list(data["skip_lines"])
+
+
+def load_functions(path: Path = TARGETS) -> dict[str, list[str]]:
+    """module path -> the functions its run is restricted to (`functions`; absent = all)."""
+    data = tomllib.loads(path.read_text())
+    return {m: list(v["functions"]) for m, v in data["modules"].items() if "functions" in v}
+
+
+def mutant_patterns(module: str, functions: list[str]) -> list[str]:
+    """mutmut's mutant-name patterns (fnmatch) of `functions` of `module`: a function f is
+    x_f, a method C.m is xǁCǁm; nested functions are mutated as part of their parent."""
+    out = []
+    for f in functions:
+        cls, _, meth = f.rpartition(".")
+        local = f"xǁ{cls}ǁ{meth}" if cls else f"x_{f}"
+        out.append(f"{module_name(module)}.{local}__mutmut_*")
+    return out
+
+
+def selected(codes: dict[str, int | None], patterns: list[str]) -> dict[str, int | None]:
+    """The mutants of a restricted run (all when `patterns` is empty)."""
+    if not patterns:
+        return codes
+    return {m: c for m, c in codes.items() if any(fnmatch.fnmatchcase(m, p) for p in patterns)}
 
 
 def load_equivalents(path: Path = EQUIVALENTS) -> dict[str, dict]:
@@ -125,13 +156,15 @@ def prepare_workdir(workdir: Path, module: str, tests: list[str], skip_lines: li
     )
 
 
-def run_mutmut(workdir: Path, max_children: int) -> tuple[int, float]:
-    """`mutmut run` in workdir; its spinner output goes to workdir/mutmut.log."""
+def run_mutmut(workdir: Path, max_children: int, patterns: list[str]) -> tuple[int, float]:
+    """`mutmut run` in workdir (only the mutants matching `patterns`, if any); its spinner
+    output goes to workdir/mutmut.log."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only mutants/ imports
     start = time.monotonic()
     with open(workdir / "mutmut.log", "w") as log:
+        cmd = [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)]
         rc = subprocess.call(
-            [sys.executable, "-m", "mutmut", "run", "--max-children", str(max_children)],
+            cmd + patterns,
             cwd=workdir,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -273,8 +306,37 @@ def headline(rows: list[dict]) -> dict:
     }
 
 
-def render_markdown(result: dict) -> str:
-    """bench/mutants_report.md: the per-module table, then every survivor and equivalent."""
+def _only(row: dict) -> str:
+    """' (only f, g)' for a run restricted to some functions."""
+    fns = row.get("functions") or []
+    return f" (only {', '.join(f'`{f}`' for f in fns)})" if fns else ""
+
+
+def _before(row: dict) -> str:
+    b = row.get("before")
+    if not b:
+        return "—"
+    text = f"{b['survivor_rate']:.1%} ({b['survivors']}/{b['scored']})"
+    if b["tests"] != row["tests"]:
+        text += " with " + ", ".join(f"`{t}`" for t in b["tests"])
+    return text
+
+
+def previous_run(row: dict) -> dict:
+    """What the report's `before` column keeps of a module's earlier row."""
+    surv = row["survived"] + row["no_tests"]
+    scored = row["total"] - row["equivalent"] - row["other"]
+    return {
+        "survivor_rate": row["survivor_rate"],
+        "survivors": surv,
+        "scored": scored,
+        "tests": row["tests"],
+    }
+
+
+def render_markdown(result: dict, notes: str = "") -> str:
+    """bench/mutants_report.md: the per-module table, then every survivor and equivalent,
+    then `notes` (bench/mutants_notes.md)."""
     out = [
         "# Mutation testing report",
         "",
@@ -285,15 +347,21 @@ def render_markdown(result: dict) -> str:
         f"({result['headline']['survivors']} of the non-equivalent mutants).",
         "",
         "| module | tests | mutants | killed | timeout | survived | no tests | equivalent "
-        "| survivor rate | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| survivor rate | before | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["rows"]:
         out.append(
-            f"| `{r['module']}` | {', '.join(f'`{t}`' for t in r['tests'])} | {r['total']} "
+            f"| `{r['module']}`{_only(r)} | {', '.join(f'`{t}`' for t in r['tests'])} "
+            f"| {r['total']} "
             f"| {r['killed']} | {r['timeout']} | {r['survived']} | {r['no_tests']} "
-            f"| {r['equivalent']} | {r['survivor_rate']:.1%} | {r['wall_s']:.0f} |"
+            f"| {r['equivalent']} | {r['survivor_rate']:.1%} | {_before(r)} | {r['wall_s']:.0f} |"
         )
+    out += [
+        "",
+        "`before`: the module's previous run (its survivors over its scored mutants, and "
+        "the tests it ran when they were other ones).",
+    ]
     out += ["", "## Survivors", ""]
     any_surv = False
     for r in result["rows"]:
@@ -310,16 +378,21 @@ def render_markdown(result: dict) -> str:
     for r in result["rows"]:
         for e in r["equivalents"]:
             out.append(f"- `{r['module']}:{e['line']}` `{e['mutation']}` — {e['reason']}")
+    if notes.strip():
+        out += ["", notes.strip()]
     return "\n".join(out) + "\n"
 
 
-def score_module(workdir: Path, module: str, tests: list[str], equivalents: dict) -> dict:
-    """Read one module's results from its workdir and summarize them."""
+def score_module(
+    workdir: Path, module: str, tests: list[str], equivalents: dict, patterns: list[str] = ()
+) -> dict:
+    """Read one module's results from its workdir and summarize them (only the mutants
+    matching `patterns` when the run was restricted to some functions)."""
     meta = workdir / "mutants" / (module + ".meta")
     if not meta.exists():
         tail = (workdir / "mutmut.log").read_text()[-3000:] if workdir.exists() else ""
         raise RuntimeError(f"mutmut wrote no results for {module} in {workdir}:\n{tail}")
-    codes = json.loads(meta.read_text())["exit_code_by_key"]
+    codes = selected(json.loads(meta.read_text())["exit_code_by_key"], list(patterns))
     diffs = {m: mutant_diff(workdir, m) for m, c in codes.items() if status_of(c) in _SURVIVING}
     row = summarize_module(module, codes, equivalents, diffs)
     row["tests"] = tests
@@ -339,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
     fl(argv if argv is not None else sys.argv)
 
     targets, skip_lines = load_targets()
+    functions = load_functions()
     modules = fl.modules.replace(",", " ").split() or list(targets)
     unknown = [m for m in modules if m not in targets]
     if unknown:
@@ -351,12 +425,16 @@ def main(argv: list[str] | None = None) -> int:
         verb = "rescoring the last run" if fl.rescore else "mutating"
         print(f"{module}: {verb}, tests {' '.join(targets[module])}", flush=True)
         workdir = Path(fl.workdir) / module_name(module)
+        patterns = mutant_patterns(module, functions.get(module, []))
         wall, rc = rows.get(module, {}).get("wall_s", 0.0), 0
         if not fl.rescore:
             prepare_workdir(workdir, module, targets[module], skip_lines)
-            rc, wall = run_mutmut(workdir, fl.max_children)
-        row = score_module(workdir, module, targets[module], equivalents)
-        row.update(wall_s=round(wall, 1), mutmut_rc=rc)
+            rc, wall = run_mutmut(workdir, fl.max_children, patterns)
+        row = score_module(workdir, module, targets[module], equivalents, patterns)
+        row.update(wall_s=round(wall, 1), mutmut_rc=rc, functions=functions.get(module, []))
+        earlier = rows.get(module)
+        if earlier is not None:  # a rerun compares with the last run; a rescore keeps it
+            row["before"] = earlier.get("before") if fl.rescore else previous_run(earlier)
         rows[module] = row
         print(
             f"  {row['total']} mutants: {row['killed']} killed, {row['timeout']} timeout, "
@@ -368,7 +446,8 @@ def main(argv: list[str] | None = None) -> int:
     result = {"headline": headline(ordered), "rows": ordered}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")
-    Path(fl.report).write_text(render_markdown(result))
+    notes = NOTES.read_text() if NOTES.exists() else ""
+    Path(fl.report).write_text(render_markdown(result, notes))
     print(json.dumps(result["headline"], indent=1))
     return 0
 

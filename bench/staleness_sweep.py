@@ -32,6 +32,10 @@ mean learner utilization, mean and max staleness, mean mismatch/kl, the cell's w
 values in the JSON); the PNG plots quality against wall time, one panel per (task,
 correction), one colour per S.
 
+The JSON: `rows`, one per cell, in the benches' shared form (task, S, seed, correction,
+quality = the final evaluation, wall_s = RL wall time, the PNG's x axis); `table`, the
+means over seeds; `cells`, every number of every cell.
+
 `--quick`: S in {0, 4}, seed 0, corrections none and tis, 10 RL steps, 100 demo SFT steps:
 a smoke run of the whole pipeline, not a measurement. `--warm_start_TASK=DIR` reuses an
 existing SFT workdir of the same config instead of running one (trials).
@@ -77,6 +81,21 @@ def cell_result(workdir: str, key: str, target: float, process_s: float) -> dict
         "mismatch_kl": mean("mismatch/kl"),
         "curve": [(e["time"] - t0, e[key]) for e in evals],
     }
+
+
+def rows_of(cells: list[dict]) -> list[dict]:
+    """The JSON's `rows`: per cell, the keys every bench's rows share (module docstring)."""
+    return [
+        {
+            "task": c["task"],
+            "S": c["S"],
+            "seed": c["seed"],
+            "correction": c["correction"],
+            "quality": c["quality_final"],
+            "wall_s": c["rl_wall_s"],
+        }
+        for c in cells
+    ]
 
 
 def summarize(cells: list[dict]) -> list[dict]:
@@ -297,7 +316,8 @@ def main():
     def save_partial(cell: dict) -> None:  # a sweep cut short keeps the cells it finished
         cells.append(cell)
         with open(a.out + ".partial", "w") as f:
-            json.dump({"cells": cells, "args": vars(a), "wall_s": time.monotonic() - t0}, f)
+            partial = {"rows": rows_of(cells), "cells": cells, "args": vars(a)}
+            json.dump({**partial, "wall_s": time.monotonic() - t0}, f)
 
     for task in a.tasks.split(","):
         run_task(a, task, stales, corrections, seeds, save_partial)
@@ -307,7 +327,8 @@ def main():
     plot(cells, png)
     wall = time.monotonic() - t0
     with open(a.out, "w") as f:
-        json.dump({"table": rows, "cells": cells, "args": vars(a), "wall_s": wall}, f, indent=1)
+        out = {"rows": rows_of(cells), "table": rows, "cells": cells, "args": vars(a)}
+        json.dump({**out, "wall_s": wall}, f, indent=1)
     print(f"wrote {a.out} and {png} after {wall:.0f} s (load {os.getloadavg()})")
 
 

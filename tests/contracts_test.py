@@ -92,12 +92,7 @@ HEADLINES = [
             "errors_5xx",
         ),
     ),
-    pytest.param(
-        "bench.staleness_sweep",
-        "bench.staleness_sweep",
-        None,
-        marks=gap("writes {table, cells}: no rows of task, S, seed, correction, quality, wall_s"),
-    ),
+    ("bench.staleness_sweep", "bench.staleness_sweep", None),
     pytest.param(
         "bench.verify_cost",
         "bench.verify_cost",

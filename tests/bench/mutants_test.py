@@ -3,6 +3,7 @@ names modules and test files that exist, every equivalents entry names a target 
 generated mutmut configuration parses, and the report scores a small result as mutmut writes
 it (exit codes, diffs), equivalents and stale equivalents included."""
 
+import ast
 import tomllib
 
 from bench import mutants
@@ -41,6 +42,34 @@ def test_equivalents_name_target_modules_and_give_reasons():
     for name, entry in mutants.load_equivalents().items():
         assert any(name.startswith(p) for p in prefixes), name
         assert "__mutmut_" in name and entry["mutation"].strip() and entry["reason"].strip()
+
+
+def test_restricted_runs_name_existing_functions_and_select_only_theirs():
+    targets, _ = mutants.load_targets()
+    for module, functions in mutants.load_functions().items():
+        assert module in targets and functions, module
+        tree = ast.parse((mutants.REPO / module).read_text())
+        defined = {n.name for n in tree.body if isinstance(n, ast.FunctionDef)} | {
+            f"{c.name}.{n.name}"
+            for c in tree.body
+            if isinstance(c, ast.ClassDef)
+            for n in c.body
+            if isinstance(n, ast.FunctionDef)
+        }
+        assert set(functions) <= defined, sorted(set(functions) - defined)
+    m = "learner_jax/losses.py"
+    pats = mutants.mutant_patterns(m, ["_k3", "LossConfig.correction"])
+    codes = {
+        "learner_jax.losses.x__k3__mutmut_1": 1,
+        "learner_jax.losses.x__k3_other__mutmut_1": 0,  # another function's prefix
+        "learner_jax.losses.xǁLossConfigǁcorrection__mutmut_2": 0,
+        "learner_jax.losses.x_grpo_loss__mutmut_1": None,
+    }
+    assert mutants.selected(codes, pats) == {
+        "learner_jax.losses.x__k3__mutmut_1": 1,
+        "learner_jax.losses.xǁLossConfigǁcorrection__mutmut_2": 0,
+    }
+    assert mutants.selected(codes, []) == codes
 
 
 def test_generated_mutmut_config_parses():
@@ -95,6 +124,11 @@ def test_report_scores_a_small_result():
     assert result["headline"]["survivor_rate_by_module"] == {module: 0.5}
     md = mutants.render_markdown(result)
     assert f"`{module}:{surv['line']}`" in md and "return sum(values) * len(values)" in md
+    # A rerun keeps the earlier run's rate as `before` (2 survivors of 4 scored mutants).
+    before = mutants.previous_run({**row, "tests": ["old_test.py"]})
+    assert before == {"survivor_rate": 0.5, "survivors": 2, "scored": 4, "tests": ["old_test.py"]}
+    md = mutants.render_markdown({**result, "rows": [{**row, "before": before}]})
+    assert "| 50.0% | 50.0% (2/4) with `old_test.py` | 1 |" in md
 
 
 def test_unknown_exit_codes_are_not_survivors():

@@ -64,6 +64,13 @@ def test_cell_and_summary(tmp_path):
     assert row["staleness_max"] == 5
     md = staleness_sweep.markdown([row]).splitlines()
     assert md[2].startswith("| demo | 2 | tis | +0.450 ± 0.141 | 1/2 | 8 | 0.70 | 2.00 / 5 |")
+    # the JSON's rows: one per cell, in the form ../shared/DESIGN.md names for this bench
+    assert staleness_sweep.rows_of(cells) == [
+        {"task": "demo", "S": 2, "seed": 0, "correction": "tis", "quality": 0.55,
+         "wall_s": pytest.approx(6.0)},
+        {"task": "demo", "S": 2, "seed": 1, "correction": "tis", "quality": 0.35,
+         "wall_s": pytest.approx(6.0)},
+    ]  # fmt: skip
 
 
 def test_cell_configs_take_the_overrides_and_refuse_unknown_keys():
