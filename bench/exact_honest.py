@@ -30,44 +30,11 @@ import time
 from absl import app, flags
 
 from bench.chaos_soak import free_port
+from bench.exact_log import learner_record, metrics_rows
 from bridge.fleet.local import worker_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-STEP_LINE = re.compile(r"exact check step (\d+): groups (\{.*?\}) refused \[([\d, ]*)\]")
-QUARANTINE_LINE = re.compile(r"quarantined worker (\S+):")
 BF16_NAME = "bf16-worker"
-
-
-def learner_record(workdir: str):
-    """[(step, group id, worker id, refused)] of every consumed group, in the order the
-    learner checked them, and {quarantined worker id: the step whose audit did it}. (A group
-    dropped at a quarantine goes back to the queue under its id: the worker tells whose
-    copy a step consumed.)"""
-    rows, quarantined, pending = {}, {}, []
-    path = os.path.join(workdir, "train.log")
-    if not os.path.exists(path):
-        return [], {}
-    with open(path, errors="replace") as f:
-        for line in f:
-            if m := STEP_LINE.search(line):
-                quarantined.update((w, int(m[1])) for w in pending)  # this batch's audit
-                pending = []
-                refused = {int(x) for x in m[3].replace(",", " ").split()}
-                made = json.loads(m[2]).items()
-                rows[int(m[1])] = [(int(m[1]), int(k), w, int(k) in refused) for k, w in made]
-            if m := QUARANTINE_LINE.search(line):
-                pending.append(m[1])
-    after = max(rows, default=-1) + 1  # quarantined after the last checked step
-    quarantined.update((w, after) for w in pending)
-    return [r for s in sorted(rows) for r in rows[s]], quarantined
-
-
-def metrics_rows(workdir: str) -> list[dict]:
-    path = os.path.join(workdir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(x) for x in f if x.strip()]
 
 
 def summarize(workdir: str, bf16_ids: set[str], minutes: float) -> dict:

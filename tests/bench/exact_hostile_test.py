@@ -41,7 +41,7 @@ from safetensors.numpy import save_file
 
 from bench import chaos_hostile
 from bench.chaos_soak import free_port
-from bench.exact_honest import learner_record
+from bench.exact_log import learner_record
 from bridge.contracts import exact_check
 from bridge.model import tiny_model
 
