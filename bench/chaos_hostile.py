@@ -28,9 +28,11 @@ them no slack) and report the policy's true log-probs, except for one cheat:
   bestof         a best-of-n picker: one sample per group is the most likely of four draws
                  (the seeded one and three with keys of its own), by the policy's own
                  log-probability, each token drawn honestly at the lease's T;
-  evalfab        samples rollouts honestly and answers greedy (T = 0) evaluation groups with
-                 the right answer of the arithmetic prompt: a fabricated evaluation, which
-                 must never count (eval_samples.jsonl) however right it is.
+  evalfab        takes evaluation work only (it gives rollout leases back and asks again
+                 every 0.1 s, so it is the idle worker eval leases go to) and answers the
+                 greedy (T = 0) evaluation groups with the right answer of the arithmetic
+                 prompt: a fabricated evaluation, which must never count
+                 (eval_samples.jsonl) however right it is.
 
 Each of these records per accepted group (`result["groups"]`: group id, worker id,
 `mismatches`, `tokens`) how many of its tokens are not the seeded sampler's choice: what the
@@ -143,7 +145,13 @@ class HostileWorker(threading.Thread):
         self._announce(r["announcement"])
         lease = r.get("lease")
         if not lease:
-            self.stop_event.wait(0.5)
+            self.stop_event.wait(0.1 if self.kind == "evalfab" else 0.5)
+            return
+        if self.kind == "evalfab" and lease["groups"][0]["sampling"]["temperature"] > 0:
+            # It wants evaluation work only, which goes to an idle worker that asks while
+            # rollout admission is full: it gives rollouts back and asks often.
+            _post(self.url, "/v1/release", {"lease_id": lease["lease_id"]}, self.token)
+            self.stop_event.wait(0.1)
             return
         try:
             groups = [self._group(g) for g in lease["groups"]]

@@ -6,8 +6,8 @@ five hostile threads (bench/chaos_hostile.py) sample honestly with each lease's 
 for one cheat: `writer` (one sample per group is the right answer plus an advertisement),
 `cool` (T=0.9 while the lease says 1.0), `reregister` (the right answer alone in one
 sample per group, a new worker id after every lease, one credential), `bestof` (one sample
-per group is the likeliest of four draws) and `evalfab` (honest rollouts; the right answer
-in every greedy fleet-evaluation group, evaluated every 4 steps).
+per group is the likeliest of four draws) and `evalfab` (evaluation work only: the right
+answer in every greedy fleet-evaluation group, evaluated every 4 steps).
 
 Each thread knows how many of its tokens are not the seeded sampler's choice (fp32 on both
 sides: exactly what the learner finds). From the learner's per-step record in train.log
@@ -155,7 +155,7 @@ def test_hostile_workers_are_caught_and_nothing_they_chose_trains(tmp_path):
         at = min((quarantined[i] for i in ids if i in quarantined), default=None)
         assert at is not None, (kind, ids, quarantined)
         assert max((s for s, _, _ in mine), default=at) <= at, (kind, at, mine)
-        if kind != "evalfab":  # its rollouts are honest: only its evaluations count against it
+        if kind != "evalfab":  # it takes no rollout work: its evaluations count against it
             bound = exact_check.QUARANTINE_TOKENS + GROUPS_PER_STEP - 1
             assert len(mine) <= bound, (kind, mine)
         bad = sum(groups[gid]["mismatches"] for _, gid, _ in mine)
