@@ -147,11 +147,13 @@ class HostileWorker(threading.Thread):
         if not lease:
             self.stop_event.wait(0.1 if self.kind == "evalfab" else 0.5)
             return
-        if self.kind == "evalfab" and lease["groups"][0]["sampling"]["temperature"] > 0:
-            # It wants evaluation work only, which goes to an idle worker that asks while
-            # rollout admission is full: it gives rollouts back and asks often.
+        evaluation = lease["groups"][0]["sampling"]["temperature"] == 0
+        if self.kind in SEEDED and evaluation != (self.kind == "evalfab"):
+            # Each seeded class takes only the work it cheats on: evalfab evaluation work
+            # (it goes to an idle worker that asks while rollout admission is full: it asks
+            # often), the others rollouts (eval leases would take their time).
             _post(self.url, "/v1/release", {"lease_id": lease["lease_id"]}, self.token)
-            self.stop_event.wait(0.1)
+            self.stop_event.wait(0.1 if self.kind == "evalfab" else 0.5)
             return
         try:
             groups = [self._group(g) for g in lease["groups"]]
