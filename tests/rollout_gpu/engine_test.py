@@ -59,3 +59,26 @@ def test_abort_leaves_the_engine_idle(vllm_engine):
     assert not vllm_engine.has_unfinished_requests()
     [samples] = vllm_engine.generate([request])
     assert len(samples) == 4
+
+
+def test_a_generate_that_raised_leaves_nothing_for_the_next_call(vllm_engine):
+    """An exception out of `should_abort` (or a signal) ends `generate` with its requests
+    still in the engine. The next calls must not step them into their own results:
+    prompt log-probs once got more outputs than prompts, and a later generate counted
+    someone else's requests."""
+    request = SampleRequest(prompt_token_ids=[tiny_model.BOS_ID, 4, 5], n=4, max_tokens=64,
+                            seed=3)  # fmt: skip
+    polls = iter(range(3))
+
+    def interrupted():
+        if next(polls, None) is None:
+            raise KeyboardInterrupt
+        return False
+
+    with pytest.raises(KeyboardInterrupt):
+        vllm_engine.generate([request, request], should_abort=interrupted)
+    probes = [[tiny_model.BOS_ID, 6, 7, 8], [tiny_model.BOS_ID, 9, 10]]
+    assert [len(lp) for lp in vllm_engine.prompt_logprobs(probes)] == [3, 2]
+    [samples] = vllm_engine.generate([request])
+    assert len(samples) == 4
+    assert not vllm_engine.has_unfinished_requests()
