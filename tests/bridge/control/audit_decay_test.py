@@ -197,10 +197,10 @@ def test_fold_quarantines_once_and_counts_tokens(tmp_path):
     ctl.close()
 
 
-def test_vouches_only_past_min_tokens_once_the_run_audits(tmp_path):
+def test_vouches_only_past_min_tokens_of_its_own(tmp_path):
     ctl = make(tmp_path, Clock(), audit_min_tokens=10_000)
     w = worker(ctl)
-    assert audit.vouches(ctl.db, w, 10)  # nothing audited yet: everyone counts
+    assert not audit.vouches(ctl.db, w, 10)  # nothing audited yet: nobody is vouched for
     ctl.auditor.fold([_stat(w, 9)], now=1.0)
     assert not audit.vouches(ctl.db, w, 10)
     assert not audit.vouches(ctl.db, "other", 10)  # audited run, no tokens of its own
