@@ -251,13 +251,7 @@ class HostileWorker(threading.Thread):
                     bad += self._score(prompt, ids, s["temperature"], s["seed"], i)[1]
         self._record[g["group_id"]] = {"mismatches": bad,
                                        "tokens": sum(len(ids) for ids, _ in samples)}  # fmt: skip
-        out = [
-            dict(prompt_id=g["prompt_id"], sample_index=i, prompt_token_ids=prompt,
-                 completion_token_ids=ids, logprobs=lps, versions=[v] * len(ids),
-                 finish_reason="stop" if ids[-1] in stops else "length")
-            for i, (ids, lps) in enumerate(samples)
-        ]  # fmt: skip
-        return {"group_id": g["group_id"], "trajectories": out}
+        return _submitted(g, samples, v, stops)
 
     def _greedy_group(self, g: dict, stops: set) -> dict:
         """An evaluation group: the greedy answer (honest), or evalfab's right answer."""
@@ -272,13 +266,7 @@ class HostileWorker(threading.Thread):
         self._record[g["group_id"]] = {"mismatches": bad, "prompt_id": g["prompt_id"],
                                        "eval": True,
                                        "tokens": sum(len(ids) for ids, _ in samples)}  # fmt: skip
-        out = [
-            dict(prompt_id=g["prompt_id"], sample_index=i, prompt_token_ids=prompt,
-                 completion_token_ids=ids, logprobs=lps, versions=[v] * len(ids),
-                 finish_reason="stop" if ids[-1] in stops else "length")
-            for i, (ids, lps) in enumerate(samples)
-        ]  # fmt: skip
-        return {"group_id": g["group_id"], "trajectories": out}
+        return _submitted(g, samples, v, stops)
 
     def _seeded(self, prompt, seed, max_tokens, temperature, stops, index, use_t=None):
         """Sample `index` of a group as the verifiable sampler draws it: token =
@@ -379,6 +367,17 @@ class HostileWorker(threading.Thread):
             self._hf.tie_weights()
             self._hf_version = self.version
         return self._hf
+
+
+def _submitted(g: dict, samples, version: int, stops: set) -> dict:
+    """The submission of group `g`: its (token ids, log-probs) samples, all at `version`."""
+    out = [
+        dict(prompt_id=g["prompt_id"], sample_index=i, prompt_token_ids=g["prompt_token_ids"],
+             completion_token_ids=ids, logprobs=lps, versions=[version] * len(ids),
+             finish_reason="stop" if ids[-1] in stops else "length")
+        for i, (ids, lps) in enumerate(samples)
+    ]  # fmt: skip
+    return {"group_id": g["group_id"], "trajectories": out}
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:

@@ -187,10 +187,10 @@ def plot(cells: list[dict], png: str) -> None:
     plt.close(fig)
 
 
-KUHN_RECIPE = [  # F0's recipe (BUILD_NOTES.md, issue 27), pinned against config edits
+KUHN_RECIPE = [  # F0's recipe (BUILD_NOTES.md), pinned: later config edits must not move the sweep
     "advantages.name=dr_grpo", "optimizer.learning_rate=5e-4",
     "sft.steps=100", "sft.batch_size=64", "sft.micro_batch_size=64",
-    "loss.kl_coef=0.0",  # the config's KL anchor came after the sweep's table (stop 36)
+    "loss.kl_coef=0.0",  # the sweep's table was measured without the config's KL anchor
 ]  # fmt: skip
 
 

@@ -430,6 +430,6 @@ def serve_controller(
     server.write_controller_json(workdir)
     # What is built by now (modules, the app, the tokenizer) lives as long as the process:
     # frozen, no full collection walks it again (each took ~110 ms, up to 0.4 s, ~20 a
-    # minute at 500 workers, every thread stopped meanwhile; issue 25, stop 36).
+    # minute at 500 workers, every thread stopped meanwhile).
     gc.freeze()
     return server

@@ -183,7 +183,7 @@ def test_tokens_rescore_under_their_tagged_version_and_a_shifted_tag_is_caught(
     def stats(groups, current):
         return {s.worker_id: s for s in rescorer.maybe(1, groups, current_version=current)}
 
-    honest = stats(batch, 2)  # versions 0 and 1 alike, not only the oldest (issue 23 item 5)
+    honest = stats(batch, 2)  # versions 0 and 1 alike, not only the oldest
     assert set(honest) == {first, second}
     assert honest[first].version == 0 and honest[second].version == 1
     for s in honest.values():
