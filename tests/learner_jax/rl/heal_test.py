@@ -37,10 +37,6 @@ from bench.chaos_faults import corrupt_version
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
-    pytest.mark.xfail(
-        strict=False,
-        reason="order-dependent: passes alone, fails after the whole suite (stop note)",
-    ),
 ]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

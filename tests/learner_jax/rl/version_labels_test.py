@@ -43,10 +43,6 @@ from learner_jax.rl.rescore import VersionRescorer
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
-    pytest.mark.xfail(
-        strict=False,
-        reason="order-dependent: passes alone, fails after the whole suite (stop note)",
-    ),
 ]
 
 TOL = 1e-3  # vLLM (fp32) vs an independent fp32 implementation, per token (engine_test)
