@@ -28,9 +28,9 @@ from typing import Any
 
 from absl import logging
 
-from bridge.control.client import ControllerClient, ControllerError
-from bridge.control.join_secret import read_secret
+from bridge.control.http.client import ControllerClient, ControllerError
 from bridge.control.protocol import Heartbeat, VersionAnnouncement, WorkerProfile
+from bridge.control.trust.join_secret import read_secret
 from rollout_gpu.lifecycle import Contact, Standing, backoff_delay
 from rollout_gpu.versions import WeightVersions
 
@@ -185,7 +185,7 @@ class ControllerSession:
         )
 
     def _join_secret(self) -> str:
-        # The controller may have rotated the secret (bridge/control/join_secret.py) since
+        # The controller may have rotated the secret (bridge/control/trust/join_secret.py) since
         # this worker started; an unreadable file falls back to the one given at start.
         if self.opts.token_file:
             try:

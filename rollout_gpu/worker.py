@@ -18,7 +18,8 @@ Loop (`RolloutWorker.run`): join -> load the newest announced version -> take a 
 generate n samples per prompt from the leased prompt token ids with per-token log-probs
 (rollout_gpu/generate.py) -> submit; swap weights between leases when a response
 brings a newer version (after the loaded version's queued evaluation, `eval_pending`:
-bridge/control/eval_leases.py), so all tokens of a lease carry the version that made them.
+bridge/control/evaluation/eval_leases.py), so all tokens of a lease carry the version that
+made them.
 The worker is composed of three owners: `ControllerSession` (rollout_gpu/session.py:
 registration, retried calls, heartbeats, the stop state), `WeightVersions`
 (rollout_gpu/versions.py: loaded, fetching, swap-ready and refused versions) and the engine.
@@ -52,7 +53,7 @@ from collections.abc import Callable
 
 from absl import app, flags, logging
 
-from bridge.control.client import ControllerError
+from bridge.control.http.client import ControllerError
 from bridge.control.protocol import EpisodeStep, Lease, LeaseRequest, Submission, WorkerProfile
 from rollout_gpu import adapter_swap, lifecycle
 from rollout_gpu import generate as gen

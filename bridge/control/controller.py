@@ -1,6 +1,6 @@
 """Controller: the one place where the controller's parts are built and wired (no HTTP).
 
-Served over HTTP by bridge/control/service.py; the learner calls `wait_batch` directly.
+Served over HTTP by bridge/control/http/service.py; the learner calls `wait_batch` directly.
 Each public operation takes the lock and one SQLite transaction (`_op`), then calls the
 parts; the parts own their state, take what they need in their constructors and never
 reference the controller (prime-rl's orchestrator is the model):
@@ -40,23 +40,25 @@ from collections.abc import Callable, Sequence
 
 from bridge.broadcast.report_check import ReportChecker, probe_uplink
 from bridge.broadcast.state import BroadcastState
-from bridge.control import audit as audit_lib
-from bridge.control import fleet_status, limits
 from bridge.control.config import ControllerConfig
-from bridge.control.db import ControllerDB
-from bridge.control.eval_leases import EvalBoard, eval_idle
-from bridge.control.fleet_plan import FleetPlan
-from bridge.control.heartbeat_pacing import HeartbeatPacing
-from bridge.control.hot_state import HotFlusher
-from bridge.control.identity import IdentityBook
-from bridge.control.intake import Intake, own_lease
+from bridge.control.evaluation.eval_leases import EvalBoard, eval_idle
+from bridge.control.fleet import fleet_status
+from bridge.control.fleet.fleet_plan import FleetPlan
+from bridge.control.fleet.heartbeat_pacing import HeartbeatPacing
+from bridge.control.fleet.run_end import RunEnd
+from bridge.control.fleet.run_end import wait_all_told as run_end_wait
+from bridge.control.fleet.stats_line import stats_line
+from bridge.control.fleet.workers import WorkerRegistry
+from bridge.control.intake.intake import Intake, own_lease
+from bridge.control.intake.rewards import CallPool, Codec, RewardScorer
 from bridge.control.learner_api import LearnerSide
 from bridge.control.learner_calls import LearnerCalls
-from bridge.control.lease_content import LeaseContent
-from bridge.control.lease_timing import LeaseTiming
-from bridge.control.leasing import Grant, Leasing
-from bridge.control.liveness import Liveness
-from bridge.control.prompt_stream import PromptStream
+from bridge.control.leasing.lease_content import LeaseContent
+from bridge.control.leasing.lease_timing import LeaseTiming
+from bridge.control.leasing.leasing import Grant, Leasing
+from bridge.control.leasing.liveness import Liveness
+from bridge.control.leasing.prompt_stream import PromptStream
+from bridge.control.leasing.sampling_seeds import SamplingSeeds
 from bridge.control.protocol import (
     Heartbeat,
     HeartbeatResponse,
@@ -67,13 +69,12 @@ from bridge.control.protocol import (
     VersionAnnouncement,
     WorkerProfile,
 )
-from bridge.control.rewards import CallPool, Codec, RewardScorer
-from bridge.control.run_end import RunEnd
-from bridge.control.run_end import wait_all_told as run_end_wait
-from bridge.control.sampling_seeds import SamplingSeeds
-from bridge.control.stats_line import stats_line
-from bridge.control.versions import VersionBoard
-from bridge.control.workers import WorkerRegistry
+from bridge.control.state.db import ControllerDB
+from bridge.control.state.hot_state import HotFlusher
+from bridge.control.state.versions import VersionBoard
+from bridge.control.trust import audit as audit_lib
+from bridge.control.trust import limits
+from bridge.control.trust.identity import IdentityBook
 from bridge.tasks import Task
 
 
@@ -162,7 +163,7 @@ class Controller(LearnerCalls):
     def _op(self, durable: bool = True):
         """Lock + one transaction: each public operation is atomic and serialized. Then,
         outside the lock, `durable` waits until the transaction is on disk (group commit,
-        bridge/control/group_commit.py): what is acknowledged survives a power cut."""
+        bridge/control/state/group_commit.py): what is acknowledged survives a power cut."""
         with self.lock, self.db.tx():
             for worker_id, version, at in self.workers.hot.take_swaps():  # from heartbeats
                 self.fleet.swapped(worker_id, version, at)
@@ -358,7 +359,7 @@ class Controller(LearnerCalls):
                 swap_to=self.versions.swap_to(self.workers.version(worker_id)),
             )
 
-    # -- behaviour log-prob audit (bridge/control/audit.py) ------------------------------
+    # -- behaviour log-prob audit (bridge/control/trust/audit.py) ------------------------------
     def audit(self, stats: Sequence[audit_lib.AuditStat]) -> list[str]:
         """Fold in the learner's per-worker comparison of behaviour and learner log-probs
         (`audit.rows_to_worker_stats`, after each step); returns the workers quarantined now:

@@ -1,7 +1,7 @@
 """The learner's side of the controller: staleness-aware batches and the checkpoint cursor.
 
 `LearnerSide` is a part of `Controller` (bridge/control/controller.py), built from what it
-needs: the database (bridge/control/db.py), the controller's lock, the staleness bound, the
+needs: the database (bridge/control/state/db.py), the controller's lock, the staleness bound, the
 clock, the lease timing it reports the learner's pace to, and the prompt stream. The
 controller keeps the learner's entry points (`take_batch`, `wait_batch`, the cursor) and
 delegates here; it adds the fleet metrics to each batch's stats.
@@ -30,11 +30,11 @@ from collections.abc import Callable
 import pydantic
 
 from bridge.contracts import staleness as staleness_rule
-from bridge.control.db import ControllerDB
-from bridge.control.lease_timing import LeaseTiming
-from bridge.control.prompt_stream import PromptStream
+from bridge.control.leasing.lease_timing import LeaseTiming
+from bridge.control.leasing.prompt_stream import PromptStream
+from bridge.control.leasing.sampling_seeds import SamplingSeeds
 from bridge.control.protocol import ConsumedGroup, Trajectory
-from bridge.control.sampling_seeds import SamplingSeeds
+from bridge.control.state.db import ControllerDB
 
 # A group's payload (intake.py writes it with the same adapter): pydantic-core parses and
 # validates it from the JSON text, ~10x `Trajectory(**t) for t in json.loads(...)`.

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import time
 
-from bridge.control import rollback
-from bridge.control.eval_leases import LEARNER_CALLS
+from bridge.control.evaluation.eval_leases import LEARNER_CALLS
 from bridge.control.learner_api import build_batch
 from bridge.control.protocol import ConsumedGroup
+from bridge.control.state import rollback
 
 IDLE_STATS_S = 5.0
 

@@ -9,7 +9,7 @@ asks the controller to evaluate the version this step publishes (version = learn
 on a step that publishes nothing, the newest announced one). Not the announced one: with
 background publishing that is the previous version, which the workers leave as soon as
 this step's lands, so its evaluation often found no worker on it (version 103 of the
-first two-worker run never got one). It asks (bridge/control/eval_leases.py:
+first two-worker run never got one). It asks (bridge/control/evaluation/eval_leases.py:
 `eval.n` samples per held-out prompt at `eval.temperature`, only workers on exactly that
 version take them when rollouts leave them idle, scored by the trusted scorer; a version
 no live worker is on any more is evaluated at the newest) and goes on training. Finished
