@@ -70,12 +70,10 @@ def test_holdem_episodes_on_vllm_are_exact_and_replayed_on_the_trusted_side(
     assert all(g.sampling.max_tokens == 2 and g.episode.env == "holdem" for g in lease.groups)
     # Observations from the controller, turn by turn (the lease hides the seed, issue 23
     # item 8); the independent replay below takes the seeds from its database.
-    from bridge.control.intake.episode_steps import EpisodeSteps
     from bridge.control.protocol import EpisodeStep
 
     assert all(g.episode.seed == -1 for g in lease.groups)
-    steps = EpisodeSteps.of(ctl)
-    observe = lambda eps: steps.observe(wid, EpisodeStep(lease_id=lease.lease_id, episodes=eps))
+    observe = lambda eps: ctl.episode_step(wid, EpisodeStep(lease_id=lease.lease_id, episodes=eps))
     results = generate_groups(vllm_engine, lease.groups, version=0, observe=observe)
     seeds = {r["group_id"]: int(r["answer"]) for r in ctl.db.groups_in("leased")}
 

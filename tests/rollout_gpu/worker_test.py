@@ -22,6 +22,7 @@ import worker_procs
 from bridge.contracts.prompt import TextCodec
 from bridge.control.config import ControllerConfig
 from bridge.control.controller import Controller
+from bridge.control.http.client import ControllerClient
 from bridge.control.http.service import (
     ControllerServer,
     ServerOptions,
@@ -389,7 +390,7 @@ def test_reconnects_with_backoff_and_rejoins_a_new_controller(local_worker, tmp_
     t.start()
     t0 = time.monotonic()
     try:
-        announcement = session.call("version")
+        announcement = session.call(ControllerClient.version)
         assert time.monotonic() - t0 >= 1.5 and announcement.version == -1
         assert session.worker_id != old_id
         assert new_ctl.db.worker(session.worker_id) is not None

@@ -79,16 +79,6 @@ from bridge.control.leasing.lease_content import LeaseContent
 from bridge.control.protocol import Lease, PromptGroup, SamplingParams, Submission
 from bridge.tasks import Prompt
 
-# Controller.evaluation: what the learner may call (the controller may be another process)
-LEARNER_CALLS = (
-    "configure",
-    "request",
-    "take_results",
-    "take_audit_rows",
-    "take_check_rows",
-    "verified",
-    "pending_versions",
-)
 IDLE_REASONS = ("full", "behind", "too_slow")  # rollout refusals eval work may fill
 EVAL_GROUP_BASE = 1 << 50  # eval group ids: far above the database's training group ids
 LEASE_PREFIX = "eval-"

@@ -107,7 +107,7 @@ def fast_routes(controller, relay: RelayFilter, submit=None) -> dict[str, Route]
 
     async def heartbeat(worker, hb, caller):
         hb = relay(worker, hb, caller)
-        if controller.fleet.replan_due(controller.clock()):  # takes the lock: off the loop
+        if controller.heartbeat_takes_lock():  # the activation solve is due: off the loop
             return await anyio.to_thread.run_sync(controller.heartbeat, worker, hb)
         return controller.heartbeat(worker, hb)
 

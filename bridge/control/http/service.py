@@ -31,8 +31,10 @@ host, `relay_hosts`; bridge/broadcast/relay_address.py). X-Forwarded-For / -Prot
 only from the proxies `trusted_proxies` names (`controller.trusted_proxies`; default none):
 uvicorn's own default believes them from 127.0.0.1, so any local forwarder would let a
 worker pick the address it is known and routed to. Worker-supplied strings are logged
-escaped (bridge/control/trust/log_text.py); a completion holding a token the reward cannot see
-counts against its worker (`WorkerRegistry.count_hidden`).
+escaped (bridge/control/trust/log_text.py).
+
+The service parses, authenticates, calls the controller and serializes; the decisions
+(scoring, hidden-token accounting, replanning) are the controller's.
 """
 
 from __future__ import annotations
@@ -60,7 +62,7 @@ from bridge.control.http.body_parse import BodyRefused, ParsePool
 from bridge.control.http.fast_routes import RelayFilter, fast_routes
 from bridge.control.http.http_bounds import bounded_protocol
 from bridge.control.http.http_guard import HttpGuard, json_body, with_schemas
-from bridge.control.intake.episode_steps import EpisodeSteps, OverBudget
+from bridge.control.intake.episode_steps import OverBudget
 from bridge.control.intake.validation import SubmissionError
 from bridge.control.protocol import (
     Ack,
@@ -259,20 +261,11 @@ def make_app(
                 raise SubmissionError(e.detail, e.status) from None
             errors = [{**x, "loc": ("body", *x["loc"])} for x in e.detail]
             raise RequestValidationError(errors) from None
-        resp = controller.submit(worker, sub)
-        if controller.scorer is not None and resp.accepted:  # hidden tokens scored 0: count
-            new = set(resp.accepted)
-            trajs = [t for g in sub.groups if g.group_id in new for t in g.trajectories]
-            if n := controller.scorer.decoder.count_hidden(trajs):
-                with controller.lock, controller.db.tx():
-                    controller.workers.count_hidden(worker, n)
-        return resp
-
-    steps = EpisodeSteps.of(controller)  # observations turn by turn (episode_steps.py)
+        return controller.submit(worker, sub)
 
     @app.post("/v1/episode", response_model=EpisodeStepResponse, dependencies=auth)
     def episode(req: EpisodeStep, request: Request) -> EpisodeStepResponse:
-        return steps.observe(request.state.worker_id, req)
+        return controller.episode_step(request.state.worker_id, req)
 
     @app.post("/v1/release", response_model=Ack, dependencies=auth)
     def release(rel: Release, request: Request) -> Ack:

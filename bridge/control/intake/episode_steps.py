@@ -60,17 +60,14 @@ class OverBudget(SubmissionError):
 
 
 class EpisodeSteps:
-    """Part of the controller's service; built from the controller's parts."""
+    """A part of `Controller` (`Controller.episode_step`), built from its parts: the
+    database, its lock, the config, the lease content, the codec, the scorer and the eval
+    board (eval leases' episodes live in their rows there)."""
 
     def __init__(self, db, lock, config, content, codec, scorer, evals=None):
         self.db, self.lock, self.config = db, lock, config
         self.content, self.codec, self.scorer, self.evals = content, codec, scorer, evals
         self.budget = RateLimiter(config.episode_replays_per_s, config.episode_replay_burst)
-
-    @classmethod
-    def of(cls, ctl) -> EpisodeSteps:
-        evals = getattr(ctl, "evals", None)  # eval leases (eval_leases.py), if any
-        return cls(ctl.db, ctl.lock, ctl.config, ctl.content, ctl.codec, ctl.scorer, evals)
 
     def _eval_leased(self, worker_id: str, lease_id: str) -> tuple[dict, dict]:
         """`_leased` of an evaluation lease (in memory, eval_leases.py: its episode states

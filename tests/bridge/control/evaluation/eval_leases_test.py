@@ -96,11 +96,11 @@ def trajs(group, texts, version):
 
 def test_eval_leases_at_exactly_one_version(service):
     ctl, _, client, secret, workdir = service
-    ctl.evaluation("configure", workdir)  # the learner's calls (process.py proxies them)
+    ctl.configure_eval(workdir)  # the learner's calls (process.py proxies them)
     prompts = make_task("arithmetic", format_reward=0.1).eval_prompts()[:2]
     ctl.publish(0)
     ctl.publish(1)
-    assert ctl.evaluation("request", 1, prompts, n=N, temperature=0.6, step=7) == 2
+    assert ctl.request_eval(1, prompts, n=N, temperature=0.6, step=7) == 2
     saturate(ctl)
     old, new = register(client, secret), register(client, secret)
 
@@ -138,7 +138,7 @@ def test_eval_leases_at_exactly_one_version(service):
     assert r.status_code == 200, r.text
     assert sorted(r.json()["accepted"]) == sorted(g["group_id"] for g in groups)
 
-    [summary] = ctl.evaluation("take_results")
+    [summary] = ctl.take_eval_results()
     assert summary["version"] == 1 and summary["prompts"] == 2 and summary["n"] == N
     assert summary["eval/accuracy"] == summary["eval/pass@1"] == 2 / 6
     assert summary["eval/pass@k"] == 0.5  # one prompt of two has a correct sample among 3
@@ -169,7 +169,7 @@ def test_a_benchmark_file_is_scored_by_its_own_task(service, tmp_path):
     file_task = make_task("eval_file", path=str(path))
     ctl.publish(0)
     prompts = file_task.eval_prompts()
-    assert ctl.evaluation("request", 0, prompts, 2, 1.0, eval_file=str(path))
+    assert ctl.request_eval(0, prompts, 2, 1.0, eval_file=str(path))
     saturate(ctl)
     headers = register(client, secret)
     r = client.post("/v1/lease", headers=headers, json={"worker_version": 0, "max_groups": 1})
@@ -194,8 +194,6 @@ def test_greedy_evaluation_asks_for_one_sample(service):
     r = client.post("/v1/lease", headers=register(client, secret), json={"worker_version": 0})
     [group] = r.json()["lease"]["groups"]
     assert group["n"] == 1 and group["sampling"]["temperature"] == 0.0
-    with pytest.raises(ValueError, match="evaluation call must be one of"):
-        ctl.evaluation("_drop", 0)
 
 
 @pytest.mark.parametrize("temperature", [0.7, 0.0])
@@ -205,10 +203,10 @@ def test_only_checked_groups_count(checked_service, temperature):
     verdict accepts it; a refused group is offered again, and the summary holds only
     groups that passed."""
     ctl, _, client, secret, workdir = checked_service
-    ctl.evaluation("configure", workdir)
+    ctl.configure_eval(workdir)
     prompts = make_task("arithmetic", format_reward=0.1).eval_prompts()[:2]
     ctl.publish(0)
-    ctl.evaluation("request", 0, prompts, n=N, temperature=temperature)
+    ctl.request_eval(0, prompts, n=N, temperature=temperature)
     saturate(ctl)
     headers = register(client, secret)
 
@@ -228,18 +226,18 @@ def test_only_checked_groups_count(checked_service, temperature):
         assert len(set(seeds)) == 2 and min(seeds) >= 0
     else:
         assert seeds == [-1, -1]
-    rows = ctl.evaluation("take_check_rows")
+    rows = ctl.take_eval_check_rows()
     assert {r["group_id"] for r in rows} == {g["group_id"] for g in groups}
     assert all(r["seed"] == s for r, s in zip(rows, seeds, strict=True))
-    assert ctl.evaluation("take_results") == []  # nothing counts before the verdict
-    assert len(ctl.evaluation("take_check_rows")) == 2  # until the verdict, asked again
+    assert ctl.take_eval_results() == []  # nothing counts before the verdict
+    assert len(ctl.take_eval_check_rows()) == 2  # until the verdict, asked again
     good, bad = rows[0]["group_id"], rows[1]["group_id"]
-    ctl.evaluation("verified", [good], [bad])
-    assert ctl.evaluation("take_check_rows") == [] and ctl.evaluation("take_results") == []
+    ctl.eval_verified([good], [bad])
+    assert ctl.take_eval_check_rows() == [] and ctl.take_eval_results() == []
     [again], new_seeds = lease_and_submit(["4", "5", "6"])
     assert again["group_id"] == bad and (temperature == 0 or new_seeds[0] not in seeds)
-    ctl.evaluation("verified", [bad], [])
-    [summary] = ctl.evaluation("take_results")
+    ctl.eval_verified([bad], [])
+    [summary] = ctl.take_eval_results()
     assert summary["prompts"] == 2 and summary["version"] == 0
 
 
@@ -251,7 +249,7 @@ def test_eval_rows_are_sampled_for_the_audit(service):
     ctl.evals.reservoir.size = 4
     prompts = make_task("arithmetic", format_reward=0.1).eval_prompts()[:3]
     ctl.publish(0)
-    assert ctl.evaluation("request", 0, prompts, n=N, temperature=0.7) == 3
+    assert ctl.request_eval(0, prompts, n=N, temperature=0.7) == 3
     saturate(ctl)
     headers = register(client, secret)
     r = client.post("/v1/lease", headers=headers, json={"worker_version": 0, "max_groups": 3})
@@ -260,16 +258,16 @@ def test_eval_rows_are_sampled_for_the_audit(service):
         {"group_id": g["group_id"], "trajectories": trajs(g, ["1", "22", "333"], 0)}
         for g in lease["groups"]
     ]}  # fmt: skip
-    assert ctl.evaluation("take_audit_rows") == []  # nothing before the version is in
+    assert ctl.take_eval_audit_rows() == []  # nothing before the version is in
     r = client.post("/v1/submit", headers=headers, json=sub)
     assert r.status_code == 200, r.text
-    rows = ctl.evaluation("take_audit_rows")
+    rows = ctl.take_eval_audit_rows()
     assert len(rows) == 4  # 4 of the 9 trajectories
     [(worker_id, version, temperature)] = {(w, v, t) for w, v, t, _ in rows}
     assert worker_id and version == 0 and temperature == 0.7
     assert all(t.logprobs == [-0.5] * len(t.completion_token_ids) for *_, t in rows)
     assert len({(t.prompt_id, t.sample_index) for *_, t in rows}) == 4
-    assert ctl.evaluation("take_audit_rows") == []  # once
+    assert ctl.take_eval_audit_rows() == []  # once
 
 
 def test_a_dropped_version_is_still_audited(service):
@@ -278,7 +276,7 @@ def test_a_dropped_version_is_still_audited(service):
     ctl, _, client, secret, _ = service
     prompts = make_task("arithmetic", format_reward=0.1).eval_prompts()[:2]
     ctl.publish(0)
-    ctl.evaluation("request", 0, prompts, n=2, temperature=1.0)
+    ctl.request_eval(0, prompts, n=2, temperature=1.0)
     saturate(ctl)
     headers = register(client, secret)
     r = client.post("/v1/lease", headers=headers, json={"worker_version": 0, "max_groups": 1})
@@ -288,12 +286,12 @@ def test_a_dropped_version_is_still_audited(service):
         {"group_id": g["group_id"], "trajectories": trajs(g, ["1", "2"], 0)}
     ]}  # fmt: skip
     assert client.post("/v1/submit", headers=headers, json=sub).status_code == 200
-    assert ctl.evaluation("take_audit_rows") == []  # version 0 is not finished
+    assert ctl.take_eval_audit_rows() == []  # version 0 is not finished
     for v in (3, 5):  # two newer evaluations pending: version 0 is still kept
-        ctl.evaluation("request", v, prompts, n=2, temperature=1.0)
-    assert ctl.evaluation("take_audit_rows") == []
-    ctl.evaluation("request", 7, prompts, n=2, temperature=1.0)  # the third drops it
-    rows = ctl.evaluation("take_audit_rows")
+        ctl.request_eval(v, prompts, n=2, temperature=1.0)
+    assert ctl.take_eval_audit_rows() == []
+    ctl.request_eval(7, prompts, n=2, temperature=1.0)  # the third drops it
+    rows = ctl.take_eval_audit_rows()
     assert len(rows) == 2 and {v for _, v, _, _ in rows} == {0}
 
 
@@ -305,7 +303,7 @@ def test_a_worker_is_told_to_keep_its_version_while_its_eval_is_queued(service):
     ctl, _, client, secret, _ = service
     prompts = make_task("arithmetic", format_reward=0.1).eval_prompts()[:3]
     ctl.publish(1)
-    ctl.evaluation("request", 1, prompts, n=1, temperature=1.0)
+    ctl.request_eval(1, prompts, n=1, temperature=1.0)
     headers = register(client, secret)
     pending = []
     for k in range(3):
@@ -323,7 +321,7 @@ def test_a_worker_is_told_to_keep_its_version_while_its_eval_is_queued(service):
         assert s.status_code == 200, s.text
         pending.append((body["eval_pending"], s.json()["eval_pending"]))
     assert pending == [(True, True), (True, True), (False, False)]
-    [summary] = ctl.evaluation("take_results")
+    [summary] = ctl.take_eval_results()
     assert summary["version"] == 1 and summary["prompts"] == 3
     # Nothing queued any more: a rollout lease (or "behind") says nothing pending.
     r = client.post("/v1/lease", headers=headers, json={"worker_version": 4, "max_groups": 1})
@@ -358,7 +356,7 @@ def test_one_worker_per_version_is_held(service):
     ctl, _, client, secret, _ = service
     prompts = make_task("arithmetic", format_reward=0.1).eval_prompts()[:3]
     ctl.publish(1)
-    ctl.evaluation("request", 1, prompts, n=1, temperature=1.0)
+    ctl.request_eval(1, prompts, n=1, temperature=1.0)
     saturate(ctl)
     a, b = register(client, secret), register(client, secret)
 
@@ -390,7 +388,7 @@ def clocked(tmp_path, text_codec):
         clock=lambda: now[0],
         codec=text_codec,
     )  # fmt: skip
-    ctl.evaluation("configure", str(tmp_path))
+    ctl.configure_eval(str(tmp_path))
     yield ctl, now
     ctl.close()
 
@@ -425,7 +423,7 @@ def test_eval_work_only_fills_capacity_rollouts_leave_idle(clocked):
     swaps; eval work only once admission is full at the newest version."""
     ctl, _ = clocked
     ctl.publish(0)
-    ctl.evaluation("request", 0, PROMPTS[:2], n=1, temperature=1.0)
+    ctl.request_eval(0, PROMPTS[:2], n=1, temperature=1.0)
     w = worker(ctl)
     r = ask(ctl, w, 0)
     assert r.lease is not None and not is_eval(r), r
@@ -443,30 +441,30 @@ def test_a_version_no_live_worker_is_on_is_evaluated_at_the_newest(clocked):
     versions requested); with the newest's own evaluation queued, the two merge."""
     ctl, _ = clocked
     ctl.publish(1)
-    ctl.evaluation("request", 1, PROMPTS[:2], n=1, temperature=1.0, step=11)
+    ctl.request_eval(1, PROMPTS[:2], n=1, temperature=1.0, step=11)
     ctl.publish(2)  # every worker is on 2
     saturate(ctl)
     w = worker(ctl)
     r = ask(ctl, w, 2, k=2)
     assert is_eval(r) and len(r.lease.groups) == 2, r
     assert answer(ctl, w, r.lease, 2).accepted
-    [summary] = ctl.evaluation("take_results")
+    [summary] = ctl.take_eval_results()
     assert (summary["version"], summary["requested"], summary["step"]) == (2, [1], 11)
     ctl.publish(3)
-    ctl.evaluation("request", 3, PROMPTS[:2], n=1, temperature=1.0)
-    ctl.evaluation("request", 4, PROMPTS[:2], n=1, temperature=1.0)
+    ctl.request_eval(3, PROMPTS[:2], n=1, temperature=1.0)
+    ctl.request_eval(4, PROMPTS[:2], n=1, temperature=1.0)
     ctl.publish(4)
     saturate(ctl)
     r = ask(ctl, w, 4, k=4)
     assert is_eval(r) and len(r.lease.groups) == 2, r  # one evaluation, not two
     answer(ctl, w, r.lease, 4)
-    [summary] = ctl.evaluation("take_results")
+    [summary] = ctl.take_eval_results()
     assert (summary["version"], summary["requested"]) == (4, [3, 4])
     with open(ctl.evals.out_path) as f:
         assert [(x["version"], x["requested"]) for x in map(json.loads, f)] == [
             (2, [1]), (4, [3, 4])
         ]  # fmt: skip
-    assert ctl.evaluation("pending_versions") == []
+    assert ctl.pending_eval_versions() == []
 
 
 def test_a_dead_holder_leaves_the_hold_to_a_live_worker(clocked):
@@ -474,7 +472,7 @@ def test_a_dead_holder_leaves_the_hold_to_a_live_worker(clocked):
     v is told `eval_pending` and keeps v until its evaluation is done."""
     ctl, now = clocked
     ctl.publish(1)
-    ctl.evaluation("request", 1, PROMPTS, n=1, temperature=1.0)
+    ctl.request_eval(1, PROMPTS, n=1, temperature=1.0)
     saturate(ctl)
     a, b = worker(ctl), worker(ctl)
     ra = ask(ctl, a, 1)
@@ -501,7 +499,7 @@ def test_results_arrive_off_the_learners_thread_and_the_run_waits_for_the_last(c
     ctl.publish(5)
     hook = FleetEval(ctl, PROMPTS[:2], 1, 1.0, period=1, end=7, start=0, poll_s=0.05)
     step = lambda k: hook.after_step(types.SimpleNamespace(step=k, rl_steps=k), {})  # noqa: E731
-    assert step(5) == {} and ctl.evaluation("pending_versions") == [5]
+    assert step(5) == {} and ctl.pending_eval_versions() == [5]
     saturate(ctl)
     w = worker(ctl)
 
@@ -511,9 +509,16 @@ def test_results_arrive_off_the_learners_thread_and_the_run_waits_for_the_last(c
 
     do(5)
     calls = []
-    ctl.evaluation = lambda *a, **k: (
-        calls.append(threading.get_ident()) or Controller.evaluation(ctl, *a, **k)
-    )
+    for name in (
+        "request_eval", "take_eval_results", "take_eval_audit_rows", "take_eval_check_rows",
+        "eval_verified", "pending_eval_versions",
+    ):  # fmt: skip
+
+        def spy(*a, _name=name, **k):
+            calls.append(threading.get_ident())
+            return getattr(Controller, _name)(ctl, *a, **k)
+
+        setattr(ctl, name, spy)
     got = {}
     for _ in range(200):  # the poller's 0.05 s, with ample slack
         got = hook._drain()
@@ -566,7 +571,7 @@ class EvalCheckRun:
             make_task("arithmetic", format_reward=0.1),
             codec=text_codec,
         )  # fmt: skip
-        ctl.evaluation("configure", str(tmp_path))
+        ctl.configure_eval(str(tmp_path))
         cfg, params = hf_import.load_hf_params(tiny_model_dir)
         self.hf = transformers.AutoModelForCausalLM.from_pretrained(
             tiny_model_dir, dtype=torch.float32
@@ -577,7 +582,7 @@ class EvalCheckRun:
         )
         self.hook = FleetEval(ctl, PROMPTS[:2], 4, 0.0, period=1, end=9, start=0, exact=checker)
         ctl.publish(0)
-        ctl.evaluation("request", 0, PROMPTS[:2], n=4, temperature=0.0)
+        ctl.request_eval(0, PROMPTS[:2], n=4, temperature=0.0)
         saturate(ctl)
 
     def logits(self, ids):

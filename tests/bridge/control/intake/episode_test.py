@@ -447,7 +447,6 @@ def test_a_users_environment_from_its_own_module(tmp_path, text_codec, monkeypat
     with `module=`, the lease tells a worker which module registers the env, and the
     controller's replay (in a reward pool started after the module is importable) finds
     it too."""
-    from bridge.control.intake.episode_steps import EpisodeSteps
     from bridge.control.protocol import EpisodeStep, EpisodeTurns, Submission
     from bridge.tasks.reward_pool import RewardPool
 
@@ -477,7 +476,7 @@ def test_a_users_environment_from_its_own_module(tmp_path, text_codec, monkeypat
         env = make_env("guess")
         trajs, rewards = [], []
         seed = int(ctl.db.groups_in("leased")[0]["answer"])  # hidden from the lease (-1)
-        steps, lease_id = EpisodeSteps.of(ctl), ctl.db.active_leases(wid)[0]
+        lease_id = ctl.db.active_leases(wid)[0]
         for guesses in (["0", "1", "2", "3"], ["x"]):
             ids, mask, total = [], [], 0.0
             env.reset(seed)
@@ -489,7 +488,7 @@ def test_a_users_environment_from_its_own_module(tmp_path, text_codec, monkeypat
                 total += r
                 # Each turn played on the controller too (the turns it will accept).
                 ep = EpisodeTurns(group_id=group.group_id, sample_index=len(trajs), turns=turns)
-                got = steps.observe(wid, EpisodeStep(lease_id=lease_id, episodes=[ep]))
+                got = ctl.episode_step(wid, EpisodeStep(lease_id=lease_id, episodes=[ep]))
                 assert got.observations[0].done == done
                 if done or i == len(guesses) - 1:
                     break

@@ -27,7 +27,7 @@ import anyio
 import anyio.to_thread
 from controller_helpers import Clock, blocking_fsync, codec, make, submit_all, worker
 
-from bridge.control import learner_calls
+from bridge.control import controller as controller_module
 from bridge.control.http.fast_routes import RelayFilter, fast_routes
 from bridge.control.http.service import ServerOptions, serve_controller
 from bridge.control.intake.rewards import RewardScorer
@@ -67,13 +67,13 @@ def _buffered_step(tmp_path):
 def test_a_batch_is_synced_and_decoded_with_the_lock_free(tmp_path, monkeypatch):
     ctl, wid = _buffered_step(tmp_path)
     seen = {}
-    real_build = learner_calls.build_batch
+    real_build = controller_module.build_batch
 
     def build(rows, step, seeds):
         seen["lock_free_while_decoding"] = _lock_free(ctl.lock)
         return real_build(rows, step, seeds)
 
-    monkeypatch.setattr(learner_calls, "build_batch", build)
+    monkeypatch.setattr(controller_module, "build_batch", build)
     entered, release = blocking_fsync(ctl.db.group_commit)
     out = []
     learner = threading.Thread(target=lambda: out.append(ctl.wait_batch(0, 2, timeout_s=10)))
