@@ -5,28 +5,28 @@ Each public operation takes the lock and one SQLite transaction (`_op`), then ca
 parts; the parts own their state, take what they need in their constructors and never
 reference the controller (prime-rl's orchestrator is the model):
 
-- `db` (db.py, `ControllerDB`): every table and SQL statement; all durable state.
-- `versions` (versions.py): the announced policy version and who must swap.
-- `workers` (workers.py): registration, tokens, liveness, billing.
-- `leasing` (leasing.py): admission, the reasons for no work, issuing leases. The
+- `db` (state/db.py, `ControllerDB`): every table and SQL statement; all durable state.
+- `versions` (state/versions.py): the announced policy version and who must swap.
+- `workers` (fleet/workers.py): registration, tokens, liveness, billing.
+- `leasing` (leasing/leasing.py): admission, the reasons for no work, issuing leases. The
   staleness rule itself (admission cap, freshness, deadlines) is bridge/contracts/staleness.py.
-- `intake` (intake.py): a submission checked, scored outside the lock (`scorer`,
-  rewards.py), then accepted atomically; resubmissions are no-ops.
+- `intake` (intake/intake.py): a submission checked, scored outside the lock (`scorer`,
+  intake/rewards.py), then accepted atomically; resubmissions are no-ops.
 - `learner` (learner_api.py): staleness-aware batches, the wait for one, the checkpoint
   cursor; the learner's calls (`take_batch`, `wait_batch`, `report_learner`, the cursor,
   the eval board's learner side) are methods here, so a controller in its own process
   (process.py) serves every one of them.
-- `auditor` (audit.py): the log-prob audit and quarantine, kept in the database.
-- `timing` (lease_timing.py): the step period and per-worker lease latency ("too_slow").
-- `fleet` (fleet_plan.py): capacity model on measured inputs and cost-aware activation
+- `auditor` (trust/audit.py): the log-prob audit and quarantine, kept in the database.
+- `timing` (leasing/lease_timing.py): the step period and per-worker lease latency ("too_slow").
+- `fleet` (fleet/fleet_plan.py): capacity model on measured inputs and cost-aware activation
   (with `activation` on, workers off the cheapest covering set get reason "inactive").
 - `broadcast` (bridge/broadcast/state.py): relay routes in every heartbeat/lease answer.
-- `run_end` (run_end.py): after `end_run()` every poll answers `run_over`; `limits`
-  (limits.py): per-worker request rates, lease counts ("lease_limit"), token lifetimes.
-- `evals` (eval_leases.py): evaluation leases, only to capacity rollouts leave idle.
-- `episodes` (episode_steps.py): a multi-turn episode's next observation, turn by turn.
+- `run_end` (fleet/run_end.py): after `end_run()` every poll answers `run_over`; `limits`
+  (trust/limits.py): per-worker request rates, lease counts ("lease_limit"), token lifetimes.
+- `evals` (evaluation/eval_leases.py): evaluation leases, only to capacity rollouts leave idle.
+- `episodes` (intake/episode_steps.py): a multi-turn episode's next observation, turn by turn.
 Leases expire `lease_ttl_s` after issue, renewed by heartbeats; expired or released work goes
-back to the front of the queue. A heartbeat takes no lock and no SQLite (hot_state.py).
+back to the front of the queue. A heartbeat takes no lock and no SQLite (state/hot_state.py).
 
 Trust: the controller builds each leased prompt's token ids itself (`codec`) and refuses
 a group generated from other ids; it scores every completion itself, never sends reference
