@@ -29,12 +29,12 @@ class ControllerConfig:
     heartbeat_budget_per_s: float = 50.0
     worker_timeout_s: float = 30.0
     # Heartbeat state (last contact, gauges, lease deadlines) is kept in memory and written
-    # to SQLite at most this far apart (bridge/control/state/hot_state.py); 0: no flusher thread,
+    # to SQLite at most this far apart (bridge/control/hot_state.py); 0: no flusher thread,
     # only before reads and at close.
     hot_flush_s: float = 2.0
     max_groups_per_lease: int = 16
     max_version_lag: int = 0  # m above
-    refuse_too_slow: bool = True  # freshness-aware leasing (bridge/control/leasing/lease_timing.py)
+    refuse_too_slow: bool = True  # freshness-aware leasing (bridge/control/lease_timing.py)
     retest_slow_after_s: float = 60.0  # a too-slow worker's latency is re-measured this often
     retry_after_s: float = 0.5
     # Fleet-wide lease asks/s aimed at from workers refused for a full admission window:
@@ -80,7 +80,7 @@ class ControllerConfig:
     register_rate_per_s: float = 1.0  # registrations per client IP
     register_burst: float = 64.0
     # Per registering identity (a credential, or a remote host presenting the shared secret;
-    # not the operator's own machine, bridge/control/trust/identity.py): registrations at once and
+    # not the operator's own machine, bridge/control/identity.py): registrations at once and
     # sustained, and a remote host's live workers at a time (a credential holds one).
     register_identity_burst: float = 4.0
     register_identity_rate_per_s: float = 0.05
