@@ -273,34 +273,34 @@ def get_config() -> ConfigDict:
     c.controller.host = "127.0.0.1"
     c.controller.port = 0  # 0 = any free port
     c.controller.token_file = ""  # '' = generate <workdir>/join_token (mode 0600)
-    # Freshness-aware leasing (bridge/control/lease_timing.py): a worker whose measured lease
-    # latency exceeds the time its work stays fresh gets no leases (its output would be
-    # dropped as stale); it is measured again every retest_slow_after_s.
+    # Freshness-aware leasing (bridge/control/leasing/lease_timing.py): a worker whose
+    # measured lease latency exceeds the time its work stays fresh gets no leases (its output
+    # would be dropped as stale); it is measured again every retest_slow_after_s.
     c.controller.refuse_too_slow = True
     c.controller.retest_slow_after_s = 60.0
     c.controller.reward_timeout_s = 5.0  # per completion, scored on the trusted side
-    # Cost-aware activation (bridge/control/fleet_plan.py): only the cheapest set of workers
+    # Cost-aware activation (bridge/control/fleet/fleet_plan.py): only the cheapest set of workers
     # whose measured throughput covers (1 + margin) * R / T gets leases; the rest stand by,
     # billed at standby_price_fraction of their price (0 = released).
     c.controller.activation = False
     c.controller.activation_margin = 0.1
     c.controller.activation_period_s = 30.0
     c.controller.standby_price_fraction = 0.0
-    # Abuse limits (bridge/control/limits.py; 0 turns one off): per worker and endpoint,
+    # Abuse limits (bridge/control/trust/limits.py; 0 turns one off): per worker and endpoint,
     # registrations per client IP, leases per worker, token lifetime after the last contact,
     # and how long a rotated-out join secret still works (rewrite controller.token_file).
     c.controller.rate_limit_per_s = 20.0
     c.controller.rate_limit_burst = 60.0
     c.controller.register_rate_per_s = 1.0
     c.controller.register_burst = 64.0
-    # Per registering identity, a credential or a remote host (bridge/control/identity.py;
+    # Per registering identity, a credential or a remote host (bridge/control/trust/identity.py;
     # the operator's own machine is exempt): registrations at once, then per second, and a
     # remote host's live workers at a time (a credential holds one).
     c.controller.register_identity_burst = 4.0
     c.controller.register_identity_rate_per_s = 0.05
     c.controller.max_live_workers_per_address = 8
     c.controller.max_leases_per_worker = 4
-    # Environment replays per worker (POST /v1/episode, bridge/control/episode_steps.py):
+    # Environment replays per worker (POST /v1/episode, bridge/control/intake/episode_steps.py):
     # sustained per second and at once; past them a worker is answered 429 and waits.
     c.controller.episode_replays_per_s = 1000.0
     c.controller.episode_replay_burst = 4096.0
@@ -309,11 +309,11 @@ def get_config() -> ConfigDict:
     # Fleet-scale pacing (docs/design/lease-path.md): the heartbeat interval handed out is
     # live workers / heartbeat_budget_per_s (within [5 s, worker_timeout_s / 3]); workers
     # refused because the admission window is full ask again within idle workers /
-    # lease_retry_budget_per_s (bridge/control/refusal_pacing.py). Load then grows with
+    # lease_retry_budget_per_s (bridge/control/leasing/refusal_pacing.py). Load then grows with
     # work, not with idle workers.
     c.controller.heartbeat_budget_per_s = 50.0
     c.controller.lease_retry_budget_per_s = 100.0
-    # Behaviour log-prob audit (bridge/control/audit.py): besides the rows the learner's own
+    # Behaviour log-prob audit (bridge/control/trust/audit.py): besides the rows the learner's own
     # version sampled (every step), every audit_rescore_every RL steps up to
     # audit_rescore_rows rows of one older version are re-scored under that version read
     # back from the store (learner_jax/rl/rescore.py; 0 = off: it costs a version read and
@@ -373,7 +373,7 @@ def get_config() -> ConfigDict:
     # serving consecutive runs: bench/staleness_sweep.py). The binary's own workers stop.
     c.controller.tell_run_over = True
 
-    # Prometheus text at GET /metrics on the controller's port (bridge/control/prometheus.py):
+    # Prometheus text at GET /metrics on the controller's port (bridge/control/http/prometheus.py):
     # fleet gauges and per-endpoint latency histograms. Served to loopback callers only,
     # unless metrics_token_file names a file whose content a scraper sends as bearer token.
     c.controller.prometheus = True

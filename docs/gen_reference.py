@@ -45,12 +45,12 @@ BINARIES = {
     "python -m learner_jax.evaluate": "learner_jax/eval_cli.py",
     "python -m bridge.status": "bridge/status.py",
     "python -m bridge.plan": "bridge/plan/__main__.py",
-    "python -m bridge.control.identity": "bridge/control/identity.py",
+    "python -m bridge.control.trust.identity": "bridge/control/trust/identity.py",
     "python -m bridge.fleet.skypilot": "bridge/fleet/skypilot.py",
     "python -m rollout_gpu.relay": "rollout_gpu/relay.py",
 }
 PROTOCOL_MODULE = "bridge.control.protocol"
-ROUTE_FILES = ("bridge/control/service.py", "bridge/control/fast_routes.py")
+ROUTE_FILES = ("bridge/control/http/service.py", "bridge/control/http/fast_routes.py")
 # `area/name`, e.g. reward/mean, eval/pass@1, grad_norm/<layer>.
 METRIC_RE = re.compile(r"^[a-z][a-z0-9_]*/[A-Za-z0-9_@.<>{}\-]+$")
 # String keys of that shape that are not metrics (file paths, content types).
@@ -531,7 +531,7 @@ def protocol_page() -> tuple[str, set[str]]:
         "# Wire protocol",
         "",
         "Generated from the code by `docs/gen_reference.py`; do not edit. The controller "
-        "<-> worker protocol: the routes the controller serves (`bridge/control/service.py`) "
+        "<-> worker protocol: the routes the controller serves (`bridge/control/http/service.py`) "
         "and the JSON schema of every pydantic model in `bridge/control/protocol.py` "
         "(`model_json_schema()`). A running controller also serves its OpenAPI schema at "
         "`/openapi.json`. Workers authenticate with `Authorization: Bearer <token>` from "

@@ -260,7 +260,7 @@ def version_bytes_lines(rows: list[dict]) -> list[str]:
 
 
 def utilization_lines(rows: list[dict]) -> list[str]:
-    """The capacity model's live predictions (bridge/control/fleet_plan.py: warm measurements
+    """The capacity model's live predictions (bridge/control/fleet/fleet_plan.py: warm measurements
     only) against the learner utilization of the same steps, over the steps with a confident
     prediction (the fleet's speed and T move with the machine's load, so one early
     prediction is judged against the steps it was made for), and the first one. Both are

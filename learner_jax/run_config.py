@@ -364,10 +364,10 @@ def broadcast_mode(config) -> str:
 
 
 def server_options(config):
-    """The controller's HTTP service (bridge/control/service.py): `controller.tls_cert` and
+    """The controller's HTTP service (bridge/control/http/service.py): `controller.tls_cert` and
     `controller.tls_key` ('' = plain HTTP, which non-loopback workers are refused unless
     `controller.allow_plain_http`)."""
-    from bridge.control.service import ServerOptions
+    from bridge.control.http.service import ServerOptions
 
     c = config.controller
     return ServerOptions(

@@ -53,7 +53,7 @@ from aiohttp import web
 
 from bridge.broadcast import chunks as chunks_lib
 from bridge.broadcast import relay_params as params
-from bridge.control.log_text import log_safe
+from bridge.control.trust.log_text import log_safe
 from bridge.store import weight_store as ws
 from bridge.store.layout import LAYOUT
 from rollout_gpu import peer_fetch, uplink

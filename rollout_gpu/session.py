@@ -24,15 +24,18 @@ import dataclasses
 import os
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from absl import logging
 
-from bridge.control.client import ControllerClient, ControllerError
-from bridge.control.join_secret import read_secret
+from bridge.control.http.client import ControllerClient, ControllerError
 from bridge.control.protocol import Heartbeat, VersionAnnouncement, WorkerProfile
+from bridge.control.trust.join_secret import read_secret
 from rollout_gpu.lifecycle import Contact, Standing, backoff_delay
 from rollout_gpu.versions import WeightVersions
+
+T = TypeVar("T")
 
 
 class FatalError(RuntimeError):
@@ -185,7 +188,7 @@ class ControllerSession:
         )
 
     def _join_secret(self) -> str:
-        # The controller may have rotated the secret (bridge/control/join_secret.py) since
+        # The controller may have rotated the secret (bridge/control/trust/join_secret.py) since
         # this worker started; an unreadable file falls back to the one given at start.
         if self.opts.token_file:
             try:
@@ -194,16 +197,25 @@ class ControllerSession:
                 pass
         return self.opts.join_secret
 
-    def call(self, method: str, *args, patient: bool = True, until_stop: bool = False):
-        """`client.<method>(*args)`, retried through outages and re-registering on a 401;
-        `until_stop`: give up once a stop is requested (work not yet started: a lease)."""
+    def call(
+        self,
+        request: Callable[..., T],
+        *args,
+        patient: bool = True,
+        until_stop: bool = False,
+    ) -> T:
+        """`request(client, *args)` on the current client, `request` a `ControllerClient`
+        method (`session.call(ControllerClient.lease, req)`), retried through outages and
+        re-registering on a 401; `until_stop`: give up once a stop is requested (work not
+        yet started: a lease)."""
         import httpx
 
+        method = request.__name__
         attempt = 0
         while True:
             client = self.client
             try:
-                out = getattr(client, method)(*args)
+                out = request(client, *args)
                 self.contact.ok()
                 return out
             except ControllerError as e:
@@ -235,7 +247,7 @@ class ControllerSession:
             unloadable_version=self.versions.lease_claims()["unloadable_version"],
             **(peers.heartbeat_fields() if (peers := self.versions.peers) else {}),
         )
-        r = self.call("heartbeat", hb, patient=False)
+        r = self.call(ControllerClient.heartbeat, hb, patient=False)
         if r.heartbeat_interval_s:  # the controller spaces heartbeats out as the fleet grows
             self.heartbeat_interval_s = min(max(r.heartbeat_interval_s, 0.1), 300.0)
         self.versions.hear(r)
@@ -264,7 +276,7 @@ class ControllerSession:
         self.stop_heartbeats()
         if self.client is not None and not self.contact.expired():
             try:
-                self.call("leave", patient=False)
+                self.call(ControllerClient.leave, patient=False)
             except (ControllerError, ConnectionError) as e:
                 logging.warning("leave failed (leases will expire instead): %s", e)
             self.client.close()

@@ -18,7 +18,8 @@ Loop (`RolloutWorker.run`): join -> load the newest announced version -> take a 
 generate n samples per prompt from the leased prompt token ids with per-token log-probs
 (rollout_gpu/generate.py) -> submit; swap weights between leases when a response
 brings a newer version (after the loaded version's queued evaluation, `eval_pending`:
-bridge/control/eval_leases.py), so all tokens of a lease carry the version that made them.
+bridge/control/evaluation/eval_leases.py), so all tokens of a lease carry the version that
+made them.
 The worker is composed of three owners: `ControllerSession` (rollout_gpu/session.py:
 registration, retried calls, heartbeats, the stop state), `WeightVersions`
 (rollout_gpu/versions.py: loaded, fetching, swap-ready and refused versions) and the engine.
@@ -52,7 +53,7 @@ from collections.abc import Callable
 
 from absl import app, flags, logging
 
-from bridge.control.client import ControllerError
+from bridge.control.http.client import ControllerClient, ControllerError
 from bridge.control.protocol import EpisodeStep, Lease, LeaseRequest, Submission, WorkerProfile
 from rollout_gpu import adapter_swap, lifecycle
 from rollout_gpu import generate as gen
@@ -161,7 +162,7 @@ class RolloutWorker:
             return None
         req = LeaseRequest(max_groups=self._max_groups(), **self.versions.lease_claims())
         try:
-            r = self.session.call("lease", req, until_stop=True)
+            r = self.session.call(ControllerClient.lease, req, until_stop=True)
         except lifecycle.ControllerGone:
             raise
         except ConnectionError:  # stopping while the controller is away: no new work anyway
@@ -193,7 +194,7 @@ class RolloutWorker:
         session.active_sequences = sum(g.n for g in lease.groups)
         try:
             observe = lambda eps: session.call(  # a multi-turn lease's observations
-                "episode", EpisodeStep(lease_id=lease.lease_id, episodes=eps)
+                ControllerClient.episode, EpisodeStep(lease_id=lease.lease_id, episodes=eps)
             )
             results = gen.generate_groups(
                 self.engine, lease.groups, self.version, self._abort, observe
@@ -211,7 +212,9 @@ class RolloutWorker:
         tokens = sum(sum(t.mask) for t in trajs)
         session.meter.add(tokens, len(trajs))
         try:
-            resp = session.call("submit", Submission(lease_id=lease.lease_id, groups=results))
+            resp = session.call(
+                ControllerClient.submit, Submission(lease_id=lease.lease_id, groups=results)
+            )
         except ControllerError as e:
             logging.error("lease %s: submission refused: %s", lease.lease_id, e)
             return self.release(lease, f"submission refused: {e.detail}")
@@ -243,7 +246,10 @@ class RolloutWorker:
         logging.info("releasing lease %s: %s", lease.lease_id, reason)
         try:
             self.session.call(
-                "release", lease.lease_id, reason[:1000], patient=not self.stop.is_set()
+                ControllerClient.release,
+                lease.lease_id,
+                reason[:1000],
+                patient=not self.stop.is_set(),
             )
         except (ControllerError, ConnectionError) as e:
             logging.warning("could not release lease %s (it will expire): %s", lease.lease_id, e)

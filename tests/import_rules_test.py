@@ -7,8 +7,13 @@ the test looks at `sys.modules` for the frameworks that package must not load:
 - every `bridge` module: none of the four (numpy, tensorstore, pydantic only).
 A fresh process per package is what makes this honest: in the test session itself other
 tests have long since imported everything.
+
+And the controller's rooms (bridge/control/__init__.py): every module in one of them, no
+part importing the controller or the HTTP room, no import cycle, and no web framework
+loaded outside http/.
 """
 
+import ast
 import json
 import os
 import pkgutil
@@ -77,3 +82,98 @@ def test_the_check_sees_a_forbidden_import():
     # so an empty result above means absent, not unchecked.
     found = culprits(["bridge.store.weight_store"], ("numpy",))
     assert found == {"numpy": "bridge.store.weight_store"}
+
+
+# The controller's rooms (bridge/control/__init__.py): one subpackage per concept, and the
+# few modules that wire them or speak for all of them at the top.
+CONTROL = os.path.join(ROOT, "bridge", "control")
+CONTROL_ROOMS = ("state", "leasing", "intake", "trust", "fleet", "evaluation", "http")
+CONTROL_TOP = ("protocol", "config", "controller", "learner_api", "process")
+# What only the HTTP room may load: the controller decides, the HTTP layer serves.
+WEB_FRAMEWORKS = ("fastapi", "starlette", "uvicorn", "prometheus_client")
+
+
+def control_imports() -> dict[str, set[str]]:
+    """module -> the bridge.control modules it imports at module level (not inside a
+    function: process.py builds the controller and its server in the child it spawns)."""
+    out = {}
+    for info in pkgutil.walk_packages([CONTROL], prefix="bridge.control."):
+        rel = info.name.split(".")[2:]
+        path = os.path.join(CONTROL, *rel, "__init__.py") if info.ispkg else None
+        with open(path or os.path.join(CONTROL, *rel) + ".py") as f:
+            body = ast.parse(f.read()).body
+        # `if TYPE_CHECKING:` and the like are module level too: a use all the same.
+        nodes = body + [n for node in body if isinstance(node, ast.If) for n in node.body]
+        deps = set()
+        for n in nodes:
+            if isinstance(n, ast.Import):
+                deps |= {a.name for a in n.names if a.name.startswith("bridge.control.")}
+            elif isinstance(n, ast.ImportFrom) and (n.module or "").startswith("bridge.control"):
+                for a in n.names:  # `from bridge.control.trust import audit`: the module
+                    name = f"{n.module}.{a.name}"
+                    deps.add(name if _is_module(name) else n.module)
+        out[info.name] = deps - {"bridge.control"}
+    return out
+
+
+def _is_module(name: str) -> bool:
+    rel = name.split(".")[2:]
+    path = os.path.join(CONTROL, *rel)
+    return os.path.isfile(path + ".py") or os.path.isdir(path)
+
+
+def room_of(module: str) -> str:
+    """`bridge.control.leasing.leasing` -> "leasing"; a top module -> its own name."""
+    return module.split(".")[2]
+
+
+def test_every_control_module_lives_in_a_room():
+    modules = control_imports()
+    rooms = {room_of(m) for m in modules}
+    assert rooms == set(CONTROL_ROOMS) | set(CONTROL_TOP), rooms
+    for m in modules:
+        parts = m.split(".")
+        assert len(parts) == 3 or (len(parts) == 4 and parts[2] in CONTROL_ROOMS), m
+
+
+def test_no_part_references_the_controller_or_its_http():
+    """The parts never reference the controller (it builds them and passes what they need),
+    and nothing outside the HTTP room knows the HTTP layer; process.py, which runs both in
+    a child process, imports them only there."""
+    for module, deps in control_imports().items():
+        room = room_of(module)
+        if room in ("http", "process"):
+            continue
+        if room != "controller":
+            assert "bridge.control.controller" not in deps, module
+        assert not {d for d in deps if room_of(d) == "http"}, (module, deps)
+
+
+def test_no_import_cycle_in_the_controller():
+    graph = control_imports()
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(m: str, path: list[str]) -> None:
+        if state.get(m) == 2:
+            return
+        assert state.get(m) != 1, " -> ".join(path + [m])
+        state[m] = 1
+        for d in sorted(graph.get(m, ())):
+            visit(d, path + [m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        visit(m, [])
+
+
+def test_only_the_http_room_loads_a_web_framework():
+    """Every bridge.control module outside http/ (and process.py, which starts the server),
+    imported in a fresh interpreter, loads none of the web frameworks."""
+    modules = [
+        m for m in package_modules("bridge")
+        if m.startswith("bridge.control.")
+        and room_of(m) not in ("http", "process")
+    ]  # fmt: skip
+    assert len(modules) > 30, modules
+    found = culprits(modules, WEB_FRAMEWORKS)
+    assert not found, f"web framework loaded outside bridge/control/http: {found}"

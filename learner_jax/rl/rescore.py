@@ -4,7 +4,7 @@
     stats = rescorer.maybe(rl_step, groups, current_version)   # -> [AuditStat]
     ctl.audit(stats)
 
-The train step audits exactly the rows its own version sampled (bridge/control/audit.py):
+The train step audits exactly the rows its own version sampled (bridge/control/trust/audit.py):
 the learner's log-probs are of its current parameters, so only those rows compare like
 with like. A worker that tags every token with an older version would never be audited.
 Every `every` RL steps this reads back from the weight store EVERY version the batch's
@@ -31,8 +31,8 @@ near the accelerator's limit, raise `every` or set it to 0 to turn the re-score 
 store's copy is the published one (bridge.publish_dtype), the bytes the workers load, so an
 honest bf16 worker scores the same as against its own weights.
 
-Evaluation rows (`eval.on=fleet`, bridge/control/eval_leases.py) are audited the same way:
-`rescore_eval(rows)` re-scores the controller's sample of each evaluated version's
+Evaluation rows (`eval.on=fleet`, bridge/control/evaluation/eval_leases.py) are audited the
+same way: `rescore_eval(rows)` re-scores the controller's sample of each evaluated version's
 trajectories under that version, at the eval temperature without truncation (greedy
 evaluation: vLLM reports the untempered log-softmax, i.e. temperature 1).
 """
@@ -47,7 +47,7 @@ import jax
 import numpy as np
 
 from bridge.contracts import sampling_check
-from bridge.control import audit
+from bridge.control.trust import audit
 from bridge.model import layouts
 from bridge.model.config import ModelConfig
 from learner_jax import model, sharding

@@ -23,7 +23,7 @@ run_config.check_lora) each version is the adapter alone, over a base published 
 Healing. A version already in the store when it is published (a resumed run's checkpoint
 version) is read back and verified first, every chunk against its digest; a corrupt one is
 deleted and written again from the params. `republish(v)` answers the workers' report that
-they cannot load the newest version v (bridge/control/liveness.py; the learner asks while it
+they cannot load the newest version v (bridge/control/leasing/liveness.py; the learner asks while it
 waits for a batch: learner_jax/rl/heal.py): the learner's current params are published as a
 full version (v itself, rewritten if the store's copy does not verify, or the learner's newer
 step) and announced again, so workers stalled on it retry.
@@ -74,7 +74,7 @@ def open_store(spec: str, workdir: str, step: int) -> WeightStore:
     Versions newer than the checkpoint come from a run that died after publishing past its
     last checkpoint; the rerun republishes those numbers with other weights. In the
     workdir's own store they are deleted (the controller rolls back what was sampled from
-    them: bridge/control/rollback.py); in a configured store they are an error, since a
+    them: bridge/control/state/rollback.py); in a configured store they are an error, since a
     shared bucket path may hold someone else's run.
     """
     spec = str(spec or "")

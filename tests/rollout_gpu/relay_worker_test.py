@@ -22,8 +22,8 @@ import worker_procs
 from bridge.contracts.prompt import TextCodec
 from bridge.control.config import ControllerConfig
 from bridge.control.controller import Controller
+from bridge.control.http.service import ServerOptions, serve_controller
 from bridge.control.protocol import BroadcastReport, Heartbeat, SamplingParams, WorkerProfile
-from bridge.control.service import ServerOptions, serve_controller
 from bridge.model import tiny_model
 from bridge.store.weight_store import WeightStore
 from bridge.tasks import make_task

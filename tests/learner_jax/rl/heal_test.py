@@ -121,8 +121,8 @@ class Run:
         return self.ctl.publish(version, spec)
 
     def start_worker(self, engine) -> None:
+        from bridge.control.http.service import load_or_create_join_secret
         from bridge.control.protocol import WorkerProfile
-        from bridge.control.service import load_or_create_join_secret
         from rollout_gpu.worker import RolloutWorker, WorkerOptions
 
         opts = WorkerOptions(
