@@ -22,6 +22,7 @@ import subprocess
 import sys
 import time
 
+from bridge.control.trust.identity import LOCAL
 from bridge.fleet.provisioner import Limits, Provisioner, WorkerHandle
 
 
@@ -106,6 +107,9 @@ class LocalProvisioner(Provisioner):
         os.makedirs(self.log_dir, exist_ok=True)
         self._procs: dict[str, subprocess.Popen] = {}
         self._kill_at: dict[str, float] = {}
+
+    def identity(self, handle: WorkerHandle) -> str:
+        return LOCAL  # the join secret from loopback: the operator's own machine
 
     def _launch(self, name: str) -> dict:
         n = int(name[len(self.prefix) :]) if name[len(self.prefix) :].isdigit() else 0

@@ -44,7 +44,7 @@ import time
 from collections.abc import Callable
 
 from bridge.fleet.provisioner import Provisioner
-from bridge.fleet.reconcile import reconcile
+from bridge.fleet.reconcile import handle_states, reconcile
 
 log = logging.getLogger(__name__)
 
@@ -94,7 +94,7 @@ class FleetFollower:
             return  # nothing provisioned here (remote-only run)
         status = self.status()
         rows = status["workers"]
-        state = {w["name"]: w["state"] for w in sorted(rows, key=lambda w: -w["last_contact_s"])}
+        state = {n: st for prov in self.provs for n, st in handle_states(prov, rows).items()}
         released = 0
         for k, prov in enumerate(self.provs):
             if self.cfg.activation:
