@@ -67,7 +67,9 @@ SECTIONS = (
         "ones), e.g. the arithmetic task's `digits`, `ops`, `eval_size`.",
         open=True,
     ),
-    Section("checkpoint", "Orbax checkpoints in <workdir>/checkpoints (learner_jax/checkpoint.py)."),
+    Section(
+        "checkpoint", "Orbax checkpoints in <workdir>/checkpoints (learner_jax/checkpoint.py)."
+    ),
     Section(
         "sft",
         "The SFT warm start before RL (its own schedule; optimizer.* for the rest).",
@@ -142,8 +144,12 @@ RUN = (
 )
 
 MODEL = (
-    Key("model.hf_dir", "", "An HF directory to start from; '' = build the tiny model into "
-        "<workdir>/model.", L),  # fmt: skip
+    Key(
+        "model.hf_dir",
+        "",
+        "An HF directory to start from; '' = build the tiny model into <workdir>/model.",
+        L,
+    ),  # fmt: skip
     Key("model.tiny_family", "qwen3", "The tiny model's family; used only when hf_dir is ''.", L),
     Key(
         "model.tiny_num_layers",
@@ -164,8 +170,7 @@ MODEL = (
     Key(
         "model.tiny_never_stop",
         False,
-        "An untied head whose stop-token rows are zero, so random answers run to "
-        "max_answer_len.",
+        "An untied head whose stop-token rows are zero, so random answers run to max_answer_len.",
         L,
     ),
     Key(
@@ -200,7 +205,9 @@ MODEL = (
         L,
     ),
     Key("learner.lora.rank", 0, "Adapter rank; 0 = full-weight training.", _LORA),
-    Key("learner.lora.alpha", 16.0, "Adapter scale: the update is (alpha / rank) x (x A) B.", _LORA),
+    Key(
+        "learner.lora.alpha", 16.0, "Adapter scale: the update is (alpha / rank) x (x A) B.", _LORA
+    ),
     Key(
         "learner.lora.target_modules",
         ("q", "k", "v", "o", "gate", "up", "down"),
@@ -215,8 +222,12 @@ MODEL = (
 
 _DIST = ("DistributedConfig",)
 DISTRIBUTED = (
-    Key("distributed.coordinator_address", "", "host:port of process 0's coordination "
-        "service.", _DIST),  # fmt: skip
+    Key(
+        "distributed.coordinator_address",
+        "",
+        "host:port of process 0's coordination service.",
+        _DIST,
+    ),  # fmt: skip
     Key("distributed.num_processes", 0, "Learner processes in all; 0 = unset.", _DIST),
     Key("distributed.process_id", -1, "This process's index; -1 = unset.", _DIST),
     Key(
@@ -327,8 +338,7 @@ BATCH = (
     Key(
         "batch.micro_batch_size",
         64,
-        "Rows per forward/backward; must divide the global batch and be a multiple of "
-        "data x fsdp.",
+        "Rows per forward/backward; must divide the global batch and be a multiple of data x fsdp.",
         L,
     ),
     Key("batch.max_prompt_len", 16, "Prompt tokens per row (the demo's BOS + '99-99=').", L),
@@ -380,8 +390,12 @@ TASK = (
 
 _CKPT = ("CheckpointConfig",)
 CHECKPOINT_SFT = (
-    Key("checkpoint.interval", 100, "Steps between saves (SFT and RL steps count alike); 0 = "
-        "only forced saves.", _CKPT),  # fmt: skip
+    Key(
+        "checkpoint.interval",
+        100,
+        "Steps between saves (SFT and RL steps count alike); 0 = only forced saves.",
+        _CKPT,
+    ),  # fmt: skip
     Key("checkpoint.keep", 3, "Newest complete checkpoints kept on disk.", _CKPT),
     Key("checkpoint.async_save", True, "Save in the background while training goes on.", _CKPT),
     Key("sft.steps", 2000, "SFT updates before RL; 0 = no SFT warm start.", L),
@@ -526,7 +540,9 @@ FLEET = (
         ("FleetConfig", "FollowConfig"),
     ),
     Key("fleet.death_window_s", 120.0, "See max_deaths.", ("FleetConfig", "FollowConfig")),
-    Key("fleet.follow_period_s", 5.0, "How often the fleet is compared with the controller.", _FLEET),
+    Key(
+        "fleet.follow_period_s", 5.0, "How often the fleet is compared with the controller.", _FLEET
+    ),
     Key(
         "fleet.standby_release_s",
         90.0,
