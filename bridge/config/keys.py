@@ -871,7 +871,8 @@ CONTROLLER = (
     Key(
         "controller.episode_replays_per_s",
         1000.0,
-        "Environment replays per worker (POST /v1/episode, bridge/control/intake/episode_steps.py), "
+        "Environment replays per worker (POST /v1/episode, "
+        "bridge/control/intake/episode_steps.py), "
         "sustained; past it a worker is answered 429 and waits. A Kuhn poker replay costs "
         "~0.16 ms of a reward-pool process: one worker takes at most ~1/6 of one.",
         CTRL,

@@ -12,8 +12,9 @@
 Placeholders, each filled in shell-quoted: `{url}` (the controller), `{token_file}` (the
 file of this worker's own credential, minted from the join secret for its name: the
 machine never sees the secret, and registers as `cred:<name>`), `{secret}` (the credential
-itself: it shows in `ps`, prefer the file where the machine can read it), `{name}` (the worker's name: pass it on as the worker's
-`--name=` so the status table and the activation decision can name it), `{workdir}`, and
+itself: it shows in `ps`, prefer the file where the machine can read it), `{name}` (the
+worker's name: pass it on as the worker's `--name=` so the status table and the
+activation decision can name it), `{workdir}`, and
 in `stop`/`status` `{pid}` (the start command's process id). Other braces are left alone,
 so `${VAR}` works.
 
@@ -75,7 +76,8 @@ class CommandProvisioner(Provisioner):
         name = getattr(handle_or_name, "name", handle_or_name)
         credential = self.credential_file(name, self.join_secret_file)
         with open(credential) as f:
-            out = {**self.values, "name": name, "token_file": credential, "secret": f.read().strip()}
+            secret = f.read().strip()
+        out = {**self.values, "name": name, "token_file": credential, "secret": secret}
         if name in self._procs:
             out["pid"] = str(self._procs[name].pid)
         return out

@@ -86,8 +86,8 @@ def test_templates_limits_log_and_reconcile(tmp_path):
         squatter = {"name": "cmd-2", "identity": "host:203.0.113.9", "last_contact_s": 1.0}
         r = reconcile(prov, {"cmd-2"}, [{**squatter, "state": "quarantined"}], reason="t")
         assert r.dead == [] and r.stopped == [] and [h.name for h in prov.alive()] == ["cmd-2"]
-        rows = [{"name": "cmd-2", "identity": "cred:cmd-2", "state": "gone", "last_contact_s": 40.0},
-                {**squatter, "state": "active"}]  # fmt: skip
+        ours = {"name": "cmd-2", "identity": "cred:cmd-2", "last_contact_s": 40.0}
+        rows = [{**ours, "state": "gone"}, {**squatter, "state": "active"}]
         r = reconcile(prov, {"cmd-2"}, rows, reason="activation")
         assert [h.name for h in r.dead] == ["cmd-2"] and [h.name for h in r.started] == ["cmd-3"]
         wait(lambda: (tmp_path / "cmd-3.pid").exists())
