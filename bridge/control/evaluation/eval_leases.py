@@ -158,8 +158,12 @@ class EvalBoard:
                 return 0
             for p in prompts:
                 gid = next(self._ids)
+                # The worker gets an id that says nothing (`eval/<group id>`): a held-out
+                # prompt's own id is a digest of a public seed, and for a task that hides
+                # state (a poker deal) the worker could look the deal up from it. Results
+                # keep the real id (`row["prompt"]`).
                 group = PromptGroup(
-                    group_id=gid, prompt_id=p.prompt_id, task=self.task_name, prompt=p.text,
+                    group_id=gid, prompt_id=f"eval/{gid}", task=self.task_name, prompt=p.text,
                     prompt_token_ids=self.content.prompt_ids(p.text), n=n, sampling=sampling,
                 )  # fmt: skip
                 self.groups[gid] = dict(version=version, prompt=p, group=group, state="queued")
