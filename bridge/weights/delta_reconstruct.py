@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping
 
 import numpy as np
 
-from bridge.delta import codec
+from bridge.weights import delta_codec as codec
 from bridge.store.chunk_digest import array_checksum, digest_bytes
 from bridge.store.manifest import CorruptVersionError, Manifest, VersionNotFoundError
 
