@@ -256,7 +256,7 @@ def get_config() -> ConfigDict:
     # for a remote one (s3://, gs://), where the store's uplink is the bottleneck.
     c.bridge.broadcast = "auto"
     c.bridge.broadcast_fanout = 2  # tree fan-out
-    # Delta versions (bridge/delta/): publish each version as the elements whose stored bytes
+    # Delta versions (bridge/weights/): publish each version as the elements whose stored bytes
     # changed since the previous one (a few % of a bf16 model per RL step), a full anchor
     # every anchor_every versions; a tensor with more than max_density of its elements
     # changed is stored whole. enabled: "auto" = on for a remote store (s3://, gs://), where

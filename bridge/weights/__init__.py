@@ -13,7 +13,7 @@
 
 The learner (learner_jax/rl/weights.py) writes through `writer_for(...)`; a worker loads
 through `strategy_of(manifest).load(...)` (rollout_gpu/weight_swap.py) and builds its
-engine through `strategy_of(manifest).start_engine(...)` (rollout_gpu/worker.py); the store
+engine through `strategy_of(manifest).engine_recipe(...)` (rollout_gpu/worker.py); the store
 and the relay read a version's tensors and objects through `strategy_of(manifest)`
 (bridge/store/weight_store.py, bridge/broadcast/chunks.py, rollout_gpu/relay_cache.py).
 """

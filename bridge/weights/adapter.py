@@ -15,8 +15,8 @@ Writer (learner, `AdapterWriter`; a LoRA run has one learner process: run_config
 Adapter version numbers are learner steps, like full versions, so staleness, tags and the
 controller's bookkeeping are unchanged.
 
-Loader (worker): the engine is started once over the base, LoRA-enabled
-(`start_engine` -> `EngineStarter.with_adapters`), and each version is added as a LoRA
+Loader (worker): the engine is started once over the base, LoRA-enabled (`engine_recipe`
+-> `LoraBase.start` -> `EngineStarter.with_adapters`), and each version is added as a LoRA
 request beside the resident ones (`EngineSide.serve_adapter`: rollout_gpu/adapter_swap.py).
 An adapter version is stored like a full one (its arrays whole), so the store, the relay
 and the readers move it as such.
@@ -47,12 +47,16 @@ class LoraBase:
     canary: dict | None
     dtype: str
 
+    def start(self, starter: EngineStarter):
+        return starter.with_adapters(self)
+
 
 class AdapterVersions(FullVersions):
     """The strategy of a version whose manifest says `extra.kind = "lora_adapter"`."""
 
-    def start_engine(self, starter: EngineStarter, store, manifest, files_dir, cache_dir):
-        return starter.with_adapters(base_dir(store, manifest, files_dir, cache_dir))
+    def engine_recipe(self, store, manifest, files_dir: str, cache_dir: str) -> LoraBase:
+        """A LoRA-enabled engine over the base (written to disk here, once per base)."""
+        return base_dir(store, manifest, files_dir, cache_dir)
 
     def load(self, engine: EngineSide, store, version: int, manifest):
         return engine.serve_adapter(version, manifest, store)
@@ -167,7 +171,7 @@ class AdapterWriter(FullWriter):
         """The merged policy of stored adapter version `version` (every chunk verified),
         laid out like the learner's: what the audit re-scores a row tagged `version` under
         (learner_jax/rl/rescore.py)."""
-        return lambda version: side.policy_from_peft(self.store.read_all(version))
+        return lambda version: side.policy_from_peft(version, self.store.read_all(version))
 
 
 ADAPTER = AdapterVersions()

@@ -8,11 +8,20 @@ them reloaded. The delta and adapter kinds build on these two halves.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Iterator
 
 import numpy as np
 
 from bridge.weights.sides import EngineSide, EngineStarter, LearnerSide
+
+
+@dataclasses.dataclass(frozen=True)
+class PlainEngine:
+    model_dir: str
+
+    def start(self, starter: EngineStarter):
+        return starter.plain(self.model_dir)
 
 
 class FullVersions:
@@ -37,9 +46,10 @@ class FullVersions:
         return held == set(manifest.arrays)
 
     # -- worker ------------------------------------------------------------------------
-    def start_engine(self, starter: EngineStarter, store, manifest, files_dir, cache_dir):
-        """The engine a worker builds to serve this version: the store's model files."""
-        return starter.plain(files_dir)
+    def engine_recipe(self, store, manifest, files_dir: str, cache_dir: str) -> PlainEngine:
+        """How a worker builds the engine that serves this version: on the store's model
+        files (`files_dir`), loaded with the version's weights afterwards."""
+        return PlainEngine(files_dir)
 
     def load(self, engine: EngineSide, store, version: int, manifest):
         """Read, verify and swap in `version` (the engine side checks it first)."""

@@ -5,7 +5,7 @@
     ADAPTER  a LoRA adapter over a base published once                adapter.py
 
 `kind_of(manifest)` reads the manifest fields that say which (`extra["kind"]`, `delta`);
-`strategy_of(manifest)` is the strategy that reads, relays, starts an engine for and loads
+`strategy_of(manifest)` is the strategy that reads, relays, builds an engine for and loads
 a version of that kind; `writer_for(...)` is the learner's writer for its run. Nothing
 outside bridge/weights/ reads those fields or asks which kind it holds
 (tests/bridge/weights/kind_seam_test.py): it calls the strategy.

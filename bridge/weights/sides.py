@@ -28,9 +28,11 @@ class LearnerSide(Protocol):
     def policy_params(self) -> Any: ...
     def publishable(self, params) -> Any:
         """`params` in the stored dtype (the canary scores what workers load)."""
+
     def canary(self, params) -> dict: ...
     def hf_sources(self, params) -> Iterator[tuple[str, Any]]:
         """(HF name, ShardedSource) per tensor, streaming this process's shards."""
+
     def publish_full(self, store, version: int, params, extra: Mapping, dtype: str = ""):
         """Every process together (each its shards); returns the manifest."""
 
@@ -40,17 +42,20 @@ class LearnerSide(Protocol):
     def frozen_params(self) -> Any: ...
     def peft_tensors(self, adapters) -> dict[str, np.ndarray]: ...
     def adapter_config(self, base_model: str | None) -> dict: ...
-    def policy_from_peft(self, tensors: Mapping[str, np.ndarray]) -> Any:
+    def policy_from_peft(self, version: int, tensors: Mapping[str, np.ndarray]) -> Any:
         """The merged policy of stored adapter tensors, laid out like the learner's."""
 
 
 class EngineSide(Protocol):
     def held(self) -> tuple[int, Mapping[str, np.ndarray]] | None:
         """(version, tensors) the engine serves, when the worker keeps them on host."""
+
     def admit_weights(self, version: int, manifest) -> None:
         """Refuse (WeightSwapError) weights for another architecture, before any read."""
+
     def swap_tensors(self, version: int, manifest, tensors, changed: set[str] | None):
         """Validate, reload (only the modules of `changed`, None = all), canary-check."""
+
     def serve_adapter(self, version: int, manifest, store):
         """Add adapter `version` beside the resident ones, make it active, canary-check."""
 
