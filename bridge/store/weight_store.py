@@ -284,12 +284,11 @@ class WeightStore:
     def read(
         self, version: int, names: Iterable[str] | None = None, depth: int = 8
     ) -> Iterator[tuple[str, np.ndarray]]:
-        """Yield (name, array) in manifest order, each verified against the manifest, as the
-        version's kind reads it (bridge/weights/: a delta version is rebuilt from its anchor
-        first)."""
-        from bridge.weights import kinds  # the seam builds on this store
+        """Yield (name, array) in manifest order, each verified against the manifest; a delta
+        version is rebuilt from its anchor first (bridge/weights/delta_reconstruct.py)."""
+        from bridge.weights.delta_reconstruct import read_version
 
-        yield from kinds.strategy_of(self.manifest(version)).read(self, version, names, depth)
+        yield from read_version(self, version, names, depth)
 
     def read_stored(
         self, version: int, names: Iterable[str] | None = None, depth: int = 8

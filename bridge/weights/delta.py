@@ -10,10 +10,6 @@ objects and dense tensors, or an anchor whole (bridge/broadcast/chunks.py).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
-
-import numpy as np
-
 from bridge.store.manifest import CorruptVersionError
 from bridge.weights.delta_publisher import DeltaPublisher
 from bridge.weights.delta_reconstruct import reconstruct
@@ -25,14 +21,6 @@ STORE_DRIVERS_ON = ("s3", "gcs")  # "auto": remote stores, where bytes per versi
 
 class DeltaVersions(FullVersions):
     """The strategy of a version whose manifest carries a patch on its base (`delta`)."""
-
-    def read(
-        self, store, version: int, names: Iterable[str] | None = None, depth: int = 8
-    ) -> Iterator[tuple[str, np.ndarray]]:
-        """An anchor's stored tensors, or the version rebuilt from its anchor, verified."""
-        if store.manifest(version).is_full:
-            return store.read_stored(version, names, depth)
-        return iter(reconstruct(store, version, names).tensors.items())
 
     def parts(self, manifest, whole: bool | None) -> list[tuple[str, object, bool]]:
         """A hop (`whole` False): each tensor's patch object, or its chunks when dense.

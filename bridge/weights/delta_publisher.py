@@ -31,12 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from bridge.weights import delta_codec as codec
 from bridge.model import dtypes
 from bridge.store import chunk_digest
 from bridge.store.chunk_digest import ChunkWriter, chunk_shape, digest_bytes
 from bridge.store.manifest import ArrayInfo, DeltaInfo, Manifest, TensorPatch, new_manifest
 from bridge.store.weight_store import INFLIGHT_BYTES, ShardedSource, WeightStore, stored_piece
+from bridge.weights import delta_codec as codec
 
 
 @dataclasses.dataclass(frozen=True)

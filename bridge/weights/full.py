@@ -9,9 +9,6 @@ them reloaded. The delta and adapter kinds build on these two halves.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Iterator
-
-import numpy as np
 
 from bridge.weights.sides import EngineSide, EngineStarter, LearnerSide
 
@@ -25,15 +22,11 @@ class PlainEngine:
 
 
 class FullVersions:
-    """The strategy of a version whose manifest has no patch and no adapter marker."""
+    """The strategy of a version whose manifest has no patch and no adapter marker.
 
-    # -- store and relay ---------------------------------------------------------------
-    def read(
-        self, store, version: int, names: Iterable[str] | None = None, depth: int = 8
-    ) -> Iterator[tuple[str, np.ndarray]]:
-        """(name, array) of every (or `names`) tensor, each verified."""
-        return store.read_stored(version, names, depth)
+    Reading one is `WeightStore.read` (delta_reconstruct.read_version: stored whole)."""
 
+    # -- relay -------------------------------------------------------------------------
     def parts(self, manifest, whole: bool | None) -> list[tuple[str, object, bool]]:
         """What a relay moves: (tensor, its patch or None, its chunks too); a full version
         is its arrays' chunks, nothing else."""
