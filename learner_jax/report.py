@@ -240,7 +240,7 @@ def summary(rows: list[dict], evals: list[dict], swaps: dict, fetches=(), provis
 
 
 def version_bytes_lines(rows: list[dict]) -> list[str]:
-    """What each published version added to the store (`bridge/version_bytes`, bridge/delta/)
+    """What each published version added to the store (`bridge/version_bytes`, bridge/weights/)
     and the changed fraction of the versions stored as deltas (`bridge/delta_density` < 1;
     1.0 is logged for a version that was not compared: a full one)."""
     vbytes = [r["bridge/version_bytes"] for r in rows if "bridge/version_bytes" in r]

@@ -171,7 +171,7 @@ def several_processes(config) -> bool:
 
 def check_lora(config) -> None:
     """`learner.lora.*`, and LoRA on one learner process: adapter versions are gathered
-    and written by one process (rl/adapter_versions.py), and nothing of a LoRA run
+    and written by one process (bridge/weights/adapter.py), and nothing of a LoRA run
     (the frozen base, adapter gathering, publishing) has run across processes."""
     if lora.from_config(config) is not None and several_processes(config):
         raise ValueError(

@@ -56,6 +56,7 @@ from absl import app, logging
 from bridge.config.keys import SCHEMA
 from bridge.control.http.client import ControllerClient, ControllerError
 from bridge.control.protocol import EpisodeStep, Lease, LeaseRequest, Submission, WorkerProfile
+from bridge.weights import kinds
 from rollout_gpu import adapter_swap, lifecycle
 from rollout_gpu import generate as gen
 from rollout_gpu.engine import RolloutEngine
@@ -63,6 +64,20 @@ from rollout_gpu.session import ControllerSession, FatalError, Throughput, Worke
 from rollout_gpu.versions import WeightVersions
 
 __all__ = ["FatalError", "RolloutWorker", "Throughput", "WorkerOptions"]
+
+
+class _EngineStarter:
+    """How this worker builds its engine (bridge/weights/sides.py `EngineStarter`):
+    `make_engine(model_dir)`, or `make_engine(model_dir, lora={...})` for adapters."""
+
+    def __init__(self, make_engine: Callable, cache_dir: str):
+        self.make_engine, self.cache_dir = make_engine, cache_dir
+
+    def plain(self, model_dir: str) -> RolloutEngine:
+        return self.make_engine(model_dir)
+
+    def with_adapters(self, base) -> RolloutEngine:
+        return adapter_swap.start(self.make_engine, base, self.cache_dir)
 
 
 class RolloutWorker:
@@ -117,9 +132,11 @@ class RolloutWorker:
             self._say_once("waiting for the learner's first version (it names the store)")
             return False
         try:
-            path = model_files.fetch(WeightStore(store), self.opts.cache_dir)
-            lora = adapter_swap.base_for(  # a LoRA run's adapter versions: its base first
-                WeightStore(store), self.versions.announced.version, path, self.opts.cache_dir
+            weights = WeightStore(store)
+            path = model_files.fetch(weights, self.opts.cache_dir)
+            manifest = weights.manifest(self.versions.announced.version)
+            recipe = kinds.strategy_of(manifest).engine_recipe(  # LoRA: its base, on disk
+                weights, manifest, path, self.opts.cache_dir
             )
         except Exception as e:  # noqa: BLE001 - unreachable or bad store: keep retrying
             self._say_once(
@@ -129,10 +146,7 @@ class RolloutWorker:
             )
             return False
         logging.info("starting the engine from the store's model files in %s", path)
-        if lora is None:
-            self.engine = self._make_engine(path)
-        else:
-            self.engine = adapter_swap.start(self._make_engine, lora, self.opts.cache_dir)
+        self.engine = recipe.start(_EngineStarter(self._make_engine, self.opts.cache_dir))
         gen.check_logprobs_mode(self.engine)
         return True
 

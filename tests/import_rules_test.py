@@ -4,13 +4,19 @@ Each package is imported module by module in a fresh interpreter, and after each
 the test looks at `sys.modules` for the frameworks that package must not load:
 - every `learner_jax` module: no torch, no vllm (and no rollout_gpu);
 - every `rollout_gpu` module: no jax, no flax (and no learner_jax);
-- every `bridge` module: none of the four (numpy, tensorstore, pydantic only).
+- every `bridge` module: none of the four (numpy, tensorstore, pydantic only);
+- the weights seam (`bridge.weights`: each version kind's writer and loader) sits below
+  the planes that call it: it loads neither the controller nor the relay.
 A fresh process per package is what makes this honest: in the test session itself other
 tests have long since imported everything.
 
 And the controller's rooms (bridge/control/__init__.py): every module in one of them, no
 part importing the controller or the HTTP room, no import cycle, and no web framework
 loaded outside http/.
+
+The path a version takes (the store, the seam, the worker) has no import cycle, counting
+imports inside functions too: the worker's loaders of full and adapter versions once
+imported each other.
 """
 
 import ast
@@ -28,7 +34,11 @@ FORBIDDEN = {
     "learner_jax": ("torch", "vllm", "rollout_gpu"),
     "rollout_gpu": ("jax", "flax", "learner_jax"),
     "bridge": ("jax", "flax", "torch", "vllm", "learner_jax", "rollout_gpu"),
+    "bridge.weights": ("bridge.control", "bridge.broadcast", "learner_jax", "rollout_gpu"),
 }
+
+# Packages whose modules may be in no import cycle (any import statement, at any depth).
+ACYCLIC = ("rollout_gpu", "bridge.weights", "bridge.store")
 
 # Run in the child: import each module in turn, record which forbidden roots appeared first
 # after which module, so a failure names the module that pulled the framework in.
@@ -48,7 +58,8 @@ print(json.dumps(culprits))
 def package_modules(package: str) -> list[str]:
     """Every module of `package` (subpackages included), found on disk, not by importing."""
     out = [package]
-    for info in pkgutil.walk_packages([os.path.join(ROOT, package)], prefix=package + "."):
+    where = os.path.join(ROOT, *package.split("."))
+    for info in pkgutil.walk_packages([where], prefix=package + "."):
         out.append(info.name)
     return sorted(out)
 
@@ -177,3 +188,74 @@ def test_only_the_http_room_loads_a_web_framework():
     assert len(modules) > 30, modules
     found = culprits(modules, WEB_FRAMEWORKS)
     assert not found, f"web framework loaded outside bridge/control/http: {found}"
+
+
+def import_graph(packages=("learner_jax", "rollout_gpu", "bridge")) -> dict[str, set[str]]:
+    """module -> the modules of `packages` it imports anywhere in its source."""
+    modules = {m for p in packages for m in package_modules(p)}
+    graph = {}
+    for module in modules:
+        path = os.path.join(ROOT, *module.split("."))
+        path = os.path.join(path, "__init__.py") if os.path.isdir(path) else path + ".py"
+        with open(path) as f:
+            tree = ast.parse(f.read())
+        deps = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                deps.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                deps.add(node.module)
+                deps.update(f"{node.module}.{a.name}" for a in node.names)
+        graph[module] = {d for d in deps if d in modules and d != module}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan, iteratively)."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            nxt = next(edges, None)
+            if nxt is None:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = set()
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.add(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        out.append(component)
+            elif nxt not in index:
+                index[nxt] = low[nxt] = len(index)
+                stack.append(nxt)
+                on_stack.add(nxt)
+                work.append((nxt, iter(sorted(graph[nxt]))))
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+    return out
+
+
+def test_the_weights_path_has_no_import_cycle():
+    offending = [sorted(c) for c in cycles(import_graph()) if any(m.startswith(ACYCLIC) for m in c)]
+    assert not offending, f"import cycles through {ACYCLIC}: {offending}"
+
+
+def test_the_cycle_check_sees_a_cycle():
+    # A lazy import inside a function counts: the loaders' old cycle was two of those.
+    graph = import_graph()
+    graph["rollout_gpu.adapter_swap"] = graph["rollout_gpu.adapter_swap"] | {
+        "rollout_gpu.weight_swap"
+    }
+    assert {"rollout_gpu.adapter_swap", "rollout_gpu.weight_swap"} <= set().union(*cycles(graph))

@@ -62,7 +62,7 @@ class VersionRescorer:
                  params_fn=None, focus: AuditFocus | None = None,
                  options: model.ModelOptions | None = None):  # fmt: skip
         """`params_fn(version)`: the params of a stored version, instead of reading full
-        weights (a LoRA run's store holds adapter versions: AdapterVersions.params).
+        weights (a LoRA run's store holds adapter versions: WeightPublisher.policy_reader).
         `focus`: re-score unsettled workers' rows every step (audit_focus.py); None = the
         shared sample alone. `options`: the learner's attention and log-prob chunking
         (`model.logprob_chunk`: without it a re-score of 16 rows of 1k tokens at vocabulary
@@ -93,7 +93,7 @@ class VersionRescorer:
             self.params = params_fn
 
     @classmethod
-    def for_run(cls, config, store, learner, publisher, leader, audit_cfg) -> VersionRescorer:
+    def for_run(cls, config, learner, publisher, leader, audit_cfg) -> VersionRescorer:
         """The training binary's re-scorer: the controller's audit settings (`audit_cfg`,
         its ControllerConfig: the thresholds the focus follows), the run's sampling, and for
         LoRA the stored adapter versions. Process 0 alone runs it, so with
@@ -101,9 +101,9 @@ class VersionRescorer:
         global mesh would wait for the others forever."""
         from learner_jax import run_config  # the training binary's module, not a dependency
 
-        c, adapters = config.controller, publisher.adapters
+        c = config.controller
         return cls(
-            store if adapters is None else adapters.store,
+            publisher.versions_store,
             learner.model_cfg,
             None if leader is not None else learner.mesh,
             learner.rules,
@@ -112,7 +112,7 @@ class VersionRescorer:
             seed=config.seed,
             temperature=float(config.rollout.temperature),
             truncation=truncation_lib.from_rollout(config.rollout),
-            params_fn=adapters and adapters.params,
+            params_fn=publisher.policy_reader(),
             focus=AuditFocus.for_controller(audit_cfg) if c.audit_focus else None,
             options=run_config.model_options(config),
         )

@@ -6,7 +6,7 @@
 
 The publisher keeps the last version it published in the stored dtype (one model of host
 RAM). Each new version is compared with it element by element on the stored bytes; what
-changed is written as a patch per tensor (bridge/delta/codec.py), a tensor denser than
+changed is written as a patch per tensor (bridge/weights/delta_codec.py), a tensor denser than
 `max_density` as an ordinary array, an unchanged tensor not at all. The manifest names the
 base and the anchor and keeps the FULL tensors' checksums and chunk digests (the same
 chunk grid a full publish of a whole array uses), so a reader verifies what it rebuilt.
@@ -31,12 +31,12 @@ from typing import Any
 
 import numpy as np
 
-from bridge.delta import codec
 from bridge.model import dtypes
 from bridge.store import chunk_digest
 from bridge.store.chunk_digest import ChunkWriter, chunk_shape, digest_bytes
 from bridge.store.manifest import ArrayInfo, DeltaInfo, Manifest, TensorPatch, new_manifest
 from bridge.store.weight_store import INFLIGHT_BYTES, ShardedSource, WeightStore, stored_piece
+from bridge.weights import delta_codec as codec
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,12 +8,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from bridge.delta import codec
-from bridge.delta.publisher import DeltaPublisher
-from bridge.delta.reconstruct import choose_path, links, reconstruct
 from bridge.store.layout import LAYOUT
 from bridge.store.manifest import CorruptVersionError, VersionNotFoundError
 from bridge.store.weight_store import WeightStore
+from bridge.weights import delta_codec as codec
+from bridge.weights.delta_publisher import DeltaPublisher
+from bridge.weights.delta_reconstruct import choose_path, links, reconstruct
 
 SHAPES = {"embed": (512, 64), "q": (64, 64), "norm": (64,), "big": (1024, 128)}
 CONFIG = {"note": "not a real model"}

@@ -13,20 +13,20 @@ checksum of the full tensor: a tampered patch, a tampered anchor or a corrupted 
 reader's memory is refused (CorruptVersionError naming the tensor). `have`'s arrays are
 never modified: a patched tensor is a copy, an unchanged one is shared.
 
-`WeightStore.read` hands any delta version here, so every reader of the store (the
-export, a relay, the tests) sees full tensors.
+`WeightStore.read` reads every version through `read_version`, so every reader of the store
+(the export, a relay, the tests) sees full tensors.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 import numpy as np
 
-from bridge.delta import codec
 from bridge.store.chunk_digest import array_checksum, digest_bytes
 from bridge.store.manifest import CorruptVersionError, Manifest, VersionNotFoundError
+from bridge.weights import delta_codec as codec
 
 
 @dataclasses.dataclass
@@ -152,6 +152,17 @@ def reconstruct(
     for name in names:
         _verify(final, name, tensors[name])
     return Reconstructed(tensors, changed, [m.version for m in path], bytes_read)
+
+
+def read_version(
+    store, version: int, names: Iterable[str] | None = None, depth: int = 8
+) -> Iterator[tuple[str, np.ndarray]]:
+    """(name, array) of any version, verified: what is stored under it when it is stored
+    whole (a full or adapter version, an anchor), else rebuilt from its anchor. Only a delta
+    version is ever stored otherwise, so this reads every kind (`WeightStore.read`)."""
+    if store.manifest(version).is_full:
+        return store.read_stored(version, names, depth)
+    return iter(reconstruct(store, version, names).tensors.items())
 
 
 def _patch_blob(store, link: Manifest, name: str) -> bytes:

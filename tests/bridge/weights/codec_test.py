@@ -1,7 +1,7 @@
-"""The patch format of bridge/delta/codec.py at its edges, found by mutation testing
-(`make mutants MODULES=bridge/delta/codec.py`): each header field refused on its own, a patch
-of every element or of none, zstd frames without a content size, the gap width at 255, the
-dense/patch boundary, and what `encode` reports (kind, changed count, raw size)."""
+"""The patch format of bridge/weights/delta_codec.py at its edges, found by mutation testing
+(`make mutants MODULES=bridge/weights/delta_codec.py`): each header field refused on its own,
+a patch of every element or of none, zstd frames without a content size, the gap width at
+255, the dense/patch boundary, and what `encode` reports (kind, changed count, raw size)."""
 
 import struct
 
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import zstandard
 
-from bridge.delta import codec
+from bridge.weights import delta_codec as codec
 
 HEADER = struct.Struct("<4sBBHQ")  # written out: magic, gap width, zstd, reserved, count
 

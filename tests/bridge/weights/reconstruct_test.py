@@ -1,5 +1,5 @@
-"""bridge/delta/reconstruct.py at the edges that mutation testing found untested
-(`make mutants MODULES=bridge/delta/reconstruct.py`): the reload set after a dense hop and
+"""bridge/weights/delta_reconstruct.py at the edges that mutation testing found untested
+(`make mutants MODULES=bridge/weights/delta_reconstruct.py`): the reload set after a dense hop and
 from an anchor with a copy in hand, the caller's copy left untouched, a subset of names,
 bytes read and priced (`path_bytes`), a tie between the two paths, the first version."""
 
@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 from delta_chain_test import SHAPES, _bits, _publish_run
 
-from bridge.delta.reconstruct import choose_path, full_bytes, hop_bytes, links, path_bytes
-from bridge.delta.reconstruct import reconstruct as rebuild
 from bridge.store.weight_store import WeightStore
+from bridge.weights.delta_reconstruct import choose_path, full_bytes, hop_bytes, links, path_bytes
+from bridge.weights.delta_reconstruct import reconstruct as rebuild
 
 
 @pytest.fixture(scope="module")
