@@ -43,10 +43,11 @@ def get_config() -> ConfigDict:
     c.model.param_dtype = "float32"  # master weights; fp32 keeps small updates exact
     # auto = cuDNN flash on GPU where it applies, else blockwise online-softmax (memory linear
     # in T; equal to the reference within 1e-5 fp32). xla = the full [B, N, T, T] reference.
-    c.model.attention = "auto"  # auto | xla | dot_product | blockwise (learner_jax/attention.py)
+    # auto | xla | dot_product | blockwise (learner_jax/model/attention.py)
+    c.model.attention = "auto"
     c.model.remat = "none"  # none | full | a jax.checkpoint_policies name, per decoder layer
-    # Tokens per chunk of the unembedding + log-softmax (learner_jax/logprobs.py); 0 = the full
-    # [B, T, V] logits at once. At a real vocabulary (151,936) and long T use e.g. 1024: memory
+    # Tokens per chunk of the unembedding + log-softmax (learner_jax/model/logprobs.py); 0 = the
+    # full [B, T, V] logits at once. At a real vocabulary (151,936) and long T use e.g. 1024: memory
     # O(chunk x V) instead of O(T x V), same numbers.
     c.model.logprob_chunk = 0
 
@@ -63,10 +64,10 @@ def get_config() -> ConfigDict:
     c.mesh.data = 1
     c.mesh.fsdp = 1
     c.mesh.tensor = 1
-    # Logical axis -> mesh axes: learner_jax/sharding.py DEFAULT_RULES unless a config sets
+    # Logical axis -> mesh axes: learner_jax/model/sharding.py DEFAULT_RULES unless a config sets
     # c.sharding_rules to its own tuple of (logical axis, mesh axes) pairs.
 
-    # Several learner processes (learner_jax/distributed.py; README "Multi-host learner").
+    # Several learner processes (learner_jax/multihost/distributed.py; README "Multi-host learner").
     # All unset = one process. The mesh above then spans every process's devices.
     c.distributed = ConfigDict()
     c.distributed.coordinator_address = ""  # host:port of process 0
@@ -77,7 +78,7 @@ def get_config() -> ConfigDict:
     c.distributed.initialization_timeout_s = 300
     c.distributed.cpu_collectives = "gloo"  # cross-process collectives of CPU computations
 
-    c.optimizer = ConfigDict()  # learner_jax/optim.py: clip -> AdamW, warmup + cosine
+    c.optimizer = ConfigDict()  # learner_jax/training/optim.py: clip -> AdamW, warmup + cosine
     # RL peak lr; decays to end_lr_fraction at total_steps. On the 4 x 128 policy 1e-4 takes
     # held-out accuracy from 6.5% to 100% in ~120 steps (BUILD_NOTES.md, "Demo").
     c.optimizer.learning_rate = 1e-4
@@ -89,27 +90,27 @@ def get_config() -> ConfigDict:
     c.optimizer.eps = 1e-8
     c.optimizer.max_grad_norm = 1.0  # 0 = no clipping
 
-    c.loss = ConfigDict()  # learner_jax/losses.py LossConfig; name picks from the registry
+    c.loss = ConfigDict()  # learner_jax/training/losses.py LossConfig; name picks from the registry
     c.loss.name = "grpo"  # grpo | dr_grpo | dapo | gspo
     c.loss.clip_eps = 0.2
     c.loss.clip_eps_high = 0.28  # clip-higher (DAPO); None = symmetric
     c.loss.is_mode = "truncate"  # off-policy weight: truncate | mask | none
     c.loss.is_cap = 2.0
     # Off-policy correction, overrides is_mode when set: none | tis | mask | token_mis
-    # (IcePop) | seq_mis | geo_seq (learner_jax/losses.py docstring); is_cap is its c.
+    # (IcePop) | seq_mis | geo_seq (learner_jax/training/losses.py docstring); is_cap is its c.
     c.loss.off_policy = config_dict.placeholder(str)
     c.loss.kl_coef = 0.0  # beta of the KL penalty to the RL start's policy (reference_policy.py)
     c.loss.kl_end_fraction = 1.0  # beta's cosine schedule ends at kl_coef * this (1: constant)
     # k3 times the ratio pi / pi_prox, with gradient (TRL's use_bias_correction_kl): the KL
-    # gradient becomes that of KL(pi || ref) (learner_jax/losses.py docstring).
+    # gradient becomes that of KL(pi || ref) (learner_jax/training/losses.py docstring).
     c.loss.kl_bias_correction = False
     # Entropy bonus: loss -= entropy_coef * mean full-vocabulary entropy at the sampled
-    # tokens (learner_jax/losses.py); keeps exploration alive (configs/kuhn_poker.py).
+    # tokens (learner_jax/training/losses.py); keeps exploration alive (configs/kuhn_poker.py).
     c.loss.entropy_coef = 0.0
     c.loss.dr_grpo_constant = config_dict.placeholder(float)  # None = padded answer length
 
     c.advantages = ConfigDict()
-    c.advantages.name = "grpo"  # grpo | dr_grpo (learner_jax/advantages.py)
+    c.advantages.name = "grpo"  # grpo | dr_grpo (learner_jax/training/advantages.py)
     c.advantages.filter_equal_groups = False  # DAPO: drop groups whose rewards are all equal
 
     c.batch = ConfigDict()
@@ -118,7 +119,7 @@ def get_config() -> ConfigDict:
     c.batch.micro_batch_size = 64  # rows per forward/backward; must divide the global batch
     c.batch.max_prompt_len = 16  # BOS + "99-99=" fits with room to spare
     c.batch.max_answer_len = 8  # sampled completion tokens (answers are <= 4 with EOS)
-    # Sequence packing (learner_jax/packing.py): rows of pack_len tokens (0 = the row width
+    # Sequence packing (learner_jax/training/packing.py): rows of pack_len tokens (0 = the row width
     # max_prompt_len + max_answer_len) hold several sequences, so a step's memory follows
     # its real tokens, not rows x the longest; losses are unchanged.
     c.batch.packing = False
@@ -174,17 +175,17 @@ def get_config() -> ConfigDict:
     c.rollout = ConfigDict()  # learner_jax/rl/ (serve.py, evals.py, batches.py)
     # Sampling temperature. Workers report vLLM's processed log-probs (the tempered softmax
     # they sampled from) and the learner divides its logits by the same temperature, so any
-    # T > 0 is on-policy (learner_jax/truncation.py check_rollout).
+    # T > 0 is on-policy (learner_jax/model/truncation.py check_rollout).
     c.rollout.temperature = 1.0
     # Truncated sampling (vLLM's order: logits / T, min-p, top-k, top-p). Workers report the
     # processed log-probs and the learner scores under the same truncation
-    # (learner_jax/truncation.py), so these are on-policy too.
+    # (learner_jax/model/truncation.py), so these are on-policy too.
     c.rollout.top_p = 1.0
     c.rollout.top_k = -1  # -1 (or 0) = off
     c.rollout.min_p = 0.0
     c.rollout.eval_period = 10  # RL steps between held-out evaluations (0 = start and end)
     # Held-out evaluation: on the learner (its own decoder, KV cache) or on the fleet (eval
-    # leases of exactly the version evaluated, learner_jax/rl/fleet_eval.py; the learner
+    # leases of exactly the version evaluated, learner_jax/evaluation/fleet_eval.py; the learner
     # does not wait): eval.n samples per prompt at eval.temperature (0 = greedy).
     c.eval = ConfigDict()
     c.eval.on = "learner"  # learner | fleet
@@ -196,7 +197,7 @@ def get_config() -> ConfigDict:
     c.eval.final_wait_s = 120.0
     c.rollout.wait_timeout_s = 900.0  # no batch for this long = the fleet is broken: stop
 
-    # The binary's own fleet (learner_jax/local_fleet.py, learner_jax/rl/fleet.py): started
+    # The binary's own fleet (learner_jax/fleet/local_fleet.py, learner_jax/fleet/fleet.py): started
     # and released through a provisioner (bridge/fleet/), every start/stop logged with its
     # reason and cost in <workdir>/provisioner.jsonl. A dead worker is replaced; one kind
     # dying max_deaths times within death_window_s (a broken install) fails the run. With
@@ -230,7 +231,7 @@ def get_config() -> ConfigDict:
     c.fleet.death_window_s = 120.0
     c.fleet.follow_period_s = 5.0  # how often the fleet is compared with the controller
     # A worker the controller refuses as too slow (controller.refuse_too_slow) for this long
-    # is released (learner_jax/rl/fleet.py; longer than controller.retest_slow_after_s, so it
+    # is released (learner_jax/fleet/fleet.py; longer than controller.retest_slow_after_s, so it
     # was re-measured once after its cold first lease; inf = never).
     c.fleet.standby_release_s = 90.0
     # Engines' prompt + answer limit (the worker's --max_model_len default); raised to
@@ -379,7 +380,8 @@ def get_config() -> ConfigDict:
     c.controller.prometheus = True
     c.controller.metrics_token_file = ""
 
-    # Metrics sinks besides <workdir>/metrics.jsonl and TensorBoard (learner_jax/wandb_sink.py):
+    # Metrics sinks besides <workdir>/metrics.jsonl and TensorBoard
+    # (learner_jax/reporting/wandb_sink.py):
     # Weights & Biases when project is set; mode "online" | "offline" | "disabled" | '' =
     # wandb's default (WANDB_MODE). The run id is kept in <workdir>/wandb_run_id (resume).
     c.metrics = ConfigDict()

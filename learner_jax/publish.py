@@ -19,7 +19,7 @@ from bridge.model import layouts
 from bridge.model.config import ModelConfig
 from bridge.store import sharded_publish
 from bridge.store.weight_store import Manifest, ShardedSource, WeightStore
-from learner_jax import distributed
+from learner_jax.multihost import distributed
 
 
 def _writers(arr: jax.Array) -> set[jax.Device]:

@@ -22,22 +22,14 @@ import jax
 from bridge.broadcast.topology import resolve_mode
 from bridge.contracts import staleness as staleness_rule
 from bridge.contracts.prompt import PromptFormat
-from learner_jax import (
-    advantages,
-    checkpoint,
-    distributed,
-    evaluate,
-    local_fleet,
-    lora,
-    losses,
-    model,
-    optim,
-    sharding,
-    train_step,
-    truncation,
-)
-from learner_jax.dtypes import compute_dtype
-from learner_jax.rl import batches, fleet
+from learner_jax import lora
+from learner_jax.evaluation import evaluate
+from learner_jax.fleet import fleet, local_fleet
+from learner_jax.model import model, sharding, truncation
+from learner_jax.model.dtypes import compute_dtype
+from learner_jax.multihost import distributed
+from learner_jax.rl import batches
+from learner_jax.training import advantages, checkpoint, losses, optim, train_step
 
 PHASES = ("sft", "rl")
 

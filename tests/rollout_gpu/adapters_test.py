@@ -17,7 +17,8 @@ from safetensors.numpy import save_file
 from bridge.adapters import store as adapter_store
 from bridge.model import layouts, tiny_model
 from bridge.store.manifest import CorruptVersionError
-from learner_jax import lora, lora_publish, model
+from learner_jax import lora, lora_publish
+from learner_jax.model import model
 
 pytestmark = pytest.mark.vllm
 
