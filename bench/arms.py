@@ -60,9 +60,9 @@ def run_arm(config: str, base: str, workdir: str, name: str, overrides: list[str
 
 
 def arm_result(workdir: str, process_s: float) -> dict:
-    from learner_jax import report
-    from learner_jax.metrics import read_jsonl
-    from learner_jax.rl.evals import EVAL_FILE
+    from learner_jax.evaluation.evals import EVAL_FILE
+    from learner_jax.reporting import report
+    from learner_jax.reporting.metrics import read_jsonl
 
     rows = report.rl_rows(workdir)
     evals = {e["tag"]: e["accuracy"] for e in read_jsonl(os.path.join(workdir, EVAL_FILE))}

@@ -1,4 +1,4 @@
-"""How far each attention implementation (learner_jax/attention.py) lands from exact
+"""How far each attention implementation (learner_jax/model/attention.py) lands from exact
 attention: outputs and the gradients of a fixed random projection of them, on one row of
 two packed causal segments with the model's grouped-query heads.
 
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from learner_jax import attention, splash
+from learner_jax.model import attention, splash
 
 TENSORS = ("out", "dq", "dk", "dv")
 

@@ -52,7 +52,7 @@ flags.DEFINE_string("scratch_dir", None, "Scratch directory (default: tmp).")
 
 def rl_items(n, rows, length, vocab, seed=0):
     """Random RL batches with random advantages: every step moves the weights."""
-    from learner_jax import train_step
+    from learner_jax.training import train_step
 
     rng = np.random.default_rng(seed)
     for i in range(n):

@@ -9,7 +9,7 @@ greedy (temperature 0), `--answer_len` new tokens each, on the demo's tiny model
 never win (`tiny_model.make_tiny_model(never_stop=True)`), so every answer runs to full
 length and the three arms decode the same number of tokens:
 
-- learner, KV cache: `evaluate.Evaluator` (learner_jax/kv_decode.py: prefill, then one
+- learner, KV cache: `evaluate.Evaluator` (learner_jax/model/kv_decode.py: prefill, then one
   token per step), the learner's own evaluator (`eval.on=learner`, or no workers);
 - learner, no cache: `EvalConfig(kv_cache=False)`, the cache-free reference (the full
   [B, P + A] forward at every step: work grows as A^2);
@@ -55,7 +55,8 @@ def learner_arm(path: str, task, answer_len: int, kv_cache: bool, twice: bool = 
     import jax
 
     from bridge.contracts.prompt import TextCodec
-    from learner_jax import evaluate, hf_import, sharding
+    from learner_jax.evaluation import evaluate
+    from learner_jax.model import hf_import, sharding
 
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
     cfg, params = hf_import.load_hf_params(path, mesh)
@@ -75,7 +76,7 @@ def learner_arm(path: str, task, answer_len: int, kv_cache: bool, twice: bool = 
 
 def fleet_arm(path: str, task, answer_len: int, scratch: str) -> dict:
     from bridge.contracts.prompt import TextCodec
-    from learner_jax import eval_cli
+    from learner_jax.evaluation import eval_cli
 
     codec = TextCodec(path)
     requests = [

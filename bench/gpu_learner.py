@@ -86,7 +86,8 @@ from absl import app, flags
 from bench import attention_accuracy, rl_step, step_cost
 from bridge.model import presets
 from bridge.model.config import ModelConfig
-from learner_jax import attention, model, sharding, train_step
+from learner_jax.model import attention, model, sharding
+from learner_jax.training import train_step
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "JSON file for the results.")

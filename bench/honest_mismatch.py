@@ -41,7 +41,7 @@ def measure(model_dir: str, dtype: str = "bfloat16", groups: int = 32, n: int = 
     """Gaps of honest tokens: `groups` seeded requests of `n` samples each."""
     from bridge.contracts import gumbel
     from bridge.control.protocol import ConsumedGroup, Trajectory
-    from learner_jax import hf_import
+    from learner_jax.model import hf_import
     from learner_jax.rl.exact_check import ExactChecker
     from rollout_gpu.engine import SampleRequest
     from rollout_gpu.vllm_engine import VllmEngine

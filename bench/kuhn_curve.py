@@ -3,7 +3,7 @@
     python -m bench.kuhn_curve --workdir=/tmp/echo2_kuhn [--out=F.json]
 
 Reads `<workdir>/eval.jsonl` (the exact expected reward per hand at each evaluation,
-learner_jax/rl/evals.py) and `<workdir>/metrics.jsonl` (the sampled `reward/mean`), adds
+learner_jax/evaluation/evals.py) and `<workdir>/metrics.jsonl` (the sampled `reward/mean`), adds
 the untrained policy's exact value (the run's initial model, `<workdir>/model`, before any
 SFT: step 0), prints a table, and writes `kuhn_poker.csv` and `kuhn_poker.png` (exact
 expected reward, sampled batch reward and the best response's optimum against steps) into
@@ -17,7 +17,7 @@ import os
 
 from absl import app, flags
 
-from learner_jax.metrics import read_jsonl
+from learner_jax.reporting.metrics import read_jsonl
 
 _WORKDIR = flags.DEFINE_string("workdir", None, "the run's workdir", required=True)
 _OUT = flags.DEFINE_string("out", "", "also write the numbers here as JSON")
@@ -56,7 +56,8 @@ def untrained_value(workdir: str) -> float | None:
 
     from bridge.contracts.prompt import TextCodec
     from bridge.tasks import make_task
-    from learner_jax import evaluate, hf_import, sharding
+    from learner_jax.evaluation import evaluate
+    from learner_jax.model import hf_import, sharding
 
     mesh = sharding.make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, jax.devices()[:1])
     cfg, params = hf_import.load_hf_params(model_dir, mesh)

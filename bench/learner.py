@@ -33,7 +33,8 @@ from absl import app, flags
 
 from bench import rl_step, step_cost
 from bridge.model.presets import qwen3_0p6b
-from learner_jax import sharding, train_step
+from learner_jax.model import sharding
+from learner_jax.training import train_step
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "JSON file for the results.", required=True)

@@ -75,7 +75,8 @@ def full_params(cfg) -> int:
 def learner_arm(cfg, lcfg, steps: int) -> dict:
     import jax
 
-    from learner_jax import optim, sharding, train_state, train_step
+    from learner_jax.model import sharding
+    from learner_jax.training import optim, train_state, train_step
 
     mesh = sharding.make_mesh({}, jax.devices()[:1])
     opt = optim.make_optimizer(optim.OptimizerConfig(learning_rate=1e-4))
@@ -115,7 +116,8 @@ def parity(tmp: str, rank: int) -> float:
     from safetensors.numpy import save_file
     from transformers import AutoModelForCausalLM
 
-    from learner_jax import lora, model
+    from learner_jax import lora
+    from learner_jax.model import model
 
     cfg = tiny_model.tiny_config("qwen3")
     path = os.path.join(tmp, "parity")
@@ -154,7 +156,8 @@ def swap_arm(tmp: str, rank: int) -> dict:
 
     from bridge.store.weight_store import WeightStore
     from bridge.weights import adapter_store
-    from learner_jax import lora, lora_publish, model
+    from learner_jax import lora, lora_publish
+    from learner_jax.model import model
     from rollout_gpu.adapters import AdapterServer, start_lora_engine
     from rollout_gpu.vllm_engine import VllmEngine
 

@@ -21,7 +21,7 @@ optimizer state, runtime), and its exponent is the least-squares log-log slope o
 measured T. It still includes the T-linear activations, so an implementation without T^2
 memory fits a slope near 1. With the full logits ([T, V] fp32, 0.6 MB per token per copy at
 V = 151936) the T-linear part dominates and 8k does not fit 24 GB; the chunked path holds
-O(chunk x V) instead (learner_jax/logprobs.py).
+O(chunk x V) instead (learner_jax/model/logprobs.py).
 A point is skipped, and says so, when the implementation's last two points, extrapolated
 with their own exponent (clamped to [1, 2], +15%), would exceed --max_gb or the machine's
 free memory (no OOM of a shared machine); the skipped peak is reported as that prediction.
@@ -43,7 +43,8 @@ from absl import app, flags
 
 from bench import rl_step, step_cost
 from bridge.model.presets import qwen3_0p6b
-from learner_jax import attention, model, sharding, train_step
+from learner_jax.model import attention, model, sharding
+from learner_jax.training import train_step
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "JSON file for the results.")

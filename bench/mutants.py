@@ -7,7 +7,7 @@ survivor, a bug they would not catch. Mutants listed in bench/mutants_equivalent
 the mutated line and a one-line reason) change nothing observable and are not counted.
 
     python -m bench.mutants --out=bench/mutants_results.json [--modules=a.py,b.py]
-    make mutants [MODULES="bridge/contracts/pass_at_k.py learner_jax/advantages.py"]
+    make mutants [MODULES="bridge/contracts/pass_at_k.py learner_jax/training/advantages.py"]
     python -m bench.mutants --rescore --modules=...   # after editing the equivalents file
 
 Each module runs in its own scratch directory (`--workdir`/<module>): mutmut reads its

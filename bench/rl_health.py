@@ -19,7 +19,7 @@ import os
 
 from absl import app, flags
 
-from learner_jax.metrics import read_jsonl
+from learner_jax.reporting.metrics import read_jsonl
 
 _RUNS = flags.DEFINE_list("runs", None, "label:workdir,...", required=True)
 _PNG = flags.DEFINE_string("png", "rl_health.png", "where to write the plot")

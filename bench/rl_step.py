@@ -1,5 +1,5 @@
 """The RL train step the learner benches run: a random-weight policy, its jitted GRPO step
-(learner_jax/train_step.py) and random token rows (a quarter prompt, the rest completion).
+(learner_jax/training/train_step.py) and random token rows (a quarter prompt, the rest completion).
 """
 
 from __future__ import annotations
@@ -8,7 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bridge.model.config import ModelConfig
-from learner_jax import losses, model, optim, train_state, train_step
+from learner_jax.model import model
+from learner_jax.training import losses, optim, train_state, train_step
 
 
 def optimizer():

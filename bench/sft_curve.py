@@ -41,9 +41,10 @@ def load_config(path: str, overrides: list[str]):
 
 def sft_curve(config, workdir: str, steps: int, every: int) -> list[list[float]]:
     from bridge.contracts.prompt import TextCodec
-    from learner_jax import evaluate, train
+    from learner_jax import train
+    from learner_jax.evaluation import evaluate
     from learner_jax.learner import Learner
-    from learner_jax.sft_data import SFTStream
+    from learner_jax.training.sft_data import SFTStream
 
     config.sft.steps = steps
     config.checkpoint.interval = 10**9  # nothing to resume here

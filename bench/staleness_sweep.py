@@ -10,7 +10,7 @@ one SFT warm start runs once (bench/arms.py, seed 0); every cell (S, correction,
 runs RL from a copy of it with the real fleet: two vLLM workers, the second throttled by
 `--throttle_s` per lease, `controller.refuse_too_slow=False` so the slow worker's
 trajectories are used and the staleness really reaches S, `loss.off_policy` = the
-correction (learner_jax/losses.py: `none`, `tis` truncated IS, `token_mis` two-sided
+correction (learner_jax/training/losses.py: `none`, `tis` truncated IS, `token_mis` two-sided
 masked IS, IcePop), `seed` = the cell's seed (learner, prompt order; the SFT is shared).
 
 How the grid fits (bench/sweep_cells.py): all cells of a task run in this one process,
@@ -60,8 +60,8 @@ TASKS = {  # name: (config, eval key, default target)
 
 def cell_result(workdir: str, key: str, target: float, process_s: float) -> dict:
     """One run's numbers from its metrics.jsonl and eval.jsonl."""
-    from learner_jax import report
-    from learner_jax.metrics import read_jsonl
+    from learner_jax.reporting import report
+    from learner_jax.reporting.metrics import read_jsonl
 
     rows = report.rl_rows(workdir)
     evals = [e for e in read_jsonl(os.path.join(workdir, "eval.jsonl")) if key in e]

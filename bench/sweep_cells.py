@@ -82,7 +82,8 @@ class Pool:
 
     def __init__(self, config, pool_dir: str, throttle_s: float, seed: int = 0):
         from bridge.fleet.local import LocalProvisioner
-        from learner_jax import local_fleet, run_config
+        from learner_jax import run_config
+        from learner_jax.fleet import local_fleet
 
         shutil.rmtree(pool_dir, ignore_errors=True)
         os.makedirs(pool_dir)
@@ -162,7 +163,7 @@ def run_cell(config, workdir: str, pool: Pool, stop_after: int = 0) -> float:
 
 
 def _interrupt_after(workdir: str, steps: int, done: threading.Event) -> None:
-    from learner_jax import report
+    from learner_jax.reporting import report
 
     while not done.wait(0.2):
         try:

@@ -61,9 +61,11 @@ from bench import rl_step
 from bridge.control.protocol import ConsumedGroup, Trajectory
 from bridge.model.presets import qwen3_0p6b
 from bridge.store.weight_store import WeightStore
-from learner_jax import losses, model, optim, publish, sharding, train_state, train_step
+from learner_jax import publish
+from learner_jax.model import model, sharding
 from learner_jax.rl.exact_check import ExactChecker
 from learner_jax.rl.rescore import VersionRescorer
+from learner_jax.training import losses, optim, train_state, train_step
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "JSON file for the results.", required=True)

@@ -14,7 +14,7 @@ Where those files come from: the learner copies the non-weight files of its HF
 directory into `<checkpoint_dir>/hf_model/` when it starts (`save_model_files`), so a
 checkpoint directory is self-contained even when `model.hf_dir` pointed elsewhere or
 has moved. Checkpoints written without that copy fall back to `<workdir>/model` (the
-tiny model `learner_jax.model_dir.prepare_model_dir` writes); `--model_dir` overrides both.
+tiny model `learner_jax.model.model_dir.prepare_model_dir` writes); `--model_dir` overrides both.
 
 Everything is checked (step exists, files present, every parameter's shape matches the
 config) before anything is written; the directory is assembled beside the output and

@@ -71,7 +71,7 @@ def get_config():
     # warns). 1e-3 without the KL anchor climbed fastest and then collapsed (issue 27).
     c.optimizer.learning_rate = 1e-3
     c.optimizer.warmup_steps = 20
-    # KL to the SFT policy (learner_jax/reference_policy.py): strong early, 0 at the end.
+    # KL to the SFT policy (learner_jax/training/reference_policy.py): strong early, 0 at the end.
     c.loss.kl_coef = 0.05
     c.loss.kl_end_fraction = 0.0
     c.rollout.eval_period = 5

@@ -43,7 +43,7 @@ BINARIES = {
     "python -m learner_jax.train": "learner_jax/train.py",
     "python -m rollout_gpu.worker": "rollout_gpu/worker.py",
     "python -m bridge.export": "bridge/export.py",
-    "python -m learner_jax.evaluate": "learner_jax/eval_cli.py",
+    "python -m learner_jax.evaluate": "learner_jax/evaluation/eval_cli.py",
     "python -m bridge.status": "bridge/status.py",
     "python -m bridge.plan": "bridge/plan/__main__.py",
     "python -m bridge.control.trust.identity": "bridge/control/trust/identity.py",

@@ -28,24 +28,13 @@ import jax.numpy as jnp
 
 from bridge import export as hf_export
 from bridge.model.config import ModelConfig
-from learner_jax import (
-    checkpoint,
-    compiles,
-    console,
-    distributed,
-    hf_import,
-    lora,
-    lora_state,
-    optim,
-    packing,
-    reference_policy,
-    train_state,
-    train_step,
-    wandb_sink,
-)
-from learner_jax.dtypes import publish_dtype
-from learner_jax.metrics import MetricsWriter
-from learner_jax.model_dir import prepare_model_dir
+from learner_jax import lora, lora_state
+from learner_jax.model import hf_import
+from learner_jax.model.dtypes import publish_dtype
+from learner_jax.model.model_dir import prepare_model_dir
+from learner_jax.multihost import distributed
+from learner_jax.reporting import compiles, console, wandb_sink
+from learner_jax.reporting.metrics import MetricsWriter
 from learner_jax.run_config import (
     PHASES,
     check_batch_sizes,
@@ -55,9 +44,17 @@ from learner_jax.run_config import (
     sharding_rules,
     step_config,
 )
+from learner_jax.training import (
+    checkpoint,
+    optim,
+    packing,
+    reference_policy,
+    train_state,
+    train_step,
+)
 
 if TYPE_CHECKING:
-    from learner_jax.rl.mirror import Leader
+    from learner_jax.multihost.mirror import Leader
 
 
 class Learner:
@@ -141,7 +138,8 @@ class Learner:
         self._compiles = compiles.count()
         self._busy = 0.0
         # Process 0 of a multi-process RL run: announces each step and save to the other
-        # processes before running it; the training binary sets it (learner_jax/rl/mirror.py).
+        # processes before running it; the training binary sets it
+        # (learner_jax/multihost/mirror.py).
         self.mirror: Leader | None = None
 
     @property

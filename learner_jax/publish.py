@@ -22,7 +22,8 @@ from bridge.model import layouts
 from bridge.model.config import ModelConfig
 from bridge.store import sharded_publish
 from bridge.store.weight_store import Manifest, ShardedSource, WeightStore
-from learner_jax import distributed, lora_publish, lora_state
+from learner_jax import lora_publish, lora_state
+from learner_jax.multihost import distributed
 
 
 def _writers(arr: jax.Array) -> set[jax.Device]:

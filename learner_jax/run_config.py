@@ -23,22 +23,14 @@ from bridge.broadcast.topology import resolve_mode
 from bridge.config.keys import SCHEMA
 from bridge.contracts import staleness as staleness_rule
 from bridge.contracts.prompt import PromptFormat
-from learner_jax import (
-    advantages,
-    checkpoint,
-    distributed,
-    evaluate,
-    local_fleet,
-    lora,
-    losses,
-    model,
-    optim,
-    sharding,
-    train_step,
-    truncation,
-)
-from learner_jax.dtypes import compute_dtype
-from learner_jax.rl import batches, fleet
+from learner_jax import lora
+from learner_jax.evaluation import evaluate
+from learner_jax.fleet import fleet, local_fleet
+from learner_jax.model import model, sharding, truncation
+from learner_jax.model.dtypes import compute_dtype
+from learner_jax.multihost import distributed
+from learner_jax.rl import batches
+from learner_jax.training import advantages, checkpoint, losses, optim, train_step
 
 PHASES = ("sft", "rl")
 
@@ -123,7 +115,7 @@ def check_batch_sizes(config, mesh) -> None:
 def sharding_rules(config) -> sharding.Rules:
     """The config's `sharding_rules` if it sets them, else `sharding.DEFAULT_RULES`.
 
-    The table has one home, learner_jax/sharding.py: library code (import, export,
+    The table has one home, learner_jax/model/sharding.py: library code (import, export,
     evaluation, tests) needs it without a config, and a config that wants another layout
     sets the key (a tuple of (logical axis, mesh axes) pairs) instead of copying the table.
     """
@@ -138,7 +130,7 @@ def check_rl_schedule(config) -> None:
 
 
 def check_loss(config) -> None:
-    """The KL penalty's reference policy (learner_jax/reference_policy.py) is held by the
+    """The KL penalty's reference policy (learner_jax/training/reference_policy.py) is held by the
     one learner process; a multi-process learner's followers do not load it."""
     if loss_config(config).kl_coef > 0 and several_processes(config):
         raise ValueError(

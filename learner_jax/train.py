@@ -35,11 +35,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from absl import app, flags
 from ml_collections import config_flags
 
-from learner_jax import console, diagnostics, distributed, report, run_config, train_step
+from learner_jax import run_config
 from learner_jax.learner import Learner
-from learner_jax.model_dir import check_tiny_model_dir
+from learner_jax.model.model_dir import check_tiny_model_dir
+from learner_jax.multihost import distributed
+from learner_jax.reporting import console, report
 from learner_jax.rl.hooks import AfterStep, after_step
 from learner_jax.run_config import prompt_format, validate
+from learner_jax.training import diagnostics, train_step
 
 _CONFIG = config_flags.DEFINE_config_file(
     "config", None, "Path to a configs/NAME.py file.", lock_config=True
@@ -78,7 +81,7 @@ def make_task(config):
 def run_sft(learner: Learner, task) -> None:
     """SFT phase until `config.sft.steps` updates; resumes mid-phase from the cursor."""
     from bridge.contracts.prompt import TextCodec
-    from learner_jax.sft_data import SFTStream
+    from learner_jax.training.sft_data import SFTStream
 
     config = learner.config
     max_len = config.batch.max_prompt_len + config.batch.max_answer_len
@@ -143,17 +146,15 @@ def run_rl(learner: Learner, items: Iterable[RLItem], hooks: Sequence[AfterStep]
 def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file: str = ""):
     """Everything main() does. `items` replaces the fleet's batches (tests)."""
     from bridge.contracts.prompt import TextCodec
-    from learner_jax import evaluate, local_fleet
+    from learner_jax.evaluation import evals, evaluate, fleet_eval
+    from learner_jax.fleet import fleet, local_fleet
+    from learner_jax.multihost import mirror
     from learner_jax.rl import (
         batches,
-        evals,
         exact_check,
-        fleet,
-        fleet_eval,
         heal,
         hooks,
         interrupt,
-        mirror,
         rescore,
         serve,
         swaps,
@@ -337,7 +338,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
 
 
 def _evaluator(learner, task, codec):
-    from learner_jax import evaluate
+    from learner_jax.evaluation import evaluate
 
     return evaluate.Evaluator(
         learner.model_cfg, codec, task, run_config.eval_config(learner.config)
@@ -346,10 +347,11 @@ def _evaluator(learner, task, codec):
 
 def follow_rl(learner: Learner, task) -> None:
     """Processes 1..P-1 of a multi-process run: train, publish, evaluate and checkpoint
-    exactly when process 0 says (learner_jax/rl/mirror.py); process 0 owns the fleet."""
+    exactly when process 0 says (learner_jax/multihost/mirror.py); process 0 owns the fleet."""
     from bridge.contracts.prompt import TextCodec
     from bridge.store.weight_store import WeightStore
-    from learner_jax.rl import mirror, weights
+    from learner_jax.multihost import mirror
+    from learner_jax.rl import weights
 
     codec = TextCodec(learner.hf_dir)
     canary = weights.Canary(learner, codec.tok.get_vocab_size(), codec.bos_id, learner.config.seed)

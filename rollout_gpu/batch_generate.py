@@ -8,8 +8,8 @@ IN.json: {"requests": [{"prompt_token_ids": [...], "n": 8, "temperature": 0.6, "
 "logprobs": [...], "finish_reason": "stop"}, ...] per request], "tokens": N,
 "generate_s": S}.
 
-`learner_jax.evaluate`'s command line starts one of these per local worker on its share of
-the prompts (learner_jax may not import vLLM, DESIGN.md's import rules), and scores the
+`learner_jax.evaluation.evaluate`'s command line starts one of these per local worker on
+its share of the prompts (learner_jax may not import vLLM, DESIGN.md's import rules), and scores the
 results itself with the controller's trusted scorer: this process only samples.
 """
 

@@ -8,7 +8,7 @@ on a GPU the defaults are what you want.
 
 Log-probs: `SamplingParams(logprobs=0)` returns the sampled token's log-prob, and the
 engine runs with `logprobs_mode="processed_logprobs"`: log-softmax of the logits after
-the sampler's processing (temperature, min-p, top-k, top-p: learner_jax/truncation.py
+the sampler's processing (temperature, min-p, top-k, top-p: learner_jax/model/truncation.py
 applies the same to the learner's logits),
 i.e. of the distribution the token was sampled from (vLLM v1 sampler: `Sampler.sample`
 -> `TopKTopPSampler.forward_cpu/forward_native`). Prompt log-probs skip the sampler's

@@ -12,7 +12,9 @@ tests have long since imported everything.
 
 And the controller's rooms (bridge/control/__init__.py): every module in one of them, no
 part importing the controller or the HTTP room, no import cycle, and no web framework
-loaded outside http/.
+loaded outside http/. The learner's rooms (learner_jax/__init__.py) likewise: every module
+in one of them, only the binary wiring the `Learner`, the model and training below the
+parts of a run, no import cycle.
 
 The path a version takes (the store, the seam, the worker) has no import cycle, counting
 imports inside functions too: the worker's loaders of full and adapter versions once
@@ -104,38 +106,63 @@ CONTROL_TOP = ("protocol", "config", "controller", "learner_api", "process")
 WEB_FRAMEWORKS = ("fastapi", "starlette", "uvicorn", "prometheus_client")
 
 
-def control_imports() -> dict[str, set[str]]:
-    """module -> the bridge.control modules it imports at module level (not inside a
-    function: process.py builds the controller and its server in the child it spawns)."""
+def package_imports(package: str, everywhere: bool = False) -> dict[str, set[str]]:
+    """module -> the modules of `package` it imports (subpackages included): at module level
+    by default, also inside functions with `everywhere`."""
     out = {}
-    for info in pkgutil.walk_packages([CONTROL], prefix="bridge.control."):
-        rel = info.name.split(".")[2:]
-        path = os.path.join(CONTROL, *rel, "__init__.py") if info.ispkg else None
-        with open(path or os.path.join(CONTROL, *rel) + ".py") as f:
-            body = ast.parse(f.read()).body
+    base = os.path.join(ROOT, *package.split("."))
+    for info in pkgutil.walk_packages([base], prefix=package + "."):
+        rel = info.name.split(".")[len(package.split(".")) :]
+        path = os.path.join(base, *rel, "__init__.py") if info.ispkg else None
+        with open(path or os.path.join(base, *rel) + ".py") as f:
+            tree = ast.parse(f.read())
+        body = tree.body
         # `if TYPE_CHECKING:` and the like are module level too: a use all the same.
         nodes = body + [n for node in body if isinstance(node, ast.If) for n in node.body]
+        if everywhere:
+            nodes = list(ast.walk(tree))
         deps = set()
         for n in nodes:
             if isinstance(n, ast.Import):
-                deps |= {a.name for a in n.names if a.name.startswith("bridge.control.")}
-            elif isinstance(n, ast.ImportFrom) and (n.module or "").startswith("bridge.control"):
+                deps |= {a.name for a in n.names if a.name.startswith(package + ".")}
+            elif isinstance(n, ast.ImportFrom) and (n.module or "").startswith(package):
                 for a in n.names:  # `from bridge.control.trust import audit`: the module
                     name = f"{n.module}.{a.name}"
                     deps.add(name if _is_module(name) else n.module)
-        out[info.name] = deps - {"bridge.control"}
+        out[info.name] = deps - {package}
     return out
 
 
+def control_imports() -> dict[str, set[str]]:
+    """module -> the bridge.control modules it imports at module level (not inside a
+    function: process.py builds the controller and its server in the child it spawns)."""
+    return package_imports("bridge.control")
+
+
 def _is_module(name: str) -> bool:
-    rel = name.split(".")[2:]
-    path = os.path.join(CONTROL, *rel)
+    path = os.path.join(ROOT, *name.split("."))
     return os.path.isfile(path + ".py") or os.path.isdir(path)
 
 
 def room_of(module: str) -> str:
     """`bridge.control.leasing.leasing` -> "leasing"; a top module -> its own name."""
     return module.split(".")[2]
+
+
+def assert_no_cycle(graph: dict[str, set[str]]) -> None:
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(m: str, path: list[str]) -> None:
+        if state.get(m) == 2:
+            return
+        assert state.get(m) != 1, " -> ".join(path + [m])
+        state[m] = 1
+        for d in sorted(graph.get(m, ())):
+            visit(d, path + [m])
+        state[m] = 2
+
+    for m in sorted(graph):
+        visit(m, [])
 
 
 def test_every_control_module_lives_in_a_room():
@@ -161,20 +188,7 @@ def test_no_part_references_the_controller_or_its_http():
 
 
 def test_no_import_cycle_in_the_controller():
-    graph = control_imports()
-    state: dict[str, int] = {}  # 1: on the path, 2: done
-
-    def visit(m: str, path: list[str]) -> None:
-        if state.get(m) == 2:
-            return
-        assert state.get(m) != 1, " -> ".join(path + [m])
-        state[m] = 1
-        for d in sorted(graph.get(m, ())):
-            visit(d, path + [m])
-        state[m] = 2
-
-    for m in sorted(graph):
-        visit(m, [])
+    assert_no_cycle(control_imports())
 
 
 def test_only_the_http_room_loads_a_web_framework():
@@ -259,3 +273,56 @@ def test_the_cycle_check_sees_a_cycle():
         "rollout_gpu.weight_swap"
     }
     assert {"rollout_gpu.adapter_swap", "rollout_gpu.weight_swap"} <= set().union(*cycles(graph))
+
+
+# The learner's rooms (learner_jax/__init__.py): the binary and what it wires at the top,
+# one subpackage per concept below it.
+LEARNER_ROOMS = ("model", "training", "evaluation", "reporting", "fleet", "multihost", "rl")
+LEARNER_TOP = (
+    "train", "learner", "run_config", "config_file",  # the binary, its Learner, its config
+    "publish", "background_publish", "lora", "lora_state", "lora_publish",  # weight versions
+    "evaluate", "report",  # commands kept at their documented paths
+)  # fmt: skip
+# The numerics, below everything that runs a run: what each of them may import besides
+# itself (LoRA's adapter math lives inside the model's projections; the model directory is
+# written by the leading process only).
+LEARNER_CORE = {
+    "model": {"lora", "multihost"},
+    "training": {"model", "lora"},
+}
+
+
+def learner_room_of(module: str) -> str:
+    """`learner_jax.training.losses` -> "training"; a top module -> its own name."""
+    return module.split(".")[1]
+
+
+def test_every_learner_module_lives_in_a_room():
+    modules = package_imports("learner_jax")
+    rooms = {learner_room_of(m) for m in modules}
+    assert rooms == set(LEARNER_ROOMS) | set(LEARNER_TOP), rooms
+    for m in modules:
+        parts = m.split(".")
+        assert len(parts) == 2 or (len(parts) == 3 and parts[1] in LEARNER_ROOMS), m
+
+
+def test_only_the_binary_wires_the_learner():
+    """No room and no other top module imports the training binary, and only the binary
+    imports its `Learner`: the parts get what they need handed in."""
+    for module, deps in package_imports("learner_jax", everywhere=True).items():
+        assert "learner_jax.train" not in deps, module
+        if module != "learner_jax.train":
+            assert "learner_jax.learner" not in deps, module
+
+
+def test_the_model_and_training_import_no_part_of_a_run():
+    for module, deps in package_imports("learner_jax", everywhere=True).items():
+        room = learner_room_of(module)
+        if room not in LEARNER_CORE:
+            continue
+        outside = {learner_room_of(d) for d in deps} - {room} - LEARNER_CORE[room]
+        assert not outside, (module, sorted(d for d in deps if learner_room_of(d) in outside))
+
+
+def test_no_import_cycle_in_the_learner():
+    assert_no_cycle(package_imports("learner_jax"))

@@ -9,8 +9,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from bridge.status import fetch_status
-from learner_jax import wandb_sink
-from learner_jax.metrics import read_metrics
+from learner_jax.reporting import wandb_sink
+from learner_jax.reporting.metrics import read_metrics
 
 # Demo flags: W&B in offline mode (the run under <workdir>/wandb).
 WANDB_ARGS = ("--config.metrics.wandb.project=echo2-demo", "--config.metrics.wandb.mode=offline")

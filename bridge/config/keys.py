@@ -19,14 +19,14 @@ READERS = {
     "learner": "learner_jax/train.py, learner_jax/run_config.py, learner_jax/rl/ (the ConfigDict)",
     "task": "bridge/tasks/registry.py make_task (through learner_jax/train.py)",
     "worker": "rollout_gpu/worker.py main() (the flag)",
-    "OptimizerConfig": "learner_jax.optim:OptimizerConfig",
-    "LossConfig": "learner_jax.losses:LossConfig",
-    "AdvantageConfig": "learner_jax.advantages:AdvantageConfig",
+    "OptimizerConfig": "learner_jax.training.optim:OptimizerConfig",
+    "LossConfig": "learner_jax.training.losses:LossConfig",
+    "AdvantageConfig": "learner_jax.training.advantages:AdvantageConfig",
     "LoraConfig": "learner_jax.lora:LoraConfig",
-    "CheckpointConfig": "learner_jax.checkpoint:CheckpointConfig",
-    "DistributedConfig": "learner_jax.distributed:DistributedConfig",
-    "FleetConfig": "learner_jax.local_fleet:FleetConfig",
-    "FollowConfig": "learner_jax.rl.fleet:FollowConfig",
+    "CheckpointConfig": "learner_jax.training.checkpoint:CheckpointConfig",
+    "DistributedConfig": "learner_jax.multihost.distributed:DistributedConfig",
+    "FleetConfig": "learner_jax.fleet.local_fleet:FleetConfig",
+    "FollowConfig": "learner_jax.fleet.fleet:FollowConfig",
     "LocalWorkerSpec": "bridge.fleet.local:LocalWorkerSpec",
     "ControllerConfig": "bridge.control.config:ControllerConfig",
     "WorkerOptions": "rollout_gpu.session:WorkerOptions",
@@ -49,16 +49,19 @@ SECTIONS = (
         "mesh",
         "The device mesh (data, fsdp, tensor); sizes multiplying to fewer than the devices "
         "use the first ones, -1 fills with all. Logical axis -> mesh axes: "
-        "learner_jax/sharding.py DEFAULT_RULES unless `sharding_rules` is set.",
+        "learner_jax/model/sharding.py DEFAULT_RULES unless `sharding_rules` is set.",
     ),
     Section(
         "distributed",
-        "Several learner processes (learner_jax/distributed.py; docs guide 'multi-host'). "
+        "Several learner processes (learner_jax/multihost/distributed.py; docs guide "
+        "'multi-host'). "
         "All unset = one process. The mesh then spans every process's devices.",
     ),
-    Section("optimizer", "learner_jax/optim.py: clip -> AdamW, warmup + cosine decay."),
-    Section("loss", "learner_jax/losses.py LossConfig; `name` picks from the loss registry."),
-    Section("advantages", "learner_jax/advantages.py: the advantage estimator."),
+    Section("optimizer", "learner_jax/training/optim.py: clip -> AdamW, warmup + cosine decay."),
+    Section(
+        "loss", "learner_jax/training/losses.py LossConfig; `name` picks from the loss registry."
+    ),
+    Section("advantages", "learner_jax/training/advantages.py: the advantage estimator."),
     Section("batch", "The learner's step: prompt groups, samples per group, row widths."),
     Section(
         "task",
@@ -68,7 +71,8 @@ SECTIONS = (
         open=True,
     ),
     Section(
-        "checkpoint", "Orbax checkpoints in <workdir>/checkpoints (learner_jax/checkpoint.py)."
+        "checkpoint",
+        "Orbax checkpoints in <workdir>/checkpoints (learner_jax/training/checkpoint.py).",
     ),
     Section(
         "sft",
@@ -83,12 +87,13 @@ SECTIONS = (
     Section(
         "eval",
         "Held-out evaluation: on the learner (its own decoder, KV cache) or on the fleet "
-        "(eval leases of exactly the version evaluated, learner_jax/rl/fleet_eval.py; the "
+        "(eval leases of exactly the version evaluated, learner_jax/evaluation/fleet_eval.py; the "
         "learner does not wait): eval.n samples per prompt at eval.temperature (0 = greedy).",
     ),
     Section(
         "fleet",
-        "The binary's own fleet (learner_jax/local_fleet.py, learner_jax/rl/fleet.py): started "
+        "The binary's own fleet (learner_jax/fleet/local_fleet.py, learner_jax/fleet/fleet.py): "
+        "started "
         "and released through a provisioner (bridge/fleet/), every start/stop logged with its "
         "reason and cost in <workdir>/provisioner.jsonl. A dead worker is replaced; one kind "
         "dying max_deaths times within death_window_s (a broken install) fails the run. With "
@@ -109,7 +114,8 @@ SECTIONS = (
     Section("metrics", "Metrics sinks besides <workdir>/metrics.jsonl and TensorBoard."),
     Section(
         "metrics.wandb",
-        "Weights & Biases (learner_jax/wandb_sink.py) when project is set; the run id is kept "
+        "Weights & Biases (learner_jax/reporting/wandb_sink.py) when project is set; the run id "
+        "is kept "
         "in <workdir>/wandb_run_id (resume).",
     ),
     Section(
@@ -136,7 +142,7 @@ RUN = (
         "sharding_rules",
         None,
         "Logical axis -> mesh axes, a tuple of (logical axis, mesh axes) pairs; unset = "
-        "learner_jax/sharding.py DEFAULT_RULES (the table has one home).",
+        "learner_jax/model/sharding.py DEFAULT_RULES (the table has one home).",
         L,
         type="tuple | None",
         optional=True,
@@ -185,7 +191,7 @@ MODEL = (
     Key(
         "model.attention",
         "auto",
-        "auto | xla | dot_product | blockwise (learner_jax/attention.py). auto = cuDNN flash "
+        "auto | xla | dot_product | blockwise (learner_jax/model/attention.py). auto = cuDNN flash "
         "on GPU where it applies, else blockwise online-softmax (memory linear in T); xla = "
         "the full [B, N, T, T] reference.",
         L,
@@ -199,7 +205,8 @@ MODEL = (
     Key(
         "model.logprob_chunk",
         0,
-        "Tokens per chunk of the unembedding + log-softmax (learner_jax/logprobs.py); 0 = the "
+        "Tokens per chunk of the unembedding + log-softmax (learner_jax/model/logprobs.py); 0 = "
+        "the "
         "full [B, T, V] logits at once. At a real vocabulary and long T use e.g. 1024: "
         "memory O(chunk x V) instead of O(T x V), same numbers.",
         L,
@@ -280,14 +287,15 @@ LOSS = (
         "loss.off_policy",
         None,
         "Off-policy correction, overrides is_mode when set: none | tis | mask | token_mis "
-        "(IcePop) | seq_mis | geo_seq (learner_jax/losses.py docstring); is_cap is its c.",
+        "(IcePop) | seq_mis | geo_seq (learner_jax/training/losses.py docstring); is_cap is its c.",
         _LOSS,
         type="str | None",
     ),
     Key(
         "loss.kl_coef",
         0.0,
-        "beta of the KL penalty to the RL start's policy (learner_jax/reference_policy.py).",
+        "beta of the KL penalty to the RL start's policy "
+        "(learner_jax/training/reference_policy.py).",
         _LOSS,
     ),
     Key(
@@ -321,7 +329,7 @@ LOSS = (
 
 _ADV = ("AdvantageConfig",)
 ADVANTAGES = (
-    Key("advantages.name", "grpo", "grpo | dr_grpo (learner_jax/advantages.py).", _ADV),
+    Key("advantages.name", "grpo", "grpo | dr_grpo (learner_jax/training/advantages.py).", _ADV),
     Key("advantages.eps", 1e-6, "Added to the group's reward std before dividing.", _ADV),
     Key(
         "advantages.filter_equal_groups",
@@ -346,7 +354,7 @@ BATCH = (
     Key(
         "batch.packing",
         False,
-        "Sequence packing (learner_jax/packing.py): rows of pack_len tokens hold several "
+        "Sequence packing (learner_jax/training/packing.py): rows of pack_len tokens hold several "
         "sequences, so a step's memory follows its real tokens, not rows x the longest; "
         "losses are unchanged.",
         L,
@@ -427,7 +435,7 @@ ROLLOUT_EVAL = (
         1.0,
         "Sampling temperature. Workers report the log-probs of the tempered softmax they "
         "sampled from and the learner divides its logits by the same temperature, so any "
-        "T > 0 is on-policy (learner_jax/truncation.py check_rollout).",
+        "T > 0 is on-policy (learner_jax/model/truncation.py check_rollout).",
         L,
     ),
     Key(

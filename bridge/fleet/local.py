@@ -5,7 +5,7 @@
 
 Each worker is `python -m rollout_gpu.worker` (the learner never imports vLLM or torch)
 joined with the join secret file only, exactly like a remote one, with the command line,
-environment and log files of learner_jax/local_fleet.py: `threads` OpenMP/torch threads,
+environment and log files of learner_jax/fleet/local_fleet.py: `threads` OpenMP/torch threads,
 vLLM's in-process engine, no JAX flags, model files from the weight store into
 `<workdir>/workers/model_files`, the log in `<workdir>/workers/<name>.log`, its own
 process group (a Ctrl-C in the terminal reaches the learner only, which stops the

@@ -30,7 +30,7 @@ Lifecycle: a cluster that SkyPilot no longer reports UP or INIT after its launch
 (a preempted spot machine, or one stopped behind our back) is a dead worker with exit
 code `PREEMPTED` (75, EX_TEMPFAIL); a launch request that failed is exit code 1. The
 controller sees the worker go silent (`gone`), its leases expire and are requeued, and
-the fleet follower (learner_jax/rl/fleet.py, bridge/fleet/reconcile.py) starts one
+the fleet follower (learner_jax/fleet/fleet.py, bridge/fleet/reconcile.py) starts one
 replacement of the same profile, within the profile's count and price cap.
 
 Prices: where SkyPilot's catalog is on this machine (~/.sky/catalogs, fetched by any

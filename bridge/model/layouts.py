@@ -9,7 +9,7 @@ learner publishes shard by shard with it); nothing else guesses layouts from nam
 `tests/bridge/model/layouts_test.py` checks every parameter of every family is covered
 exactly once in both directions, against the state dict transformers builds.
 
-The Flax parameter tree (`learner_jax/model.py`), with its logical axes:
+The Flax parameter tree (`learner_jax/model/model.py`), with its logical axes:
   embed/embedding                      [V, D]     (vocab, embed)
   layers_{i}/attn/q_proj/kernel        [D, N, H]  (embed, heads, kv)
   layers_{i}/attn/{k,v}_proj/kernel    [D, K, H]  (embed, kv_heads, kv)

@@ -163,8 +163,8 @@ def learner_times(rows: list[dict]) -> tuple[float, float]:
     """(mean train step s, mean learner seconds per step outside train steps and waits).
 
     The second leaves out the gaps next to a line whose window held an XLA compile
-    (`time/compiled`, learner_jax/compiles.py): a one-off, which the plan of a steady state
-    must not charge to every step, as the live model does not (on a 30-step demo run the
+    (`time/compiled`, learner_jax/reporting/compiles.py): a one-off, which the plan of a steady
+    state must not charge to every step, as the live model does not (on a 30-step demo run the
     first audit re-score's ~1 s compile made it 0.070 s; 0.042 s without it)."""
     step = statistics.fmean(r["time/step_s"] for r in rows)
     pairs = list(zip(rows, rows[1:], strict=False))

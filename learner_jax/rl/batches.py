@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 
 from bridge.control.trust import audit
-from learner_jax import advantages, rollout_batch
+from learner_jax.training import advantages, rollout_batch
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,7 +11,7 @@ A worker samples token x at position t of sample i as argmax_v(z_v + g(seed + i,
 version the batch's tokens carry, the checker reads that version's published weights
 (`params_fn`, the weight store's verified copy, the bytes the workers loaded; cached for
 the few versions a batch spans), runs one forward over the rows holding tokens of it, and
-measures each token's `gap` (learner_jax/logprobs.py `chunked_sampling_gap`). Tokens of an
+measures each token's `gap` (learner_jax/model/logprobs.py `chunked_sampling_gap`). Tokens of an
 episode's environment (mask 0) are not the model's and are not checked; a row whose tokens
 span several versions (a swap mid-generation) is checked token by token, each under its
 own version. A group whose lease seed the controller cannot give (-1) is refused: its
@@ -34,8 +34,8 @@ import numpy as np
 from bridge.contracts import exact_check, gumbel
 from bridge.control.trust import audit
 from bridge.model.config import ModelConfig
-from learner_jax import logprobs, model
-from learner_jax import truncation as truncation_lib
+from learner_jax.model import logprobs, model
+from learner_jax.model import truncation as truncation_lib
 from learner_jax.rl.rescore import pack_rows
 
 

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from typing import Protocol
 
 from bridge.control.trust import audit
-from learner_jax import compiles
+from learner_jax.reporting import compiles
 
 
 class AfterStep(Protocol):

@@ -50,8 +50,8 @@ from bridge.contracts import sampling_check
 from bridge.control.trust import audit
 from bridge.model import layouts
 from bridge.model.config import ModelConfig
-from learner_jax import model, sharding
-from learner_jax import truncation as truncation_lib
+from learner_jax.model import model, sharding
+from learner_jax.model import truncation as truncation_lib
 from learner_jax.rl.audit_focus import AuditFocus
 
 

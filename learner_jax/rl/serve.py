@@ -91,7 +91,7 @@ def end_run(ctl, reason: str, tell: bool = True, drain_s: float | None = None) -
 def _child_logging(workdir: str) -> None:
     """In the controller's own process: the binary's console filter and `train.log`
     (appended by both processes, a line at a time), as when it shared the learner's."""
-    from learner_jax import console
+    from learner_jax.reporting import console
 
     console.setup()
     console.log_to_file(workdir)

@@ -49,8 +49,9 @@ from bridge.store.layout import LAYOUT
 from bridge.store.manifest import CorruptVersionError
 from bridge.store.weight_store import WeightStore
 from bridge.weights import kinds
-from learner_jax import model, publish
+from learner_jax import publish
 from learner_jax.background_publish import BackgroundPublisher, PublishError
+from learner_jax.model import model
 
 STORE_DIR = "weights"
 

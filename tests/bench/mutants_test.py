@@ -57,17 +57,17 @@ def test_restricted_runs_name_existing_functions_and_select_only_theirs():
             if isinstance(n, ast.FunctionDef)
         }
         assert set(functions) <= defined, sorted(set(functions) - defined)
-    m = "learner_jax/losses.py"
+    m = "learner_jax/training/losses.py"
     pats = mutants.mutant_patterns(m, ["_k3", "LossConfig.correction"])
     codes = {
-        "learner_jax.losses.x__k3__mutmut_1": 1,
-        "learner_jax.losses.x__k3_other__mutmut_1": 0,  # another function's prefix
-        "learner_jax.losses.xǁLossConfigǁcorrection__mutmut_2": 0,
-        "learner_jax.losses.x_grpo_loss__mutmut_1": None,
+        "learner_jax.training.losses.x__k3__mutmut_1": 1,
+        "learner_jax.training.losses.x__k3_other__mutmut_1": 0,  # another function's prefix
+        "learner_jax.training.losses.xǁLossConfigǁcorrection__mutmut_2": 0,
+        "learner_jax.training.losses.x_grpo_loss__mutmut_1": None,
     }
     assert mutants.selected(codes, pats) == {
-        "learner_jax.losses.x__k3__mutmut_1": 1,
-        "learner_jax.losses.xǁLossConfigǁcorrection__mutmut_2": 0,
+        "learner_jax.training.losses.x__k3__mutmut_1": 1,
+        "learner_jax.training.losses.xǁLossConfigǁcorrection__mutmut_2": 0,
     }
     assert mutants.selected(codes, []) == codes
 

@@ -125,7 +125,7 @@ def live_capacity_advice_agrees_with_the_run(rows, console, workdir):
     After: -3.1 and +2.3 points (BUILD_NOTES, issue 32).
 
     Steps whose window held an XLA compile are left out here, as the prediction leaves them
-    out (learner_jax/compiles.py): stop 38's CI run counted the first audit re-score's
+    out (learner_jax/reporting/compiles.py): stop 38's CI run counted the first audit re-score's
     compile as learner overhead, warned at 36% and then measured 53%."""
     confident = [r for r in from_run.warm_rows(rows) if r["learner/utilization"]]
     assert confident, "no confident capacity prediction in a 30-step run"

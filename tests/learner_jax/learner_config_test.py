@@ -5,9 +5,10 @@ import os
 
 import pytest
 
-from learner_jax import config_file, optim, train
-from learner_jax.model_dir import prepare_model_dir
+from learner_jax import config_file, train
+from learner_jax.model.model_dir import prepare_model_dir
 from learner_jax.run_config import optimizer_config
+from learner_jax.training import optim
 
 CONFIG = os.path.join(os.path.dirname(__file__), "..", "..", "configs", "tiny_arith.py")
 
@@ -51,11 +52,11 @@ def test_resuming_a_workdir_of_another_tiny_model_is_refused(tmp_path):
 
 
 def test_sharding_rules_default_and_override():
-    from learner_jax import sharding
+    from learner_jax.model import sharding
     from learner_jax.run_config import sharding_rules, validate
 
     c = tiny_arith()
-    assert "sharding_rules" not in c  # the table lives in learner_jax/sharding.py only
+    assert "sharding_rules" not in c  # the table lives in learner_jax/model/sharding.py only
     assert sharding_rules(c) == sharding.DEFAULT_RULES
     c.sharding_rules = [["batch", ["data", "fsdp"]], ["embed", None]]
     assert sharding_rules(c) == (("batch", ("data", "fsdp")), ("embed", None))
@@ -92,7 +93,7 @@ def test_sampling_the_learner_cannot_score_is_refused(key, value, match):
 
     c = tiny_arith()
     c.rollout.temperature = 0.7  # below 1 is fine: the learner scores logits / T
-    # truncation too: the learner applies the sampler's (learner_jax/truncation.py)
+    # truncation too: the learner applies the sampler's (learner_jax/model/truncation.py)
     c.rollout.top_p, c.rollout.top_k, c.rollout.min_p = 0.9, 20, 0.05
     validate(c)
     setattr(c.rollout, key, value)
@@ -101,8 +102,8 @@ def test_sampling_the_learner_cannot_score_is_refused(key, value, match):
 
 
 def test_rl_step_config_carries_the_sampling_temperature():
+    from learner_jax.model.truncation import Truncation
     from learner_jax.run_config import step_config
-    from learner_jax.truncation import Truncation
 
     c = tiny_arith()
     c.rollout.temperature = 0.6

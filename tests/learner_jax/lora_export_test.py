@@ -15,7 +15,9 @@ from transformers import AutoModelForCausalLM
 
 from bridge import export
 from bridge.model import layouts, tiny_model
-from learner_jax import checkpoint, lora, lora_state, model, optim, sharding, train_state
+from learner_jax import lora, lora_state
+from learner_jax.model import model, sharding
+from learner_jax.training import checkpoint, optim, train_state
 
 peft = pytest.importorskip("peft")
 

@@ -12,8 +12,9 @@ from flax import traverse_util
 from safetensors.numpy import load_file, save_file
 
 from bridge.model import layouts
-from learner_jax import checkpoint, config_file, lora, lora_state, train, train_step
+from learner_jax import config_file, lora, lora_state, train
 from learner_jax.learner import Learner
+from learner_jax.training import checkpoint, train_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

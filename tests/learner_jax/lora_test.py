@@ -14,7 +14,8 @@ from transformers import AutoModelForCausalLM
 
 from bridge.adapters import peft_layout
 from bridge.model import layouts, tiny_model
-from learner_jax import lora, model
+from learner_jax import lora
+from learner_jax.model import model
 
 peft = pytest.importorskip("peft")
 
@@ -167,7 +168,7 @@ def test_dropout_only_with_a_dropout_rng_and_fresh_per_micro_batch():
     """learner.lora.dropout applies where the train step passes a 'dropout' RNG (a fresh
     key per step and micro-batch), never when scoring (no RNG: the deterministic policy).
     On one adapted projection (model.Linear named q_proj), so it costs no model compile."""
-    from learner_jax import train_step
+    from learner_jax.training import train_step
 
     drop = lora.LoraConfig(rank=RANK, alpha=ALPHA, dropout=0.5)
     plain = lora.LoraConfig(rank=RANK, alpha=ALPHA)

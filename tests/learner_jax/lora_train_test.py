@@ -3,7 +3,7 @@ adapter gradients on an 8-device mesh, packed, rematerialized and micro-batched,
 torch autograd through transformers + peft in float64; only the adapters in the optimizer
 state and the checkpoint; the base untouched; resume restores the adapters bitwise.
 
-Tolerance as tests/learner_jax/grad_parity_test.py: the JAX step computes in fp32, the
+Tolerance as tests/learner_jax/training/grad_parity_test.py: the JAX step computes in fp32, the
 reference in float64, so the difference is fp32 rounding: per leaf ||g - g_ref|| / ||g_ref||
 <= 1e-4 (its docstring derives it; the adapter gradients here measure ~1e-6).
 """
@@ -23,7 +23,9 @@ from transformers import AutoModelForCausalLM
 from bridge import export
 from bridge.adapters import peft_layout
 from bridge.model import layouts, tiny_model
-from learner_jax import checkpoint, lora, model, optim, packing, sharding, train_state, train_step
+from learner_jax import lora
+from learner_jax.model import model, sharding
+from learner_jax.training import checkpoint, optim, packing, train_state, train_step
 
 peft = pytest.importorskip("peft")
 

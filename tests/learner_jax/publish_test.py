@@ -10,7 +10,8 @@ from jax.sharding import PartitionSpec as P
 
 from bridge.model import layouts, tiny_model
 from bridge.store.weight_store import WeightStore
-from learner_jax import hf_import, publish, sharding
+from learner_jax import publish
+from learner_jax.model import hf_import, sharding
 
 N, H, D = 4, 8, 6  # heads, head dim, model dim of the mapper tests
 

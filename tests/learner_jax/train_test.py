@@ -10,8 +10,10 @@ import jax
 import numpy as np
 import pytest
 
-from learner_jax import checkpoint, config_file, run_config, sharding, train, train_step
-from learner_jax import metrics as metrics_lib
+from learner_jax import config_file, run_config, train
+from learner_jax.model import sharding
+from learner_jax.reporting import metrics as metrics_lib
+from learner_jax.training import checkpoint, train_step
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SFT_KEYS = {"step", "phase", "loss", "grad_norm", "entropy", "learning_rate", "time/step_s"}
@@ -176,8 +178,8 @@ def test_kl_penalty_anchors_to_the_policy_the_rl_phase_started_from(tmp_path):
     the checkpoints and restored (not re-taken) on resume; the `kl` metric starts at 0
     (policy == reference) and grows as RL moves the policy; a run whose RL phase began
     without the penalty cannot add it on resume (no reference: a clear error)."""
-    from learner_jax import reference_policy
     from learner_jax.learner import Learner
+    from learner_jax.training import reference_policy
 
     config = tiny_test_config()
     config.sft.steps, config.total_steps = 1, 4

@@ -17,7 +17,8 @@ from safetensors.numpy import save_file
 from bridge.model import layouts, tiny_model
 from bridge.store.manifest import CorruptVersionError
 from bridge.weights import adapter_store
-from learner_jax import lora, lora_publish, model
+from learner_jax import lora, lora_publish
+from learner_jax.model import model
 
 pytestmark = pytest.mark.vllm
 

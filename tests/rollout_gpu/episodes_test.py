@@ -19,7 +19,7 @@ from bridge.control.config import ControllerConfig
 from bridge.control.controller import Controller
 from bridge.control.protocol import LeaseRequest, SamplingParams, Submission, WorkerProfile
 from bridge.tasks import make_env, make_task, replay
-from learner_jax import advantages, rollout_batch
+from learner_jax.training import advantages, rollout_batch
 from rollout_gpu.generate import generate_groups
 
 pytestmark = pytest.mark.vllm

@@ -11,17 +11,8 @@ import pytest
 
 from bridge.control.protocol import ConsumedGroup, PromptGroup, SamplingParams, Trajectory
 from bridge.model import tiny_model
-from learner_jax import (
-    advantages,
-    hf_import,
-    losses,
-    model,
-    optim,
-    rollout_batch,
-    sharding,
-    train_state,
-    train_step,
-)
+from learner_jax.model import hf_import, model, sharding
+from learner_jax.training import advantages, losses, optim, rollout_batch, train_state, train_step
 from rollout_gpu.generate import generate_groups
 
 pytestmark = pytest.mark.vllm

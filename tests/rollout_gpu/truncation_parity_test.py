@@ -1,7 +1,7 @@
 """Top-p, top-k and min-p are on-policy end to end: real vLLM samples the tiny Qwen3 through
 the worker's lease path (`generate_groups`, `processed_logprobs`) with each setting at
 T = 0.7, and the learner's log-probs of those tokens at the same version under the same
-truncation (learner_jax/truncation.py) match the worker's within 1e-3. Scoring the same
+truncation (learner_jax/model/truncation.py) match the worker's within 1e-3. Scoring the same
 tokens under the untruncated tempered softmax misses by more, which shows the check can
 fail (and that the setting reached vLLM)."""
 
@@ -11,8 +11,8 @@ import pytest
 
 from bridge.control.protocol import PromptGroup, SamplingParams
 from bridge.model import tiny_model
-from learner_jax import hf_import, model, sharding
-from learner_jax.truncation import Truncation
+from learner_jax.model import hf_import, model, sharding
+from learner_jax.model.truncation import Truncation
 from rollout_gpu.generate import generate_groups
 
 pytestmark = pytest.mark.vllm

@@ -52,7 +52,7 @@ Eval tokens are never trained on, so holding an old version breaks no staleness 
 
 Exact check (controller.exact_check): a sampled eval group carries its lease's seed
 (sampling_seeds.py) and a greedy one none; a scored group counts for its version only once
-the learner has checked every token (learner_jax/rl/fleet_eval.py: the seeded sampler's
+the learner has checked every token (learner_jax/evaluation/fleet_eval.py: the seeded sampler's
 choice, or the argmax for greedy) and `verified` it; a refused group is evaluated again by
 another lease, and its worker's count goes to the audit. A fabricated answer therefore
 never reaches eval.jsonl.
@@ -324,7 +324,7 @@ class EvalBoard:
         if self.pending[row["version"]] == 0:
             self._finish(row["version"])
 
-    # -- the exact check (learner_jax/rl/fleet_eval.py) ----------------------------------------
+    # -- the exact check (learner_jax/evaluation/fleet_eval.py) ----------------------------------
     def take_check_rows(self) -> list[dict]:
         """Scored groups waiting for the learner's exact check: {group_id, version,
         temperature, seed, worker, trajectories}. Until `verified` answers they stay here

@@ -23,7 +23,7 @@ In memory only: after a controller restart everything is measured again.
 The refusal is said once per worker, with its price (issue 32: the demo said it at every
 re-measuring, telling the user to do by hand what the fleet can do): a worker the training
 binary started is put on standby and released by the fleet follower after
-`standby_release_s` (learner_jax/rl/fleet.py); one started by hand is the operator's to stop.
+`standby_release_s` (learner_jax/fleet/fleet.py); one started by hand is the operator's to stop.
 """
 
 from __future__ import annotations

@@ -124,7 +124,7 @@ def test_local_workers_are_pinned_to_fleet_worker_cpus():
     import pytest
 
     from bridge.fleet import local
-    from learner_jax.local_fleet import FleetConfig, local_specs
+    from learner_jax.fleet.local_fleet import FleetConfig, local_specs
 
     cpu = max(os.sched_getaffinity(0))  # one this test may use; the child must get only it
     (spec,) = local_specs(FleetConfig(worker_cpus=(cpu,)), seed=0)

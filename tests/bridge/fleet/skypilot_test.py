@@ -247,8 +247,8 @@ def test_sdk_calls_bind_to_skypilots_signatures(monkeypatch):
 
 
 def test_training_binary_fleet_config_picks_the_profiles(tmp_path, token_file):
-    """`fleet.provisioner=skypilot` in the binary's fleet (learner_jax/local_fleet.py)."""
-    from learner_jax import local_fleet
+    """`fleet.provisioner=skypilot` in the binary's fleet (learner_jax/fleet/local_fleet.py)."""
+    from learner_jax.fleet import local_fleet
 
     cfg = local_fleet.FleetConfig(provisioner="skypilot", skypilot_fleet=FLEET)
     provs = local_fleet.make_provisioners(cfg, str(tmp_path), URL, token_file, 0, 6)

@@ -1,8 +1,8 @@
 """One version written by several writers, each its own pieces (bridge/store/sharded_publish.py).
 
 The writers here are calls in one process with disjoint row blocks of each array, as the
-processes of a multi-host learner hand them in; tests/learner_jax/multihost_test.py runs the
-real thing across processes. Checked against `WeightStore.publish` of the whole arrays:
+processes of a multi-host learner hand them in; tests/learner_jax/multihost/multihost_test.py runs
+the real thing across processes. Checked against `WeightStore.publish` of the whole arrays:
 same bytes, same checksums, and nothing is visible before the commit.
 """
 

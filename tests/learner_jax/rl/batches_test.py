@@ -5,8 +5,8 @@ durable resumes from the one before and finds every batch it must train again.""
 from controller_helpers import make, submit_all, worker
 
 from bridge.control.protocol import LeaseRequest
-from learner_jax import advantages
 from learner_jax.rl.batches import BatchShape, BatchSource
+from learner_jax.training import advantages
 
 
 def test_a_checkpoint_at_step_l_frees_only_the_batches_before_l(tmp_path):

@@ -67,7 +67,7 @@ def _config():
 
 def _batches(learner, seed: int):
     """Random RL batches for the steps after the restored one (seeded per run and step)."""
-    from learner_jax import train_step
+    from learner_jax.training import train_step
 
     c, vocab = learner.config, learner.model_cfg.vocab_size
     rows = c.batch.groups_per_step * c.batch.samples_per_group

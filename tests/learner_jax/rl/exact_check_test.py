@@ -13,9 +13,9 @@ from independent_sampler import group as _group
 from independent_sampler import sample as _sample
 
 from bridge.contracts import exact_check, gumbel
-from learner_jax import hf_import
+from learner_jax.model import hf_import
+from learner_jax.model.truncation import Truncation
 from learner_jax.rl.exact_check import ExactChecker
-from learner_jax.truncation import Truncation
 
 
 @pytest.fixture(scope="module")

@@ -59,7 +59,7 @@ def _config(total_steps: int):
 
 def _generated_batches(learner):
     """RL batches made up from the learner's step (before the fleet joins)."""
-    from learner_jax import train_step
+    from learner_jax.training import train_step
 
     c, vocab = learner.config, learner.model_cfg.vocab_size
     rows = c.batch.groups_per_step * c.batch.samples_per_group

@@ -37,7 +37,7 @@ from bridge.control.trust import audit
 from bridge.model import tiny_model
 from bridge.store.weight_store import WeightStore
 from bridge.tasks import make_task
-from learner_jax import model
+from learner_jax.model import model
 from learner_jax.rl.rescore import VersionRescorer
 
 pytestmark = [

@@ -332,12 +332,12 @@ def test_a_worker_is_told_to_keep_its_version_while_its_eval_is_queued(service):
 
 
 def test_the_learner_asks_for_the_version_its_step_publishes(service):
-    """learner_jax/rl/fleet_eval.py: on an evaluation step that publishes, the version
+    """learner_jax/evaluation/fleet_eval.py: on an evaluation step that publishes, the version
     asked for is the one being published (= the learner step), not the announced one the
     workers are about to leave; on a step that publishes nothing, the announced one."""
     import types
 
-    from learner_jax.rl.fleet_eval import FleetEval
+    from learner_jax.evaluation.fleet_eval import FleetEval
 
     ctl = service[0]
     prompts = make_task("arithmetic").eval_prompts()[:2]
@@ -496,7 +496,7 @@ def test_results_arrive_off_the_learners_thread_and_the_run_waits_for_the_last(c
     import threading
     import types
 
-    from learner_jax.rl.fleet_eval import FleetEval
+    from learner_jax.evaluation.fleet_eval import FleetEval
 
     ctl, _ = clocked
     ctl.publish(5)
@@ -553,16 +553,16 @@ def test_results_arrive_off_the_learners_thread_and_the_run_waits_for_the_last(c
 
 class EvalCheckRun:
     """A controller with a greedy evaluation of two prompts queued, admission full, and
-    FleetEval with the run's ExactChecker (learner_jax/rl/fleet_eval.py); `submit` answers
+    FleetEval with the run's ExactChecker (learner_jax/evaluation/fleet_eval.py); `submit` answers
     one eval lease of a worker with tokens chosen by `pick(ids so far)`."""
 
     def __init__(self, tmp_path, text_codec, tiny_model_dir, margin=None):
         import torch
         import transformers
 
-        from learner_jax import hf_import
+        from learner_jax.evaluation.fleet_eval import FleetEval
+        from learner_jax.model import hf_import
         from learner_jax.rl.exact_check import ExactChecker
-        from learner_jax.rl.fleet_eval import FleetEval
 
         self.ctl = ctl = Controller(
             ControllerConfig(

@@ -344,8 +344,8 @@ def test_the_first_overhead_reports_are_the_run_settling_and_later_spikes_count(
 def test_reports_with_a_compile_are_not_warm_samples(tmp_path, text_codec):
     # As above, but after four more warm updates (the first three overheads are the run
     # settling) the learner's next 8 came with XLA compiles (new shapes;
-    # learner_jax/compiles.py): 4 s steps and 3 s of overhead, one-offs, so neither moves T
-    # or O and the prediction stays the warm one. Taken as warm, T would be the median of
+    # learner_jax/reporting/compiles.py): 4 s steps and 3 s of overhead, one-offs, so neither
+    # moves T or O and the prediction stays the warm one. Taken as warm, T would be the median of
     # 8 x 1 s and 8 x 4 s (2.5 s) and O the mean of 0 and 8 x 3 s.
     clock = Clock()
     ctl, w = cold_start(tmp_path, text_codec, clock)

@@ -40,7 +40,7 @@ def bearer(r) -> dict:
 
 
 def follower_view(ctl) -> dict:
-    """name -> state as the fleet follower reads them (learner_jax/rl/fleet.py)."""
+    """name -> state as the fleet follower reads them (learner_jax/fleet/fleet.py)."""
     rows = sorted(ctl.status()["workers"], key=lambda w: -w["last_contact_s"])
     return {w["name"]: w["state"] for w in rows if w["name"]}
 
