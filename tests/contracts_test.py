@@ -46,7 +46,7 @@ COMMANDS = [
     ("bench.staleness_sweep", ("out",)),
     ("bench.lora", ("out",)),
     ("bench.memory", ("out",)),
-    ("learner_jax.evaluation.evaluate", ("checkpoint_dir", "hf_dir", "eval_file", "n", "k")),
+    ("learner_jax.evaluate", ("checkpoint_dir", "hf_dir", "eval_file", "n", "k")),
     ("bench.verify_cost", ("out",)),
     pytest.param("bench.moe", ("out",), marks=later("bench.moe (MoE bench)")),
     pytest.param("bench.async_bias", ("out",), marks=later("bench.async_bias")),
@@ -207,7 +207,7 @@ def test_the_flag_reader_sees_what_argparse_and_absl_define():
     """The reader itself: a flag it does not find fails the command test above."""
     assert {"out", "prompts", "no_fleet"} <= cli("bench.eval")[1]  # argparse
     assert {"config", "workdir"} <= cli("learner_jax.train")[1]  # absl + config_flags
-    assert "eval_file" in cli("learner_jax.evaluation.evaluate")[1]  # its main block's eval_cli
+    assert "eval_file" in cli("learner_jax.evaluate")[1]  # its main block's eval_cli
     assert "netns_made_up" not in cli("bench.broadcast")[1]
 
 
