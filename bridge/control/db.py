@@ -249,10 +249,11 @@ class ControllerDB(LeaseRows):
             prompts,
         )
 
-    def count(self, state: str) -> int:
-        """Groups in `state`: one row of `group_counts` (kept by triggers), not a scan."""
-        rows = self.q("SELECT n FROM group_counts WHERE state=?", (state,))
-        return rows[0]["n"] if rows else 0
+    def count(self, *states: str) -> int:
+        """Groups in any of `states`: rows of `group_counts` (kept by triggers), not a scan."""
+        marks = ", ".join("?" * len(states))
+        sql = f"SELECT COALESCE(SUM(n), 0) AS n FROM group_counts WHERE state IN ({marks})"
+        return self.q(sql, states)[0]["n"]
 
     def groups_in(self, state: str, limit: int = -1) -> list[sqlite3.Row]:
         """Groups in `state`, queue order (oldest row first); limit -1: all."""
