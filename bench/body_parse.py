@@ -96,8 +96,8 @@ def run(args) -> dict:
     from bridge.contracts.prompt import TextCodec
     from bridge.control.config import ControllerConfig
     from bridge.control.controller import Controller
+    from bridge.control.http.service import ServerOptions, serve_controller
     from bridge.control.protocol import SamplingParams, WorkerProfile
-    from bridge.control.service import ServerOptions, serve_controller
     from bridge.model import tiny_model
     from bridge.tasks import make_task
 

@@ -33,7 +33,7 @@ lower bound max(M/s, N*M/(s + N*B)).
 `--sweep_chunk_kb` then times the chain at N = --sweep_n for each chunk size: the chain
 pays (N-1) c / B of pipeline fill plus a per-chunk cost (one HTTP request, a digest) M / c
 times, so the best c balances the two (BUILD_NOTES, broadcast).
-`--delta_versions=K` adds the delta arm (bridge/delta/, issue 24): a full version of the
+`--delta_versions=K` adds the delta arm (bridge/weights/, issue 24): a full version of the
 same M, then K versions each stored as a delta on the previous one (a random
 `--delta_density` of the bf16 elements replaced: bench.delta measures 1-4% per RL step
 at lr 1e-6), each broadcast down the same chain of N = --delta_n relays on the same

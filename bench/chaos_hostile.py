@@ -59,7 +59,7 @@ import numpy as np
 
 from bench.chaos_faults import _post
 from bridge.contracts import gumbel
-from bridge.control.identity import mint_credential
+from bridge.control.trust.identity import mint_credential
 from bridge.model import tiny_model
 
 CLASSES = ("mixed_tags", "picker", "hidden_tokens", "junk")  # the chaos soak's

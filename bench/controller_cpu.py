@@ -10,7 +10,7 @@ they measure the lease path without a grant. The server process's CPU (getrusage
 phase divided by the requests is the CPU per request; the median over rounds is reported.
 `--baseline=DIR` (a checkout of the previous release, e.g. `git worktree add --detach DIR
 REV`) runs the same measurement on that code, in a fresh process, and reports new/baseline;
-`--lean_routes=false` turns the lean handlers off (bridge/control/fast_routes.py). The
+`--lean_routes=false` turns the lean handlers off (bridge/control/http/fast_routes.py). The
 machine's load average is reported: CPU time is less sensitive to a shared machine than
 wall time, not immune (caches, frequency).
 """
@@ -56,8 +56,12 @@ def measure(workers: int, requests: int, rounds: int, lean: bool) -> dict:
     from bridge.contracts.prompt import TextCodec
     from bridge.control.config import ControllerConfig
     from bridge.control.controller import Controller
+    from bridge.control.http.service import (
+        ServerOptions,
+        load_or_create_join_secret,
+        serve_controller,
+    )
     from bridge.control.protocol import SamplingParams
-    from bridge.control.service import ServerOptions, load_or_create_join_secret, serve_controller
     from bridge.model import tiny_model
     from bridge.tasks import make_task
 

@@ -30,8 +30,8 @@ class _NoTimer:
 
 def run(args, config, workdir: str, tok_dir: str, codec, db_path: str) -> dict:
     from bench import controller_load
+    from bridge.control.http.service import ServerOptions
     from bridge.control.process import ControllerProcess
-    from bridge.control.service import ServerOptions
     from bridge.tasks import make_task
 
     proc = ControllerProcess(config, workdir, make_task("arithmetic"), codec, ServerOptions())

@@ -28,8 +28,8 @@ def install():
     """Patch the classes; returns the per-request records."""
     import anyio.to_thread
 
-    from bridge.control import db as db_lib
     from bridge.control.controller import Controller
+    from bridge.control.state import db as db_lib
 
     pc, tl, records = time.perf_counter, threading.local(), []
     run_sync = anyio.to_thread.run_sync

@@ -6,7 +6,7 @@ directory is loaded by the JAX learner (fp32 master weights, Adam) and trained f
 `--steps` RL updates of the real loss (GRPO on random token batches) at each learning
 rate. After every update the params are published twice, side by side, in bf16:
   full   WeightStore.publish from the sharded params (today's path)
-  delta  DeltaPublisher (bridge/delta/): patches on the previous version
+  delta  DeltaPublisher (bridge/weights/): patches on the previous version
 Per version: changed fraction, bytes stored (delta / full), publish seconds, and what zstd
 bought (the patches' size without it). Then a worker applies each version in turn:
   full swap  weight_swap.load_version of the full version (read + verify + reload all)
@@ -33,10 +33,10 @@ import time
 import numpy as np
 from absl import app, flags
 
-from bridge.delta.publisher import DeltaPublisher
 from bridge.model import tiny_model
 from bridge.model.presets import qwen3_0p6b
 from bridge.store.weight_store import WeightStore
+from bridge.weights.delta_publisher import DeltaPublisher
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("out", None, "JSON file for the results.", required=True)
@@ -164,7 +164,7 @@ def apply_versions(engine, full_path, delta_path, versions) -> list[dict]:
         if engine is not None:
             weight_swap.load_version(engine, delta, v, cur_delta)
         else:
-            from bridge.delta.reconstruct import reconstruct
+            from bridge.weights.delta_reconstruct import reconstruct
 
             have = None if cur_delta.tensors is None else (cur_delta.version, cur_delta.tensors)
             cur_delta.version, cur_delta.tensors = v, reconstruct(delta, v, have=have).tensors

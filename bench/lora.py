@@ -152,8 +152,8 @@ def swap_arm(tmp: str, rank: int) -> dict:
     import torch
     from flax import traverse_util
 
-    from bridge.adapters import store as adapter_store
     from bridge.store.weight_store import WeightStore
+    from bridge.weights import adapter_store
     from learner_jax import lora, lora_publish, model
     from rollout_gpu.adapters import AdapterServer, start_lora_engine
     from rollout_gpu.vllm_engine import VllmEngine

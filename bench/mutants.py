@@ -117,7 +117,8 @@ def load_equivalents(path: Path = EQUIVALENTS) -> dict[str, dict]:
 
 
 def module_name(module: str) -> str:
-    """'bridge/delta/codec.py' -> 'bridge.delta.codec' (mutmut's prefix of its mutants)."""
+    """'bridge/weights/delta_codec.py' -> 'bridge.weights.delta_codec' (mutmut's prefix of
+    its mutants)."""
     return module.removesuffix(".py").replace("/", ".")
 
 

@@ -23,7 +23,7 @@ import json
 import os
 import time
 
-from bridge.control import capacity
+from bridge.control.fleet import capacity
 from bridge.plan import fleet as fleet_lib
 from bridge.plan import planner, simulate
 

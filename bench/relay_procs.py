@@ -128,15 +128,15 @@ def publish_delta_chain(
     density: float,
     piece_bytes: int | None = None,
 ) -> list:
-    """Publish version `first` (full) and `k` delta versions after it (bridge/delta/), each
+    """Publish version `first` (full) and `k` delta versions after it (bridge/weights/), each
     replacing a random `density` of the bf16 elements (an RL step's changed fraction at a
     small learning rate: bench.delta measures 1-4% at lr 1e-6); returns the manifests.
     `piece_bytes`: patch pieces of this size (default: the chunk size; larger than any
     patch = one object per patch, as before patches were split)."""
     import ml_dtypes
 
-    from bridge.delta import publisher
-    from bridge.delta.publisher import DeltaPublisher
+    from bridge.weights import delta_publisher as publisher
+    from bridge.weights.delta_publisher import DeltaPublisher
 
     rng = np.random.default_rng(1)
     arrays = [(n, a.astype(ml_dtypes.bfloat16)) for n, a in random_linears(model_bytes, rng)]

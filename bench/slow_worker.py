@@ -6,10 +6,10 @@
 
 The local fleet is a fast worker and one that sleeps `--throttle_s` per lease (default 3 s,
 longer than S = 2 learner steps). From one SFT warm start, two arms run `--steps` RL steps:
-`refuse` (controller.refuse_too_slow=True, the default: bridge/control/lease_timing.py) and `lease`
-(False: the slow worker gets leases like any other). Reported per arm: RL wall time,
-learner utilization, groups dropped as stale out of those accepted, held-out accuracy and
-fleet cost; a table and JSON.
+`refuse` (controller.refuse_too_slow=True, the default:
+bridge/control/leasing/lease_timing.py) and `lease` (False: the slow worker gets leases like
+any other). Reported per arm: RL wall time, learner utilization, groups dropped as stale out
+of those accepted, held-out accuracy and fleet cost; a table and JSON.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ the policy through a rank-16 bottleneck scaled by alpha / rank, the usual LoRA p
 Measured with the demo's RL settings otherwise unchanged, this reaches the band (held-out
 0.98 by RL step 60); nothing else needed tuning.
 The fleet receives adapter versions: the base once, then each version's PEFT adapter
-(learner_jax/rl/adapter_versions.py); the workers serve them as vLLM LoRA adapters over
+(bridge/weights/adapter.py); the workers serve them as vLLM LoRA adapters over
 the base (rollout_gpu/adapter_swap.py).
 Everything else is configs/tiny_arith.py.
 """

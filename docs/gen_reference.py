@@ -5,18 +5,19 @@
 mkdocs runs it before every build (docs/hooks.py), and tests/docs_test.py checks that what
 it writes covers every config key and metric named in DESIGN.md. Four pages:
 
-- config.md: every key of `configs/tiny_arith.py`'s `get_config()` with its default and the
-  comment written beside it, the keys other configs add, and the optional keys the learner
-  reads with `config...get("key", default)` (found in learner_jax/ by reading its source).
+- config.md: every config key declared in bridge/config/keys.py with its default, type,
+  readers and doc (and the demo config's value where it sets another), then the task options
+  the configs/ files set (a task's own keys, which its constructor checks).
 - metrics.md: every metric name the code puts into a metrics row (a string key `area/name`
   of a dict literal or a subscript assignment in learner_jax/ and bridge/), where it is set,
   and the comment beside it.
-- cli.md: every flag of the binaries (absl `flags.DEFINE_*` and argparse `add_argument`).
+- cli.md: every flag of the binaries (absl `flags.DEFINE_*`, argparse `add_argument`, and
+  the worker's flags declared in bridge/config/keys.py).
 - protocol.md: the controller's HTTP routes and the JSON schema of every pydantic model in
   bridge/control/protocol.py (`model_json_schema`).
 
 Everything is read from source text with `ast` (or imported where the import is light:
-ml_collections configs, pydantic models), so it needs neither jax nor torch.
+the config schema, ml_collections configs, pydantic models), so it needs neither jax nor torch.
 """
 
 from __future__ import annotations
@@ -45,12 +46,12 @@ BINARIES = {
     "python -m learner_jax.evaluate": "learner_jax/eval_cli.py",
     "python -m bridge.status": "bridge/status.py",
     "python -m bridge.plan": "bridge/plan/__main__.py",
-    "python -m bridge.control.identity": "bridge/control/identity.py",
+    "python -m bridge.control.trust.identity": "bridge/control/trust/identity.py",
     "python -m bridge.fleet.skypilot": "bridge/fleet/skypilot.py",
     "python -m rollout_gpu.relay": "rollout_gpu/relay.py",
 }
 PROTOCOL_MODULE = "bridge.control.protocol"
-ROUTE_FILES = ("bridge/control/service.py", "bridge/control/fast_routes.py")
+ROUTE_FILES = ("bridge/control/http/service.py", "bridge/control/http/fast_routes.py")
 # `area/name`, e.g. reward/mean, eval/pass@1, grad_norm/<layer>.
 METRIC_RE = re.compile(r"^[a-z][a-z0-9_]*/[A-Za-z0-9_@.<>{}\-]+$")
 # String keys of that shape that are not metrics (file paths, content types).
@@ -213,36 +214,72 @@ def _config_path(node, alias: dict) -> list[str] | None:
     return None
 
 
+def _schema():
+    if ROOT not in sys.path:
+        sys.path.insert(0, ROOT)
+    from bridge.config import keys
+
+    return keys
+
+
 def config_page() -> tuple[str, set[str]]:
-    base = flatten(_load_config(BASE_CONFIG))
-    docs = config_docs(BASE_CONFIG)
-    keys = set(base)
+    keys = _schema()
+    schema = keys.SCHEMA
+    demo = flatten(_load_config(BASE_CONFIG))
     out = [
         "# Config keys",
         "",
-        "Generated from the code by `docs/gen_reference.py`; do not edit. Every key of "
-        f"`{BASE_CONFIG}` (the demo's config, which carries every contract key) with its "
-        "default and the comment beside it in that file. Override any of them on the command "
-        "line: `--config.KEY=VALUE`.",
-        "",
-        "| key | default | what it is |",
-        "|---|---|---|",
+        "Generated from the code by `docs/gen_reference.py`; do not edit. Every key of the "
+        "training binary's config, declared once in `bridge/config/keys.py`: its default, its "
+        "type, who reads it (a dataclass whose field it is, or the binary itself) and its doc. "
+        f"The demo config `{BASE_CONFIG}` builds on these defaults; where it sets another "
+        "value the *demo* column shows it. Override any key on the command line: "
+        "`--config.KEY=VALUE`. A key that is not declared here, or a value of another type, "
+        "is refused before the run starts.",
     ]
-    for key in sorted(base):
-        out.append(f"| `{key}` | {_code(base[key])} | {_cell(docs.get(key, ''))} |")
+    covered = set()
+    for section in schema.sections.values():
+        rows = [k for k in schema.config_keys() if k.section == section.path]
+        if section.scope != "config" or not rows:
+            continue
+        title = f"`{section.path}`" if section.path else "Top level"
+        out += ["", f"## {title}", "", _cell(section.doc), ""]
+        out += [
+            "| key | default | demo | type | read by | what it is |",
+            "|---|---|---|---|---|---|",
+        ]
+        for key in rows:
+            default = "optional" if key.optional else _code(key.default)
+            shown = demo.get(key.path, key.default)
+            differs = key.path in demo and (
+                shown != key.default or type(shown) is not type(key.default)
+            )
+            readers = ", ".join(key.readers)
+            out.append(
+                f"| `{key.path}` | {default} | {_code(shown) if differs else ''} | "
+                f"`{_cell(key.annotation)}` | {_cell(readers)} | {_cell(key.doc)} |"
+            )
+            covered.add(key.path)
+    out += [
+        "",
+        "## Readers",
+        "",
+        "| reader | where |",
+        "|---|---|",
+        *(f"| {name} | `{_cell(where)}` |" for name, where in keys.READERS.items()),
+    ]
     extra: dict[str, list[tuple[str, object, str]]] = {}
     for rel in sorted(_config_files()):
-        if rel == BASE_CONFIG:
-            continue
         cdocs = config_docs(rel)
         for key, value in flatten(_load_config(rel)).items():
-            if key not in base:
+            if key not in schema.keys and key in cdocs:  # set by this file, not inherited
                 extra.setdefault(key, []).append((rel, value, cdocs.get(key, "")))
     out += [
         "",
-        "## Keys other configs add",
+        "## Task options the configs set",
         "",
-        "Task- and model-specific keys that only some configs set (value as that config sets it).",
+        "A task's own keys (an open section: the task's constructor refuses the ones it does "
+        "not know), where each config file sets them (configs built on it inherit them).",
         "",
         "| key | config | value | what it is |",
         "|---|---|---|---|",
@@ -250,24 +287,8 @@ def config_page() -> tuple[str, set[str]]:
     for key in sorted(extra):
         for rel, value, doc in extra[key]:
             out.append(f"| `{key}` | `{rel}` | {_code(value)} | {_cell(doc)} |")
-        keys.add(key)
-    sections = {k.rsplit(".", i)[0] for k in keys for i in range(1, k.count(".") + 1)}
-    optional = {k: v for k, v in optional_keys().items() if k not in keys | sections}
-    out += [
-        "",
-        "## Optional keys",
-        "",
-        "Keys the learner reads with `.get(key, default)`, so a config may leave them out "
-        "(found by reading `learner_jax/`; the default is as written there).",
-        "",
-        "| key | default | read at |",
-        "|---|---|---|",
-    ]
-    for key in sorted(optional):
-        default, where = optional[key]
-        out.append(f"| `{key}` | `{_cell(default)}` | `{where}` |")
-        keys.add(key)
-    return "\n".join(out) + "\n", keys
+        covered.add(key)
+    return "\n".join(out) + "\n", covered
 
 
 def _config_files() -> list[str]:
@@ -456,6 +477,25 @@ def flags_of(rel: str) -> list[dict]:
     return out
 
 
+def schema_flags() -> list[dict]:
+    """The worker's flags as declared in bridge/config/keys.py (`SCHEMA.define_flags`)."""
+    schema = _schema().SCHEMA
+    out = []
+    for key in schema.flag_keys():
+        kind = "one of " + ", ".join(repr(c) for c in key.choices) if key.choices else key.base
+        doc = key.doc if key.section == "worker" else f"{key.doc} (config: `{key.path}`)"
+        out.append(
+            dict(
+                name=schema.flag_name(key),
+                kind=kind,
+                default=repr(key.default),
+                help=doc,
+                required=key.required,
+            )
+        )
+    return out
+
+
 def _const(node):
     return node.value if isinstance(node, ast.Constant) else None
 
@@ -472,6 +512,8 @@ def cli_page() -> tuple[str, dict[str, set[str]]]:
     names = {}
     for command, rel in BINARIES.items():
         fl = flags_of(rel)
+        if "SCHEMA.define_flags(" in _read(rel):
+            fl += schema_flags()
         names[command] = {f["name"] for f in fl}
         doc = (ast.get_docstring(ast.parse(_read(rel))) or "").strip().split("\n\n")[0]
         out += ["", f"## `{command}`", "", f"`{rel}`: {_cell(doc)}", ""]
@@ -531,7 +573,7 @@ def protocol_page() -> tuple[str, set[str]]:
         "# Wire protocol",
         "",
         "Generated from the code by `docs/gen_reference.py`; do not edit. The controller "
-        "<-> worker protocol: the routes the controller serves (`bridge/control/service.py`) "
+        "<-> worker protocol: the routes the controller serves (`bridge/control/http/service.py`) "
         "and the JSON schema of every pydantic model in `bridge/control/protocol.py` "
         "(`model_json_schema()`). A running controller also serves its OpenAPI schema at "
         "`/openapi.json`. Workers authenticate with `Authorization: Bearer <token>` from "

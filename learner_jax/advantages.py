@@ -34,6 +34,8 @@ from collections.abc import Callable
 
 import jax.numpy as jnp
 
+from bridge.config.keys import SCHEMA
+
 AdvantageFn = Callable[..., jnp.ndarray]
 _ADVANTAGES: dict[str, AdvantageFn] = {}
 
@@ -111,11 +113,9 @@ def group_filter(rewards: jnp.ndarray, atol: float = 0.0) -> jnp.ndarray:
 
 
 @dataclasses.dataclass(frozen=True)
+@SCHEMA.declared_fields
 class AdvantageConfig:
-    name: str = "grpo"
-    eps: float = 1e-6
-    filter_equal_groups: bool = False  # DAPO dynamic-sampling filter
-    filter_atol: float = 0.0
+    """`config.advantages`: name, eps, filter_equal_groups, filter_atol (bridge/config/keys.py)."""
 
     def __post_init__(self):
         get_advantage(self.name)  # fails early on an unknown name

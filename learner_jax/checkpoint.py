@@ -30,15 +30,16 @@ import jax
 import orbax.checkpoint as ocp
 from flax import serialization
 
+from bridge.config.keys import SCHEMA
+
 CHECKPOINT_SUBDIR = "checkpoints"
 FROZEN = "frozen"  # TrainState field never saved (the LoRA base)
 
 
 @dataclasses.dataclass(frozen=True)
+@SCHEMA.declared_fields
 class CheckpointConfig:
-    interval: int = 100  # save every `interval` steps (0 = only forced saves)
-    keep: int = 3  # newest complete checkpoints kept on disk
-    async_save: bool = True
+    """`config.checkpoint`: interval, keep, async_save (bridge/config/keys.py)."""
 
     def __post_init__(self):
         if self.interval < 0 or self.keep < 1:

@@ -1,6 +1,6 @@
 """How many times this process has traced or compiled with XLA (jax.monitoring events).
 
-The capacity model averages the learner's times per update (bridge/control/fleet_plan.py).
+The capacity model averages the learner's times per update (bridge/control/fleet/fleet_plan.py).
 A compile is paid once: the train step's first shapes, the first audit re-score (step 10 of
 the demo: ~1 s of "overhead" in a 0.08 s-per-update mean), the first evaluation. Counted as
 a cost per update it made the live prediction warn "the learner will wait" early in a run

@@ -32,18 +32,15 @@ import logging
 
 import jax
 
+from bridge.config.keys import SCHEMA
+
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
+@SCHEMA.declared_fields
 class DistributedConfig:
-    coordinator_address: str = ""  # host:port of process 0's coordination service
-    num_processes: int = 0  # 0 = unset
-    process_id: int = -1  # -1 = unset
-    auto: bool = False  # let JAX detect the cluster (SLURM, Open MPI, TPU pod slices)
-    heartbeat_timeout_s: int = 20  # a silent peer is declared dead after this
-    initialization_timeout_s: int = 300
-    cpu_collectives: str = "gloo"
+    """`config.distributed`: every `distributed.*` key (bridge/config/keys.py)."""
 
     def __post_init__(self):
         explicit = (bool(self.coordinator_address), self.num_processes > 0, self.process_id >= 0)

@@ -31,8 +31,8 @@ import numpy as np
 from bridge.contracts import pass_at_k
 from bridge.contracts.prompt import PromptFormat, TextCodec
 from bridge.contracts.thinking import prompt_thinking
+from bridge.control.intake.rewards import RewardScorer
 from bridge.control.protocol import WorkerTrajectory
-from bridge.control.rewards import RewardScorer
 from bridge.tasks.eval_file import DEFAULT_INSTRUCTION, EvalFileTask
 
 

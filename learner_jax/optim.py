@@ -16,18 +16,15 @@ from typing import Any
 
 import optax
 
+from bridge.config.keys import SCHEMA
+
 
 @dataclasses.dataclass(frozen=True)
+@SCHEMA.declared_fields
 class OptimizerConfig:
-    learning_rate: float = 1e-6  # peak
-    warmup_steps: int = 0
+    """`config.optimizer`'s keys (bridge/config/keys.py) and the phase's step count."""
+
     total_steps: int = 1000
-    end_lr_fraction: float = 0.1
-    b1: float = 0.9
-    b2: float = 0.999
-    eps: float = 1e-8
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0  # <= 0 disables clipping
 
     def __post_init__(self):
         if self.learning_rate < 0:

@@ -5,6 +5,9 @@ never gathered onto one device or host: that is what lets a multi-host learner p
 Where a shard lands in HF layout, and how its block is converted, is the row's
 `layouts.Transform` (`shard_pieces`, `to_hf`): the same object that converts whole arrays,
 so the sharded and the gathered paths cannot disagree.
+
+`LearnerSide` is what the version strategies (bridge/weights/) call on the learner: these
+publishes, the canary, and with LoRA the adapters as PEFT tensors (lora_publish.py).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from bridge.model import layouts
 from bridge.model.config import ModelConfig
 from bridge.store import sharded_publish
 from bridge.store.weight_store import Manifest, ShardedSource, WeightStore
-from learner_jax import distributed
+from learner_jax import distributed, lora_publish, lora_state
 
 
 def _writers(arr: jax.Array) -> set[jax.Device]:
@@ -117,3 +120,62 @@ def publish_multiprocess(
         )
     distributed.barrier(f"{tag}:committed")
     return store.manifest(version), written
+
+
+class LearnerSide:
+    """The learner's half of every version kind (bridge/weights/sides.py `LearnerSide`):
+    `learner` a Learner, `canary` its params -> canary payload (learner_jax/rl/weights.py)."""
+
+    def __init__(self, learner, canary):
+        self.learner, self.canary = learner, canary
+        self.dtype = str(learner.publish_dtype)
+        self.param_dtype = str(learner.param_dtype)
+        self.hf_dir = learner.hf_dir
+
+    @property
+    def processes(self) -> int:
+        return jax.process_count()
+
+    @property
+    def step(self) -> int:
+        return self.learner.step
+
+    def hf_config(self) -> dict:
+        return self.learner.model_cfg.to_hf_dict()
+
+    def policy_params(self):
+        return self.learner.policy_params
+
+    def publishable(self, params):
+        """`params` in the stored dtype: the canary scores what workers load."""
+        lrn = self.learner
+        if lrn.publish_dtype == lrn.param_dtype:
+            return params
+        return jax.tree.map(lambda x: x.astype(lrn.publish_dtype), params)
+
+    def hf_sources(self, params):
+        return hf_sources(self.learner.model_cfg, params)
+
+    def publish_full(self, store, version: int, params, extra, dtype: str = "") -> Manifest:
+        cfg = self.learner.model_cfg
+        dtype = dtype or self.dtype
+        return publish_params(store, version, version, cfg, params, dtype=dtype, extra=extra)
+
+    # LoRA
+    def lora_reference(self) -> dict:
+        return self.learner.cursor[lora_state.CURSOR_KEY]
+
+    def adapter_params(self):
+        return self.learner.state.params
+
+    def frozen_params(self):
+        return self.learner.state.frozen
+
+    def peft_tensors(self, adapters) -> dict[str, np.ndarray]:
+        return lora_publish.peft_tensors(adapters)
+
+    def adapter_config(self, base_model: str | None) -> dict:
+        return lora_publish.adapter_config(self.learner.lora, base_model)
+
+    def policy_from_peft(self, version: int, tensors: Mapping[str, np.ndarray]):
+        return lora_publish.policy_from_peft(self.learner, version, tensors)

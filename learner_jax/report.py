@@ -240,7 +240,7 @@ def summary(rows: list[dict], evals: list[dict], swaps: dict, fetches=(), provis
 
 
 def version_bytes_lines(rows: list[dict]) -> list[str]:
-    """What each published version added to the store (`bridge/version_bytes`, bridge/delta/)
+    """What each published version added to the store (`bridge/version_bytes`, bridge/weights/)
     and the changed fraction of the versions stored as deltas (`bridge/delta_density` < 1;
     1.0 is logged for a version that was not compared: a full one)."""
     vbytes = [r["bridge/version_bytes"] for r in rows if "bridge/version_bytes" in r]
@@ -260,7 +260,7 @@ def version_bytes_lines(rows: list[dict]) -> list[str]:
 
 
 def utilization_lines(rows: list[dict]) -> list[str]:
-    """The capacity model's live predictions (bridge/control/fleet_plan.py: warm measurements
+    """The capacity model's live predictions (bridge/control/fleet/fleet_plan.py: warm measurements
     only) against the learner utilization of the same steps, over the steps with a confident
     prediction (the fleet's speed and T move with the machine's load, so one early
     prediction is judged against the steps it was made for), and the first one. Both are

@@ -5,9 +5,9 @@ fail before the workdir is touched (`validate`, which the training binary calls 
 
 One home for the translation config -> dataclasses, so the learner (learner_jax/learner.py),
 the training binary (learner_jax/train.py), learner_jax/rl/ and tests read a config the
-same way; library code takes the dataclasses. The defaults of a config key, of the
-dataclass field it fills and of the worker flag it becomes agree
-(tests/learner_jax/learner_config_test.py checks them).
+same way; library code takes the dataclasses. A config key, the dataclass field it fills and
+the worker flag it becomes are one declaration (bridge/config/keys.py); `validate` refuses
+keys not declared there and values of the wrong type first.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ import math
 import jax
 
 from bridge.broadcast.topology import resolve_mode
+from bridge.config.keys import SCHEMA
 from bridge.contracts import staleness as staleness_rule
 from bridge.contracts.prompt import PromptFormat
 from learner_jax import (
@@ -170,7 +171,7 @@ def several_processes(config) -> bool:
 
 def check_lora(config) -> None:
     """`learner.lora.*`, and LoRA on one learner process: adapter versions are gathered
-    and written by one process (rl/adapter_versions.py), and nothing of a LoRA run
+    and written by one process (bridge/weights/adapter.py), and nothing of a LoRA run
     (the frozen base, adapter gathering, publishing) has run across processes."""
     if lora.from_config(config) is not None and several_processes(config):
         raise ValueError(
@@ -212,6 +213,7 @@ def _configured_format(config, task=None) -> PromptFormat:
 
 def validate(config) -> None:
     """Every config error that can be found without touching the workdir, raised early."""
+    SCHEMA.check(config)  # unknown keys (a typo would be ignored) and wrong types
     check_batch_sizes(config, make_mesh(config))
     sharding_rules(config)
     check_lora(config)  # learner.lora.*
@@ -364,10 +366,10 @@ def broadcast_mode(config) -> str:
 
 
 def server_options(config):
-    """The controller's HTTP service (bridge/control/service.py): `controller.tls_cert` and
+    """The controller's HTTP service (bridge/control/http/service.py): `controller.tls_cert` and
     `controller.tls_key` ('' = plain HTTP, which non-loopback workers are refused unless
     `controller.allow_plain_http`)."""
-    from bridge.control.service import ServerOptions
+    from bridge.control.http.service import ServerOptions
 
     c = config.controller
     return ServerOptions(

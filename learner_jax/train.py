@@ -227,7 +227,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             bos_id=codec.bos_id,
             on_announce=watcher.published,
             mirror=leader,
-            delta=weights.delta_publisher(config, store),
+            delta_config=config.bridge.delta,
             own_store=not config.bridge.store,
         )
         parts.callback(publisher.close)
@@ -287,9 +287,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         ctrl_c = parts.enter_context(
             interrupt.StopOnCtrlC(lambda msg: logging.info(msg, extra=console.SHOW))
         )
-        rescorer = rescore.VersionRescorer.for_run(
-            config, store, learner, publisher, leader, ctl.config
-        )
+        rescorer = rescore.VersionRescorer.for_run(config, learner, publisher, leader, ctl.config)
         exact = exact_check.ExactChecker.for_run(config, rescorer, ctl.config)
         healer = heal.VersionHealer(ctl, publisher)  # a version workers cannot load
         source = batches.BatchSource(
@@ -359,9 +357,7 @@ def follow_rl(learner: Learner, task) -> None:
 
     def publish_fn(version: int, write: bool, spec: dict) -> None:
         if write:
-            weights.write_version(
-                WeightStore(spec), version, learner, learner.policy_params, canary
-            )
+            weights.write_full_version(WeightStore(spec), version, learner, canary)
 
     def eval_fn() -> None:
         evaluator.completions(learner.policy_params, learner.mesh, learner.rules)

@@ -37,7 +37,7 @@ import optax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from bridge.contracts import sampling_check
-from bridge.control import audit
+from bridge.control.trust import audit
 from bridge.model.config import ModelConfig
 from learner_jax import diagnostics, losses, model, packing, sharding
 from learner_jax import lora as lora_lib
@@ -241,7 +241,7 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
         sums["mismatch/kl"] = row_k3.sum()
         sums["mismatch/tokens"] = row_n.sum()
         # Per-row sums for the controller's per-worker audit of behaviour log-probs
-        # (bridge/control/audit.py); the step returns them in batch row order.
+        # (bridge/control/trust/audit.py); the step returns them in batch row order.
         sums[ROWS + "k3"] = row_k3
         sums[ROWS + "logratio"] = row_lr
         sums[ROWS + "tokens"] = row_n

@@ -2,7 +2,7 @@
 added at runtime (vLLM `LoRARequest`), the newest `keep` (>= S + 1) resident, the oldest
 evicted, and generation / prompt log-probs under a chosen adapter version.
 
-Adapter versions come from the adapter sub-store (bridge/adapters/store.py), read and
+Adapter versions come from the adapter sub-store (bridge/weights/adapter_store.py), read and
 verified chunk by chunk against their manifest, written as a PEFT directory under
 `cache_dir/v{version}` and handed to the engine; eviction takes the earliest added (a
 rerun learner's rollback announces a lower number later); a resident version whose manifest
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from bridge.adapters import store as adapter_store
 from bridge.store.weight_store import WeightStore
+from bridge.weights import adapter_store
 from rollout_gpu.vllm_engine import VllmEngine, on_cpu
 
 # HF config fields that must agree between the adapter's base and the served model.

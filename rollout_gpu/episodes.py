@@ -12,7 +12,7 @@ engine request continuing its exact token history:
 The model's tokens are kept exactly as sampled (EOS included), never decoded and
 re-encoded; the action text the environment sees is the turn decoded with special tokens
 skipped, and the next observation is encoded on its own without special tokens, exactly
-as the controller's replay re-encodes it (bridge/control/rewards.py checks it, token for
+as the controller's replay re-encodes it (bridge/control/intake/rewards.py checks it, token for
 token). Model tokens carry their behaviour log-prob and version with mask 1, observation
 tokens log-prob 0.0 and mask 0 (the learner trains on mask-1 tokens only).
 
@@ -23,7 +23,7 @@ rewards the worker's environment computes are not sent: the controller replays.
 Hidden state (issue 23 item 8): the controller's leases carry no seed (`EpisodeSpec.seed`
 -1; a poker seed is the deal). The observations then come from the controller, one
 POST /v1/episode per turn for all live episodes of the lease (`observe`, the model turns
-so far as token ids; bridge/control/episode_steps.py). The controller holds what each
+so far as token ids; bridge/control/intake/episode_steps.py). The controller holds what each
 episode has played: a request carries each live episode once, with exactly one new turn,
 and the submission must be those turns (a retry of a request gets the same answers). A
 spec with a seed (tests, older controllers) is still played on a local environment.

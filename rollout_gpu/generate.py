@@ -27,7 +27,7 @@ Multi-turn episodes (a group with an `EpisodeSpec`) are played by rollout_gpu/ep
 a single-turn group is their one-step case.
 
 No rewards here: the controller scores each completion itself from its token ids and
-never sends the reference answers out (bridge/control/rewards.py).
+never sends the reference answers out (bridge/control/intake/rewards.py).
 """
 
 from __future__ import annotations

@@ -14,12 +14,12 @@ store object `weight_swap.load_version` reads:
 Either way load_version verifies every array checksum again and runs the canary: only
 where the bytes come from changes. The announcement's manifest SHA-256 goes with every
 fetch: a relay copy whose manifest differs (begun on another peer's instruction) is refused
-and dropped, and the worker reads the store. A delta version (bridge/delta/) comes through the relay
-too: the relay fetches what the worker, serving version `have()` (WeightVersions sets it),
-needs to rebuild it (the patches after `have`, or the anchor whole and the patches after
-it: rollout_gpu/relay_cache.py), and load_version rebuilds from the relay's copy with the
-same `have`. A version whose load from the relay's copy failed is read from the store the
-next time (the root of trust; a relay copy that cannot rebuild it is not retried).
+and dropped, and the worker reads the store. A delta version (bridge/weights/delta.py) comes through
+the relay too: the relay fetches what the worker, serving version `have()` (WeightVersions sets it),
+needs to rebuild it (the patches after `have`, or the anchor whole and the patches after it:
+rollout_gpu/relay_cache.py), and load_version rebuilds from the relay's copy with the same `have`. A
+version whose load from the relay's copy failed is read from the store the next time (the root of
+trust; a relay copy that cannot rebuild it is not retried).
 Heartbeats carry the relay URL, the measured rates and a BroadcastReport of the last fetch
 (bad sources, bytes from store vs peers).
 """

@@ -24,7 +24,7 @@ this relay's memory are dropped and refetched rather than passed on. zarr.json m
 is rebuilt locally from the manifest, never copied from a peer. The cache is a
 WeightStore (a `memory` kvstore by default) whose manifest is written last, so the
 worker swaps from it through the unchanged verified path (`weight_swap.load_version`).
-Delta versions (bridge/delta/) travel the same way, key by key: their patches (a patch
+Delta versions (bridge/weights/) travel the same way, key by key: their patches (a patch
 larger than a chunk as its chunk-sized pieces, each verified and re-served on its own) and
 dense tensors, or what a worker needs to catch up (`fetch_async(..., have=)`, relay_cache.py).
 Uploads go through a token bucket (`up_bytes_per_s`, rollout_gpu/uplink.py), used by the
@@ -53,7 +53,7 @@ from aiohttp import web
 
 from bridge.broadcast import chunks as chunks_lib
 from bridge.broadcast import relay_params as params
-from bridge.control.log_text import log_safe
+from bridge.control.trust.log_text import log_safe
 from bridge.store import weight_store as ws
 from bridge.store.layout import LAYOUT
 from rollout_gpu import peer_fetch, uplink

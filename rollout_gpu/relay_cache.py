@@ -10,7 +10,7 @@ every version of the last two catch-up paths (`pin`), which the worker may still
 rebuilding from.
 
 Catch-up (`fetch_chain`): a worker serving version `have` that is told of `target` needs
-what `bridge/delta/reconstruct.py` will read: the deltas after `have`, or the nearest anchor
+what `bridge/weights/delta_reconstruct.py` will read: the deltas after `have`, or the nearest anchor
 whole and the deltas after it, whichever is fewer bytes (`choose_path`, on the manifests
 read from the last source, the root of trust). The relay fetches exactly those versions,
 oldest first, each key through the parent and fallbacks like any chunk and verified on
@@ -28,9 +28,10 @@ import time
 import tensorstore as ts
 
 from bridge.broadcast import chunks as chunks_lib
-from bridge.delta import reconstruct
 from bridge.store.layout import LAYOUT
 from bridge.store.manifest import Manifest, VersionNotFoundError
+from bridge.weights import delta_reconstruct as reconstruct
+from bridge.weights import kinds
 from rollout_gpu import peer_fetch
 
 
@@ -72,7 +73,7 @@ class VersionCache:
                 if name in held
             )
         )
-        every_key = not manifest.is_full or held == set(manifest.arrays)
+        every_key = kinds.strategy_of(manifest).complete_copy(manifest, held)
         self.versions[version] = CachedVersion(manifest_bytes, {s.key: s for s in plan}, every_key)
         self._notify()
 

@@ -24,15 +24,19 @@ import dataclasses
 import os
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from absl import logging
 
-from bridge.control.client import ControllerClient, ControllerError
-from bridge.control.join_secret import read_secret
+from bridge.config.keys import SCHEMA
+from bridge.control.http.client import ControllerClient, ControllerError
 from bridge.control.protocol import Heartbeat, VersionAnnouncement, WorkerProfile
+from bridge.control.trust.join_secret import read_secret
 from rollout_gpu.lifecycle import Contact, Standing, backoff_delay
 from rollout_gpu.versions import WeightVersions
+
+T = TypeVar("T")
 
 
 class FatalError(RuntimeError):
@@ -40,27 +44,25 @@ class FatalError(RuntimeError):
 
 
 @dataclasses.dataclass(frozen=True)
+@SCHEMA.declared_fields
 class WorkerOptions:
+    """What the worker binary's flags say. Fields besides these are the flags declared in
+    bridge/config/keys.py with WorkerOptions among their readers, at the flags' defaults:
+    throttle_s, max_leases, grace_s, max_backoff_s, max_no_contact_s, on_standby,
+    cache_dir, and the weight relay for peers (relay, relay_host, relay_port, relay_url;
+    rollout_gpu/peer_swap.py)."""
+
     controller: str
     join_secret: str
     profile: WorkerProfile
-    throttle_s: float = 0.0  # artificial delay per lease (a deliberately slow demo worker)
-    max_leases: int = 0  # stop after this many submitted leases; 0 = run until stopped
-    grace_s: float = 30.0  # how long a SIGTERM lets the current lease finish
     backoff_s: float = 0.5
-    max_backoff_s: float = 60.0
-    max_no_contact_s: float = 1800.0  # exit non-zero after this long without the controller
-    on_standby: str = "idle"  # "idle": heartbeats only until active again; "exit": exit 0
     rate_window_s: float = 60.0
     tls_verify: Any = True  # True, False or a CA bundle path
     token_file: str = ""  # re-read at each (re-)registration: follows a secret rotation
-    cache_dir: str = os.path.expanduser("~/.cache/echo2/models")  # the store's model files
-    # Weight relay for peers (rollout_gpu/peer_swap.py, built by the worker); relay_url: the
-    # address peers reach it at (default http://relay_host:port, right only on one machine).
-    relay: bool = True  # as the --relay flag: a worker serves its chunks to peers
-    relay_host: str = "127.0.0.1"
-    relay_port: int = 0
-    relay_url: str = ""
+
+    def __post_init__(self):
+        # The declared default (and a flag's value) may start with ~: no shell expands it.
+        object.__setattr__(self, "cache_dir", os.path.expanduser(self.cache_dir))
 
 
 class Throughput:
@@ -185,7 +187,7 @@ class ControllerSession:
         )
 
     def _join_secret(self) -> str:
-        # The controller may have rotated the secret (bridge/control/join_secret.py) since
+        # The controller may have rotated the secret (bridge/control/trust/join_secret.py) since
         # this worker started; an unreadable file falls back to the one given at start.
         if self.opts.token_file:
             try:
@@ -194,16 +196,25 @@ class ControllerSession:
                 pass
         return self.opts.join_secret
 
-    def call(self, method: str, *args, patient: bool = True, until_stop: bool = False):
-        """`client.<method>(*args)`, retried through outages and re-registering on a 401;
-        `until_stop`: give up once a stop is requested (work not yet started: a lease)."""
+    def call(
+        self,
+        request: Callable[..., T],
+        *args,
+        patient: bool = True,
+        until_stop: bool = False,
+    ) -> T:
+        """`request(client, *args)` on the current client, `request` a `ControllerClient`
+        method (`session.call(ControllerClient.lease, req)`), retried through outages and
+        re-registering on a 401; `until_stop`: give up once a stop is requested (work not
+        yet started: a lease)."""
         import httpx
 
+        method = request.__name__
         attempt = 0
         while True:
             client = self.client
             try:
-                out = getattr(client, method)(*args)
+                out = request(client, *args)
                 self.contact.ok()
                 return out
             except ControllerError as e:
@@ -235,7 +246,7 @@ class ControllerSession:
             unloadable_version=self.versions.lease_claims()["unloadable_version"],
             **(peers.heartbeat_fields() if (peers := self.versions.peers) else {}),
         )
-        r = self.call("heartbeat", hb, patient=False)
+        r = self.call(ControllerClient.heartbeat, hb, patient=False)
         if r.heartbeat_interval_s:  # the controller spaces heartbeats out as the fleet grows
             self.heartbeat_interval_s = min(max(r.heartbeat_interval_s, 0.1), 300.0)
         self.versions.hear(r)
@@ -264,7 +275,7 @@ class ControllerSession:
         self.stop_heartbeats()
         if self.client is not None and not self.contact.expired():
             try:
-                self.call("leave", patient=False)
+                self.call(ControllerClient.leave, patient=False)
             except (ControllerError, ConnectionError) as e:
                 logging.warning("leave failed (leases will expire instead): %s", e)
             self.client.close()

@@ -15,7 +15,7 @@ The newest announced version, seen from the worker (`WeightVersions.state()`):
     REFUSED     it failed verification or loading: retried after 5 s, doubling to 60 s,
                 rather than re-read at every poll; meanwhile the worker generates on its
                 loaded version and reports it (`unloadable_version`), and the learner
-                publishes it again (bridge/control/liveness.py). A refusal holds for the
+                publishes it again (bridge/control/leasing/liveness.py). A refusal holds for the
                 announcement it refused: the same version announced again (a later
                 `published_at`) is another copy in the store, tried at once and read and
                 verified afresh, also after a failed canary (`EngineVersion.bad_versions`).

@@ -237,6 +237,9 @@ class VllmEngine(RolloutEngine):
 
     # -- weights -----------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, Any]] | None) -> None:
+        # Requests left by a generate that raised hold KV blocks: the prefix-cache reset
+        # below would fail, and every later swap with it (the worker never loads a version).
+        self._drop_stale()
         try:
             if weights is None:
                 self.llm.collective_rpc("reload_weights")

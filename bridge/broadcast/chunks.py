@@ -11,7 +11,7 @@ cannot be matched by altered bytes (CRC-32s, used before, could). The manifest i
 comes from the store (the root of trust) or is checked against a SHA-256 the controller
 announced.
 
-Delta versions (bridge/delta/) travel the same way: a hop's plan is the version's patch
+Delta versions (bridge/weights/) travel the same way: a hop's plan is the version's patch
 objects (`LAYOUT.patch_key`, each checked against the BLAKE3 digest its manifest entry
 `TensorPatch.digest` lists; a patch larger than a chunk as its chunk-sized pieces,
 `LAYOUT.patch_piece_key`, each against its digest in `TensorPatch.pieces`, so it pipelines
@@ -36,6 +36,7 @@ from bridge.store import chunk_digest
 from bridge.store.chunk_digest import chunk_boxes
 from bridge.store.layout import LAYOUT
 from bridge.store.manifest import Manifest
+from bridge.weights import kinds
 
 
 class MissingChunkDigests(ValueError):
@@ -65,22 +66,16 @@ def chunk_plan(version: int, manifest: Manifest, whole: bool | None = None) -> l
     patches and dense tensors; refused for a full version without a patch)."""
     if manifest.checksum_algorithm != chunk_digest.CHECKSUM_ALGORITHM:
         raise MissingChunkDigests(f"version {version}: {manifest.checksum_algorithm} checksums")
-    whole = manifest.is_full if whole is None else whole
-    if whole and not manifest.is_full:
-        raise ValueError(f"version {version} is a delta version: it cannot be fetched whole")
-    if not whole and manifest.delta is None:
-        raise ValueError(f"version {version} is a full version without a patch")
-    patches = manifest.delta.tensors if manifest.delta is not None else {}
     out = []
-    for name, info in manifest.arrays.items():
-        patch = patches.get(name)
-        if patch is not None and patch.kind == "patch":
+    # The version's kind says what it is made of: (tensor, patch object or None, chunks too).
+    for name, patch, chunks in kinds.strategy_of(manifest).parts(manifest, whole):
+        if patch is not None:
             objects = patch.objects(version, name)  # one object, or its chunk-sized pieces
             if not patch.digest or not all(digest for _, digest, _ in objects):
                 raise MissingChunkDigests(f"version {version}: patch of {name} has no digest")
             out.extend(ChunkSpec(k, name, d, n, n, True) for k, d, n in objects)
-        if whole or patch.kind == "dense":
-            out.extend(_array_chunks(version, name, info))
+        if chunks:
+            out.extend(_array_chunks(version, name, manifest.arrays[name]))
     return out
 
 

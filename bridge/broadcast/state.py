@@ -37,7 +37,7 @@ as for a report), credited like a child's report. A relay measured to deliver no
 probed again every `_REPROBE_VERSIONS` versions, so a passing fault does not bench it for
 good.
 
-Delta versions (bridge/delta/) put a few % of the model on each link: a fetch that small
+Delta versions (bridge/weights/) put a few % of the model on each link: a fetch that small
 is dominated by per-request latency, so its bytes / seconds says little about the uplink
 (a lower bound only). A parent's rate measured on a full version (an anchor) is therefore
 kept when a newer report carries a payload under a quarter of that one's and a lower rate

@@ -21,7 +21,8 @@ at a leaf and moves no one); `remove` drops a node from the order, so in a chain
 now hangs from its grandparent.
 Every placement lists fallbacks (grandparent, great-grandparent ... ) and the store is
 always the last resort. Nodes excluded for serving bad bytes never relay to anyone: they
-hang as extra leaves under the last healthy node.
+hang as extra leaves. Leaves spread over the relays by measured uplink per child
+(`_leaf_parent`), so a crowd of them does not share one relay's uplink.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ class Topology:
         # one has been measured to deliver, then only those (module docstring).
         self.relaying: set[str] = set()
         self.bootstrap = True
+        self.leaf_parents: dict[str, str] = {}  # leaf -> the relay it hangs from (_leaf_parent)
 
     # -- membership ---------------------------------------------------------------------
     def join(self, node: Node) -> None:
@@ -136,6 +138,7 @@ class Topology:
         delivering = {n for n in self.order if (rank_rate(self.nodes[n]) or 0.0) > 0}
         self.bootstrap = not delivering
         self.relaying = set(self.order) if self.bootstrap else delivering
+        self.leaf_parents.clear()  # re-spread under the new ranking
 
     # -- placement ----------------------------------------------------------------------
     def _parent_index(self, i: int) -> int | None:
@@ -150,16 +153,16 @@ class Topology:
         if node_id not in self.relaying:
             if node_id not in self.nodes:
                 raise KeyError(f"unknown node {node_id!r}")
-            # Excluded, unmeasured or measured to deliver nothing: a leaf under the last
-            # relay (or the store).
+            # Excluded, unmeasured or measured to deliver nothing: a leaf under a relay
+            # (or the store).
             relays = [n for n in self.order if n in self.relaying]
             if self.mode == "store" or not relays:
                 return Placement(None, None, (), 1)
-            last = relays[-1]
-            up = self.placement(last)
-            chain = (self.nodes[last].relay_url, up.parent_url or "", *up.fallback_urls)
+            parent = self._leaf_parent(node_id, relays)
+            up = self.placement(parent)
+            chain = (self.nodes[parent].relay_url, up.parent_url or "", *up.fallback_urls)
             urls = tuple(u for u in chain if u)
-            return Placement(last, urls[0], urls[1 : 1 + MAX_FALLBACKS], up.depth + 1)
+            return Placement(parent, urls[0], urls[1 : 1 + MAX_FALLBACKS], up.depth + 1)
         ancestors = []
         i = self.order.index(node_id)
         while (i := self._parent_index(i)) is not None:
@@ -173,6 +176,32 @@ class Topology:
             tuple(u for u in urls[1 : 1 + MAX_FALLBACKS] if u),
             len(ancestors) + 1,
         )
+
+    def _leaf_parent(self, node_id: str, relays: list[str]) -> str:
+        """The relay a leaf hangs from, kept until the next `rebuild`. Each new leaf goes
+        where it gets the largest share of an uplink: the relay with the least measured rate
+        per child (its heap children plus the leaves given it), so many leaves (workers
+        behind NAT, newcomers of a large join) spread over the relays in proportion to
+        their uplinks instead of sharing one. Before anything is measured all rates count
+        as equal."""
+        parent = self.leaf_parents.get(node_id)
+        if parent in self.relaying:
+            return parent
+        load = dict.fromkeys(relays, 0)
+        for i in range(1, len(relays)):
+            load[relays[self._parent_index(i)]] += 1
+        for leaf, p in self.leaf_parents.items():
+            if p in load and leaf in self.nodes:
+                load[p] += 1
+
+        def share(i_r):
+            i, r = i_r
+            rate = rank_rate(self.nodes[r]) or 1.0
+            return (-(rate / (load[r] + 1)), -i)  # ties: the deepest relay, as before
+
+        parent = min(enumerate(relays), key=share)[1]
+        self.leaf_parents[node_id] = parent
+        return parent
 
     def placements(self) -> dict[str, Placement]:
         return {n: self.placement(n) for n in self.nodes}

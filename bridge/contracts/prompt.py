@@ -13,7 +13,7 @@
 
 The controller (trusted side) builds every prompt's ids with `TextCodec` (the `tokenizers`
 library on the HF directory's tokenizer.json) and sends them in the lease
-(bridge/control/lease_content.py): workers never tokenize a prompt. The learner encodes
+(bridge/control/leasing/lease_content.py): workers never tokenize a prompt. The learner encodes
 with the same codec (SFT, evaluation). `rollout_gpu/generate.py prompt_token_ids` runs the
 same `format_prompt_ids` on an HF tokenizer; tests/bridge/contracts/prompt_format_test.py
 uses it to show that transformers' tokenizer gives the same ids. Jinja2 is rendered

@@ -1,10 +1,10 @@
 """Did the policy pick these tokens? A likelihood test of a worker's sampled tokens against
 the learner's distribution (issue 23 item 6). The train step (train_step.py, rows its own
 version sampled) and the audit's re-score (learner_jax/rl/rescore.py, older versions) add
-up per row what `row_sums` says; the controller's audit (bridge/control/audit.py) keeps the
+up per row what `row_sums` says; the controller's audit (bridge/control/trust/audit.py) keeps the
 per-worker sums and quarantines past |Z| > `audit_sampling_z`.
 
-The log-prob audit (bridge/control/audit.py) catches a worker whose reported log-probs
+The log-prob audit (bridge/control/trust/audit.py) catches a worker whose reported log-probs
 are not the policy's; it cannot catch one that reports the policy's TRUE log-probs of
 tokens it chose itself (greedy, the best of many samples, a reference answer). Sampling
 leaves a fingerprint the learner can check without knowing the worker's random numbers:

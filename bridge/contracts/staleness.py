@@ -61,8 +61,8 @@ transaction (`Controller._op`, bridge/control/controller.py). Each invariant, an
   after that commit is on disk (group commit).
 Everything slow or frequent runs outside the critical section: parsing and the JSON bounds
 (http_guard.py), authentication and heartbeats (hot state in memory with their own small
-locks, bridge/control/hot_state.py), reward scoring, and the fsync of the group commit
-(bridge/control/group_commit.py). Lock order: the controller's lock, then the SQLite
+locks, bridge/control/state/hot_state.py), reward scoring, and the fsync of the group commit
+(bridge/control/state/group_commit.py). Lock order: the controller's lock, then the SQLite
 transaction, then a small lock (deadline table, hot workers, standby cache, broadcast,
 pacing); no small lock is held while the controller's lock is taken, so none deadlocks.
 """

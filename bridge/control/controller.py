@@ -1,28 +1,32 @@
 """Controller: the one place where the controller's parts are built and wired (no HTTP).
 
-Served over HTTP by bridge/control/service.py; the learner calls `wait_batch` directly.
+Served over HTTP by bridge/control/http/service.py; the learner calls `wait_batch` directly.
 Each public operation takes the lock and one SQLite transaction (`_op`), then calls the
 parts; the parts own their state, take what they need in their constructors and never
 reference the controller (prime-rl's orchestrator is the model):
 
-- `db` (db.py, `ControllerDB`): every table and SQL statement; all durable state.
-- `versions` (versions.py): the announced policy version and who must swap.
-- `workers` (workers.py): registration, tokens, liveness, billing.
-- `leasing` (leasing.py): admission, the reasons for no work, issuing leases. The
+- `db` (state/db.py, `ControllerDB`): every table and SQL statement; all durable state.
+- `versions` (state/versions.py): the announced policy version and who must swap.
+- `workers` (fleet/workers.py): registration, tokens, liveness, billing.
+- `leasing` (leasing/leasing.py): admission, the reasons for no work, issuing leases. The
   staleness rule itself (admission cap, freshness, deadlines) is bridge/contracts/staleness.py.
-- `intake` (intake.py): a submission checked, scored outside the lock (`scorer`,
-  rewards.py), then accepted atomically; resubmissions are no-ops.
-- `learner` (learner_api.py): staleness-aware batches and the checkpoint cursor.
-- `auditor` (audit.py): the log-prob audit and quarantine, kept in the database.
-- `timing` (lease_timing.py): the step period and per-worker lease latency ("too_slow").
-- `fleet` (fleet_plan.py): capacity model on measured inputs and cost-aware activation
+- `intake` (intake/intake.py): a submission checked, scored outside the lock (`scorer`,
+  intake/rewards.py), then accepted atomically; resubmissions are no-ops.
+- `learner` (learner_api.py): staleness-aware batches, the wait for one, the checkpoint
+  cursor; the learner's calls (`take_batch`, `wait_batch`, `report_learner`, the cursor,
+  the eval board's learner side) are methods here, so a controller in its own process
+  (process.py) serves every one of them.
+- `auditor` (trust/audit.py): the log-prob audit and quarantine, kept in the database.
+- `timing` (leasing/lease_timing.py): the step period and per-worker lease latency ("too_slow").
+- `fleet` (fleet/fleet_plan.py): capacity model on measured inputs and cost-aware activation
   (with `activation` on, workers off the cheapest covering set get reason "inactive").
 - `broadcast` (bridge/broadcast/state.py): relay routes in every heartbeat/lease answer.
-- `run_end` (run_end.py): after `end_run()` every poll answers `run_over`; `limits`
-  (limits.py): per-worker request rates, lease counts ("lease_limit"), token lifetimes.
-- `evals` (eval_leases.py): evaluation leases, only to capacity rollouts leave idle.
+- `run_end` (fleet/run_end.py): after `end_run()` every poll answers `run_over`; `limits`
+  (trust/limits.py): per-worker request rates, lease counts ("lease_limit"), token lifetimes.
+- `evals` (evaluation/eval_leases.py): evaluation leases, only to capacity rollouts leave idle.
+- `episodes` (intake/episode_steps.py): a multi-turn episode's next observation, turn by turn.
 Leases expire `lease_ttl_s` after issue, renewed by heartbeats; expired or released work goes
-back to the front of the queue. A heartbeat takes no lock and no SQLite (hot_state.py).
+back to the front of the queue. A heartbeat takes no lock and no SQLite (state/hot_state.py).
 
 Trust: the controller builds each leased prompt's token ids itself (`codec`) and refuses
 a group generated from other ids; it scores every completion itself, never sends reference
@@ -40,24 +44,29 @@ from collections.abc import Callable, Sequence
 
 from bridge.broadcast.report_check import ReportChecker, probe_uplink
 from bridge.broadcast.state import BroadcastState
-from bridge.control import audit as audit_lib
-from bridge.control import fleet_status, limits
 from bridge.control.config import ControllerConfig
-from bridge.control.db import ControllerDB
-from bridge.control.eval_leases import EvalBoard, eval_idle
-from bridge.control.fleet_plan import FleetPlan
-from bridge.control.heartbeat_pacing import HeartbeatPacing
-from bridge.control.hot_state import HotFlusher
-from bridge.control.identity import IdentityBook
-from bridge.control.intake import Intake, own_lease
-from bridge.control.learner_api import LearnerSide
-from bridge.control.learner_calls import LearnerCalls
-from bridge.control.lease_content import LeaseContent
-from bridge.control.lease_timing import LeaseTiming
-from bridge.control.leasing import Grant, Leasing
-from bridge.control.liveness import Liveness
-from bridge.control.prompt_stream import PromptStream
+from bridge.control.evaluation.eval_leases import EvalBoard, eval_idle
+from bridge.control.fleet import fleet_status
+from bridge.control.fleet.fleet_plan import FleetPlan
+from bridge.control.fleet.heartbeat_pacing import HeartbeatPacing
+from bridge.control.fleet.run_end import RunEnd
+from bridge.control.fleet.run_end import wait_all_told as run_end_wait
+from bridge.control.fleet.stats_line import stats_line
+from bridge.control.fleet.workers import WorkerRegistry
+from bridge.control.intake.episode_steps import EpisodeSteps
+from bridge.control.intake.intake import Intake, own_lease
+from bridge.control.intake.rewards import CallPool, Codec, RewardScorer
+from bridge.control.learner_api import LearnerSide, build_batch
+from bridge.control.leasing.lease_content import LeaseContent
+from bridge.control.leasing.lease_timing import LeaseTiming
+from bridge.control.leasing.leasing import Grant, Leasing
+from bridge.control.leasing.liveness import Liveness
+from bridge.control.leasing.prompt_stream import PromptStream
+from bridge.control.leasing.sampling_seeds import SamplingSeeds
 from bridge.control.protocol import (
+    ConsumedGroup,
+    EpisodeStep,
+    EpisodeStepResponse,
     Heartbeat,
     HeartbeatResponse,
     LeaseRequest,
@@ -67,17 +76,17 @@ from bridge.control.protocol import (
     VersionAnnouncement,
     WorkerProfile,
 )
-from bridge.control.rewards import CallPool, Codec, RewardScorer
-from bridge.control.run_end import RunEnd
-from bridge.control.run_end import wait_all_told as run_end_wait
-from bridge.control.sampling_seeds import SamplingSeeds
-from bridge.control.stats_line import stats_line
-from bridge.control.versions import VersionBoard
-from bridge.control.workers import WorkerRegistry
-from bridge.tasks import Task
+from bridge.control.state import rollback
+from bridge.control.state.db import ControllerDB
+from bridge.control.state.hot_state import HotFlusher
+from bridge.control.state.versions import VersionBoard
+from bridge.control.trust import audit as audit_lib
+from bridge.control.trust import limits
+from bridge.control.trust.identity import IdentityBook
+from bridge.tasks import Prompt, Task
 
 
-class Controller(LearnerCalls):
+class Controller:
     def __init__(
         self,
         config: ControllerConfig,
@@ -97,7 +106,6 @@ class Controller(LearnerCalls):
         self.config, self.task, self.clock, self.codec = c, task, clock, codec
         self.db = ControllerDB(db_path)
         self.lock = threading.RLock()
-        self._new_work = threading.Condition(self.lock)
         self.timing = LeaseTiming(c.staleness, c.retest_slow_after_s, c.refuse_too_slow)
         prompts = PromptStream(task, c.seed, self.db)
         self.fleet = FleetPlan(c, self.db, self.timing, clock)
@@ -122,10 +130,12 @@ class Controller(LearnerCalls):
             checker=None if c.broadcast == "store" else ReportChecker(),
             prober=None if c.broadcast == "store" else ReportChecker(probe_uplink, 8),
         )  # fmt: skip
-        self._polling = threading.local()  # in wait_batch: take_batch skips stats on a miss
         self.pacing = HeartbeatPacing(c)  # the interval each reply carries
         self.auditor = audit_lib.WorkerAudit.from_config(c, self.db)
         self.liveness = Liveness(c.staleness, c.groups_per_step, c.max_version_lag, clock())
+        self.episodes = EpisodeSteps(
+            self.db, self.lock, c, self.content, codec, self.scorer, self.evals
+        )
         self.db.restore_deadlines(clock() + c.lease_ttl_s)  # granted: a full TTL more
         self._closed = False
         self._flusher = HotFlusher(self.flush_hot, c.hot_flush_s) if c.hot_flush_s > 0 else None
@@ -162,7 +172,7 @@ class Controller(LearnerCalls):
     def _op(self, durable: bool = True):
         """Lock + one transaction: each public operation is atomic and serialized. Then,
         outside the lock, `durable` waits until the transaction is on disk (group commit,
-        bridge/control/group_commit.py): what is acknowledged survives a power cut."""
+        bridge/control/state/group_commit.py): what is acknowledged survives a power cut."""
         with self.lock, self.db.tx():
             for worker_id, version, at in self.workers.hot.take_swaps():  # from heartbeats
                 self.fleet.swapped(worker_id, version, at)
@@ -248,6 +258,12 @@ class Controller(LearnerCalls):
             **self.broadcast.route(worker_id, ann.version),
         )
 
+    def heartbeat_takes_lock(self) -> bool:
+        """Whether the next heartbeat runs the activation solve (under the lock, at most
+        every `activation_period_s`): a server that answers heartbeats on its event loop
+        runs that one on a thread instead (http/fast_routes.py)."""
+        return self.fleet.replan_due(self.clock())
+
     def heartbeat_interval(self, worker_id: str | None = None, now: float | None = None):
         """The next heartbeat interval for the live fleet (heartbeat_pacing.py)."""
         return self.pacing.interval(self.clock() if now is None else now, worker_id)
@@ -329,7 +345,19 @@ class Controller(LearnerCalls):
     # -- submissions ---------------------------------------------------------------------
     def submit(self, worker_id: str, sub: Submission) -> SubmitResponse:
         """Check everything, score the completions outside the lock (rewards.py), then
-        accept atomically; resubmissions are no-ops."""
+        accept atomically; resubmissions are no-ops. An accepted completion holding a token
+        the reward cannot see (scored 0, rewards.py `ScoringText`) counts against its
+        worker (`WorkerRegistry.count_hidden`)."""
+        resp = self._submit(worker_id, sub)
+        if self.scorer is not None and resp.accepted:
+            accepted = set(resp.accepted)
+            trajs = [t for g in sub.groups if g.group_id in accepted for t in g.trajectories]
+            if n := self.scorer.decoder.count_hidden(trajs):
+                with self._op(durable=False):  # a counter: nothing a worker was promised
+                    self.workers.count_hidden(worker_id, n)
+        return resp
+
+    def _submit(self, worker_id: str, sub: Submission) -> SubmitResponse:
         if self.evals.owns(sub.lease_id):  # evaluation: scored, recorded, never trained on
             with self._op():
                 self.workers.touch(worker_id)
@@ -350,7 +378,7 @@ class Controller(LearnerCalls):
                 now = self.clock()
                 self.timing.lease_done(worker_id, done.issued_at, now, done.late)
                 self.fleet.lease_done(worker_id, done.issued_at, now, done.rollouts)
-            self._work_arrived()  # wait_batch (learner_calls.py)
+            self.learner.work_arrived()  # wakes wait_batch
             return SubmitResponse(
                 accepted=accepted,
                 duplicates=dups,
@@ -358,7 +386,114 @@ class Controller(LearnerCalls):
                 swap_to=self.versions.swap_to(self.workers.version(worker_id)),
             )
 
-    # -- behaviour log-prob audit (bridge/control/audit.py) ------------------------------
+    def episode_step(self, worker_id: str, req: EpisodeStep) -> EpisodeStepResponse:
+        """The next observation of each episode of `worker_id`'s lease that `req` names, one
+        model turn further (episode_steps.py; replays run in the reward pool)."""
+        return self.episodes.observe(worker_id, req)
+
+    # -- the learner's calls (learner_api.py) -------------------------------------------
+    def take_batch(self, step: int, num_groups: int) -> tuple[list[ConsumedGroup] | None, dict]:
+        """`num_groups` fresh groups for `step`, oldest version first; None if too few yet.
+        The stats are the fleet metrics, plus the batch's staleness when there is one (none
+        on a miss inside `wait_batch`). Only taking the rows holds the lock: the fsync, the
+        decoding and the stats come after it."""
+        with self._op(durable=False):
+            rows = self.learner.take_rows(step, num_groups)
+        if rows is None:
+            return None, ({} if self.learner.polling() else self._stats())
+        self.db.sync()  # the consumption on disk before the learner trains on it
+        batch, staleness = build_batch(rows, step, self.content.seeds)
+        return batch, {**self._stats(), **staleness}
+
+    def wait_batch(
+        self, step: int, num_groups: int, timeout_s: float
+    ) -> tuple[list[ConsumedGroup] | None, dict]:
+        """Block until `take_batch` succeeds or `timeout_s` passes (wall clock). The fleet
+        stats are computed once, on return (not on every submission's wake-up), and the
+        consumption is on disk before the batch is. The stats carry `time/data_wait_s`, the
+        seconds this call waited for work to arrive (learner_api.py `wait_for_batch`)."""
+        return self.learner.wait_for_batch(
+            lambda: self.take_batch(step, num_groups), timeout_s, self._stats
+        )
+
+    def report_learner(
+        self,
+        step_s: float | None = None,
+        publish_s: float | None = None,
+        overhead_s: float | None = None,
+        cold: bool = False,
+    ) -> None:
+        """The learner's train time of its last update (T for the capacity model; until it
+        reports, the measured step period, waits included), on publishing steps the time to
+        publish (0 or None: none this step), and its time outside train steps and waits
+        since the previous update (evaluation, checkpoints, publishing). `cold`: XLA
+        compiled since the previous report, a one-off: these times are left out while warm
+        ones exist. Call after each RL step."""
+        with self.lock:
+            self.fleet.learner_reported(step_s, publish_s, overhead_s, cold)
+            self.liveness.stepped(self.clock())
+
+    def export_cursor(self) -> dict:
+        return self.learner.export_cursor()
+
+    def restore_cursor(self, cursor: dict, version: int | None = None) -> int:
+        """Put the groups consumed after a checkpoint back in the buffer; with `version`
+        (the checkpoint's), also undo what a crashed run did past it (state/rollback.py)."""
+        back = self.learner.restore_cursor(cursor)
+        if version is not None:
+            with self._op():
+                self._persist_hot()  # the rows first, then undo on them, then read back
+                rollback.roll_back(self.db, version)
+                self.workers.reload()
+                self.versions.reload()
+        self.db.sync()
+        return back
+
+    def forget_consumed(self, up_to_step: int) -> int:
+        return self.learner.forget_consumed(up_to_step)
+
+    # -- the learner's side of the eval leases (evaluation/eval_leases.py) -----------------
+    def configure_eval(self, workdir: str) -> None:
+        """Write evaluation summaries to <workdir>/eval.jsonl, per-prompt lines beside it."""
+        self.evals.configure(workdir)
+
+    def request_eval(
+        self,
+        version: int,
+        prompts: list[Prompt],
+        n: int,
+        temperature: float,
+        step: int | None = None,
+        eval_file: str = "",
+    ) -> int:
+        """Queue an evaluation of `version` on the fleet (`EvalBoard.request`); returns the
+        number of eval groups."""
+        return self.evals.request(version, prompts, n, temperature, step=step, eval_file=eval_file)
+
+    def take_eval_results(self) -> list[dict]:
+        """The summaries of the evaluations finished since the last call."""
+        return self.evals.take_results()
+
+    def take_eval_audit_rows(self) -> list[tuple]:
+        """The sampled eval trajectories of finished versions, once each, for the audit."""
+        return self.evals.take_audit_rows()
+
+    def take_eval_check_rows(self) -> list[dict]:
+        """Scored eval groups waiting for the learner's exact check, each with its worker's
+        engine dtype (the check's margin follows it)."""
+        rows = self.evals.take_check_rows()
+        dtypes = {r["worker"]: self.learner.engine_dtype(r["worker"]) for r in rows}
+        return [{**r, "engine_dtype": dtypes[r["worker"]]} for r in rows]
+
+    def eval_verified(self, accepted: list[int], refused: list[int]) -> None:
+        """The learner's exact-check verdict on eval groups (`EvalBoard.verified`)."""
+        self.evals.verified(accepted, refused)
+
+    def pending_eval_versions(self) -> list[int]:
+        """Versions whose evaluation is queued or running."""
+        return self.evals.pending_versions()
+
+    # -- behaviour log-prob audit (bridge/control/trust/audit.py) ------------------------
     def audit(self, stats: Sequence[audit_lib.AuditStat]) -> list[str]:
         """Fold in the learner's per-worker comparison of behaviour and learner log-probs
         (`audit.rows_to_worker_stats`, after each step); returns the workers quarantined now:

@@ -1,10 +1,16 @@
-"""The learner's side of the controller: staleness-aware batches and the checkpoint cursor.
+"""The learner's side of the controller: staleness-aware batches, the wait for one, and the
+checkpoint cursor.
 
 `LearnerSide` is a part of `Controller` (bridge/control/controller.py), built from what it
-needs: the database (bridge/control/db.py), the controller's lock, the staleness bound, the
-clock, the lease timing it reports the learner's pace to, and the prompt stream. The
-controller keeps the learner's entry points (`take_batch`, `wait_batch`, the cursor) and
+needs: the database (bridge/control/state/db.py), the controller's lock, the staleness
+bound, the clock, the lease timing it reports the learner's pace to, and the prompt stream.
+The controller keeps the learner's entry points (`take_batch`, `wait_batch`, the cursor) and
 delegates here; it adds the fleet metrics to each batch's stats.
+
+Waiting (`wait_for_batch`): the lock is not held across the tries (a step's fsync, decoding
+and stats held it ~100-300 ms at 500 workers); each accepted submission bumps a counter
+(`work_arrived`), so a submission accepted after a try started skips the sleep instead of
+being missed, and the sleep is a wait on the controller's lock's condition, woken by it.
 
 Bounded staleness S (the rule: bridge/contracts/staleness.py): learner step t may use a
 trajectory only while its oldest token's version is fresh. Before each batch, buffered groups that
@@ -23,21 +29,29 @@ none twice.
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
+import time
 from collections.abc import Callable
 
 import pydantic
 
 from bridge.contracts import staleness as staleness_rule
-from bridge.control.db import ControllerDB
-from bridge.control.lease_timing import LeaseTiming
-from bridge.control.prompt_stream import PromptStream
+from bridge.control.leasing.lease_timing import LeaseTiming
+from bridge.control.leasing.prompt_stream import PromptStream
+from bridge.control.leasing.sampling_seeds import SamplingSeeds
 from bridge.control.protocol import ConsumedGroup, Trajectory
-from bridge.control.sampling_seeds import SamplingSeeds
+from bridge.control.state.db import ControllerDB
 
 # A group's payload (intake.py writes it with the same adapter): pydantic-core parses and
 # validates it from the JSON text, ~10x `Trajectory(**t) for t in json.loads(...)`.
 _TRAJECTORIES = pydantic.TypeAdapter(list[Trajectory])
+# The fleet stats of a wait that found no batch are recomputed at most this often: a learner
+# polling each second recomputed them under the lock, O(fleet) (~17 ms at 2000 workers),
+# while leases queued behind it.
+IDLE_STATS_S = 5.0
+
+Batch = tuple[list[ConsumedGroup] | None, dict]
 
 
 class LearnerSide:
@@ -54,6 +68,10 @@ class LearnerSide:
     ):
         self.db, self.lock, self.staleness, self.clock = db, lock, staleness, clock
         self.timing, self.prompts = timing, prompts
+        self._new_work = threading.Condition(lock)
+        self._work_seq = 0  # submissions accepted so far (`work_arrived`)
+        self._polling = threading.local()  # inside `wait_for_batch` on this thread
+        self._idle_stats: tuple[float, dict] = (-math.inf, {})  # (monotonic time, stats)
 
     @contextlib.contextmanager
     def _op(self):
@@ -100,6 +118,48 @@ class LearnerSide:
              "engine_dtype": dtypes.get(w, "bfloat16")}
             for r in rows
         ]  # fmt: skip
+
+    def work_arrived(self) -> None:
+        """A submission was accepted (the caller holds the lock): wake `wait_for_batch`."""
+        self._work_seq += 1
+        self._new_work.notify_all()
+
+    def polling(self) -> bool:
+        """Whether this thread is inside `wait_for_batch`: a miss there needs no fleet
+        stats (they are computed once, when the wait returns)."""
+        return getattr(self._polling, "on", False)
+
+    def wait_for_batch(
+        self, take: Callable[[], Batch], timeout_s: float, stats: Callable[[], dict]
+    ) -> Batch:
+        """`take()` (the controller's `take_batch` for one step) until it returns a batch or
+        `timeout_s` passes (wall clock), sleeping on submissions in between. On a timeout
+        the stats are `stats()` at most every IDLE_STATS_S. Adds `time/data_wait_s`, the
+        seconds spent waiting for work to arrive: the rest of the call (taking the batch,
+        the fleet stats, the fsync, the transfer) is the learner's own cost per step
+        (capacity O)."""
+        deadline, waited = time.monotonic() + timeout_s, 0.0
+        self._polling.on = True
+        try:
+            while True:
+                seen = self._work_seq
+                batch, out = take()
+                left = deadline - time.monotonic()
+                if batch is not None or left <= 0:
+                    break
+                with self.lock:  # wake on submissions; poll anyway so expiry is noticed
+                    if self._work_seq == seen:
+                        t0 = time.monotonic()
+                        self._new_work.wait(min(left, 0.5))
+                        waited += time.monotonic() - t0
+        finally:
+            self._polling.on = False
+        if batch is None:
+            at, out = self._idle_stats
+            if time.monotonic() - at >= IDLE_STATS_S:
+                out = stats()
+                self._idle_stats = (time.monotonic(), out)
+        return batch, {**out, "time/data_wait_s": waited}
 
     def engine_dtype(self, worker_id: str) -> str:
         """The engine dtype `worker_id` declared (its registered profile)."""

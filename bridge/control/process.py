@@ -48,7 +48,7 @@ def _orphaned_exit(parent: int) -> None:
 
 def _child(cfg, workdir, task, codec, options, token_file, resume, logs, authkey, conn):
     from bridge.control.controller import Controller
-    from bridge.control.service import serve_controller
+    from bridge.control.http.service import serve_controller
 
     parent = os.getppid()
     threading.Thread(target=_orphaned_exit, args=(parent,), daemon=True).start()

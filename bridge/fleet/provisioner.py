@@ -27,6 +27,8 @@ import threading
 import time
 from typing import Any
 
+from bridge.control.trust.identity import mint_credential
+
 
 @dataclasses.dataclass
 class WorkerHandle:
@@ -100,6 +102,27 @@ class Provisioner(abc.ABC):
     @abc.abstractmethod
     def _exit_code(self, handle: WorkerHandle) -> int | None:
         """None while the worker runs; its exit status once it is gone."""
+
+    def identity(self, handle: WorkerHandle) -> str:
+        """The identity the controller gives worker `handle` (bridge/control/trust/identity.py).
+        The fleet follower takes a status row for this handle's only with it: a name is what
+        a worker sends, an identity is what it proves. A remote worker presents its own
+        credential (`credential_file`), which only the operator can mint."""
+        return f"cred:{handle.name}"
+
+    def credential_file(self, name: str, join_secret_file: str) -> str:
+        """Mint worker `name`'s credential from the join secret into
+        `<workdir>/credentials/<name>` (owner-only) and return its path: the remote machine
+        gets that, never the secret, so it registers as `cred:<name>` and nobody else can."""
+        with open(join_secret_file) as f:
+            credential = mint_credential(f.read().strip(), name)
+        folder = os.path.join(self.workdir, "credentials")
+        os.makedirs(folder, mode=0o700, exist_ok=True)
+        path = os.path.join(folder, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(credential + "\n")
+        return path
 
     # -- interface -----------------------------------------------------------------------
     def room(self) -> int:

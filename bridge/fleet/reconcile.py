@@ -5,7 +5,8 @@
     result = reconcile(prov, want, status["workers"], reason="activation")
 
 `want` is a number of workers, or the set of worker names to keep (the provisioner's
-names, which workers report with `--name`). One pass:
+names, which workers report with `--name`; a status row counts for a name only under the
+identity the provisioner gave that worker, `handle_states`). One pass:
 
 1. workers that died (`prov.poll()`), and workers the controller reports `gone` or
    `quarantined` (a crashed machine whose launch command said nothing), are released
@@ -40,6 +41,20 @@ def active_names(status: dict, worker_ids: Iterable[str]) -> set[str]:
     return {w["name"] for w in status["workers"] if w["worker_id"] in ids and w["name"]}
 
 
+def handle_states(prov: Provisioner, workers: list[dict]) -> dict[str, str]:
+    """name -> controller state of each of `prov`'s workers, from status rows. A row counts
+    for a handle only with the handle's name AND the identity the provisioner gave it
+    (`Provisioner.identity`): a worker that registered one of our names under another
+    identity is not ours, and acting on it would stop or keep the wrong machine. A name may
+    have registered more than once (a rejoin): its newest row counts."""
+    mine = {h.name: prov.identity(h) for h in prov.handles}
+    state = {}
+    for w in sorted(workers, key=lambda w: -w["last_contact_s"]):
+        if w["name"] in mine and w.get("identity") == mine[w["name"]]:
+            state[w["name"]] = w["state"]
+    return state
+
+
 def reconcile(
     prov: Provisioner,
     want: int | Iterable[str],
@@ -50,11 +65,7 @@ def reconcile(
     status rows (`status()["workers"]`), to catch deaths the provisioner cannot see."""
     dead = prov.poll()
     if workers:
-        # A name may have registered more than once (a rejoin): its newest row counts.
-        state = {}
-        for w in sorted(workers, key=lambda w: -w["last_contact_s"]):
-            if w["name"]:
-                state[w["name"]] = w["state"]
+        state = handle_states(prov, workers)
         for h in prov.alive():
             if state.get(h.name) in _LOST:
                 prov.stop(h, f"controller reports it {state[h.name]}")

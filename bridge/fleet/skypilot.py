@@ -17,7 +17,7 @@ provisioners share `<workdir>/provisioner.jsonl`); each worker is one SkyPilot c
     setup        pip install ".[worker-gpu]"
     run          python -m rollout_gpu.worker --controller=URL --token_file=~/.echo2/join_token
                  --name=<name> --price_per_hour=... --accelerator=... --relay_host=0.0.0.0 ...
-    file_mounts  the join secret's file -> ~/.echo2/join_token (and a TLS CA, if any)
+    file_mounts  the worker's own credential -> ~/.echo2/join_token (and a TLS CA, if any)
     resources    accelerators {A: n}, use_spot, infra cloud/region, the relay's port
 
 Launch, status and teardown go through SkyPilot's Python SDK (`SkyPilotAPI`: `sky.launch`
@@ -292,7 +292,10 @@ class SkyPilotProvisioner(Provisioner):
         self._status: dict[str, str] = {}
 
     def task_config(self, name: str) -> dict:
-        return task_config(self.profile, name, self.price_per_hour, self.options)
+        # The machine gets its own credential, never the join secret (Provisioner.identity).
+        token = self.credential_file(name, self.options.token_file)
+        opts = dataclasses.replace(self.options, token_file=token)
+        return task_config(self.profile, name, self.price_per_hour, opts)
 
     def _launch(self, name: str) -> dict[str, Any]:
         cluster = f"echo2-{name}"

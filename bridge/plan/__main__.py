@@ -1,6 +1,6 @@
 """Plan a fleet: which workers to rent, and what the run will cost and how busy it keeps
 the learner, by discrete-event simulation (simulate.py) next to the analytic model
-(bridge/control/capacity.py).
+(bridge/control/fleet/capacity.py).
 
     python -m bridge.plan --fleet=configs/fleets/qwen3_8b.json --out=/tmp/plan.json \
         [--staleness=S] [--publish_every=K] [--broadcast=store|chain|tree] [--steps=N] \

@@ -10,7 +10,7 @@
      ["admission": "held"|"controller"], ["max_version_lag"], ["seed"]}
 
 Units: seconds, bytes for `model_bytes`, MB/s (1e6 bytes) for bandwidths, USD per hour.
-`version_bytes` is what one new version puts on each link (delta versions, bridge/delta/:
+`version_bytes` is what one new version puts on each link (delta versions, bridge/weights/:
 the run's measured `bridge/version_bytes`; default `model_bytes`); a worker that restarts
 or joins still fetches `model_bytes` (an anchor).
 `lease_s` is how long one lease (one group of `group_size` rollouts) takes on a worker, the

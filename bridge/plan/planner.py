@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from bridge.control import activation, capacity
+from bridge.control.fleet import activation, capacity
 from bridge.plan import links, simulate
 from bridge.plan.fleet import Fleet, WorkerType
 

@@ -10,7 +10,7 @@ The one home of the store's key layout: the writer (`weight_store.py`,
     data/{version:012d}/{hf_name}/c/{i}/{j}    its chunks (zarr3's default key encoding)
     data/{version:012d}/.parts/{process}.json  a multi-host publisher's record of its chunks
     data/{version:012d}/.delta/{hf_name}       a delta version's patch of one tensor (the
-                                               changed elements vs its base, bridge/delta/);
+                                               changed elements vs its base, bridge/weights/);
                                                a dense-fallback tensor is an ordinary array
     data/{version:012d}/.delta/{hf_name}/{i}   or its pieces, when larger than a chunk
 

@@ -43,7 +43,7 @@ class ArrayInfo(pydantic.BaseModel):
 
 
 class TensorPatch(pydantic.BaseModel):
-    """How one tensor of a delta version is stored (bridge/delta/codec.py).
+    """How one tensor of a delta version is stored (bridge/weights/delta_codec.py).
 
     kind "same": bytes equal the base's, nothing stored; "patch": the changed elements
     (`nbytes` in all, BLAKE3 `digest` of the whole patch object); "dense": the whole tensor
@@ -102,7 +102,7 @@ class TensorPatch(pydantic.BaseModel):
 class DeltaInfo(pydantic.BaseModel):
     """How a version is reached from its `base` (the previous published version).
 
-    `tensors` patch the base into this version (bridge/delta/). `anchor` is the full version
+    `tensors` patch the base into this version (bridge/weights/). `anchor` is the full version
     its chain starts from: this version itself when it is an anchor that also carries a
     patch on its base (so a reader one version behind crosses an anchor by its patch, not
     by downloading it whole). `nbytes` is what the patches (+ dense tensors) take, the cost of

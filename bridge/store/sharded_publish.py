@@ -26,7 +26,7 @@ chunk.
 A chunk must come from one piece (chunks align to shards, `chunk_digest.chunk_shape`): one
 assembled from pieces of two processes cannot be digested by either, and is refused.
 
-Versions written here are always full (anchors): a delta (bridge/delta/) diffs whole
+Versions written here are always full (anchors): a delta (bridge/weights/) diffs whole
 tensors, which no process of a sharded learner holds; with `bridge.delta.enabled` a
 multi-process learner still publishes full versions and its DeltaPublisher forgets its base.
 """

@@ -285,13 +285,10 @@ class WeightStore:
         self, version: int, names: Iterable[str] | None = None, depth: int = 8
     ) -> Iterator[tuple[str, np.ndarray]]:
         """Yield (name, array) in manifest order, each verified against the manifest; a delta
-        version is rebuilt from its anchor first (bridge/delta/reconstruct.py)."""
-        if self.manifest(version).is_full:
-            yield from self.read_stored(version, names, depth)
-            return
-        from bridge.delta.reconstruct import reconstruct
+        version is rebuilt from its anchor first (bridge/weights/delta_reconstruct.py)."""
+        from bridge.weights.delta_reconstruct import read_version
 
-        yield from reconstruct(self, version, names).tensors.items()
+        yield from read_version(self, version, names, depth)
 
     def read_stored(
         self, version: int, names: Iterable[str] | None = None, depth: int = 8
@@ -349,7 +346,7 @@ class WeightStore:
         if not isinstance(keep, int) or keep < 1:
             raise ValueError(f"gc keeps at least 1 version, got keep={keep!r}")
         existing = self.versions()
-        # A kept delta version needs its chain back to its anchor (bridge/delta/): keep it.
+        # A kept delta version needs its chain back to its anchor (bridge/weights/): keep it.
         floor = self.manifest(existing[-keep]).anchor if len(existing) > keep else 0
         doomed = [v for v in existing[:-keep] if v < floor]
         for v in doomed:  # manifest first: a half-deleted version is never visible

@@ -49,7 +49,7 @@ class Task(abc.ABC):
     prompt_format: PromptFormat = PromptFormat()
     # True when a prompt's `answer` holds state the prompt text hides from workers (an
     # episode's seed is a card deal): the controller then draws `train_prompts` from a
-    # seed keyed by the run's secret (bridge/control/prompt_stream.py), so no worker can
+    # seed keyed by the run's secret (bridge/control/leasing/prompt_stream.py), so no worker can
     # rebuild the stream from the config's public seed and look a prompt up in it.
     hides_state: bool = False
 

@@ -189,7 +189,7 @@ class EnvTask(Task):
     RL; the environment's own rule for such text still applies, and `exact_eval`, which
     measures the game itself, ignores it). Prompt ids are `<env>/<digest of the seed>`;
     `answer` holds the seed, which only the trusted side sees: leases carry no seed, and
-    workers get each observation from the controller (bridge/control/episode_steps.py).
+    workers get each observation from the controller (bridge/control/intake/episode_steps.py).
     """
 
     hides_state = True  # the seed is the episode's hidden state (a deal)
@@ -261,7 +261,7 @@ class EnvTask(Task):
 def replay_named(
     module: str, task_name: str, options: dict, prompt: tuple[str, str, str], actions: list[str]
 ) -> tuple[float, list[str], bool]:
-    """Runs in a reward-pool worker (bridge/control/rewards.py): the trusted replay of one
+    """Runs in a reward-pool worker (bridge/control/intake/rewards.py): the trusted replay of one
     episode of the task (name, options) as plain data, so only strings cross the pipe."""
     import importlib
     import sys

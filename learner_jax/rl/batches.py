@@ -24,7 +24,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from bridge.control import audit
+from bridge.control.trust import audit
 from learner_jax import advantages, rollout_batch
 
 

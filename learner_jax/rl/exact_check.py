@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from bridge.contracts import exact_check, gumbel
-from bridge.control import audit
+from bridge.control.trust import audit
 from bridge.model.config import ModelConfig
 from learner_jax import logprobs, model
 from learner_jax import truncation as truncation_lib

@@ -43,24 +43,27 @@ import os
 import time
 from collections.abc import Callable
 
+from bridge.config.keys import SCHEMA
 from bridge.fleet.provisioner import Provisioner
-from bridge.fleet.reconcile import reconcile
+from bridge.fleet.reconcile import handle_states, reconcile
 
 log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
+@SCHEMA.declared_fields
 class FollowConfig:
-    activation: bool = False  # follow the controller's activation decision
-    period_s: float = 5.0
-    max_deaths: int = 3
-    death_window_s: float = 120.0
+    """How the fleet follows the controller. Fields besides these: activation (follow the
+    controller's decision), max_deaths, death_window_s, standby_release_s (refused as too
+    slow this long: released; inf = never), declared in bridge/config/keys.py."""
+
+    period_s: float = SCHEMA.default("fleet.follow_period_s")
     short_cooldown_s: float = 60.0
-    max_workers: int = 8  # over all provisioners
-    max_usd_per_hour: float = math.inf  # over all provisioners
+    # The limits resolved over all provisioners (fleet.max_workers 0 = local_workers,
+    # fleet.max_usd_per_hour 0 = no limit), so their defaults are not the keys'.
+    max_workers: int = 8
+    max_usd_per_hour: float = math.inf
     wait_s: float = 20.0  # close(): how long to wait for local processes to exit
-    # A worker refused as too slow this long is released (inf = never; see the docstring).
-    standby_release_s: float = 90.0
 
 
 class FleetFollower:
@@ -94,7 +97,7 @@ class FleetFollower:
             return  # nothing provisioned here (remote-only run)
         status = self.status()
         rows = status["workers"]
-        state = {w["name"]: w["state"] for w in sorted(rows, key=lambda w: -w["last_contact_s"])}
+        state = {n: st for prov in self.provs for n, st in handle_states(prov, rows).items()}
         released = 0
         for k, prov in enumerate(self.provs):
             if self.cfg.activation:

@@ -9,7 +9,7 @@ asks the controller to evaluate the version this step publishes (version = learn
 on a step that publishes nothing, the newest announced one). Not the announced one: with
 background publishing that is the previous version, which the workers leave as soon as
 this step's lands, so its evaluation often found no worker on it (version 103 of the
-first two-worker run never got one). It asks (bridge/control/eval_leases.py:
+first two-worker run never got one). It asks (bridge/control/evaluation/eval_leases.py:
 `eval.n` samples per held-out prompt at `eval.temperature`, only workers on exactly that
 version take them when rollouts leave them idle, scored by the trusted scorer; a version
 no live worker is on any more is evaluated at the newest) and goes on training. Finished
@@ -96,8 +96,8 @@ class FleetEval:
             version = learner.step  # published by this step (maybe still in the background)
         if due and version is not None and version >= 0 and version not in self.requested:
             self.requested.add(version)
-            self.ctl.evaluation(
-                "request", version, self.prompts, self.n, self.temperature, step=step,
+            self.ctl.request_eval(
+                version, self.prompts, self.n, self.temperature, step=step,
                 eval_file=self.eval_file,
             )  # fmt: skip
             if self._poller is None:
@@ -116,7 +116,7 @@ class FleetEval:
             if self.exact is not None:
                 self._check_exact()
             out = {}
-            for r in self.ctl.evaluation("take_results"):
+            for r in self.ctl.take_eval_results():
                 out.update({k: v for k, v in r.items() if k.startswith("eval/")})
                 out["eval/version"] = r["version"]
                 logging.info(
@@ -126,7 +126,7 @@ class FleetEval:
                 )  # fmt: skip
             if out:
                 self._inbox.put(out)
-            rows = self.ctl.evaluation("take_audit_rows")
+            rows = self.ctl.take_eval_audit_rows()
             if rows and self.rescorer is not None and self.rescorer.every:
                 stats = self.rescorer.rescore_eval(rows)
                 if stats:
@@ -143,7 +143,7 @@ class FleetEval:
         the argmax); the verdict to the controller, the counts to the audit."""
         from bridge.control.protocol import ConsumedGroup
 
-        rows = self.ctl.evaluation("take_check_rows")
+        rows = self.ctl.take_eval_check_rows()
         accepted, refused, checked = [], [], 0.0
         for temperature in sorted({r["temperature"] for r in rows}):
             groups = [
@@ -159,7 +159,7 @@ class FleetEval:
             accepted += [g.group_id for g in groups if g.group_id not in verdict.refused]
             checked += verdict.metrics["exact/checked_tokens"]
         if rows:
-            self.ctl.evaluation("verified", accepted, refused)
+            self.ctl.eval_verified(accepted, refused)
             self._inbox.put({"eval/exact_refused_groups": float(len(refused)),
                              "eval/exact_checked_tokens": checked})  # fmt: skip
 
@@ -186,7 +186,7 @@ class FleetEval:
         the audit of its rows; returns the eval metrics not yet on a metrics line."""
         self.close()  # from here on this thread polls
         deadline = time.monotonic() + timeout_s
-        waiting = self.ctl.evaluation("pending_versions")
+        waiting = self.ctl.pending_eval_versions()
         if waiting:
             logging.info(
                 "waiting up to %.0fs (eval.final_wait_s) for the fleet evaluation of "
@@ -194,7 +194,7 @@ class FleetEval:
             )  # fmt: skip
         while True:
             self._collect()
-            waiting = self.ctl.evaluation("pending_versions")
+            waiting = self.ctl.pending_eval_versions()
             if not waiting or time.monotonic() >= deadline:
                 break
             time.sleep(poll_s)
@@ -227,7 +227,7 @@ def evaluation_hook(config, ctl, task, eval_log, workdir: str, end: int, rescore
     final_wait_s = float(e.get("final_wait_s", 120.0))
     if not final_wait_s >= 0:
         raise ValueError(f"eval.final_wait_s must be >= 0 seconds, got {final_wait_s}")
-    ctl.evaluation("configure", workdir)  # eval.jsonl, eval_samples.jsonl
+    ctl.configure_eval(workdir)  # eval.jsonl, eval_samples.jsonl
     prompts = task.eval_prompts()
     path = str(config.task.get("eval_file", "") or "")
     if path:  # a benchmark file's prompts, scored by math-verify (bridge/tasks/eval_file.py)

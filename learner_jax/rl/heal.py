@@ -5,7 +5,7 @@
 
 A worker that cannot load the newest announced version (a chunk corrupt or torn in the
 store: it verifies every digest) says so in its lease requests; the controller keeps the
-report (bridge/control/liveness.py). With S = 2 and the two newest versions corrupt before
+report (bridge/control/leasing/liveness.py). With S = 2 and the two newest versions corrupt before
 any worker loaded them, no worker can serve a version the learner may consume and the
 learner cannot publish without a batch: nothing moves. The learner holds the newest
 parameters, so it publishes them again (`WeightPublisher.republish`, learner_jax/rl/

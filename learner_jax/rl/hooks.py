@@ -19,7 +19,7 @@ import time
 from collections.abc import Iterable
 from typing import Protocol
 
-from bridge.control import audit
+from bridge.control.trust import audit
 from learner_jax import compiles
 
 

@@ -4,7 +4,7 @@
     stats = rescorer.maybe(rl_step, groups, current_version)   # -> [AuditStat]
     ctl.audit(stats)
 
-The train step audits exactly the rows its own version sampled (bridge/control/audit.py):
+The train step audits exactly the rows its own version sampled (bridge/control/trust/audit.py):
 the learner's log-probs are of its current parameters, so only those rows compare like
 with like. A worker that tags every token with an older version would never be audited.
 Every `every` RL steps this reads back from the weight store EVERY version the batch's
@@ -31,8 +31,8 @@ near the accelerator's limit, raise `every` or set it to 0 to turn the re-score 
 store's copy is the published one (bridge.publish_dtype), the bytes the workers load, so an
 honest bf16 worker scores the same as against its own weights.
 
-Evaluation rows (`eval.on=fleet`, bridge/control/eval_leases.py) are audited the same way:
-`rescore_eval(rows)` re-scores the controller's sample of each evaluated version's
+Evaluation rows (`eval.on=fleet`, bridge/control/evaluation/eval_leases.py) are audited the
+same way: `rescore_eval(rows)` re-scores the controller's sample of each evaluated version's
 trajectories under that version, at the eval temperature without truncation (greedy
 evaluation: vLLM reports the untempered log-softmax, i.e. temperature 1).
 """
@@ -47,7 +47,7 @@ import jax
 import numpy as np
 
 from bridge.contracts import sampling_check
-from bridge.control import audit
+from bridge.control.trust import audit
 from bridge.model import layouts
 from bridge.model.config import ModelConfig
 from learner_jax import model, sharding
@@ -62,7 +62,7 @@ class VersionRescorer:
                  params_fn=None, focus: AuditFocus | None = None,
                  options: model.ModelOptions | None = None):  # fmt: skip
         """`params_fn(version)`: the params of a stored version, instead of reading full
-        weights (a LoRA run's store holds adapter versions: AdapterVersions.params).
+        weights (a LoRA run's store holds adapter versions: WeightPublisher.policy_reader).
         `focus`: re-score unsettled workers' rows every step (audit_focus.py); None = the
         shared sample alone. `options`: the learner's attention and log-prob chunking
         (`model.logprob_chunk`: without it a re-score of 16 rows of 1k tokens at vocabulary
@@ -93,7 +93,7 @@ class VersionRescorer:
             self.params = params_fn
 
     @classmethod
-    def for_run(cls, config, store, learner, publisher, leader, audit_cfg) -> VersionRescorer:
+    def for_run(cls, config, learner, publisher, leader, audit_cfg) -> VersionRescorer:
         """The training binary's re-scorer: the controller's audit settings (`audit_cfg`,
         its ControllerConfig: the thresholds the focus follows), the run's sampling, and for
         LoRA the stored adapter versions. Process 0 alone runs it, so with
@@ -101,9 +101,9 @@ class VersionRescorer:
         global mesh would wait for the others forever."""
         from learner_jax import run_config  # the training binary's module, not a dependency
 
-        c, adapters = config.controller, publisher.adapters
+        c = config.controller
         return cls(
-            store if adapters is None else adapters.store,
+            publisher.versions_store,
             learner.model_cfg,
             None if leader is not None else learner.mesh,
             learner.rules,
@@ -112,7 +112,7 @@ class VersionRescorer:
             seed=config.seed,
             temperature=float(config.rollout.temperature),
             truncation=truncation_lib.from_rollout(config.rollout),
-            params_fn=adapters and adapters.params,
+            params_fn=publisher.policy_reader(),
             focus=AuditFocus.for_controller(audit_cfg) if c.audit_focus else None,
             options=run_config.model_options(config),
         )

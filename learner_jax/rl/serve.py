@@ -5,7 +5,7 @@
 
 Its state lives in `<workdir>/controller.db` (SQLite). A resumed run hands in the
 checkpoint's cursor, which puts the groups consumed after that checkpoint back in the
-buffer, before the HTTP service (`bridge.control.service.serve_controller`, started by the
+buffer, before the HTTP service (`bridge.control.http.service.serve_controller`, started by the
 binary) lets any worker in.
 """
 
@@ -61,7 +61,7 @@ def start_controller(cfg: ControllerConfig, run, resume, serving, own_process: b
             cfg, workdir, task, codec, options, token_file, resume=(cursor, version), logs=logs
         ).start()
         return proc.controller, proc, [proc.stop]
-    from bridge.control.service import serve_controller
+    from bridge.control.http.service import serve_controller
 
     ctl = open_controller(cfg, workdir, task, codec, *resume)
     server = serve_controller(ctl, workdir, options, token_file)

@@ -9,21 +9,21 @@
 Versions are learner steps (SFT steps included): version v = params after v updates. A
 version carries the learner-side canary (log-probs of fixed probe sequences,
 `bridge.contracts.canary`) so a worker can check its swap reproduces the learner's model.
-With `background=True` (`bridge.async_publish`) `after_step` hands a copy of the params to
-`BackgroundPublisher` and returns at once; the copy is needed because the next train step
-donates the state's buffers. The store keeps `keep` versions (S + 2): a worker may still
-be reading the oldest one a trajectory is allowed to come from (plus, with delta versions,
-the chain back to its anchor: WeightStore.gc). With `delta` (`bridge.delta.*`,
-`delta_publisher`) versions are published as patches on the previous one
-(bridge/delta/publisher.py); each publishing step reports `bridge/version_bytes` and
-`bridge/delta_density`. With LoRA (`learner.lora.rank > 0`; one learner process:
-run_config.check_lora) each version is the adapter alone, over a base published once
-(learner_jax/rl/adapter_versions.py), and the fleet is told the adapter sub-store.
+With `background=True` (`bridge.async_publish`) `after_step` hands a copy of what a version
+is made of to `BackgroundPublisher` and returns at once; the copy is needed because the next
+train step donates the state's buffers. The store keeps `keep` versions (S + 2): a worker
+may still be reading the oldest one a trajectory is allowed to come from (plus, with delta
+versions, the chain back to its anchor: WeightStore.gc). What a version is and how it is
+written is its kind's writer (bridge/weights/kinds.py `writer_for`): full, a delta on the
+previous one (`bridge.delta.*`), or with LoRA (`learner.lora.rank > 0`; one learner
+process: run_config.check_lora) the adapter alone over a base published once, in an
+adapter sub-store the fleet is told of. Each publishing step reports
+`bridge/version_bytes` and `bridge/delta_density`.
 
 Healing. A version already in the store when it is published (a resumed run's checkpoint
 version) is read back and verified first, every chunk against its digest; a corrupt one is
 deleted and written again from the params. `republish(v)` answers the workers' report that
-they cannot load the newest version v (bridge/control/liveness.py; the learner asks while it
+they cannot load the newest version v (bridge/control/leasing/liveness.py; the learner asks while it
 waits for a batch: learner_jax/rl/heal.py): the learner's current params are published as a
 full version (v itself, rewritten if the store's copy does not verify, or the learner's newer
 step) and announced again, so workers stalled on it retry.
@@ -44,14 +44,13 @@ import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from bridge.contracts import canary as canary_lib
-from bridge.delta.publisher import DeltaPublisher
 from bridge.store import model_files
 from bridge.store.layout import LAYOUT
 from bridge.store.manifest import CorruptVersionError
 from bridge.store.weight_store import WeightStore
+from bridge.weights import kinds
 from learner_jax import model, publish
 from learner_jax.background_publish import BackgroundPublisher, PublishError
-from learner_jax.rl.adapter_versions import AdapterVersions
 
 STORE_DIR = "weights"
 
@@ -74,7 +73,7 @@ def open_store(spec: str, workdir: str, step: int) -> WeightStore:
     Versions newer than the checkpoint come from a run that died after publishing past its
     last checkpoint; the rerun republishes those numbers with other weights. In the
     workdir's own store they are deleted (the controller rolls back what was sampled from
-    them: bridge/control/rollback.py); in a configured store they are an error, since a
+    them: bridge/control/state/rollback.py); in a configured store they are an error, since a
     shared bucket path may hold someone else's run.
     """
     spec = str(spec or "")
@@ -124,40 +123,11 @@ class Canary:
         return canary_lib.canary_payload(self._probes, list(lps))
 
 
-def delta_publisher(config, store: WeightStore) -> DeltaPublisher | None:
-    """`bridge.delta.*` -> the run's DeltaPublisher, or None (every version full).
-
-    `enabled`: "auto" = on for a remote store (s3, gcs: slow links, where bytes per version
-    decide what staleness can hold), off for a local one (a file store on this machine reads
-    a full version faster than it rebuilds a chain); "true"/"false" (or a bool) force it."""
-    d = config.bridge.delta
-    enabled = str(d.enabled).strip().lower()
-    if enabled not in ("auto", "true", "false", "1", "0", "on", "off"):
-        raise ValueError(f"bridge.delta.enabled must be auto|true|false, got {d.enabled!r}")
-    if enabled == "auto":
-        on = store.spec["driver"] in ("s3", "gcs")
-    else:
-        on = enabled in ("true", "1", "on")
-    return DeltaPublisher(store, int(d.anchor_every), float(d.max_density)) if on else None
-
-
-def write_version(
-    store: WeightStore, version: int, learner, params, canary: Canary, delta=None
-) -> None:
-    """Write `params` as `version` with its canary (every process calls this together when
-    the learner spans several: each writes its own shards). With `delta` (one process only:
-    it diffs whole tensors) the version is a delta on the previous one or an anchor."""
-    cfg, dtype = learner.model_cfg, str(learner.publish_dtype)
-    if learner.publish_dtype != learner.param_dtype:  # the canary scores what workers load
-        params = jax.tree.map(lambda x: x.astype(learner.publish_dtype), params)
-    extra = {"canary": canary(params)}
-    if delta is not None and jax.process_count() == 1:
-        sources = publish.hf_sources(cfg, params)
-        delta.publish(version, version, sources, cfg.to_hf_dict(), dtype, extra)
-        return
-    publish.publish_params(store, version, version, cfg, params, dtype=dtype, extra=extra)
-    if delta is not None:
-        delta.forget()  # a multi-process publish is full: the next one must not diff
+def write_full_version(store: WeightStore, version: int, learner, canary: Canary) -> None:
+    """Write the learner's policy as full version `version` with its canary: what every
+    process of a multi-process learner runs together (each writes its own shards)."""
+    side = publish.LearnerSide(learner, canary)
+    kinds.full_writer(store).write(side, version, side.policy_params())
 
 
 def sound(store: WeightStore, version: int) -> bool:
@@ -197,54 +167,55 @@ class WeightPublisher:
         bos_id: int,
         on_announce: Callable | None = None,
         mirror=None,
-        delta: DeltaPublisher | None = None,
+        delta_config=None,
         own_store: bool = True,
     ):
+        """`delta_config`: `bridge.delta` (None: full versions); `own_store`: `store` is
+        the workdir's (a LoRA run's adapter store then drops a crashed run's versions)."""
         self.store, self.announce, self.learner, self.mirror = store, announce, learner, mirror
-        self.delta, self.version_metrics = delta, {}
+        self.version_metrics = {}
         self.every, self.keep, self.on_announce = every, keep, on_announce
         # Config + tokenizer beside the versions: a remote worker needs no local model copy.
         model_files.publish(store, learner.hf_dir)
         self.canary = Canary(learner, vocab_size, bos_id, seed)
-        self.adapters = None
-        if getattr(learner, "lora", None) is not None:  # one process (run_config.check_lora)
-            self.adapters = AdapterVersions(store, learner, self.canary, keep - 1, own_store)
-            self.delta = None  # an adapter is already ~1% of the model
+        self.side = publish.LearnerSide(learner, self.canary)
+        self.writer = kinds.writer_for(
+            store,
+            self.side,
+            lora=getattr(learner, "lora", None) is not None,
+            delta_config=delta_config,
+            resident=keep - 1,
+            own=own_store,
+        )
         self._background = BackgroundPublisher(self.publish) if background else None
         self._snapshot = jax.jit(lambda p: jax.tree.map(jnp.copy, p))
         self.republished = 0  # versions published again because workers could not load them
 
+    @property
+    def versions_store(self) -> WeightStore:
+        """The store the fleet is told of (a LoRA run's: its adapter sub-store)."""
+        return self.writer.store
+
+    def policy_reader(self):
+        """`version -> params` of a stored version for the audit's re-score (a LoRA run's
+        merged adapters), or None: the re-score reads full weights from `versions_store`."""
+        return self.writer.policy_reader(self.side)
+
     def publish(self, version: int, params=None) -> float:
         """Write `version` (unless the store has it), announce it, gc; returns seconds.
 
-        `params` defaults to the learner's current ones; the background publisher passes
-        its own snapshot (the learner has moved on by then)."""
+        `params` defaults to what the learner's current version is made of; the background
+        publisher passes its own snapshot (the learner has moved on by then)."""
         t0 = time.perf_counter()
-        if self.adapters is not None:
-            return self._publish_adapter(version, params, t0)
+        store = self.writer.store
         if params is None:
-            params = self.learner.policy_params
-        write = version not in self.store.versions() or not sound(self.store, version)
+            params = self.writer.made_of(self.side)
+        write = version not in store.versions() or not sound(store, version)
         if self.mirror is not None:  # the other processes join in
-            self.mirror.publish(version, write, self.store.spec)
+            self.mirror.publish(version, write, store.spec)
         if write:
-            write_version(self.store, version, self.learner, params, self.canary, self.delta)
-            self.version_metrics = self._version_metrics(version)
-        ann = self.announce(version, self.store.spec)
-        if self.on_announce is not None:
-            self.on_announce(ann)
-        self.store.gc(keep=self.keep)
-        return time.perf_counter() - t0
-
-    def _publish_adapter(self, version: int, params, t0: float) -> float:
-        """LoRA: `params` = (adapters, merged policy) (default: the learner's current)."""
-        store = self.adapters.store
-        if params is None:
-            params = self._current()
-        if version not in store.versions() or not sound(store, version):
-            self.adapters.write(version, *params)
-            nbytes = store.manifest(version).stored_bytes
-            self.version_metrics = {"bridge/version_bytes": nbytes, "bridge/delta_density": 1.0}
+            self.writer.write(self.side, version, params)
+            self.version_metrics = self.writer.metrics(version)
         ann = self.announce(version, store.spec)
         if self.on_announce is not None:
             self.on_announce(ann)
@@ -262,8 +233,7 @@ class WeightPublisher:
         if step < version:
             logging.error("cannot publish version %d again: the learner is at %d", version, step)
             return None
-        if self.delta is not None:
-            self.delta.forget()  # the chain back to an anchor may run through the bad copy
+        self.writer.forget()  # a delta chain back to its anchor may run through the bad copy
         logging.warning(
             "workers cannot load version %d: publishing version %d again from the learner",
             version,
@@ -271,22 +241,6 @@ class WeightPublisher:
         )
         self.republished += 1
         return self.publish(step)
-
-    def _current(self):
-        """What a version is made of: the policy params, or (adapters, merged) with LoRA."""
-        if self.adapters is None:
-            return self.learner.policy_params
-        return self.learner.state.params, self.learner.policy_params
-
-    def _version_metrics(self, version: int) -> dict:
-        """`bridge/version_bytes` (what the version added to the store: a delta's patches,
-        or a full copy) and `bridge/delta_density` (fraction of elements changed vs the
-        previous version; 1.0 when it was not compared)."""
-        last = self.delta.last if self.delta is not None else None
-        if last is not None and last.version == version:
-            return {"bridge/version_bytes": last.stored_bytes, "bridge/delta_density": last.density}
-        nbytes = self.store.manifest(version).stored_bytes
-        return {"bridge/version_bytes": nbytes, "bridge/delta_density": 1.0}
 
     def after_step(self, rl_steps: int) -> dict:
         """Publish the learner's current version if this RL step is a publishing one."""
@@ -298,7 +252,7 @@ class WeightPublisher:
             out["bridge/publish_s"] = self.publish(version)
             return {**out, **self.version_metrics}
         t0 = time.perf_counter()
-        self._background.submit(version, self._snapshot(self._current()))
+        self._background.submit(version, self._snapshot(self.writer.made_of(self.side)))
         out["bridge/publish_blocking_s"] = time.perf_counter() - t0
         out["bridge/publish_s"] = self._background.last_s  # the newest one finished
         out["bridge/publish_skipped"] = self._background.skipped

@@ -66,8 +66,8 @@ ARGS = [
     "--config.fleet.max_num_seqs=16",
     "--config.checkpoint.interval=1000",
     # reregister takes a new worker id after every lease; the per-identity registration
-    # burst (bridge/control/limits.py) would pace it to one per 20 s, which is not what
-    # this test measures (tests/bridge/control/registration_test.py does)
+    # burst (bridge/control/trust/limits.py) would pace it to one per 20 s, which is not what
+    # this test measures (tests/bridge/control/trust/registration_test.py does)
     "--config.controller.register_identity_burst=1000",
 ]
 

@@ -9,7 +9,7 @@ simulation instead of the old kappa T / (kappa T + stall) (0.50 where the simula
 
 import pytest
 
-from bridge.control import capacity
+from bridge.control.fleet import capacity
 from bridge.plan import fleet as fleet_lib
 from bridge.plan import planner
 

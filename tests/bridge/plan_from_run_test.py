@@ -111,7 +111,7 @@ LIVE_POINTS = 0.10
 
 def live_capacity_advice_agrees_with_the_run(rows, console, workdir):
     """Issue 32 on the same run: the controller's confident predictions (warm measurements
-    only, bridge/control/fleet_plan.py) are within LIVE_POINTS of the utilization measured on
+    only, bridge/control/fleet/fleet_plan.py) are within LIVE_POINTS of the utilization measured on
     the same steps, and no capacity warning on the console names a utilization that the
     run's own measurement beats by more than LIVE_POINTS. Measured utilization is train time
     over wall time on those steps (each line's wall time = its train time / its

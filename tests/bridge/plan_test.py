@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from bridge.control import capacity
+from bridge.control.fleet import capacity
 from bridge.plan import fleet as fleet_lib
 from bridge.plan import links, planner
 

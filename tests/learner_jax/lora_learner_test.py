@@ -94,13 +94,13 @@ def test_lora_run_trains_only_adapters_and_resumes(tmp_path):
 
 
 def test_lora_publisher_writes_the_base_once_and_adapter_versions(tmp_path):
-    """With LoRA the training binary's publisher (learner_jax/rl/weights.py +
-    adapter_versions.py) writes the frozen base once as version 0 of the main store and each
-    version as its PEFT adapter in the adapters/ sub-store, announcing that sub-store; the
-    adapter manifest's canary is the merged policy's, and the version read back (what the
-    audit re-scores under) is the learner's policy bitwise."""
-    from bridge.adapters import store as adapter_store
+    """With LoRA the training binary's publisher (learner_jax/rl/weights.py with the seam's
+    AdapterWriter, bridge/weights/adapter.py) writes the frozen base once as version 0 of the main
+    store and each version as its PEFT adapter in the adapters/ sub-store, announcing that
+    sub-store; the adapter manifest's canary is the merged policy's, and the version read back (what
+    the audit re-scores under) is the learner's policy bitwise."""
     from bridge.store.weight_store import WeightStore
+    from bridge.weights import adapter_store
     from learner_jax.rl import weights
 
     learner = Learner(lora_config(), str(tmp_path / "wd"))
@@ -117,7 +117,7 @@ def test_lora_publisher_writes_the_base_once_and_adapter_versions(tmp_path):
         )  # fmt: skip
         v = learner.step
         pub.publish(v)
-        astore = pub.adapters.store
+        astore = pub.versions_store
         assert told == [(v, astore.spec)] and astore.spec["path"].endswith("/adapters/")
         assert store.versions() == [0] and astore.versions() == [v]
         base = store.manifest(0).extra
@@ -130,7 +130,7 @@ def test_lora_publisher_writes_the_base_once_and_adapter_versions(tmp_path):
         assert m.extra["canary"] != base["canary"]  # the adapters change the policy
         assert pub.version_metrics["bridge/version_bytes"] == m.stored_bytes
         assert m.stored_bytes < store.manifest(0).stored_bytes / 5
-        got = traverse_util.flatten_dict(jax.device_get(pub.adapters.params(v)))
+        got = traverse_util.flatten_dict(jax.device_get(pub.policy_reader()(v)))
         want = traverse_util.flatten_dict(jax.device_get(learner.policy_params))
         assert set(got) == set(want)
         for p in want:
@@ -150,6 +150,6 @@ def test_lora_publisher_writes_the_base_once_and_adapter_versions(tmp_path):
         )  # fmt: skip
         with pytest.raises(ValueError, match="not this run's LoRA base"):
             pub2.publish(v + 1)
-        assert pub2.adapters.store.versions() == [] and len(told) == 2
+        assert pub2.versions_store.versions() == [] and len(told) == 2
     finally:
         learner.close()

@@ -33,7 +33,7 @@ def test_report_from_run_files(tmp_path):
                 "time/wall": 1000.0 + 2 * i,
                 "bridge/publish_blocking_s": 0.001 * (i + 1),
                 "bridge/publish_skipped": i // 10,
-                "bridge/version_bytes": 40_000 + 1000 * i,  # delta versions (bridge/delta/)
+                "bridge/version_bytes": 40_000 + 1000 * i,  # delta versions (bridge/weights/)
                 "bridge/delta_density": 0.02,
             }
         )

@@ -127,7 +127,7 @@ def test_short_demo_interrupt_resume_and_reward_rises(tmp_path):
         scraped = observe_checks.assert_scrape_agrees_with_status(workdir)
         # Both workers are in the fleet. Which live state each is in is timing: on a loaded
         # machine a worker whose lease came back stale is refused as too_slow and put on
-        # standby (bridge/control/lease_timing.py), a correct answer the scrape must show.
+        # standby (bridge/control/leasing/lease_timing.py), a correct answer the scrape must show.
         states = {k[1][0][1]: v for k, v in scraped.items() if k[0] == "echo2_workers"}
         assert states["active"] >= 1, states
         assert sum(states.get(s, 0) for s in ("active", "standby", "too_slow")) == 2, states

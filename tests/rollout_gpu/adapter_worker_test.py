@@ -15,12 +15,12 @@ from adapters_test import CFG, LORA, learner_logprobs, random_adapters
 from safetensors.numpy import save_file
 
 from bridge.adapters import merge
-from bridge.adapters import store as adapter_store
 from bridge.contracts import canary as canary_lib
 from bridge.control.protocol import VersionAnnouncement, WorkerProfile
 from bridge.model import layouts, tiny_model
 from bridge.store import model_files
 from bridge.store.weight_store import WeightStore
+from bridge.weights import adapter_store
 from learner_jax import lora_publish
 from rollout_gpu.engine import SampleRequest
 from rollout_gpu.versions import VersionState
@@ -54,7 +54,7 @@ def test_worker_follows_adapter_versions(tmp_path):
     base = layouts.hf_to_flax(CFG, weights)
     digest = merge.weights_digest(base_dir)
 
-    # What the training binary publishes (learner_jax/rl/adapter_versions.py).
+    # What the training binary publishes (bridge/weights/adapter.py AdapterWriter).
     main = WeightStore(str(tmp_path / "store"))
     extra = {"kind": adapter_store.BASE_KIND, "weights_sha256": digest}
     main.publish(0, 0, sorted(weights.items()), CFG.to_hf_dict(), "float32",

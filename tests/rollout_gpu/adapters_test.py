@@ -14,9 +14,9 @@ import pytest
 from flax import traverse_util
 from safetensors.numpy import save_file
 
-from bridge.adapters import store as adapter_store
 from bridge.model import layouts, tiny_model
 from bridge.store.manifest import CorruptVersionError
+from bridge.weights import adapter_store
 from learner_jax import lora, lora_publish, model
 
 pytestmark = pytest.mark.vllm

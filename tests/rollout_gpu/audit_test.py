@@ -1,6 +1,6 @@
 """The behaviour log-prob audit on real numbers: vLLM engines (fp32 and bf16) sample the tiny
 model, transformers fp32 plays the learner, and the per-group statistics go through
-`bridge.control.audit.rows_to_worker_stats` into a real `Controller.audit`. Honest engines
+`bridge.control.trust.audit.rows_to_worker_stats` into a real `Controller.audit`. Honest engines
 never trip it over a long run; fabricated log-probs and another model's are quarantined
 within a bounded number of groups. Prints the measured spread (quoted in BUILD_NOTES.md)."""
 
@@ -9,10 +9,10 @@ import pytest
 
 from bridge.contracts.k3 import k3
 from bridge.contracts.prompt import TextCodec
-from bridge.control import audit
 from bridge.control.config import ControllerConfig
 from bridge.control.controller import Controller
 from bridge.control.protocol import WorkerProfile
+from bridge.control.trust import audit
 from bridge.model import tiny_model
 from bridge.tasks import make_task
 from rollout_gpu.engine import SampleRequest

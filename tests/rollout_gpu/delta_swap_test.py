@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 
 from bridge.contracts import canary
-from bridge.delta.publisher import DeltaPublisher
-from bridge.delta.reconstruct import choose_path, links
 from bridge.model import layouts, tiny_model
 from bridge.store.layout import LAYOUT
 from bridge.store.manifest import CorruptVersionError
 from bridge.store.weight_store import WeightStore
+from bridge.weights.delta_publisher import DeltaPublisher
+from bridge.weights.delta_reconstruct import choose_path, links
 from rollout_gpu import canary as engine_canary
 from rollout_gpu import weight_swap
 

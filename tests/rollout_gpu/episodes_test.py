@@ -70,12 +70,10 @@ def test_holdem_episodes_on_vllm_are_exact_and_replayed_on_the_trusted_side(
     assert all(g.sampling.max_tokens == 2 and g.episode.env == "holdem" for g in lease.groups)
     # Observations from the controller, turn by turn (the lease hides the seed, issue 23
     # item 8); the independent replay below takes the seeds from its database.
-    from bridge.control.episode_steps import EpisodeSteps
     from bridge.control.protocol import EpisodeStep
 
     assert all(g.episode.seed == -1 for g in lease.groups)
-    steps = EpisodeSteps.of(ctl)
-    observe = lambda eps: steps.observe(wid, EpisodeStep(lease_id=lease.lease_id, episodes=eps))
+    observe = lambda eps: ctl.episode_step(wid, EpisodeStep(lease_id=lease.lease_id, episodes=eps))
     results = generate_groups(vllm_engine, lease.groups, version=0, observe=observe)
     seeds = {r["group_id"]: int(r["answer"]) for r in ctl.db.groups_in("leased")}
 
@@ -157,7 +155,7 @@ def test_a_reward_file_loaded_by_path_is_what_reward_mean_reports(
     # The user's function, called here on the completion text decoded independently, with
     # the task's reference answer (which only the trusted side holds).
     # A completion with a special or padded-vocab id before its final stop scores 0 by the
-    # trusted side's hidden-token rule (bridge/control/rewards.py), before any reward runs.
+    # trusted side's hidden-token rule (bridge/control/intake/rewards.py), before any reward runs.
     answers = {g.group_id: g.answer for g in batch}
 
     def reference(ids, answer):

@@ -30,8 +30,8 @@ from worker_procs import leases, wait_for
 from bridge.contracts.prompt import TextCodec
 from bridge.control.config import ControllerConfig
 from bridge.control.controller import Controller
+from bridge.control.http.service import ServerOptions, serve_controller
 from bridge.control.protocol import LeaseRequest, SamplingParams, WorkerProfile
-from bridge.control.service import ServerOptions, serve_controller
 from bridge.model import hf_files, tiny_model
 from bridge.store.weight_store import WeightStore
 from bridge.tasks import make_task

@@ -18,8 +18,8 @@ from worker_procs import wait_for
 from bridge.contracts.prompt import TextCodec
 from bridge.control.config import ControllerConfig
 from bridge.control.controller import Controller
+from bridge.control.http.service import ServerOptions, serve_controller
 from bridge.control.protocol import SamplingParams
-from bridge.control.service import ServerOptions, serve_controller
 from bridge.fleet.command import CommandProvisioner
 from bridge.fleet.reconcile import reconcile
 from bridge.model import tiny_model

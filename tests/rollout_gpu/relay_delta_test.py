@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 from bridge.control.protocol import Heartbeat, HeartbeatResponse, VersionAnnouncement
-from bridge.delta.publisher import DeltaPublisher
-from bridge.delta.reconstruct import reconstruct
 from bridge.store import chunk_digest
 from bridge.store.layout import LAYOUT
 from bridge.store.manifest import CorruptVersionError
 from bridge.store.weight_store import WeightStore
+from bridge.weights.delta_publisher import DeltaPublisher
+from bridge.weights.delta_reconstruct import reconstruct
 from rollout_gpu.peer_swap import PeerSwap
 
 SHAPES = {"embed": (2048, 256), "q": (256, 256), "norm": (256,)}

@@ -24,8 +24,8 @@ handed out. `replay` re-implements the rule on that log (drop what is stale at e
 then hand out the oldest version first, then by arrival): it must predict every batch and
 exactly the drops, which a wrong drop (of fresh work) or a miscount would break.
 
-Freshness-aware leasing (bridge/control/lease_timing.py): once the throttled worker's first lease
-has come back (stale), the controller knows its leases take ~6 s while work must be back
+Freshness-aware leasing (bridge/control/leasing/lease_timing.py): once the throttled worker's
+first lease has come back (stale), the controller knows its leases take ~6 s while work must be back
 within ~(S + 1) learner steps, and gives it no more work ("too_slow"). Before that rule it
 leased its own requeued prompts again and again, returning them stale forever.
 """
@@ -39,8 +39,8 @@ from worker_procs import spawn_worker, tail
 from bridge.contracts.prompt import TextCodec
 from bridge.control.config import ControllerConfig
 from bridge.control.controller import Controller
+from bridge.control.http.service import ServerOptions, serve_controller
 from bridge.control.protocol import SamplingParams
-from bridge.control.service import ServerOptions, serve_controller
 from bridge.model import tiny_model
 from bridge.store.weight_store import WeightStore
 from bridge.tasks import make_task

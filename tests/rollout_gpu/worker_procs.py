@@ -62,8 +62,8 @@ def serve_tiny(workdir, seed=0, **overrides):
     from bridge.contracts.prompt import TextCodec
     from bridge.control.config import ControllerConfig
     from bridge.control.controller import Controller
+    from bridge.control.http.service import ServerOptions, serve_controller
     from bridge.control.protocol import SamplingParams
-    from bridge.control.service import ServerOptions, serve_controller
     from bridge.model import tiny_model
     from bridge.store.weight_store import WeightStore
     from bridge.tasks import make_task

@@ -1,6 +1,9 @@
 """A worker without --model_dir: it waits, and never starts vLLM from a store it cannot use."""
 
 import json
+import os
+
+import numpy as np
 
 from bridge.control.protocol import VersionAnnouncement, WorkerProfile
 from bridge.store import model_files
@@ -12,7 +15,7 @@ def _never(path):
     raise AssertionError(f"vLLM must not start from {path}")
 
 
-def _worker(tmp_path):
+def _worker(tmp_path, make_engine=_never):
     opts = WorkerOptions(
         relay=False,  # no peers here; the flag's default (a relay) is for real fleets
         controller="http://127.0.0.1:9",
@@ -20,7 +23,7 @@ def _worker(tmp_path):
         profile=WorkerProfile(accelerator="cpu", price_per_hour=0.0, max_concurrent_sequences=8),
         cache_dir=str(tmp_path / "cache"),
     )
-    return RolloutWorker(opts, make_engine=_never)
+    return RolloutWorker(opts, make_engine=make_engine)
 
 
 def test_waits_for_a_store_then_refuses_bad_model_files(tmp_path, tiny_model_dir, caplog):
@@ -38,3 +41,27 @@ def test_waits_for_a_store_then_refuses_bad_model_files(tmp_path, tiny_model_dir
     index["tokenizer.json"]["sha256"] = "0" * 64  # tampered after publishing
     store.kv.write(model_files.INDEX_KEY, json.dumps(index).encode()).result()
     assert not w.start_engine() and w.engine is None
+
+
+def test_a_full_version_starts_a_plain_engine_on_the_store_model_files(
+    tmp_path, tiny_model_dir, vllm_engine
+):
+    """The announced version's kind picks the engine (bridge/weights/kinds.py): a full
+    version gets a plain engine on the store's verified model files (its weights come by
+    swap); an adapter version would get a LoRA engine over its base (adapter_worker_test)."""
+    spec = f"file://{tmp_path}/store"
+    store = WeightStore(spec)
+    model_files.publish(store, tiny_model_dir)
+    store.publish(3, 3, [("x", np.zeros(2, np.float32))], {}, "float32")
+    calls = []
+
+    def make_engine(*args, **kwargs):
+        calls.append((args, kwargs))
+        return vllm_engine  # the session's engine: nothing is loaded into it here
+
+    w = _worker(tmp_path, make_engine)
+    w.versions.note(VersionAnnouncement(version=3, store=spec))
+    assert w.start_engine() and w.engine is vllm_engine
+    [(args, kwargs)] = calls
+    assert kwargs == {} and os.path.isfile(os.path.join(args[0], "config.json"))
+    assert args[0].startswith(str(tmp_path / "cache"))

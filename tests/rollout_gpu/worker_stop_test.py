@@ -23,8 +23,8 @@ import pytest
 import worker_procs
 from worker_procs import leases, wait_for
 
+from bridge.control.http.service import load_or_create_join_secret
 from bridge.control.protocol import WorkerProfile
-from bridge.control.service import load_or_create_join_secret
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 

@@ -22,13 +22,14 @@ import worker_procs
 from bridge.contracts.prompt import TextCodec
 from bridge.control.config import ControllerConfig
 from bridge.control.controller import Controller
-from bridge.control.protocol import PromptGroup, SamplingParams, WorkerProfile
-from bridge.control.service import (
+from bridge.control.http.client import ControllerClient
+from bridge.control.http.service import (
     ControllerServer,
     ServerOptions,
     load_or_create_join_secret,
     serve_controller,
 )
+from bridge.control.protocol import PromptGroup, SamplingParams, WorkerProfile
 from bridge.model import tiny_model
 from bridge.store.weight_store import WeightStore
 from bridge.tasks import Arithmetic, Prompt, make_task, register_task, score
@@ -210,8 +211,8 @@ def test_trajectories_flow_from_two_workers(fleet, tiny_model_dir):
                 assert t.completion_token_ids[-1] == tiny_model.EOS_ID
             else:
                 assert t.finish_reason == "length" and n == MAX_TOKENS
-            # The trusted side's rule (bridge/control/rewards.py, hidden tokens): 0 when an id
-            # before the final stop is special or unknown to the tokenizer, else the task's
+            # The trusted side's rule (bridge/control/intake/rewards.py, hidden tokens): 0 when
+            # an id before the final stop is special or unknown to the tokenizer, else the task's
             # reward of the decoded text.
             ids = t.completion_token_ids
             stops = (tiny_model.EOS_ID, tiny_model.PAD_ID)  # one final stop may end it
@@ -389,7 +390,7 @@ def test_reconnects_with_backoff_and_rejoins_a_new_controller(local_worker, tmp_
     t.start()
     t0 = time.monotonic()
     try:
-        announcement = session.call("version")
+        announcement = session.call(ControllerClient.version)
         assert time.monotonic() - t0 >= 1.5 and announcement.version == -1
         assert session.worker_id != old_id
         assert new_ctl.db.worker(session.worker_id) is not None

@@ -89,7 +89,7 @@ HOSTILE = [
 
 
 def test_no_advertised_url_reaches_a_peer_but_the_callers_own_address(controller):
-    from bridge.control.service import make_app
+    from bridge.control.http.service import make_app
 
     app = make_app(controller, join_secret="s3cret", allow_plain_http=True)
     hostile, hostile_auth = _worker(app, "198.51.100.1")
@@ -123,7 +123,7 @@ def test_no_advertised_url_reaches_a_peer_but_the_callers_own_address(controller
 
 
 def test_the_service_routes_children_to_the_callers_address(controller):
-    from bridge.control.service import make_app
+    from bridge.control.http.service import make_app
 
     app = make_app(controller, join_secret="s3cret", allow_plain_http=True)
     ids = [_worker(app, ip) for ip in ("198.51.100.1", "198.51.100.2")]

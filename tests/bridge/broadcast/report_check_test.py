@@ -21,7 +21,7 @@ import pytest
 from bridge.broadcast import chunks as chunks_lib
 from bridge.control.config import ControllerConfig
 from bridge.control.controller import Controller
-from bridge.control.service import ServerOptions, load_or_create_join_secret, serve_controller
+from bridge.control.http.service import ServerOptions, load_or_create_join_secret, serve_controller
 from bridge.store.weight_store import WeightStore
 from bridge.tasks import make_task
 from rollout_gpu.relay import Relay

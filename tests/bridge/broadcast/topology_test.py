@@ -44,9 +44,34 @@ def test_rebuild_puts_fastest_measured_uplinks_near_the_root():
     # Measured (capped by the declaration: w2 declared 5e6), then unmeasured, then the one
     # measured to deliver nothing; only the measured relay, the others are leaves.
     assert t.order == ["w1", "w2", "w0", "w3", "w4"]
-    assert parents(t) == {"w1": None, "w2": "w1", "w0": "w2", "w3": "w0", "w4": "w0"}
+    # Leaves go where the uplink per child is largest: w1 (9e6 over its relay child and
+    # one leaf, then two) before w2 (5e6 / 2) and w0 (1e6 / 1).
+    assert parents(t) == {"w1": None, "w2": "w1", "w0": "w2", "w3": "w1", "w4": "w1"}
     t.join(Node("new", "http://new", up_bytes_per_s=1e13))  # declares 10 TB/s: a leaf too
-    assert t.placement("new").parent == "w0" and "new" not in parents(t).values()
+    assert t.placement("new").parent == "w2" and "new" not in parents(t).values()
+
+
+@pytest.mark.parametrize("mode", ["chain", "tree"])
+def test_many_leaves_spread_over_the_relays_by_uplink_per_child(mode):
+    """Twenty workers whose relays deliver nothing (behind NAT) under two measured relays
+    of 8 and 2 MB/s: each leaf goes where it gets the largest share, so the relays end with
+    near-equal rates per child, not twenty leaves sharing the slower relay's uplink."""
+    t = make(mode, 22)
+    for i, node in enumerate(t.order):
+        t.nodes[node].delivered_bytes_per_s = {0: 8e6, 1: 2e6}.get(i, 0.0)
+    t.rebuild()
+    under = [p.parent for n, p in t.placements().items() if n not in ("w0", "w1")]
+    children = {"w0": 1 + under.count("w0"), "w1": under.count("w1")}  # w1 is w0's child
+    assert sum(children.values()) == 21 and children["w1"] >= 1
+    per_child = {r: t.nodes[r].delivered_bytes_per_s / c for r, c in children.items()}
+    # Greedy: one more child on either relay would drop its share below the other's.
+    assert per_child["w0"] * children["w0"] / (children["w0"] + 1) <= per_child["w1"]
+    assert per_child["w1"] * children["w1"] / (children["w1"] + 1) <= per_child["w0"]
+    stable = t.placements()
+    t.join(Node("late", "http://late"))
+    assert {n: p.parent for n, p in t.placements().items() if n != "late"} == {
+        n: p.parent for n, p in stable.items()
+    }  # a newcomer moves no one until the next rebuild
 
 
 def test_before_anything_is_measured_every_node_relays_in_join_order():

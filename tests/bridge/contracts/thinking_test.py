@@ -9,8 +9,8 @@ import pytest
 
 from bridge.contracts import thinking
 from bridge.contracts.prompt import PromptFormat, TextCodec
+from bridge.control.intake.rewards import RewardScorer
 from bridge.control.protocol import WorkerTrajectory
-from bridge.control.rewards import RewardScorer
 from bridge.model import qwen3_tokenizer
 from bridge.tasks import Prompt, Task
 

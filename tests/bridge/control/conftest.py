@@ -10,8 +10,8 @@ import pytest
 from bridge.contracts.prompt import TextCodec
 from bridge.control.config import ControllerConfig
 from bridge.control.controller import Controller
+from bridge.control.http.service import ServerOptions, load_or_create_join_secret, serve_controller
 from bridge.control.protocol import SamplingParams
-from bridge.control.service import ServerOptions, load_or_create_join_secret, serve_controller
 from bridge.model import tiny_model
 from bridge.tasks import make_task
 

@@ -11,13 +11,13 @@ from controller_helpers import Clock, dump, make, result, submit_all, worker
 
 from bridge.control.config import ControllerConfig
 from bridge.control.controller import Controller
+from bridge.control.intake.validation import SubmissionError
 from bridge.control.protocol import (
     Heartbeat,
     LeaseRequest,
     Submission,
     WorkerProfile,
 )
-from bridge.control.validation import SubmissionError
 from bridge.tasks import make_task
 
 

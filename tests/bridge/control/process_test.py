@@ -13,9 +13,9 @@ import pytest
 from controller_helpers import PROFILE
 
 from bridge.control.config import ControllerConfig
+from bridge.control.http.service import ServerOptions, load_or_create_join_secret
 from bridge.control.process import DB_FILE, ControllerDied, ControllerProcess
 from bridge.control.protocol import SamplingParams
-from bridge.control.service import ServerOptions, load_or_create_join_secret
 from bridge.tasks import make_task
 from tests.controller_helpers import submission_json
 

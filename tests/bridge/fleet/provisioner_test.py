@@ -8,6 +8,7 @@ import os
 import signal
 import time
 
+from bridge.control.trust.identity import identity_of
 from bridge.fleet.command import CommandProvisioner, fill
 from bridge.fleet.local import LocalWorkerSpec, worker_command
 from bridge.fleet.provisioner import Limits
@@ -58,11 +59,12 @@ def test_templates_limits_log_and_reconcile(tmp_path):
             return f.exists() and len(f.read_text().split()) == 3
 
         wait(lambda: recorded("cmd-0") and recorded("cmd-1"))
-        assert (tmp_path / "cmd-0.started").read_text().split() == [
-            "http://127.0.0.1:1",
-            "s3cret",
-            "cmd-0",
-        ]
+        # The machine got its own credential, not the join secret; the controller's check
+        # makes it `cred:cmd-0` from any address, the identity the follower looks for.
+        url, credential, name = (tmp_path / "cmd-0.started").read_text().split()
+        assert (url, name) == ("http://127.0.0.1:1", "cmd-0") and "s3cret" not in credential
+        assert identity_of(credential, ["s3cret"], "203.0.113.7") == "cred:cmd-0"
+        assert os.stat(tmp_path / "credentials" / "cmd-0").st_mode & 0o077 == 0
 
         # A killed worker is replaced; the newcomer gets a fresh name.
         os.kill(int((tmp_path / "cmd-0.pid").read_text()), signal.SIGKILL)
@@ -79,7 +81,13 @@ def test_templates_limits_log_and_reconcile(tmp_path):
 
         # The controller reporting a worker gone counts as dead, too.
         wait(lambda: (tmp_path / "cmd-2.pid").exists())
-        rows = [{"name": "cmd-2", "state": "gone", "last_contact_s": 40.0}]
+        # A worker that took cmd-2's name under another identity is not cmd-2: its
+        # quarantine stops nothing of ours.
+        squatter = {"name": "cmd-2", "identity": "host:203.0.113.9", "last_contact_s": 1.0}
+        r = reconcile(prov, {"cmd-2"}, [{**squatter, "state": "quarantined"}], reason="t")
+        assert r.dead == [] and r.stopped == [] and [h.name for h in prov.alive()] == ["cmd-2"]
+        ours = {"name": "cmd-2", "identity": "cred:cmd-2", "last_contact_s": 40.0}
+        rows = [{**ours, "state": "gone"}, {**squatter, "state": "active"}]
         r = reconcile(prov, {"cmd-2"}, rows, reason="activation")
         assert [h.name for h in r.dead] == ["cmd-2"] and [h.name for h in r.started] == ["cmd-3"]
         wait(lambda: (tmp_path / "cmd-3.pid").exists())

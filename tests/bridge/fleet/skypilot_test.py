@@ -24,6 +24,7 @@ import yaml
 sky = pytest.importorskip("sky")
 
 from bridge.control.protocol import Heartbeat, LeaseRequest, WorkerProfile  # noqa: E402
+from bridge.control.trust.identity import identity_of  # noqa: E402
 from bridge.fleet import skypilot  # noqa: E402
 from bridge.fleet.reconcile import reconcile  # noqa: E402
 from tests.controller_helpers import Clock, make  # noqa: E402
@@ -96,7 +97,12 @@ def test_two_profile_fleet_renders_tasks_skypilot_accepts(tmp_path, token_file):
     (res,) = task.resources
     assert res.accelerators == {"L4": 1} and res.use_spot and res.cloud is None
     assert task.name == "echo2-sky-l4-spot-0" and task.workdir == ROOT
-    assert task.file_mounts == {skypilot.REMOTE_TOKEN: token_file}
+    # The machine gets its own credential (cred:<name> from any address), not the secret.
+    assert list(task.file_mounts) == [skypilot.REMOTE_TOKEN]
+    mounted = task.file_mounts[skypilot.REMOTE_TOKEN]
+    credential = open(mounted).read().strip()
+    assert "secret" not in credential and mounted != token_file
+    assert identity_of(credential, ["secret"], "198.51.100.4") == "cred:sky-l4-spot-0"
     assert 'pip install ".[worker-gpu]"' in task.setup
     run = task.run.split()
     assert run[:3] == ["python", "-m", "rollout_gpu.worker"]
@@ -166,7 +172,9 @@ def test_preempted_spot_worker_requeued_and_replaced_within_the_profile(tmp_path
         profile = WorkerProfile(
             accelerator="L4", price_per_hour=0.28, max_concurrent_sequences=64, name=h.name
         )
-        ids[h.name] = ctl.register(profile)[0]
+        with open(tmp_path / "credentials" / h.name) as f:  # what its machine presents
+            who = identity_of(f.read().strip(), ["secret"], "198.51.100.4")
+        ids[h.name] = ctl.register(profile, identity=who)[0]
     victim = started[0]
     lease = ctl.lease(ids[victim.name], LeaseRequest(worker_version=0, max_groups=1)).lease
     assert ctl.status()["groups/leased"] == 1

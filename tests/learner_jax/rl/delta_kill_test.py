@@ -3,7 +3,7 @@
 A child process (this file run as a script) is the training binary's RL loop with delta
 versions on: the real `Learner` (restored from the workdir's newest checkpoint), the
 binary's store (`weights.open_store`), publisher (`weights.WeightPublisher` with
-`weights.delta_publisher(config, store)`), first synchronous publish and `train.run_rl`
+`delta_config=config.bridge.delta`), first synchronous publish and `train.run_rl`
 with the publish hook, on random RL batches. bf16 master weights, so a step changes only
 some stored elements and versions are real patches (`bridge.publish_dtype` bf16 here;
 published in fp32, every element moves and every tensor of a delta goes dense). Checkpoints every
@@ -16,9 +16,10 @@ store drops 3, and it publishes 3..5. Asserted: version 3 of the rerun is a full
 with no patch (a fresh anchor: its publisher never held 2's tensors), 4 and 5 patch on
 it; every version in the store, before and after the restart, reads back (through
 `reconstruct`) bit for bit as its learner published it; and a worker following the chain
-across the restart (the worker's own `weight_swap.read_tensors`) ends on version 5's exact
-bytes, whether it served 1, 2 or the killed run's 3 (a version number the rerun republished
-with other weights: the patches on it do not verify, the worker takes the anchor).
+across the restart (the worker's own read, `bridge.weights.delta.read_for_engine`) ends on
+version 5's exact bytes, whether it served 1, 2 or the killed run's 3 (a version number the
+rerun republished with other weights: the patches on it do not verify, the worker takes the
+anchor).
 
 Would catch (each tried): a restarted publisher that diffs against anything it did not
 publish itself (3 would be a delta), a store that keeps the killed run's versions past the
@@ -91,7 +92,7 @@ class _PublishAndRecord:
         self.publisher, self.record_path, self.hold_at = publisher, record_path, hold_at
 
     def record(self, learner) -> None:
-        from bridge.delta.publisher import whole
+        from bridge.weights.delta_publisher import whole
         from learner_jax import publish
 
         dtype = str(learner.publish_dtype)
@@ -124,7 +125,7 @@ def child(workdir: str, record_path: str, seed: int, hold_at: int) -> None:
     publisher = weights.WeightPublisher(
         store, lambda version, spec: version, learner, every=1, keep=100, background=False,
         seed=config.seed, vocab_size=codec.tok.get_vocab_size(), bos_id=codec.bos_id,
-        delta=weights.delta_publisher(config, store),
+        delta_config=config.bridge.delta,
     )  # fmt: skip
     hook = _PublishAndRecord(publisher, record_path, hold_at)
     publisher.publish(learner.step)  # synchronous, as the binary's first version
@@ -181,11 +182,11 @@ def _records(path: str) -> dict[int, dict[str, str]]:
 
 
 def test_sigkill_mid_delta_chain_restarts_with_a_fresh_anchor(tmp_path):
-    from bridge.delta.reconstruct import reconstruct
     from bridge.store.manifest import CorruptVersionError
     from bridge.store.weight_store import WeightStore
+    from bridge.weights.delta import read_for_engine
+    from bridge.weights.delta_reconstruct import reconstruct
     from learner_jax.rl.weights import own_store
-    from rollout_gpu.weight_swap import EngineVersion, read_tensors
 
     workdir = str(tmp_path / "run")
     first, second = str(tmp_path / "first.jsonl"), str(tmp_path / "second.jsonl")
@@ -225,13 +226,13 @@ def test_sigkill_mid_delta_chain_restarts_with_a_fresh_anchor(tmp_path):
     except CorruptVersionError:
         pass  # the killed run's 3 is another tensor under the same number: refused
     for served in (1, 2, 3):
-        current = EngineVersion(served, held[served])
+        have = (served, held[served])
         for v in range(served + 1, RL_STEPS + 1):  # one version at a time, as announced
-            tensors, _ = read_tensors(store, v, store.manifest(v), current)
+            tensors, _ = read_for_engine(store, v, have)
             assert {n: sha(a) for n, a in tensors.items()} == want[v], (served, v)
-            current.version, current.tensors = v, tensors
-        jump = EngineVersion(served, held[served])  # or straight to the newest
-        tensors, _ = read_tensors(store, 5, store.manifest(5), jump)
+            have = (v, tensors)
+        # or straight to the newest
+        tensors, _ = read_for_engine(store, 5, (served, held[served]))
         assert {n: sha(a) for n, a in tensors.items()} == want[5], served
 
 

@@ -1,13 +1,21 @@
 """The learner's delta publishing: `bridge.delta.*` resolution, and a learner restarted in the
 middle of a delta chain resuming with a fresh anchor (real file store, numpy reference)."""
 
+import types
+
 import ml_dtypes
 import numpy as np
 import pytest
 
-from bridge.delta.publisher import DeltaPublisher
-from bridge.delta.reconstruct import reconstruct
 from bridge.store.weight_store import WeightStore
+from bridge.weights import kinds
+from bridge.weights.delta import DeltaWriter
+from bridge.weights.delta_publisher import DeltaPublisher
+from bridge.weights.delta_reconstruct import reconstruct
+from bridge.weights.full import FullWriter
+
+# `bridge.delta` turning deltas on, with an anchor only at the first version.
+DELTA_ON = types.SimpleNamespace(enabled="true", anchor_every=100, max_density=0.5)
 
 
 def _config(enabled):
@@ -18,18 +26,24 @@ def _config(enabled):
     return c
 
 
-def test_delta_enabled_auto_is_on_for_remote_stores_only(tmp_path):
-    from learner_jax.rl.weights import delta_publisher
+def _writer(config, store):
+    """The learner's writer of a full-weight run (no LoRA) under `config.bridge.delta`."""
+    return kinds.writer_for(
+        store, None, lora=False, delta_config=config.bridge.delta, resident=3, own=True
+    )
 
+
+def test_delta_enabled_auto_is_on_for_remote_stores_only(tmp_path):
     local = WeightStore(str(tmp_path / "w"))
     remote = WeightStore("s3://bucket/run")  # a spec: opens nothing
-    assert delta_publisher(_config("auto"), local) is None
-    pub = delta_publisher(_config("auto"), remote)
-    assert isinstance(pub, DeltaPublisher) and pub.anchor_every == 16 and pub.max_density == 0.5
-    assert isinstance(delta_publisher(_config("true"), local), DeltaPublisher)
-    assert delta_publisher(_config("false"), remote) is None
+    assert type(_writer(_config("auto"), local)) is FullWriter
+    writer = _writer(_config("auto"), remote)
+    assert isinstance(writer, DeltaWriter)
+    assert writer.publisher.anchor_every == 16 and writer.publisher.max_density == 0.5
+    assert isinstance(_writer(_config("true"), local), DeltaWriter)
+    assert type(_writer(_config("false"), remote)) is FullWriter
     with pytest.raises(ValueError, match="auto|true|false"):
-        delta_publisher(_config("sometimes"), local)
+        _writer(_config("sometimes"), local)
 
 
 def _weights(rng, prev=None):
@@ -96,7 +110,7 @@ def test_weight_publisher_writes_deltas_of_the_learners_params(tmp_path):
         pub = WeightPublisher(
             store, lambda v, spec: v, learner, every=1, keep=4, background=False, seed=0,
             vocab_size=learner.model_cfg.vocab_size, bos_id=tiny_model.BOS_ID,
-            delta=DeltaPublisher(store, anchor_every=100, max_density=0.5),
+            delta_config=DELTA_ON,
         )  # fmt: skip
         params = learner.state.params
         pub.publish(0, params)
@@ -145,7 +159,7 @@ def test_a_bf16_run_publishes_bf16_so_small_steps_make_sparse_deltas(tmp_path):
         pub = WeightPublisher(
             store, lambda v, spec: v, learner, every=1, keep=4, background=False, seed=0,
             vocab_size=vocab, bos_id=tiny_model.BOS_ID,
-            delta=DeltaPublisher(store, anchor_every=100, max_density=0.5),
+            delta_config=DELTA_ON,
         )  # fmt: skip
         params = learner.state.params
         pub.publish(0, params)

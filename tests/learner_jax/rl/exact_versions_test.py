@@ -1,6 +1,6 @@
 """The exact check of rows sampled under a delta version and under a LoRA adapter version,
 through the training binary's reader of the published copy (rescore.py
-`VersionRescorer.params`; with LoRA `AdapterVersions.params`) from a real file store.
+`VersionRescorer.params`; with LoRA `WeightPublisher.policy_reader`) from a real file store.
 
 The rows come from the independent sampler (independent_sampler.py) on the weights a
 worker serves: the delta version's own HF tensors, or transformers + peft on the base with
@@ -18,11 +18,11 @@ import pytest
 from flax import traverse_util
 from independent_sampler import LENGTH, N, group, hf_model, model_dir, peaked_weights, sample
 
-from bridge.adapters import store as adapter_store
 from bridge.control.config import ControllerConfig
-from bridge.delta.publisher import DeltaPublisher
 from bridge.model import tiny_model
 from bridge.store.weight_store import WeightStore
+from bridge.weights import adapter_store
+from bridge.weights.delta_publisher import DeltaPublisher
 from learner_jax import config_file
 from learner_jax.rl.exact_check import ExactChecker
 from learner_jax.rl.rescore import VersionRescorer
@@ -145,14 +145,14 @@ def test_rows_of_an_adapter_version_are_checked_under_base_plus_adapter(tmp_path
             vocab_size=learner.model_cfg.vocab_size, bos_id=tiny_model.BOS_ID,
         )  # fmt: skip
         pub.publish(version)
-        assert store.versions() == [0] and pub.adapters.store.versions() == [version]
+        assert store.versions() == [0] and pub.versions_store.versions() == [version]
         ctl_cfg = ControllerConfig()
-        rescorer = VersionRescorer.for_run(config, store, learner, pub, None, ctl_cfg)
+        rescorer = VersionRescorer.for_run(config, learner, pub, None, ctl_cfg)
         checker = ExactChecker.for_run(config, rescorer, ctl_cfg)
 
         # the worker: the base's HF weights with the adapter it fetched, float64 throughout
         adapter_dir = adapter_store.fetch_adapter_dir(
-            pub.adapters.store, version, str(tmp_path / "adapter")
+            pub.versions_store, version, str(tmp_path / "adapter")
         )
         base = hf_model(base_dir)
         served = peft.PeftModel.from_pretrained(hf_model(base_dir), adapter_dir).eval()

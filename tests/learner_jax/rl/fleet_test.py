@@ -53,7 +53,10 @@ def events(tmp_path):
 
 
 def row(name, state):
-    return {"worker_id": name, "name": name, "state": state, "last_contact_s": 1.0}
+    """A status row of a worker that registered with the credential its provisioner minted
+    for its name (bridge/fleet/provisioner.py: the identity the follower matches)."""
+    return {"worker_id": name, "name": name, "identity": f"cred:{name}", "state": state,
+            "last_contact_s": 1.0}  # fmt: skip
 
 
 def test_killed_worker_is_replaced(tmp_path):

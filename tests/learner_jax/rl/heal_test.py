@@ -37,10 +37,6 @@ from bench.chaos_faults import corrupt_version
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
-    pytest.mark.xfail(
-        strict=False,
-        reason="order-dependent: passes alone, fails after the whole suite (stop note)",
-    ),
 ]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -125,8 +121,8 @@ class Run:
         return self.ctl.publish(version, spec)
 
     def start_worker(self, engine) -> None:
+        from bridge.control.http.service import load_or_create_join_secret
         from bridge.control.protocol import WorkerProfile
-        from bridge.control.service import load_or_create_join_secret
         from rollout_gpu.worker import RolloutWorker, WorkerOptions
 
         opts = WorkerOptions(

@@ -7,8 +7,8 @@ import torch
 from safetensors.numpy import save_file
 from transformers import AutoModelForCausalLM
 
-from bridge.control.audit import AuditStat
 from bridge.control.protocol import ConsumedGroup, Trajectory
+from bridge.control.trust.audit import AuditStat
 from bridge.model import tiny_model
 from bridge.store.weight_store import WeightStore
 from learner_jax.rl.audit_focus import AuditFocus
@@ -144,7 +144,7 @@ def _mixed(prompt, completion, logprobs, versions, i):
 
 
 def test_eval_rows_are_audited_under_their_version_and_temperature(tmp_path):
-    """Fleet evaluation rows (bridge/control/eval_leases.py `take_audit_rows`): re-scored
+    """Fleet evaluation rows (bridge/control/evaluation/eval_leases.py `take_audit_rows`): re-scored
     under the version evaluated at the eval temperature (greedy: temperature 1, what vLLM
     reports); a worker whose log-probs are another model's is past the threshold, and an
     honest one scored at the wrong temperature would be too (the temperature matters)."""

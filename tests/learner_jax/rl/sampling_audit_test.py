@@ -33,7 +33,7 @@ from safetensors.numpy import save_file
 
 from bridge.contracts.prompt import TextCodec
 from bridge.contracts.sampling_check import Z_MAX
-from bridge.control.service import ServerOptions, load_or_create_join_secret, serve_controller
+from bridge.control.http.service import ServerOptions, load_or_create_join_secret, serve_controller
 from bridge.model import tiny_model
 from bridge.store.weight_store import WeightStore
 from bridge.tasks import make_task

@@ -6,8 +6,8 @@ SQLite files with an injected clock (tests/controller_helpers.py)."""
 import pytest
 from controller_helpers import make, submit_all, worker
 
+from bridge.control.intake.validation import SubmissionError
 from bridge.control.protocol import Heartbeat, LeaseRequest
-from bridge.control.validation import SubmissionError
 from learner_jax.rl import serve
 
 

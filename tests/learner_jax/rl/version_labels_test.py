@@ -29,11 +29,11 @@ import numpy as np
 import pytest
 
 from bridge.contracts.prompt import TextCodec
-from bridge.control import audit
 from bridge.control.config import ControllerConfig
 from bridge.control.controller import Controller
+from bridge.control.http.service import ServerOptions, load_or_create_join_secret, serve_controller
 from bridge.control.protocol import SamplingParams, WorkerProfile
-from bridge.control.service import ServerOptions, load_or_create_join_secret, serve_controller
+from bridge.control.trust import audit
 from bridge.model import tiny_model
 from bridge.store.weight_store import WeightStore
 from bridge.tasks import make_task
@@ -43,10 +43,6 @@ from learner_jax.rl.rescore import VersionRescorer
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
-    pytest.mark.xfail(
-        strict=False,
-        reason="order-dependent: passes alone, fails after the whole suite (stop note)",
-    ),
 ]
 
 TOL = 1e-3  # vLLM (fp32) vs an independent fp32 implementation, per token (engine_test)

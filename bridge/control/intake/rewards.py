@@ -1,0 +1,337 @@
+"""Rewards on the trusted side: the controller scores every submitted completion itself.
+
+    scorer = RewardScorer(task, codec, timeout_s=5.0)      # codec: bridge.contracts.prompt
+    trajs, errors = scorer.score_group(prompt, worker_trajectories)
+
+A worker sends completion token ids only; the text the reward sees is those ids decoded
+with the run's tokenizer (`ScoringText`), and the reference answer never leaves the
+controller's database.
+
+Hidden tokens (issue 23 item 7). The model's vocabulary is padded past the tokenizer's (the
+tiny model: 128 ids, 99 tokens), and a decoder that skips special tokens or unknown ids
+would read "4<pad>2" as "42": a token the reward cannot see could join or split an answer.
+So a single-turn completion may hold only ids the tokenizer knows, that
+are not special and that decode to something, except one stop token at its end (EOS, or
+PAD where the run stops on it). Any other completion scores `REWARD_ON_ERROR` with
+`reward_error` "HiddenToken: ..." (counted in `reward/hidden_tokens` and against the worker
+by the service, `WorkerRegistry.count_hidden`; not in `reward/errors`, which counts a reward
+function that failed). Scored 0 rather than refused: an honest
+policy samples padded ids too (an untrained tiny model spreads 29/128 of its mass over
+them), and a 0 teaches it not to, while a refusal would requeue the prompt forever.
+
+A worker's own opinion of its reward is not even on the wire (bridge/control/protocol.py).
+
+Reward functions are user code (a `task.reward_fn` file, math-verify on a pathological
+string), so none runs in the HTTP request's thread unguarded: each call goes to the
+killable process pool `bridge.tasks.reward_pool` with a per-call timeout, and the
+controller calls `score_group` outside its lock, so a slow reward holds up only the
+submission that needs it. The child rebuilds the task by name and options
+(`tasks.cached_task`, cached per process; it imports the task class's module first, so a
+task registered outside bridge.tasks works too), so only strings cross the pipe.
+
+Multi-turn episodes (bridge/tasks/env.py) are scored by replaying the environment in the same
+pool from the episode's seed and the model turns decoded here: the replay's reward is the
+episode's, and its observations, encoded here with the run's tokenizer, must equal the
+environment tokens the worker put between the turns (else the submission is refused, 422:
+the model would otherwise be trained on a context the environment never produced).
+
+Failure policy: a completion whose reward raises, returns a non-number or times out gets
+reward 0.0 (`Trajectory.reward_error` says why) and counts in `reward/errors`; the group is
+still accepted. Requeueing instead would loop on a prompt the reward cannot score, and a
+completion that crashes or hangs the reward function is exactly what the policy should not
+learn to produce, so the floor reward is the conservative choice. A group whose every
+completion failed has equal rewards and so carries no gradient (its advantages are 0). A
+reward function broken for every input shows as `reward/errors` growing with
+`groups/accepted`, and the first error of each group is logged.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Protocol
+
+from bridge.contracts import thinking
+from bridge.control.intake.validation import SubmissionError
+from bridge.control.protocol import Trajectory, WorkerTrajectory
+from bridge.control.trust.log_text import log_safe
+from bridge.tasks import EnvTask, Prompt, RewardError, Task, cached_task, score
+from bridge.tasks.env import replay_named
+from bridge.tasks.reward_pool import fn_name
+
+REWARD_ON_ERROR = 0.0
+
+
+class Codec(Protocol):
+    """bridge.contracts.prompt.TextCodec: `tok` is its `tokenizers.Tokenizer`."""
+
+    tok: object
+    eos_id: int
+    pad_id: int
+
+    def encode_prompt(self, text: str) -> list[int]: ...
+
+    def decode(self, ids) -> str: ...
+
+
+class HiddenToken(RewardError):
+    """A completion holds a token the reward would not see (module docstring)."""
+
+
+class ScoringText:
+    """The text a reward sees: ids decoded with nothing skipped, once no id is hidden."""
+
+    def __init__(self, codec: Codec):
+        self.tok = codec.tok
+        self.stops = {i for i in (codec.eos_id, codec.pad_id) if i is not None}
+        added = self.tok.get_added_tokens_decoder()
+        self.special = {i for i, t in added.items() if t.special}
+        self._why: dict[int, str] = {}  # id -> why hidden ('' = visible); ids are few
+
+    def hidden(self, i: int) -> str:
+        """Why id `i` is invisible to a reward, or ''."""
+        why = self._why.get(i)
+        if why is None:
+            if self.tok.id_to_token(i) is None:
+                why = "outside the tokenizer's vocabulary"
+            elif i in self.special:
+                why = "a special token"
+            elif not self.tok.decode([i], skip_special_tokens=False):
+                why = "decodes to nothing"
+            else:
+                why = ""
+            self._why[i] = why
+        return why
+
+    def text(self, ids) -> str:
+        """The decoded text; HiddenToken unless every id (but a final stop) is visible."""
+        ids = [int(i) for i in ids]
+        body = ids[:-1] if ids and ids[-1] in self.stops else ids
+        for pos, i in enumerate(body):
+            if why := self.hidden(i):
+                raise HiddenToken(f"completion token {pos} (id {i}) is {why}")
+        return self.tok.decode(body, skip_special_tokens=False)
+
+    def count_hidden(self, trajectories: Sequence[WorkerTrajectory]) -> int:
+        """How many of `trajectories` hold a hidden token in a model turn."""
+        n = 0
+        for t in trajectories:
+            try:
+                for m, ids in t.segments():
+                    if m == 1:
+                        self.text(ids)
+            except HiddenToken:
+                n += 1
+        return n
+
+
+class UnterminatedThinking(RewardError):
+    """A think block that never closed: no answer (bridge/contracts/thinking.py)."""
+
+
+class CallPool(Protocol):
+    """What `bridge.tasks.reward_pool.RewardPool` offers (the seam for another runner)."""
+
+    def call(self, fn, *args, timeout_s: float | None = None, **kwargs): ...
+
+
+def score_text(
+    module: str, task_name: str, options: dict, prompt: tuple[str, str, str], text: str
+) -> float:
+    """Runs in a reward-pool worker: the task's reward of one completion text. `module`
+    defines the task class; importing it registers a task defined outside bridge.tasks."""
+    if module not in sys.modules and module != "__main__":
+        importlib.import_module(module)
+    return score(cached_task(task_name, options), Prompt(*prompt), text)
+
+
+class RewardScorer:
+    """Scores completions for one task: decode, then the task's reward under a timeout.
+
+    `timeout_s <= 0` scores inline (no process, no timeout): for tests of other parts only.
+    """
+
+    def __init__(
+        self, task: Task, codec: Codec, timeout_s: float = 5.0, pool: CallPool | None = None
+    ):
+        self.task, self.codec, self.timeout_s = task, codec, float(timeout_s)
+        self.decoder = ScoringText(codec)
+        self._pool = pool
+        # Reasoning models (task.thinking): the answer is the text after the last </think>.
+        fmt, template = getattr(codec, "fmt", None), getattr(codec, "chat_template", None)
+        self.thinks = thinking.scores_after_think(fmt, template)
+        self._close_id = codec.tok.token_to_id(thinking.CLOSE) if self.thinks else None
+
+    def answer(self, t: WorkerTrajectory, text: str) -> tuple[str, int]:
+        """(the text the reward sees, thinking tokens) of one decoded completion;
+        UnterminatedThinking when its think block never closed."""
+        if not self.thinks:
+            return text, 0
+        prompt = self.codec.tok.decode(list(t.prompt_token_ids), skip_special_tokens=False)
+        opened = thinking.opens_thinking(prompt)
+        parts = thinking.split(text, opened)
+        n = thinking.think_tokens(t.completion_token_ids, parts, self._close_id, self.codec.encode)
+        if not parts.terminated:
+            raise UnterminatedThinking(f"no {thinking.CLOSE} after {n} thinking tokens")
+        return parts.answer, n
+
+    @property
+    def pool(self) -> CallPool:
+        if self._pool is None:
+            from bridge.tasks.reward_pool import default_pool
+
+            self._pool = default_pool()
+        return self._pool
+
+    def reward(self, prompt: Prompt, text: str) -> float:
+        """One reward; RewardError (RewardTimeout past the timeout) on any failure."""
+        if self.timeout_s <= 0:
+            return score(self.task, prompt, text)
+        t = self.task
+        args = (type(t).__module__, t.name, dict(t.options))
+        p = (prompt.prompt_id, prompt.text, prompt.answer)
+        value = _checked(self.pool.call(score_text, *args, p, text, timeout_s=self.timeout_s))
+        if isinstance(value, RewardError):
+            raise value
+        return value
+
+    def replay(self, prompt: Prompt, actions: list[str]) -> tuple[float, list[str], bool]:
+        """The environment task's replay of one episode: (reward, observations, done)."""
+        t = self.task
+        if self.timeout_s <= 0:
+            r = t.episode(prompt, actions)
+            return r.reward, r.observations, r.done
+        # The environment's module registers it in the pool's process (an env defined
+        # outside bridge.tasks works too).
+        args = (type(t.env).__module__, t.name, dict(t.options))
+        p = (prompt.prompt_id, prompt.text, prompt.answer)
+        out = self.pool.call(replay_named, *args, p, actions, timeout_s=self.timeout_s)
+        reward, observations, done = out
+        if isinstance(reward, bool) or not isinstance(reward, int | float):
+            raise RewardError(f"replay returned {type(reward).__name__}, not a number")
+        return float(reward), list(observations), bool(done)
+
+    def episode_reward(self, group_id: int, prompt: Prompt, t: WorkerTrajectory) -> float:
+        """Replay the episode from (seed, decoded model turns); the environment tokens must
+        be exactly the replay's observations as this side encodes them, else 422 (the
+        worker made them up). RewardError when the environment itself fails."""
+        segments = t.segments()
+        # Actions are read as the environment's own parser reads them (an unreadable action
+        # gets the environment's invalid-action rule). Not the hidden-token rule: scoring 0
+        # would be a gain where rewards are negative (a lost hand is -2), so a hidden id in a
+        # model turn is only counted against the worker (service.py).
+        actions = [self.codec.decode(ids) for m, ids in segments if m == 1]
+        shown = [ids for m, ids in segments if m == 0]
+        reward, observations, done = self.replay(prompt, actions)
+        where = f"group {group_id} sample {t.sample_index}"
+        if len(observations) < len(actions):
+            raise SubmissionError(
+                f"{where}: the episode ended after {len(observations)} model turns, "
+                f"the trajectory has {len(actions)}"
+            )
+        for i, ids in enumerate(shown):
+            expected = self.codec.encode(observations[i])
+            if ids != expected:
+                raise SubmissionError(
+                    f"{where}: environment tokens after model turn {i + 1} differ from the "
+                    f"replay's observation {observations[i]!r} ({len(ids)} vs "
+                    f"{len(expected)} tokens)"
+                )
+        return reward
+
+    def rewards(self, prompt: Prompt, texts: list[str]) -> list[float | RewardError]:
+        """Each text's reward, or the RewardError it got. One pool call for them all (a
+        call per completion was ~30% of the controller's GIL at 500 workers; issue 25,
+        stop 36) under the sum of their timeouts; if that call fails as a whole (a reward
+        hung, its worker died), each text again in a call of its own, so a hang or a crash
+        is charged to its own completion, as before."""
+        if self.timeout_s <= 0 or len(texts) <= 1:
+            return [self._reward_or_error(prompt, text) for text in texts]
+        t = self.task
+        args = (type(t).__module__, t.name, dict(t.options))
+        p = (prompt.prompt_id, prompt.text, prompt.answer)
+        try:
+            results = self.pool.call(
+                score_texts, *args, p, texts, timeout_s=self.timeout_s * len(texts)
+            )
+        except RewardError:
+            return [self._reward_or_error(prompt, text) for text in texts]
+        return [_checked(value) if ok else RewardError(value) for ok, value in results]
+
+    def _reward_or_error(self, prompt: Prompt, text: str) -> float | RewardError:
+        try:
+            return self.reward(prompt, text)
+        except RewardError as e:
+            return e
+
+    def score_group(
+        self, group_id: int, prompt: Prompt, trajectories: Sequence[WorkerTrajectory]
+    ) -> tuple[list[Trajectory], int]:
+        """(scored trajectories, how many failed to score); never raises on a reward, but
+        raises SubmissionError (422) for an episode the environment's replay contradicts.
+        A single-turn completion is the one-step case: one model turn, no replay; the
+        group's texts are scored in one pool call (`rewards`)."""
+        episodic = isinstance(self.task, EnvTask)
+        outcomes = []  # per trajectory: [reward or RewardError or the text to score, why, think]
+        for t in trajectories:
+            think = 0
+            try:
+                if episodic:
+                    outcomes.append([self.episode_reward(group_id, prompt, t), "", 0])
+                    continue
+                text = self.decoder.text(t.completion_token_ids)
+                text, think = self.answer(t, text)
+                outcomes.append([text, "", think])
+            except UnterminatedThinking as e:  # the policy's own doing: 0, not a failure
+                why = f"UnterminatedThinking: {e}"
+                outcomes.append([REWARD_ON_ERROR, why, len(t.completion_token_ids)])
+            except HiddenToken as e:
+                # An honest policy samples a hidden id now and then (an untrained model,
+                # the padded vocabulary): scored 0 and counted by the service
+                # (reward/hidden_tokens), not a reward failure nor a console warning.
+                outcomes.append([REWARD_ON_ERROR, log_safe(f"HiddenToken: {e}", 1000), think])
+            except RewardError as e:  # the environment's replay failed
+                outcomes.append([e, "", think])
+        pending = [o for o in outcomes if isinstance(o[0], str)]
+        for o, value in zip(pending, self.rewards(prompt, [o[0] for o in pending]), strict=True):
+            o[0] = value
+        out, errors = [], 0
+        for t, (value, why, think) in zip(trajectories, outcomes, strict=True):
+            if isinstance(value, RewardError):
+                # The reward's message may quote the completion: escaped for the log.
+                value, why = REWARD_ON_ERROR, log_safe(f"{type(value).__name__}: {value}", 1000)
+                if not errors:
+                    logging.warning(
+                        "group %d sample %d: reward failed (scored %.1f): %s",
+                        group_id,
+                        t.sample_index,
+                        REWARD_ON_ERROR,
+                        why,
+                    )
+                errors += 1
+            out.append(
+                Trajectory(**t.model_dump(), reward=value, reward_error=why, think_tokens=think)
+            )
+        return out, errors
+
+
+def score_texts(
+    module: str, task_name: str, options: dict, prompt: tuple[str, str, str], texts: list[str]
+) -> list[tuple[bool, float | str]]:
+    """Runs in a reward-pool worker: `score_text` of each text, as (True, reward) or
+    (False, the error as the pool words a raising call)."""
+    out = []
+    for text in texts:
+        try:
+            out.append((True, score_text(module, task_name, options, prompt, text)))
+        except BaseException as e:  # noqa: BLE001 - a reward function may raise anything
+            out.append((False, f"{fn_name(score_text)} raised {type(e).__name__}: {e}"))
+    return out
+
+
+def _checked(value) -> float | RewardError:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return RewardError(f"reward worker returned {type(value).__name__}, not a number")
+    return float(value)
