@@ -14,10 +14,11 @@ ratios ours / baseline are what to read on a shared box. `--arms=NAME:W@G,...` r
 the arms (a test's tiny sweep).
 
 JSON (the bench contract, DESIGN.md): `{"headline": {...}, "rows": [...]}`; one row per arm
-and tree. Headline: `p99_ms_2000` and `p99_ms_500_fast` (the worst p99 of heartbeat, lease
-and submit in that arm), `submissions_per_s_500_fast`, `audit_clean` (every run's audit),
-`errors_5xx` (over every run of this tree); with a baseline also `<key>_baseline` and
-`ratio_<key>` (ours / baseline) for the three numbers.
+and tree, and `commits` (each tree's commit, for numbers quoted elsewhere). Headline:
+`p99_ms_2000` and `p99_ms_500_fast` (the worst p99 of heartbeat, lease and submit in that
+arm), `submissions_per_s_500_fast`, `audit_clean` (every run's audit), `errors_5xx` (over
+every run of this tree); with a baseline also `<key>_baseline` and `ratio_<key>` (ours /
+baseline) for the three numbers.
 
 Goals: 500 @ 2.0 s: every p99 <= 250 ms and >= 200 accepted submissions/s; 2000 @ 20 s:
 every p99 <= 250 ms; 0 5xx, audit clean.
@@ -63,6 +64,13 @@ def _arm(cwd: str, workers: int, gen_s: float, args) -> dict:
         r = json.load(f)
     os.remove(out)
     return {**summary(r), "loadavg_before": load_before}
+
+
+def _commit(cwd: str) -> str:
+    """The tree's checked-out commit (with "+dirty" when it has uncommitted changes)."""
+    git = lambda *a: subprocess.run(("git", *a), cwd=cwd, capture_output=True, text=True)  # noqa: E731
+    rev = git("rev-parse", "--short", "HEAD").stdout.strip() or "unknown"
+    return rev + ("+dirty" if git("status", "--porcelain", "--untracked-files=no").stdout else "")
 
 
 def summary(r: dict) -> dict:
@@ -167,7 +175,8 @@ def main(args, argv: list[str]) -> dict:
     here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     trees = [("new", here)] + ([("baseline", os.path.abspath(args.baseline))] * bool(args.baseline))
     rows = []
-    result = {"headline": {}, "rows": rows, "params": vars(args)}
+    commits = {tree: _commit(cwd) for tree, cwd in trees}  # what the numbers were measured at
+    result = {"headline": {}, "rows": rows, "params": vars(args), "commits": commits}
     for name, workers, gen_s in parse_arms(args.arms or ARMS):
         runs = {tree: [] for tree, _ in trees}
         for i in range(args.repeats):  # alternate the trees, the first one by turns
@@ -184,6 +193,7 @@ def main(args, argv: list[str]) -> dict:
     for r in rows:
         print(_line(r))
     print("headline: " + json.dumps(result["headline"]))
+    print("commits: " + json.dumps(commits))
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {args.out}")

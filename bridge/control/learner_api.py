@@ -29,7 +29,6 @@ none twice.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import threading
 import time
@@ -113,7 +112,7 @@ class LearnerSide:
         self.db.incr("groups/consumed", len(rows))
         self.timing.batch_taken(self.clock())
         workers = self.db.lease_workers([r["lease_id"] for r in rows if r["lease_id"]])
-        dtypes = {w: self.engine_dtype(w) for w in set(workers.values())}
+        dtypes = self.db.engine_dtypes(set(workers.values()))  # one statement, any number
         return [
             {**dict(r), "worker_id": (w := workers.get(r["lease_id"], "")),
              "engine_dtype": dtypes.get(w, "bfloat16")}
@@ -164,9 +163,7 @@ class LearnerSide:
 
     def engine_dtype(self, worker_id: str) -> str:
         """The engine dtype `worker_id` declared (its registered profile)."""
-        row = self.db.worker(worker_id)
-        profile = json.loads(row["profile"]) if row is not None else {}
-        return str(profile.get("engine_dtype", "bfloat16"))
+        return self.db.engine_dtypes({worker_id}).get(worker_id, "bfloat16")
 
     def export_cursor(self) -> dict:
         """JSON-able state for the learner's checkpoint."""

@@ -32,6 +32,7 @@ def test_tiny_sweep_writes_the_headline_from_its_rows(tmp_path):
     head, rows = result["headline"], {r["arm"]: r for r in result["rows"]}
     assert set(head) == KEYS  # no baseline: no ratio keys
     assert set(rows) == {"500_fast", "2000"}
+    assert result["commits"]["new"].split("+")[0], result["commits"]  # numbers name a commit
     for row in rows.values():
         assert "error" not in row, row.get("error")
         assert row["tree"] == "new" and row["audit_ok"] is True and row["server_5xx"] == 0

@@ -58,6 +58,9 @@ class WorkerRegistry:
         self.identities = IdentityBook(db)
         self.hot = HotWorkers()
         self.hot.load(db.workers())
+        # Parsed profiles of live workers: a profile never changes after registration, and
+        # every lease asks for one (a row, JSON and a model under the lock otherwise).
+        self._profiles: dict[str, WorkerProfile] = {}
 
     def register(self, profile: WorkerProfile, identity: str | None = None) -> tuple[str, str]:
         """A new worker registered by `identity` (bridge/control/trust/identity.py); returns
@@ -76,6 +79,7 @@ class WorkerRegistry:
         worker_id, token = f"w-{uuid.uuid4().hex[:12]}", secrets.token_urlsafe(32)
         self.db.add_worker(worker_id, hash_token(token), profile.model_dump_json(), now)
         self.hot.add(worker_id, hash_token(token), now)
+        self._profiles[worker_id] = profile
         self.db.incr("workers/registered")
         previous = self.identities.bind(worker_id, identity)
         self.identities.bind_name(profile.name, identity)
@@ -119,7 +123,12 @@ class WorkerRegistry:
         ]
 
     def profile(self, worker_id: str) -> WorkerProfile:
-        return WorkerProfile(**json.loads(self.db.worker(worker_id)["profile"]))
+        profile = self._profiles.get(worker_id)
+        if profile is None:  # registered before a restart, or gone (not kept: not live)
+            profile = WorkerProfile(**json.loads(self.db.worker(worker_id)["profile"]))
+            if self.hot.get(worker_id) is not None:
+                self._profiles[worker_id] = profile
+        return profile
 
     def version(self, worker_id: str) -> int:
         """The policy version `worker_id` last reported."""
@@ -147,6 +156,7 @@ class WorkerRegistry:
         """`worker_id` left or was quarantined: write its hot columns, then forget them."""
         self.persist(only=worker_id)
         self.hot.drop(worker_id)
+        self._profiles.pop(worker_id, None)
 
     def reload(self) -> None:
         """Read the hot state back after the table changed under it (a rollback)."""

@@ -162,9 +162,10 @@ class Intake:
         dups = [g.group_id for g in sub.groups if g.group_id not in set(accepted)]
         db.incr("groups/duplicate", len(dups))
         done = None
-        if lease["state"] == "active" and not any(
-            r["state"] == "leased" for r in db.groups_of_lease(sub.lease_id)
-        ):
+        # The lease's rows as read above less what this call buffered (nothing else moves
+        # them under the lock): one read of the lease's groups per acceptance, not three.
+        leased = {gid for gid, r in rows.items() if r["state"] == "leased"} - set(accepted)
+        if lease["state"] == "active" and not leased:
             db.set_lease_state(sub.lease_id, "done")
             step = db.get("next_step", 0)
             late = not all(
@@ -172,6 +173,6 @@ class Intake:
                 for _, ts, _ in fresh
             )
             # Every group of the lease is in now: its rollouts over its issue -> done time.
-            rollouts = len(db.groups_of_lease(sub.lease_id)) * c.group_size
+            rollouts = len(rows) * c.group_size
             done = LeaseDone(lease["created_at"], late, rollouts)
         return accepted, dups, done

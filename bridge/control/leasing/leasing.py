@@ -80,7 +80,7 @@ class Leasing:
 
     def room(self, version: int, newest: int) -> int:
         """Groups a lease at `version` may still add to the leased + buffered ones."""
-        return self.capacity(version, newest) - self.db.count("leased") - self.db.count("buffered")
+        return self.capacity(version, newest) - self.db.count("leased", "buffered")
 
     def behind(self, worker_id: str, req: LeaseRequest, newest: int) -> bool:
         """More than `max_version_lag` versions behind the newest. A newest version the
@@ -105,8 +105,16 @@ class Leasing:
         c, now = self.config, self.clock()
         if self.behind(worker_id, req, newest):
             return None, "behind", 0.0
-        if len(self.db.active_leases(worker_id)) >= c.max_leases_per_worker > 0:
+        # Its active leases from memory (db_leases.py keeps every one), not the table.
+        if len(self.db.deadlines.active(worker_id)) >= c.max_leases_per_worker > 0:
             return None, "lease_limit", c.retry_after_s
+        version, step = min(req.worker_version, newest), self.db.get("next_step", 0)
+        room = self.room(version, newest)
+        if room <= 0:  # nobody is admitted before the next batch: the asks spread out
+            self.held_back(worker_id, now)
+            return None, "full", self.pacing.full_retry_s(worker_id, now)
+        # Only a worker that may be admitted reads what it holds: most asks of a large
+        # fleet are refused as "full" above, with two reads of one small table.
         measured = self.db.fleet_row(worker_id)  # accepted rollouts/s, not its declaration
         worker_room = lease_caps.max_groups_held(
             profile.max_concurrent_sequences,
@@ -115,12 +123,7 @@ class Leasing:
             lease_ttl_s=c.lease_ttl_s,
             max_groups_per_lease=c.max_groups_per_lease,
         ) - self.db.groups_held(worker_id)
-        version, step = min(req.worker_version, newest), self.db.get("next_step", 0)
-        room = self.room(version, newest)
         k = min(req.max_groups, c.max_groups_per_lease, room, worker_room)
-        if room <= 0:  # nobody is admitted before the next batch: the asks spread out
-            self.held_back(worker_id, now)
-            return None, "full", self.pacing.full_retry_s(worker_id, now)
         if k <= 0:  # this worker holds all it may: room opens when it submits
             return None, "full", c.retry_after_s
         if not self.timing.admit(worker_id, version, step, now, profile.price_per_hour):

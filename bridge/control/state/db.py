@@ -53,6 +53,7 @@ CREATE TABLE IF NOT EXISTS leases (
   lease_id TEXT PRIMARY KEY, worker_id TEXT NOT NULL, created_at REAL NOT NULL,
   expires_at REAL NOT NULL, state TEXT NOT NULL);
 CREATE INDEX IF NOT EXISTS leases_state ON leases(state, expires_at);
+CREATE INDEX IF NOT EXISTS leases_worker ON leases(worker_id, state);
 CREATE TABLE IF NOT EXISTS episodes (
   lease_id TEXT NOT NULL, group_id INTEGER NOT NULL, sample_index INTEGER NOT NULL,
   turns TEXT NOT NULL, observation TEXT NOT NULL, done INTEGER NOT NULL,
@@ -68,6 +69,29 @@ CREATE TABLE IF NOT EXISTS audit (
 CREATE TABLE IF NOT EXISTS quarantine (
   worker_id TEXT PRIMARY KEY, at REAL NOT NULL, why TEXT NOT NULL,
   dropped_groups INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS group_counts (state TEXT PRIMARY KEY, n INTEGER NOT NULL)
+  WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS group_counts_insert AFTER INSERT ON groups BEGIN
+  INSERT INTO group_counts(state, n) VALUES (NEW.state, 1)
+    ON CONFLICT(state) DO UPDATE SET n = n + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS group_counts_delete AFTER DELETE ON groups BEGIN
+  UPDATE group_counts SET n = n - 1 WHERE state = OLD.state;
+END;
+CREATE TRIGGER IF NOT EXISTS group_counts_update AFTER UPDATE OF state ON groups
+  WHEN OLD.state IS NOT NEW.state BEGIN
+  UPDATE group_counts SET n = n - 1 WHERE state = OLD.state;
+  INSERT INTO group_counts(state, n) VALUES (NEW.state, 1)
+    ON CONFLICT(state) DO UPDATE SET n = n + 1;
+END;
+"""
+# `group_counts` is kept by the triggers above in every transaction that moves a group, by
+# whatever statement: `count(state)` is one row, where COUNT(*) walked every group in that
+# state (the leased ones grow with the fleet, and every lease asked twice). Rebuilt from
+# the rows at open, so a database written before the triggers existed counts right too.
+_RECOUNT = """
+DELETE FROM group_counts;
+INSERT INTO group_counts(state, n) SELECT state, COUNT(*) FROM groups GROUP BY state;
 """
 
 
@@ -99,6 +123,7 @@ class ControllerDB(LeaseRows):
         for col in ("dev", "var", "cusum"):  # the sampling check's, new in an older database
             if col not in audit_cols:
                 self.conn.execute(f"ALTER TABLE audit ADD COLUMN {col} REAL NOT NULL DEFAULT 0")
+        self.conn.executescript(f"BEGIN IMMEDIATE; {_RECOUNT} COMMIT;")
         self._kv: dict[str, str | None] = {}  # key -> JSON text (None: no row); see get()
         self._fresh_from: int | None = None  # see stale_buffered
         self.group_commit = GroupCommit(path + "-wal")
@@ -213,7 +238,8 @@ class ControllerDB(LeaseRows):
         self._kv[key] = text
 
     def incr(self, key: str, n: float = 1) -> None:
-        self.put(key, self.get(key, 0) + n)
+        if n:  # adding 0 changes nothing a reader sees (absent reads as 0): no statement
+            self.put(key, self.get(key, 0) + n)
 
     # -- groups --------------------------------------------------------------------------
     def add_groups(self, prompts: list[tuple[str, str, str]]) -> None:
@@ -223,8 +249,11 @@ class ControllerDB(LeaseRows):
             prompts,
         )
 
-    def count(self, state: str) -> int:
-        return self.q("SELECT COUNT(*) AS n FROM groups WHERE state=?", (state,))[0]["n"]
+    def count(self, *states: str) -> int:
+        """Groups in any of `states`: rows of `group_counts` (kept by triggers), not a scan."""
+        marks = ", ".join("?" * len(states))
+        sql = f"SELECT COALESCE(SUM(n), 0) AS n FROM group_counts WHERE state IN ({marks})"
+        return self.q(sql, states)[0]["n"]
 
     def groups_in(self, state: str, limit: int = -1) -> list[sqlite3.Row]:
         """Groups in `state`, queue order (oldest row first); limit -1: all."""
@@ -236,10 +265,13 @@ class ControllerDB(LeaseRows):
         return self.q("SELECT * FROM groups WHERE lease_id=? ORDER BY group_id", (lease_id,))
 
     def groups_held(self, worker_id: str) -> int:
-        """How many groups `worker_id` holds leased (not yet submitted)."""
+        """How many groups `worker_id` holds leased (not yet submitted). From the worker's
+        active leases (index `leases_worker`) to their groups: O(what it holds). A leased
+        group's lease is active (every end of a lease requeues its leased groups first);
+        joined the other way SQLite walked every leased group of the fleet."""
         return self.q(
-            "SELECT COUNT(*) AS n FROM groups g JOIN leases l ON g.lease_id=l.lease_id"
-            " WHERE l.worker_id=? AND g.state='leased'",
+            "SELECT COUNT(*) AS n FROM leases l CROSS JOIN groups g ON g.lease_id=l.lease_id"
+            " WHERE l.worker_id=? AND l.state='active' AND g.state='leased'",
             (worker_id,),
         )[0]["n"]
 
@@ -345,6 +377,16 @@ class ControllerDB(LeaseRows):
     def worker(self, worker_id: str) -> sqlite3.Row | None:
         rows = self.q("SELECT * FROM workers WHERE worker_id=?", (worker_id,))
         return rows[0] if rows else None
+
+    def engine_dtypes(self, worker_ids) -> dict[str, str]:
+        """worker_id -> the engine dtype its registered profile declares ("bfloat16" when it
+        declares none) of those of `worker_ids` that exist, in one statement."""
+        rows = self.q(
+            "SELECT worker_id, json_extract(profile, '$.engine_dtype') AS dtype FROM workers"
+            " WHERE worker_id IN (SELECT value FROM json_each(?))",
+            (json.dumps(sorted(worker_ids)),),
+        )
+        return {r["worker_id"]: str(r["dtype"] or "bfloat16") for r in rows}
 
     def workers(self) -> list[sqlite3.Row]:
         """Every worker ever registered, including those that left."""
