@@ -20,7 +20,12 @@ def get_config() -> ConfigDict:
     c = ConfigDict()
     c.seed = 0
     c.total_steps = 300  # RL learner steps (optimizer updates) after the SFT phase
-    c.staleness = 2  # S: a trajectory may lag the learner by at most S versions
+    # S: a trajectory may lag the learner by at most S versions. Or "auto": the controller
+    # moves S within [staleness_min, staleness_max] from the measured drops, the learner's
+    # waits and the capacity model (bridge/control/auto_staleness.py; the rule is there).
+    c.staleness = config_dict.FieldReference(2, field_type=object)  # an int, or "auto"
+    c.staleness_min = 0  # only with staleness="auto"; must be >= publish_every - 1
+    c.staleness_max = 4  # only with staleness="auto"; versions kept: staleness_max + 2
     c.publish_every = 1  # kappa: publish weights every kappa learner steps
     c.local_workers = 2  # rollout workers spawned on this machine; 0 = remote only
 

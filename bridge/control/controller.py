@@ -32,6 +32,7 @@ answers out; `audit` quarantines a worker whose log-probs stray from the learner
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
@@ -42,6 +43,7 @@ from bridge.broadcast.report_check import ReportChecker, probe_uplink
 from bridge.broadcast.state import BroadcastState
 from bridge.control import audit as audit_lib
 from bridge.control import fleet_status, limits
+from bridge.control.auto_staleness import AutoStaleness
 from bridge.control.config import ControllerConfig
 from bridge.control.db import ControllerDB
 from bridge.control.eval_leases import EvalBoard, eval_idle
@@ -129,6 +131,25 @@ class Controller(LearnerCalls):
         self.db.restore_deadlines(clock() + c.lease_ttl_s)  # granted: a full TTL more
         self._closed = False
         self._flusher = HotFlusher(self.flush_hot, c.hot_flush_s) if c.hot_flush_s > 0 else None
+        self.auto_staleness = (
+            AutoStaleness(c.staleness_min, c.staleness_max, c.staleness)
+            if c.staleness_auto
+            else None
+        )
+
+    def set_staleness(self, s: int) -> None:
+        """Move the bound S (`staleness="auto"`, auto_staleness.py) in every part that
+        reads it, at once under the lock: admission, the drop rule, the late check, the
+        lease deadline, liveness and the capacity advice."""
+        with self.lock:
+            if s == self.config.staleness:
+                return
+            logging.info("staleness bound %d -> %d", self.config.staleness, s)
+            self.config = dataclasses.replace(self.config, staleness=s)
+            for part in (self.leasing, self.intake, self.fleet):
+                part.config = self.config
+            self.timing.staleness = self.learner.staleness = s
+            self.liveness.staleness = self.fleet.advice.staleness = s
 
     def close(self) -> None:
         if self._flusher is not None:

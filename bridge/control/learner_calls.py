@@ -3,7 +3,8 @@ its own file): batches, the capacity model's learner reports, the checkpoint cur
 the eval board's learner side (`evaluation`).
 
 `Controller` provides `_op`, `lock`, `_new_work`, `_polling`, `_stats` (it takes the lock
-itself), `learner`, `fleet`, `liveness`, `evals` and `db`; the batch logic itself is
+itself), `learner`, `fleet`, `liveness`, `evals`, `db`, `auto_staleness` and
+`set_staleness`; the batch logic itself is
 learner_api.py's `LearnerSide`.
 """
 
@@ -60,7 +61,22 @@ class LearnerCalls:
         # stats, the fsync, the transfer) is the learner's own cost per step (capacity O).
         if batch is None:
             stats = self._idle_stats()
-        return batch, {**stats, "time/data_wait_s": waited}
+        stats = {**stats, "time/data_wait_s": waited}
+        if batch is not None and self.auto_staleness is not None:
+            stats["staleness/bound"] = self._adapt_staleness(stats)
+        return batch, stats
+
+    def _adapt_staleness(self, stats: dict) -> int:
+        """`staleness="auto"`: one batch's evidence moves S (auto_staleness.py)."""
+        confident = stats.get("capacity/confident", 0)
+        s = self.auto_staleness.observe(
+            dropped_total=int(stats.get("staleness/dropped", 0)),
+            data_wait_s=stats["time/data_wait_s"],
+            step_s=float(stats.get("capacity/train_step_s") or 0.0),
+            model_staleness=stats.get("capacity/min_staleness") if confident else None,
+        )
+        self.set_staleness(s)
+        return s
 
     def _work_arrived(self) -> None:
         """A submission was accepted (lock held): wake a waiting `wait_batch`."""
