@@ -37,7 +37,12 @@ length dropped / consumed (1.0 = no bias; None with nothing dropped), `reward_ga
 reward dropped - consumed, `dropped_frac` = dropped / (dropped + consumed), and for never
 leased prompts `answer_len_ratio_never_leased` = their mean reference answer length / the
 consumed ones'. A standard error of each mean over groups is in the JSON, so a ratio from a
-handful of dropped groups reads as what it is.
+handful of dropped groups reads as what it is. Per prompt: how many distinct prompts the
+drops were, the most drops of one, and `starved_prompts`, those dropped and never consumed by
+the end (a requeued group goes back to the front of the queue, so the worker that returned it
+late can lease it again at once).
+
+`--reread`: no runs; rebuild --out from the runs already in --workdir (their databases).
 """
 
 from __future__ import annotations
@@ -138,6 +143,9 @@ def read_cell(db_path: str, task: str, slow_prefix: str) -> dict:
     for c in consumed:
         by_prompt.setdefault(c["prompt_id"], c)
     retried = [(d, by_prompt[d["prompt_id"]]) for d in dropped if d["prompt_id"] in by_prompt]
+    drops_per_prompt: dict[str, int] = {}
+    for d in dropped:
+        drops_per_prompt[d["prompt_id"]] = drops_per_prompt.get(d["prompt_id"], 0) + 1
     conn.close()
     return {
         "consumed": summarize(consumed),
@@ -145,6 +153,11 @@ def read_cell(db_path: str, task: str, slow_prefix: str) -> dict:
         "never_leased": summarize(never),
         "in_flight_at_end": in_flight,
         "dropped_then_consumed": len(retried),
+        # A requeued group goes back to the front of the queue: the worker that returned it
+        # late may lease it again at once, so the same prompts can be dropped over and over.
+        "dropped_prompts": len(drops_per_prompt),
+        "starved_prompts": sum(p not in by_prompt for p in drops_per_prompt),
+        "max_drops_per_prompt": max(drops_per_prompt.values(), default=0),
         "retried_length_ratio": (
             statistics.fmean(d["length"] for d, _ in retried)
             / statistics.fmean(c["length"] for _, c in retried)
@@ -202,6 +215,7 @@ def headline_of(cell: dict) -> dict:
         "reward_gap": gap(d["reward"], c["reward"]),
         "answer_len_ratio_dropped": ratio(d["answer_len"], c["answer_len"]),
         "answer_len_ratio_never_leased": ratio(n["answer_len"], c["answer_len"]),
+        "starved_prompts": cell["starved_prompts"],
     }
 
 
@@ -230,6 +244,20 @@ def print_table(cells: list[dict]) -> None:
             f"{cell['dropped_then_consumed']}, their length ratio "
             f"{f(cell['retried_length_ratio'])}; in flight at end {cell['in_flight_at_end']})"
         )
+        print(
+            f"{'':<12}{cell['dropped']['groups']} drops of {cell['dropped_prompts']} prompts "
+            f"(at most {cell['max_drops_per_prompt']} of one); {cell['starved_prompts']} "
+            "of them never consumed by the end"
+        )
+
+
+def cell_of(workdir: str, task: str, s: int, wall_s: float | None) -> dict:
+    """One finished run's cell: its controller database read (`read_cell`), the headline."""
+    cell = {"task": task, "S": s, "wall_s": wall_s}
+    # the pool's second worker ("pool-b-", bench/sweep_cells.py) is the throttled one
+    cell.update(read_cell(os.path.join(workdir, "controller.db"), task, "pool-b-"))
+    cell["headline"] = headline_of(cell)
+    return cell
 
 
 def run_task(a, task: str, stales: list[int], on_cell) -> None:
@@ -255,10 +283,7 @@ def run_task(a, task: str, stales: list[int], on_cell) -> None:
             sweep_cells.copy_warm_start(base, wd)
             config = sweep_cells.load(config_file, [*fixed, *cell_overrides(a, s)])
             secs = sweep_cells.run_cell(config, wd, pool)
-            cell = {"task": task, "S": s, "wall_s": secs}
-            # the pool's second worker ("pool-b-", bench/sweep_cells.py) is the throttled one
-            cell.update(read_cell(os.path.join(wd, "controller.db"), task, "pool-b-"))
-            cell["headline"] = headline_of(cell)
+            cell = cell_of(wd, task, s, secs)
             on_cell(cell)
             print(f"  {task} S={s}: {secs:.0f} s, {cell['headline']}", flush=True)
     finally:
@@ -279,6 +304,9 @@ def main():
     p.add_argument("--workdir", default="/tmp/echo2_staleness_bias")
     p.add_argument("--set", nargs="*", default=[], help="extra KEY=VALUE config overrides")
     p.add_argument("--render", default="", help="print the table of a saved JSON")
+    p.add_argument(
+        "--reread", action="store_true", help="no runs: rebuild --out from --workdir's runs"
+    )
     a = p.parse_args()
     if a.render:
         with open(a.render) as f:
@@ -304,7 +332,13 @@ def main():
     for task in a.tasks.split(","):
         if task not in TASKS:
             raise SystemExit(f"unknown task {task!r}; known: {', '.join(TASKS)}")
-        run_task(a, task, stales, save)
+        if a.reread:  # the runs' wall times are in the JSON that ran them, not here
+            for s in stales:
+                wd = os.path.join(a.workdir, task, f"S{s}")
+                if os.path.exists(os.path.join(wd, "controller.db")):
+                    save(cell_of(wd, task, s, None))
+        else:
+            run_task(a, task, stales, save)
     print_table(cells)
     print(f"wrote {a.out} after {time.monotonic() - t0:.0f} s (load {os.getloadavg()})")
 
