@@ -260,6 +260,27 @@ def cell_of(workdir: str, task: str, s: int, wall_s: float | None) -> dict:
     return cell
 
 
+def markdown(cells: list[dict]) -> str:
+    """One row per (task, S): the table for docs/results.md."""
+    f = lambda v, spec=".2f": "-" if v is None else format(v, spec)
+    lines = [
+        "| task | S | consumed / dropped groups | dropped frac | mean length consumed / "
+        "dropped (tokens) | length bias | reward consumed / dropped | slow worker's share "
+        "consumed / dropped | drops / prompts / starved |",
+        "|" + "---|" * 9,
+    ]
+    for cell in cells:
+        c, d, h = cell["consumed"], cell["dropped"], cell["headline"]
+        lines.append(
+            f"| {cell['task']} | {cell['S']} | {c['groups']} / {d['groups']} | "
+            f"{f(h['dropped_frac'], '.3f')} | {f(c['length'])} / {f(d['length'])} | "
+            f"{f(h['length_bias'], '.3f')} | {f(c['reward'], '.3f')} / {f(d['reward'], '.3f')} | "
+            f"{f(c['slow_share'])} / {f(d['slow_share'])} | {d['groups']} / "
+            f"{cell['dropped_prompts']} / {cell['starved_prompts']} |"
+        )
+    return "\n".join(lines)
+
+
 def run_task(a, task: str, stales: list[int], on_cell) -> None:
     from bench import sweep_cells
     from learner_jax import train
@@ -310,7 +331,9 @@ def main():
     a = p.parse_args()
     if a.render:
         with open(a.render) as f:
-            print_table(json.load(f)["cells"])
+            cells = json.load(f)["cells"]
+        print_table(cells)
+        print(markdown(cells))
         return
     from bench import sweep_cells
 
@@ -340,6 +363,7 @@ def main():
         else:
             run_task(a, task, stales, save)
     print_table(cells)
+    print(markdown(cells))
     print(f"wrote {a.out} after {time.monotonic() - t0:.0f} s (load {os.getloadavg()})")
 
 
