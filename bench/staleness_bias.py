@@ -144,11 +144,18 @@ def read_cell(db_path: str, task: str, slow_prefix: str) -> dict:
         by_prompt.setdefault(c["prompt_id"], c)
     retried = [(d, by_prompt[d["prompt_id"]]) for d in dropped if d["prompt_id"] in by_prompt]
     drops_per_prompt: dict[str, int] = {}
+    dropped_lengths: dict[str, list[float]] = {}
     for d in dropped:
         drops_per_prompt[d["prompt_id"]] = drops_per_prompt.get(d["prompt_id"], 0) + 1
+        dropped_lengths.setdefault(d["prompt_id"], []).append(d["length"])
+    # Each dropped prompt once: a prompt dropped ten times is one prompt's length, not ten.
+    by_prompt_length = [statistics.fmean(v) for v in dropped_lengths.values()]
     conn.close()
     return {
         "consumed": summarize(consumed),
+        # Drops come from the throttled worker: its own consumed groups are the comparison
+        # that holds the worker fixed and leaves what the group is (length, prompt).
+        "consumed_slow_worker": summarize([c for c in consumed if c["slow"]]),
         "dropped": summarize(dropped),
         "never_leased": summarize(never),
         "in_flight_at_end": in_flight,
@@ -158,6 +165,7 @@ def read_cell(db_path: str, task: str, slow_prefix: str) -> dict:
         "dropped_prompts": len(drops_per_prompt),
         "starved_prompts": sum(p not in by_prompt for p in drops_per_prompt),
         "max_drops_per_prompt": max(drops_per_prompt.values(), default=0),
+        "dropped_prompt_length": statistics.fmean(by_prompt_length) if by_prompt_length else None,
         "retried_length_ratio": (
             statistics.fmean(d["length"] for d, _ in retried)
             / statistics.fmean(c["length"] for _, c in retried)
@@ -212,6 +220,8 @@ def headline_of(cell: dict) -> dict:
     return {
         "dropped_frac": d["groups"] / total if total else None,
         "length_bias": ratio(d["length"], c["length"]),
+        "length_bias_by_prompt": ratio(cell["dropped_prompt_length"], c["length"]),
+        "length_bias_same_worker": ratio(d["length"], cell["consumed_slow_worker"]["length"]),
         "reward_gap": gap(d["reward"], c["reward"]),
         "answer_len_ratio_dropped": ratio(d["answer_len"], c["answer_len"]),
         "answer_len_ratio_never_leased": ratio(n["answer_len"], c["answer_len"]),
@@ -222,15 +232,15 @@ def headline_of(cell: dict) -> dict:
 def print_table(cells: list[dict]) -> None:
     f = lambda v, spec=".3f": "-" if v is None else format(v, spec)
     print(
-        f"{'task':<9}{'S':>2} {'fate':<13}{'groups':>7}{'len':>8}{'±se':>7}{'reward':>8}"
+        f"{'task':<9}{'S':>2} {'fate':<21}{'groups':>7}{'len':>8}{'±se':>7}{'reward':>8}"
         f"{'ans_len':>8}{'slow':>6}  classes"
     )
     for cell in cells:
-        for fate in ("consumed", "dropped", "never_leased"):
+        for fate in ("consumed", "consumed_slow_worker", "dropped", "never_leased"):
             r = cell[fate]
             classes = " ".join(f"{k}:{v:.2f}" for k, v in r["classes"].items())
             print(
-                f"{cell['task']:<9}{cell['S']:>2} {fate:<13}{r['groups']:>7}"
+                f"{cell['task']:<9}{cell['S']:>2} {fate:<21}{r['groups']:>7}"
                 f"{f(r['length'], '.2f'):>8}{f(r['length_se'], '.2f'):>7}"
                 f"{f(r['reward']):>8}{f(r['answer_len'], '.2f'):>8}"
                 f"{f(r['slow_share'], '.2f'):>6}  {classes}"
@@ -247,7 +257,9 @@ def print_table(cells: list[dict]) -> None:
         print(
             f"{'':<12}{cell['dropped']['groups']} drops of {cell['dropped_prompts']} prompts "
             f"(at most {cell['max_drops_per_prompt']} of one); {cell['starved_prompts']} "
-            "of them never consumed by the end"
+            "of them never consumed by the end; length bias with each dropped prompt once "
+            f"{f(h['length_bias_by_prompt'])}, against the slow worker's own consumed groups "
+            f"{f(h['length_bias_same_worker'])}"
         )
 
 
@@ -265,8 +277,8 @@ def markdown(cells: list[dict]) -> str:
     f = lambda v, spec=".2f": "-" if v is None else format(v, spec)
     lines = [
         "| task | S | consumed / dropped groups | dropped frac | mean length consumed / "
-        "dropped (tokens) | length bias | reward consumed / dropped | slow worker's share "
-        "consumed / dropped | drops / prompts / starved |",
+        "dropped (tokens) | length bias (by group / by prompt / same worker) | reward consumed "
+        "/ dropped | slow worker's share consumed / dropped | drops / prompts / starved |",
         "|" + "---|" * 9,
     ]
     for cell in cells:
@@ -274,7 +286,9 @@ def markdown(cells: list[dict]) -> str:
         lines.append(
             f"| {cell['task']} | {cell['S']} | {c['groups']} / {d['groups']} | "
             f"{f(h['dropped_frac'], '.3f')} | {f(c['length'])} / {f(d['length'])} | "
-            f"{f(h['length_bias'], '.3f')} | {f(c['reward'], '.3f')} / {f(d['reward'], '.3f')} | "
+            f"{f(h['length_bias'], '.3f')} / {f(h['length_bias_by_prompt'], '.3f')} / "
+            f"{f(h['length_bias_same_worker'], '.3f')} | "
+            f"{f(c['reward'], '.3f')} / {f(d['reward'], '.3f')} | "
             f"{f(c['slow_share'])} / {f(d['slow_share'])} | {d['groups']} / "
             f"{cell['dropped_prompts']} / {cell['starved_prompts']} |"
         )
