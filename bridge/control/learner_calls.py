@@ -62,16 +62,21 @@ class LearnerCalls:
         if batch is None:
             stats = self._idle_stats()
         stats = {**stats, "time/data_wait_s": waited}
-        if batch is not None and self.auto_staleness is not None:
-            stats["staleness/bound"] = self._adapt_staleness(stats)
+        if self.auto_staleness is not None:
+            # The learner polls with short timeouts: its wait for a step is every call's.
+            if getattr(self, "_waits", (None, 0.0))[0] != step:
+                self._waits = (step, 0.0)
+            self._waits = (step, self._waits[1] + waited)
+            if batch is not None:
+                stats["staleness/bound"] = self._adapt_staleness(stats, self._waits[1])
         return batch, stats
 
-    def _adapt_staleness(self, stats: dict) -> int:
+    def _adapt_staleness(self, stats: dict, step_wait_s: float) -> int:
         """`staleness="auto"`: one batch's evidence moves S (auto_staleness.py)."""
         confident = stats.get("capacity/confident", 0)
         s = self.auto_staleness.observe(
             dropped_total=int(stats.get("staleness/dropped", 0)),
-            data_wait_s=stats["time/data_wait_s"],
+            data_wait_s=step_wait_s,
             step_s=float(stats.get("capacity/train_step_s") or 0.0),
             model_staleness=stats.get("capacity/min_staleness") if confident else None,
         )

@@ -103,3 +103,18 @@ def test_a_fixed_s_reports_no_bound_and_never_moves(tmp_path):
     submit_all(ctl, w, again, versions=(1, 1, 1))
     batch, stats = ctl.wait_batch(1, 1, timeout_s=5.0)
     assert batch is not None and "staleness/bound" not in stats and ctl.config.staleness == 0
+
+
+def test_the_rule_sees_the_learners_whole_wait_for_a_step_across_its_polls(tmp_path):
+    # The learner polls wait_batch with short timeouts; the wait that counts is all of them.
+    ctl = make(
+        tmp_path, staleness=0, staleness_auto=True, staleness_min=0, staleness_max=2,
+        groups_per_step=1, max_groups_per_lease=1,
+    )  # fmt: skip
+    ctl.publish(0)
+    w = worker(ctl)
+    polls = [ctl.wait_batch(0, 1, timeout_s=0.05)[1]["time/data_wait_s"] for _ in range(3)]
+    lease = ctl.lease(w, LeaseRequest(worker_version=0, max_groups=1)).lease
+    submit_all(ctl, w, lease, versions=(0, 0, 0))
+    batch, stats = ctl.wait_batch(0, 1, timeout_s=5.0)
+    assert batch is not None and ctl._waits == (0, sum(polls) + stats["time/data_wait_s"])
