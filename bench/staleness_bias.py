@@ -11,14 +11,16 @@ on the real pipeline: for each task one short SFT warm start, then one RL run pe
 training binary's own `run()` with its controller, staleness rule, leases and publisher,
 fed by two real vLLM workers, the second sleeping `--throttle_s` per lease
 (bench/sweep_cells.py, as the staleness sweep runs its cells). By default the too-slow rule
-is off (`controller.refuse_too_slow=False`, the sweep's setting): with it on the demo drops
-almost nothing, and a bound that drops nothing cannot bias; `--refuse_too_slow` measures the
-default instead.
+is off (`controller.refuse_too_slow=False`, the sweep's setting): with it on little is
+dropped, and a bound that drops nothing cannot bias; `--refuse_too_slow` measures the default
+instead. The throttle (3 s) must outlast the learner's step for anything to come back late:
+the reversal task's longer steps need ~10 s.
 
 Tasks: `demo` (configs/tiny_arith.py: 2-digit + and -, answers of 1-3 digits), `kuhn`
 (configs/kuhn_poker.py with the sweep's pinned recipe: episodes of one or two decisions) and
 `reversal` (reasoning-gym's word_sequence_reversal, lists of 1-6 words: answers of 2 to ~60
-characters, 19-77 tokens with the tags, so generation time varies several-fold by prompt).
+characters, 19-77 tokens with the tags, so generation time varies several-fold by prompt;
+a smaller batch than its config's, or a step takes ~13 s on 2 loaded cores).
 
 Where the numbers come from: each run's controller database (`<cell>/controller.db`).
 `consumed` groups are the rows the learner took (the run checkpoints only at its end, so no
@@ -32,8 +34,11 @@ be consumed later: `retried` pairs each dropped attempt with the same prompt's c
 
 Per (task, S), per category: groups, mean completion length in tokens (the mean over the
 group's samples, then over groups), mean reward, mean reference answer length in characters,
-and the share made by the throttled worker; the headline per S is `length_bias` = mean
-length dropped / consumed (1.0 = no bias; None with nothing dropped), `reward_gap` = mean
+and the share made by the throttled worker; the headline, keyed `TASK_S{S}_NAME`, is `length_bias` =
+mean length dropped / consumed (1.0 = no bias; None with nothing dropped), the same with each
+dropped prompt counted once (`length_bias_by_prompt`) and against the throttled worker's own
+consumed groups (`length_bias_same_worker`: every drop is that worker's, so this holds the
+worker fixed), `reward_gap` = mean
 reward dropped - consumed, `dropped_frac` = dropped / (dropped + consumed), and for never
 leased prompts `answer_len_ratio_never_leased` = their mean reference answer length / the
 consumed ones'. A standard error of each mean over groups is in the JSON, so a ratio from a
