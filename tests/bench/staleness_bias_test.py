@@ -14,9 +14,7 @@ from bridge.control.protocol import LeaseRequest, Submission, WorkerProfile
 
 def named_worker(ctl, name):
     wid, _ = ctl.register(
-        WorkerProfile(
-            accelerator="cpu", price_per_hour=1.0, max_concurrent_sequences=64, name=name
-        )
+        WorkerProfile(accelerator="cpu", price_per_hour=1.0, max_concurrent_sequences=64, name=name)
     )
     return wid
 
