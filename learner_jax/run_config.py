@@ -122,9 +122,27 @@ def sharding_rules(config) -> sharding.Rules:
     return sharding.normalize_rules(config.get("sharding_rules") or sharding.DEFAULT_RULES)
 
 
+def staleness_bounds(config) -> tuple[int, int, bool]:
+    """(S_min, S_max, auto). `staleness` is an int S, fixed: (S, S, False); or "auto": the
+    controller moves S within [`staleness_min`, `staleness_max`]
+    (bridge/control/leasing/auto_staleness.py), so whatever keeps versions for S keeps S_max's."""
+    s = config.staleness
+    if s == "auto":
+        lo, hi = config.get("staleness_min", 0), config.get("staleness_max", 0)
+        if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo <= hi):
+            raise ValueError(
+                f'staleness="auto" needs ints 0 <= staleness_min <= staleness_max, got {lo}, {hi}'
+            )
+        return lo, hi, True
+    if isinstance(s, bool) or not isinstance(s, int):
+        raise ValueError(f'staleness must be an int S >= 0 or "auto", got {s!r}')
+    return s, s, False
+
+
 def check_rl_schedule(config) -> None:
-    """The staleness / publish_every schedule rule (bridge/contracts/staleness.py)."""
-    error = staleness_rule.schedule_error(config.staleness, config.publish_every)
+    """The staleness / publish_every schedule rule (bridge/contracts/staleness.py); with
+    `staleness="auto"` S_min must meet it (S never goes below)."""
+    error = staleness_rule.schedule_error(staleness_bounds(config)[0], config.publish_every)
     if error:
         raise ValueError(error)
 
@@ -323,9 +341,13 @@ def controller_config(config, vocab_size: int, eos_id: int):
     from bridge.control.protocol import SamplingParams
 
     b, r = config.batch, config.rollout
+    s_min, s_max, auto = staleness_bounds(config)
     return ControllerConfig(
         **_fields(ControllerConfig, config.controller),
-        staleness=config.staleness,
+        staleness=s_min,  # "auto" starts at S_min and moves up on evidence
+        staleness_auto=auto,
+        staleness_min=s_min,
+        staleness_max=s_max,
         groups_per_step=b.groups_per_step,
         group_size=b.samples_per_group,
         vocab_size=vocab_size,

@@ -66,8 +66,8 @@ CONFIG_KEYS = [
     " controller.tls_cert controller.tls_key controller.allow_plain_http"
     " metrics.wandb.project metrics.wandb.entity metrics.wandb.mode fleet.provisioner".split(),
     pytest.param("rollout.partial", marks=later("rollout.partial (off|continue)")),
-    pytest.param("staleness_min", marks=later("staleness 'auto' with staleness_min")),
-    pytest.param("staleness_max", marks=later("staleness 'auto' with staleness_max")),
+    "staleness_min",
+    "staleness_max",
     "controller.trusted_proxies",
 ]
 

@@ -34,8 +34,6 @@ staleness_max controller.trusted_proxies""".split()
 PENDING_CONFIG_KEYS = {
     "model.moe.routing_replay",
     "rollout.partial",
-    "staleness_min",
-    "staleness_max",
 }
 METRICS = """step policy_version reward/mean staleness/mean staleness/max staleness/dropped
 mismatch/kl learner/utilization time/step_s time/wait_s bridge/publish_s fleet/active_workers

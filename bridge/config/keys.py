@@ -129,7 +129,27 @@ SECTIONS = (
 RUN = (
     Key("seed", 0, "The run's random seed (the workers' sampling seeds derive from it).", L),
     Key("total_steps", 300, "RL learner steps (optimizer updates) after the SFT phase.", L),
-    Key("staleness", 2, "S: a trajectory may lag the learner by at most S versions.", L),
+    Key(
+        "staleness",
+        2,
+        'S: a trajectory may lag the learner by at most S versions. Or "auto": the controller '
+        "moves S within [staleness_min, staleness_max] from the measured drops, the learner's "
+        "waits and the capacity model (bridge/control/leasing/auto_staleness.py).",
+        L,
+        type="int | str",
+    ),
+    Key(
+        "staleness_min",
+        0,
+        'With staleness="auto", the lowest S; at least publish_every - 1.',
+        L,
+    ),
+    Key(
+        "staleness_max",
+        4,
+        'With staleness="auto", the highest S (versions are kept for it: staleness_max + 2).',
+        L,
+    ),
     Key("publish_every", 1, "kappa: publish weights every kappa learner steps.", L),
     Key(
         "local_workers",

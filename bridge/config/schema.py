@@ -26,6 +26,7 @@ from typing import Any
 
 # Annotation -> the Python types a value of it may have (int is a float: `lr = 1` is fine).
 _BASE_TYPES = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,)}
+UNION = "union"  # a key that takes one of several plain types
 CONFIG, FLAGS = "config", "flags"  # where a section's keys live: the ConfigDict or argv
 
 
@@ -84,21 +85,30 @@ class Key:
         return "None" in [p.strip() for p in self.annotation.split("|")]
 
     @property
-    def base(self) -> str:
-        """The annotation without `| None` and without a tuple's element type."""
+    def bases(self) -> tuple[str, ...]:
+        """The annotation's types without `None` and without a tuple's element type."""
         parts = [p.strip() for p in self.annotation.split("|") if p.strip() != "None"]
-        if len(parts) != 1:
-            raise ValueError(f"{self.path}: unsupported type {self.annotation!r}")
-        return parts[0].split("[", 1)[0]
+        return tuple(p.split("[", 1)[0] for p in parts)
+
+    @property
+    def base(self) -> str:
+        """The one type of the annotation besides `None`; "union" for a choice of plain
+        types (`staleness`: an int or "auto")."""
+        bases = self.bases
+        if len(bases) == 1:
+            return bases[0]
+        if bases and all(b in _BASE_TYPES for b in bases):
+            return UNION
+        raise ValueError(f"{self.path}: unsupported type {self.annotation!r}")
 
     def accepts(self, value) -> bool:
         if value is None:
             return self.nullable
         if self.base == "tuple":
             return isinstance(value, tuple | list)
-        if isinstance(value, bool) and self.base != "bool":
+        if isinstance(value, bool) and "bool" not in self.bases:
             return False  # True is an int to Python, not to a config
-        return isinstance(value, _BASE_TYPES[self.base])
+        return any(isinstance(value, _BASE_TYPES[b]) for b in self.bases if b in _BASE_TYPES)
 
 
 class Schema:
@@ -112,7 +122,7 @@ class Schema:
                 raise ValueError(f"config key {key.path!r} is declared twice")
             if key.section not in self.sections:
                 raise ValueError(f"config key {key.path!r}: its section is not declared")
-            if key.base not in (*_BASE_TYPES, "tuple"):
+            if key.base not in (*_BASE_TYPES, "tuple", UNION):
                 raise ValueError(f"{key.path}: unsupported type {key.annotation!r}")
             if not key.required and not key.accepts(key.default):
                 raise ValueError(f"{key.path}: default {key.default!r} is not a {key.annotation}")
@@ -166,7 +176,9 @@ class Schema:
                 if part not in node:
                     node[part] = ConfigDict()
                 node = node[part]
-            if key.default is None:  # typed, so `--config.KEY=VALUE` parses to that type
+            if key.base == UNION:  # any of its types may replace the default
+                value = config_dict.FieldReference(key.default, field_type=object)
+            elif key.default is None:  # typed, so `--config.KEY=VALUE` parses to that type
                 value = config_dict.placeholder(_BASE_TYPES[key.base][-1])
             else:
                 value = key.default

@@ -19,7 +19,11 @@ from bridge.control.protocol import SamplingParams
 @dataclasses.dataclass(frozen=True)
 @SCHEMA.declared_fields
 class ControllerConfig:
-    staleness: int = 2  # S
+    staleness: int = 2  # S (with `staleness_auto`: where it starts)
+    # `staleness="auto"`: S moves within [staleness_min, staleness_max] (leasing/auto_staleness.py).
+    staleness_auto: bool = False
+    staleness_min: int = 0
+    staleness_max: int = 0
     groups_per_step: int = 8  # prompt groups the learner consumes per step
     group_size: int = 4  # samples per prompt (GRPO n)
     sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)

@@ -36,6 +36,7 @@ answers out; `audit` quarantines a worker whose log-probs stray from the learner
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import threading
@@ -57,6 +58,7 @@ from bridge.control.intake.episode_steps import EpisodeSteps
 from bridge.control.intake.intake import Intake, own_lease
 from bridge.control.intake.rewards import CallPool, Codec, RewardScorer
 from bridge.control.learner_api import LearnerSide, build_batch
+from bridge.control.leasing.auto_staleness import AutoStaleness
 from bridge.control.leasing.lease_content import LeaseContent
 from bridge.control.leasing.lease_timing import LeaseTiming
 from bridge.control.leasing.leasing import Grant, Leasing
@@ -139,6 +141,26 @@ class Controller:
         self.db.restore_deadlines(clock() + c.lease_ttl_s)  # granted: a full TTL more
         self._closed = False
         self._flusher = HotFlusher(self.flush_hot, c.hot_flush_s) if c.hot_flush_s > 0 else None
+        self._step_wait = (None, 0.0)  # (learner step, its wait so far): auto S's evidence
+        self.auto_staleness = (
+            AutoStaleness(c.staleness_min, c.staleness_max, c.staleness)
+            if c.staleness_auto
+            else None
+        )
+
+    def set_staleness(self, s: int) -> None:
+        """Move the bound S (`staleness="auto"`, leasing/auto_staleness.py) in every part that
+        reads it, at once under the lock: admission, the drop rule, the late check, the
+        lease deadline, liveness and the capacity advice."""
+        with self.lock:
+            if s == self.config.staleness:
+                return
+            logging.info("staleness bound %d -> %d", self.config.staleness, s)
+            self.config = dataclasses.replace(self.config, staleness=s)
+            for part in (self.leasing, self.intake, self.fleet):
+                part.config = self.config
+            self.timing.staleness = self.learner.staleness = s
+            self.liveness.staleness = self.fleet.advice.staleness = s
 
     def close(self) -> None:
         if self._flusher is not None:
@@ -412,9 +434,29 @@ class Controller:
         stats are computed once, on return (not on every submission's wake-up), and the
         consumption is on disk before the batch is. The stats carry `time/data_wait_s`, the
         seconds this call waited for work to arrive (learner_api.py `wait_for_batch`)."""
-        return self.learner.wait_for_batch(
+        batch, stats = self.learner.wait_for_batch(
             lambda: self.take_batch(step, num_groups), timeout_s, self._stats
         )
+        if self.auto_staleness is not None:
+            # The learner polls with short timeouts: its wait for a step is every call's.
+            if self._step_wait[0] != step:
+                self._step_wait = (step, 0.0)
+            self._step_wait = (step, self._step_wait[1] + stats["time/data_wait_s"])
+            if batch is not None:
+                stats["staleness/bound"] = self._adapt_staleness(stats, self._step_wait[1])
+        return batch, stats
+
+    def _adapt_staleness(self, stats: dict, step_wait_s: float) -> int:
+        """`staleness="auto"`: one batch's evidence moves S (leasing/auto_staleness.py)."""
+        confident = stats.get("capacity/confident", 0)
+        s = self.auto_staleness.observe(
+            dropped_total=int(stats.get("staleness/dropped", 0)),
+            data_wait_s=step_wait_s,
+            step_s=float(stats.get("capacity/train_step_s") or 0.0),
+            model_staleness=stats.get("capacity/min_staleness") if confident else None,
+        )
+        self.set_staleness(s)
+        return s
 
     def report_learner(
         self,

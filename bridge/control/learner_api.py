@@ -83,6 +83,7 @@ class LearnerSide:
         with self._op():
             stale = self.db.stale_buffered(staleness_rule.oldest_fresh(step, self.staleness))
             if stale:
+                self.db.record_dropped(stale, step)
                 self.db.requeue(stale)
                 self.db.incr("staleness/dropped", len(stale))
             return len(stale)

@@ -212,7 +212,10 @@ def fleet_from_run(workdir: str) -> dict:
         },
         "model_bytes": model_bytes,
         **_version_bytes(rows),
-        "staleness": config["staleness"],
+        # staleness="auto" moved S up to staleness_max: plan for the most it could use
+        "staleness": config["staleness_max"]
+        if config["staleness"] == "auto"
+        else config["staleness"],
         "publish_every": config["publish_every"],
         "steps": len(rows),
         "margin": ctl.get("activation_margin", 0.1) if activation else _ALL_ACTIVE_MARGIN,

@@ -232,3 +232,36 @@ def test_fleet_engines_fit_the_batch():
     assert fleet_config(c).max_model_len == 512  # the worker's own default
     c.batch.max_prompt_len, c.batch.max_answer_len = 1000, 24
     assert fleet_config(c).max_model_len == 1024
+
+
+def test_staleness_auto_reaches_the_controller_with_its_bounds():
+    from learner_jax import run_config
+
+    c = tiny_arith()
+    c.staleness, c.staleness_min, c.staleness_max, c.publish_every = "auto", 1, 3, 2
+    ctl = run_config.controller_config(c, vocab_size=64, eos_id=2)
+    assert (ctl.staleness_auto, ctl.staleness_min, ctl.staleness_max) == (True, 1, 3)
+    assert ctl.staleness == 1  # starts at S_min, moves up on evidence
+    run_config.check_rl_schedule(c)  # S_min = 1 = publish_every - 1: every step is fed
+    c.staleness = 2  # a fixed S: no adaptation, and the bounds keys are ignored
+    ctl = run_config.controller_config(c, vocab_size=64, eos_id=2)
+    assert (ctl.staleness_auto, ctl.staleness) == (False, 2)
+    assert run_config.staleness_bounds(c) == (2, 2, False)
+
+
+@pytest.mark.parametrize(
+    "staleness, lo, hi, match",
+    [
+        ("auto", 0, 3, "publish_every - 1"),  # S_min below the schedule rule (kappa = 2)
+        ("auto", 3, 1, "staleness_min <= staleness_max"),
+        ("fast", 0, 3, 'int S >= 0 or "auto"'),
+        (1.5, 0, 3, 'int S >= 0 or "auto"'),
+    ],
+)
+def test_bad_staleness_settings_are_refused(staleness, lo, hi, match):
+    from learner_jax import run_config
+
+    c = tiny_arith()
+    c.staleness, c.staleness_min, c.staleness_max, c.publish_every = staleness, lo, hi, 2
+    with pytest.raises(ValueError, match=match):
+        run_config.check_rl_schedule(c)

@@ -58,6 +58,9 @@ CREATE TABLE IF NOT EXISTS episodes (
   lease_id TEXT NOT NULL, group_id INTEGER NOT NULL, sample_index INTEGER NOT NULL,
   turns TEXT NOT NULL, observation TEXT NOT NULL, done INTEGER NOT NULL,
   PRIMARY KEY (lease_id, group_id, sample_index)) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS dropped (
+  group_id INTEGER NOT NULL, prompt_id TEXT NOT NULL, step INTEGER NOT NULL,
+  min_version INTEGER NOT NULL, worker_id TEXT, lengths TEXT NOT NULL, rewards TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS fleet (
   worker_id TEXT PRIMARY KEY, standby INTEGER NOT NULL DEFAULT 0,
@@ -342,6 +345,28 @@ class ControllerDB(LeaseRows):
             for r in rows
             if any(max(t["versions"]) > version for t in json.loads(r["payload"]))
         ]
+
+    def record_dropped(self, group_ids: list[int], step: int) -> None:
+        """Keep what each buffered group in `group_ids` was -- prompt, stalest version, the
+        worker, each completion's token count and reward -- before `requeue` clears it: what
+        the staleness bound throws away is otherwise invisible (bench/staleness_bias.py
+        compares it with what the learner consumed). A summary, not the payload: a few
+        numbers per group, in SQL, so no trajectory is decoded under the lock."""
+        self.conn.executemany(
+            "INSERT INTO dropped(group_id, prompt_id, step, min_version, worker_id, lengths,"
+            " rewards) SELECT g.group_id, g.prompt_id, ?, g.min_version,"
+            " (SELECT l.worker_id FROM leases l WHERE l.lease_id=g.lease_id),"
+            " (SELECT json_group_array(json_array_length(t.value, '$.completion_token_ids'))"
+            "  FROM json_each(g.payload) t),"
+            " (SELECT json_group_array(json_extract(t.value, '$.reward'))"
+            "  FROM json_each(g.payload) t)"
+            " FROM groups g WHERE g.group_id=? AND g.state='buffered'",
+            [(step, g) for g in group_ids],
+        )
+
+    def dropped_groups(self) -> list[sqlite3.Row]:
+        """Every group the staleness bound dropped, in drop order (`record_dropped`)."""
+        return self.q("SELECT * FROM dropped ORDER BY rowid")
 
     def requeue(self, group_ids: list[int]) -> None:
         """Back to the queue (the same row, so it goes out before newer prompts)."""

@@ -2,6 +2,7 @@
 submissions, staleness drops, admission control, restarts, fleet accounting. Too-slow
 workers: too_slow_test.py; helpers: tests/controller_helpers.py."""
 
+import json
 import math
 import threading
 import time
@@ -136,8 +137,16 @@ def test_stale_groups_are_dropped_counted_and_requeued(tmp_path):
     l2 = ctl.lease(w, LeaseRequest(worker_version=1, max_groups=1)).lease
     ctl.publish(2)
     submit_all(ctl, w, l2, versions=(1, 2, 2))  # oldest token 1 (the lease's version)
+    (held,) = [json.loads(r["payload"]) for r in ctl.db.groups_in("buffered")]
     batch, stats = ctl.take_batch(3, 1)  # 3 - 1 > S: dropped, prompt requeued
     assert batch is None and stats["staleness/dropped"] == 1 and stats["groups/buffered"] == 0
+    # What was dropped stays on record though the requeue cleared the group's payload.
+    (gone,) = ctl.db.dropped_groups()
+    assert (gone["prompt_id"], gone["step"], gone["min_version"], gone["worker_id"]) == (
+        l2.groups[0].prompt_id, 3, 1, w,
+    )  # fmt: skip
+    assert json.loads(gone["lengths"]) == [len(t["completion_token_ids"]) for t in held]
+    assert json.loads(gone["rewards"]) == [t["reward"] for t in held]
     ctl.publish(3)
     again = ctl.lease(w, LeaseRequest(worker_version=3, max_groups=1)).lease
     assert again.groups[0].prompt_id == l2.groups[0].prompt_id
