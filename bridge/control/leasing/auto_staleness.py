@@ -3,7 +3,7 @@
 Why S should move: a larger S costs quality (more off-policy data: the staleness sweep's
 demo falls from S = 2 without a correction, docs/guides/choosing-s.md) and buys utilization
 only up to the S the fleet's latency needs; past it the learner is already fed. That S is
-the capacity model's freshness condition (bridge/control/capacity.py), measured live by the
+the capacity model's freshness condition (bridge/control/fleet/capacity.py), measured live by the
 fleet plan as `capacity/min_staleness` = kappa_eff + ceil(latency / T). So the rule aims at
 the smallest S that keeps the learner fed, and takes evidence over the model:
 

@@ -19,7 +19,7 @@ must find it corrupt before announcing it, write it again and train on.
 Fails (each tried): on the code before healing, both (a: no batch for step 2, TimeoutError;
 b: the announced copy of 1 does not verify); with a worker's heartbeat that does not report
 the version it cannot load (a: nobody asks the learner to heal, TimeoutError). The worker's
-retry of a re-announced version is rollout_gpu/versions_test.py's.
+retry of a re-announced version is tests/rollout_gpu/versions_test.py's.
 """
 
 from __future__ import annotations
