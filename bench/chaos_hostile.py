@@ -352,7 +352,9 @@ class HostileWorker(threading.Thread):
             from bridge.store.weight_store import WeightStore
 
         if self._hf is None:
-            torch.set_num_threads(1)
+            # No torch.set_num_threads here: it is process-wide, and a vLLM engine in the
+            # same process (the test session's) then fails its CPU attention kernel
+            # ("thread_num 2 vs. 1"): every later swap's canary raised.
             path = os.path.join(self.workdir, "model")
             # One load at a time: transformers' loading patches torch process-wide (empty
             # init), and two threads loading at once left a model with other weights than

@@ -37,10 +37,6 @@ from bench.chaos_faults import corrupt_version
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
-    # Order-dependent: passes alone and after every vLLM test file (rl/ + rollout_gpu/:
-    # 127 passed), fails after the whole suite before it; the in-process worker never
-    # loads a version. Cause not found yet; the swap's stale-request fix was not it.
-    pytest.mark.xfail(strict=False, reason="order-dependent after the full suite, cause open"),
 ]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))

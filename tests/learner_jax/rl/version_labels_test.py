@@ -43,10 +43,6 @@ from learner_jax.rl.rescore import VersionRescorer
 pytestmark = [
     pytest.mark.vllm,
     pytest.mark.slow,
-    # Order-dependent: passes alone and after every vLLM test file (rl/ + rollout_gpu/:
-    # 127 passed), fails after the whole suite before it; the in-process worker never
-    # loads a version. Cause not found yet; the swap's stale-request fix was not it.
-    pytest.mark.xfail(strict=False, reason="order-dependent after the full suite, cause open"),
 ]
 
 TOL = 1e-3  # vLLM (fp32) vs an independent fp32 implementation, per token (engine_test)
