@@ -55,7 +55,7 @@ class Publish:
         # The learner's own time outside train steps and waits for data since the previous
         # step (the previous step's publish, evaluation, checkpoint, taking and building
         # this batch): the learner is on the critical path then too, so the capacity model
-        # counts it (issue 32; taking the batch was ~70 ms a step of the demo's "wait").
+        # counts it (taking the batch was ~70 ms a step of the demo's "wait").
         overhead = None
         if self._last_wall is not None:
             # Waiting for data is the fleet's; taking and building the batch is ours.

@@ -59,7 +59,7 @@ ARGS = [
     # The relay chain through the binary (the demo's "auto" picks "store" for its local
     # store; remote stores get the chain).
     "--config.bridge.broadcast=chain",
-    *observe_checks.WANDB_ARGS,  # W&B offline beside metrics.jsonl (issue 29)
+    *observe_checks.WANDB_ARGS,  # W&B offline beside metrics.jsonl
 ]
 # Answer correctness must rise at least this much: between the 30x weaker learner's 0.11
 # and the learner's 0.28-0.31, ~3 standard deviations of the difference (~0.03: per-step

@@ -68,8 +68,8 @@ def test_holdem_episodes_on_vllm_are_exact_and_replayed_on_the_trusted_side(
         tmp_path, tiny_model_dir, task, 2, 3, sampling=sampling, max_completion_tokens=150
     )
     assert all(g.sampling.max_tokens == 2 and g.episode.env == "holdem" for g in lease.groups)
-    # Observations from the controller, turn by turn (the lease hides the seed, issue 23
-    # item 8); the independent replay below takes the seeds from its database.
+    # Observations from the controller, turn by turn (the lease hides the seed:
+    # it is the deal); the independent replay below takes the seeds from its database.
     from bridge.control.protocol import EpisodeStep
 
     assert all(g.episode.seed == -1 for g in lease.groups)

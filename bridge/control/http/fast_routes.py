@@ -44,7 +44,7 @@ Route = Callable[[dict, bytes], Awaitable[tuple[int, bytes]]]
 
 # Leases run on pool threads of their own, not anyio's shared 40: at 500 workers @ 2 s every
 # shared thread could be a submission waiting for its scoring, the lock or its fsync, and a
-# lease (one short transaction) queued ~100-300 ms for a thread (issue 25, stop 36).
+# lease (one short transaction) queued ~100-300 ms for a thread.
 LEASE_THREADS = 32
 
 
@@ -118,7 +118,7 @@ def fast_routes(controller, relay: RelayFilter, submit=None) -> dict[str, Route]
             lease_lane.append(anyio.CapacityLimiter(LEASE_THREADS))
         return await anyio.to_thread.run_sync(controller.lease, worker, req, limiter=lease_lane[0])
 
-    async def submission(worker, body, caller):  # parsed off the loop (issue 23 item 10)
+    async def submission(worker, body, caller):  # parsed off the loop: a big body stalls no one
         return await anyio.to_thread.run_sync(submit, worker, body)
 
     routes = {

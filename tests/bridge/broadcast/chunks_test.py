@@ -78,7 +78,7 @@ def _forge_crc(data: bytes, target: int) -> bytes:
 
 
 def test_a_chunk_forged_to_keep_its_crc32_is_refused(published):
-    # What a hostile relay could do while chunks were checked by CRC-32 (issue 23 item 1).
+    # What a hostile relay could do while chunks were checked by CRC-32.
     s, m = published
     spec = chunks.chunk_plan(0, m)[0]
     raw = s.kv.read(spec.key).result().value

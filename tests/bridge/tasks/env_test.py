@@ -157,7 +157,7 @@ def test_kuhn_demonstrations_are_format_only():
     assert abs(kuhn.expected_reward(lambda c, h: teacher[(c, h)]) + 0.370) < 0.05
     assert min(q for p in teacher.values() for q in p.values()) >= 1 / 6
     # ... but the answer depends on the card (a teacher that answers the same everywhere
-    # trained the policy to ignore its card: BUILD_NOTES.md, issue 27). Seen in the data:
+    # trained the policy to ignore its card: docs/results.md, Kuhn poker). Seen in the data:
     share = sorted(sum(a == "c" for x, a in many if x == t) / texts_n[t] for t in texts_n)
     assert share[-1] - share[0] > 0.2, share  # P(check) per prompt
     assert make_task("holdem").sft_examples(0) is not None  # none offered: an empty stream
