@@ -33,6 +33,24 @@ import pytest  # noqa: E402
 from bridge.model import tiny_model  # noqa: E402
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item):
+    """Fail a test that changes torch's thread count: it is process-wide, and the session's
+    vLLM engine, built for the count it started with, then fails its CPU attention kernel
+    on every later request ("thread_num 2 vs. 1"), so tests after it fail instead."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    before = torch.get_num_threads() if torch is not None else None
+    result = yield
+    torch = sys.modules.get("torch")
+    if before is not None and torch.get_num_threads() != before:
+        after = torch.get_num_threads()
+        torch.set_num_threads(before)
+        pytest.fail(f"the test changed torch's process-wide thread count {before} -> {after}")
+    return result
+
+
 @pytest.fixture(scope="session")
 def tiny_model_dirs(tmp_path_factory):
     """family -> HF dir of a 2-layer tiny model (Qwen3 tied, Qwen2 with bias, Llama untied)."""

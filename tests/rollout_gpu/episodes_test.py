@@ -28,6 +28,7 @@ PROFILE = WorkerProfile(accelerator="cpu", price_per_hour=0.0, max_concurrent_se
 
 def _controller(tmp_path, model_dir, task, groups, n, **cfg):
     codec = TextCodec(model_dir)
+    os.makedirs(tmp_path, exist_ok=True)
     config = ControllerConfig(
         staleness=1,
         groups_per_step=groups,
@@ -146,30 +147,40 @@ def test_a_reward_file_loaded_by_path_is_what_reward_mean_reports(
     tok = AutoTokenizer.from_pretrained(tiny_model_dir)
     task = make_task("arithmetic", reward_fn=f"{path}:compute_score")
     sampling = SamplingParams(max_tokens=6, stop_token_ids=[tok.eos_token_id])
-    ctl, wid, lease = _controller(tmp_path, tiny_model_dir, task, 4, 4, sampling=sampling)
-    results = generate_groups(vllm_engine, lease.groups, version=0)
-    batch = _submit_and_take(ctl, wid, lease, results, 4)
-    _, stats = rollout_batch.groups_to_batch(
-        batch, 4, 64, 6, current_version=0, adv_cfg=advantages.AdvantageConfig()
-    )
-    # The user's function, called here on the completion text decoded independently, with
-    # the task's reference answer (which only the trusted side holds).
-    # A completion with a special or padded-vocab id before its final stop scores 0 by the
-    # trusted side's hidden-token rule (bridge/control/intake/rewards.py), before any reward runs.
-    answers = {g.group_id: g.answer for g in batch}
 
     def reference(ids, answer):
+        # A completion with a special or padded-vocab id before its final stop scores 0 by
+        # the trusted side's hidden-token rule (bridge/control/intake/rewards.py), before any
+        # reward runs.
         stops = (tok.eos_token_id, tok.pad_token_id)  # one final stop may end it
         body = ids[:-1] if ids and ids[-1] in stops else ids
         if any(i >= len(tok) or i in tok.all_special_ids for i in body):
             return 0.0
         return mine.compute_score("arithmetic", tok.decode(body), answer)["score"]
 
-    expected = [
-        reference(list(t.completion_token_ids), answers[g.group_id])
-        for g in batch
-        for t in g.trajectories
-    ]
-    assert len(set(expected)) > 1  # the scores vary, so the equality below means something
+    # Each lease's sampling seed is fresh and secret, so its 16 samples can, rarely, all score
+    # the same; the equality below means something only when the scores vary, so a run that
+    # drew equal scores draws another lease (each is an independent chance).
+    for attempt in range(4):
+        ctl, wid, lease = _controller(
+            tmp_path / str(attempt), tiny_model_dir, task, 4, 4, sampling=sampling
+        )
+        results = generate_groups(vllm_engine, lease.groups, version=0)
+        batch = _submit_and_take(ctl, wid, lease, results, 4)
+        _, stats = rollout_batch.groups_to_batch(
+            batch, 4, 64, 6, current_version=0, adv_cfg=advantages.AdvantageConfig()
+        )
+        # The user's function, called here on the completion text decoded independently,
+        # with the task's reference answer (which only the trusted side holds).
+        answers = {g.group_id: g.answer for g in batch}
+        expected = [
+            reference(list(t.completion_token_ids), answers[g.group_id])
+            for g in batch
+            for t in g.trajectories
+        ]
+        if len(set(expected)) > 1:
+            break
+        ctl.close()
+    assert len(set(expected)) > 1, "four leases in a row scored every sample alike"
     assert stats["reward/mean"] == pytest.approx(float(np.mean(expected)), abs=1e-6)
     ctl.close()
