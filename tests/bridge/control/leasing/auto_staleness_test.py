@@ -118,3 +118,33 @@ def test_the_rule_sees_the_learners_whole_wait_for_a_step_across_its_polls(tmp_p
     submit_all(ctl, w, lease, versions=(0, 0, 0))
     batch, stats = ctl.wait_batch(0, 1, timeout_s=5.0)
     assert batch is not None and ctl._step_wait == (0, sum(polls) + stats["time/data_wait_s"])
+
+
+@pytest.mark.parametrize("quiet_batches, wait_fraction", [(0, 0.1), (2, -0.1)])
+def test_the_rules_knobs_are_checked_each_alone(quiet_batches, wait_fraction):
+    with pytest.raises(ValueError, match="quiet_batches"):
+        AutoStaleness(
+            s_min=0, s_max=2, s=1, quiet_batches=quiet_batches, wait_fraction=wait_fraction
+        )
+    AutoStaleness(s_min=0, s_max=2, s=1, wait_fraction=0.0)  # never waiting counts: allowed
+
+
+def test_a_wait_is_strictly_more_than_its_fraction_of_a_measured_step():
+    auto = AutoStaleness(s_min=0, s_max=4, s=1, wait_fraction=0.1)
+    # Exactly the fraction (0.1 * 10.0 == 1.0 in binary floating point) is no wait.
+    assert auto.observe(0, data_wait_s=1.0, step_s=10.0, model_staleness=3) == 1
+    # Half the fraction is no wait (a rule dividing by the step would call it one).
+    assert auto.observe(0, data_wait_s=0.5, step_s=10.0, model_staleness=3) == 1
+    # No step measured yet: a wait cannot be judged against it.
+    assert auto.observe(0, data_wait_s=5.0, step_s=0.0, model_staleness=3) == 1
+    assert auto.observe(0, data_wait_s=1.5, step_s=10.0, model_staleness=3) == 3
+
+
+def test_the_quiet_stretch_starts_after_a_drop_and_the_models_s_is_not_a_reason_to_fall():
+    auto = AutoStaleness(s_min=0, s_max=4, s=2, quiet_batches=4)
+    assert auto.observe(1, data_wait_s=0.0, step_s=1.0, model_staleness=0) == 3
+    quiet = dict(dropped_total=1, data_wait_s=0.0, step_s=1.0, model_staleness=0)
+    assert [auto.observe(**quiet) for _ in range(4)] == [3, 3, 3, 2]
+    # The model asking for the current S is no reason to come down, however long it is quiet.
+    at_s = dict(quiet, model_staleness=2)
+    assert [auto.observe(**at_s) for _ in range(8)] == [2] * 8

@@ -1,6 +1,7 @@
 """Each lease's sampling seeds: fresh per lease, reaching the learner as the trusted side's
 own copy, and the same after a controller restart."""
 
+import pytest
 from controller_helpers import Clock, make, submit_all, worker
 
 from bridge.contracts.gumbel import SEED_LIMIT
@@ -39,3 +40,14 @@ def test_a_seed_depends_on_the_secret_lease_and_group():
     assert a.seed("lease", 1) == a.seed("lease", 1)
     seeds = {a.seed("lease", 1), a.seed("lease", 2), a.seed("other", 1), b.seed("lease", 1)}
     assert len(seeds) == 4
+
+
+def test_a_seed_is_the_documented_hmac_and_a_short_secret_is_refused():
+    import hashlib
+    import hmac
+
+    secret = bytes(range(16))  # the shortest secret allowed
+    mac = hmac.new(secret, b"lease-7/3", hashlib.sha256).digest()
+    assert SamplingSeeds(secret).seed("lease-7", 3) == int.from_bytes(mac[:8], "big") % SEED_LIMIT
+    with pytest.raises(ValueError, match="16 bytes"):
+        SamplingSeeds(secret[:15])
