@@ -54,8 +54,15 @@ def _pieces(
                 continue
         elif shard.replica_id != 0:  # another device writes this block
             continue
+        pieces = transform.shard_pieces(shard.index, arr.shape)
+        if transform.expert is not None:
+            # One expert of a stacked leaf: slice it on the device, so publishing E experts
+            # moves each shard to the host once in total, not once per expert.
+            for hf_index, local in pieces:
+                yield hf_index, np.ascontiguousarray(transform.to_hf(np.asarray(shard.data[local])))
+            continue
         block = np.asarray(shard.data)  # one shard, on this host
-        for hf_index, local in transform.shard_pieces(shard.index, arr.shape):
+        for hf_index, local in pieces:
             yield hf_index, np.ascontiguousarray(transform.to_hf(block[local]))
 
 
@@ -65,8 +72,13 @@ def hf_sources(cfg: ModelConfig, params: Mapping) -> Iterator[tuple[str, Sharded
         arr = layouts.get_leaf(params, row.flax_path)
         if not isinstance(arr, jax.Array):
             raise TypeError(f"{'/'.join(row.flax_path)} is {type(arr).__name__}, not a jax.Array")
-        # The store chunks each array by the HF block of the first shard.
-        first = tuple(slice(0, b) for b in arr.sharding.shard_shape(arr.shape))
+        # The store chunks each array by the HF block of the first shard (for an expert
+        # row, the first shard that holds its expert).
+        block = arr.sharding.shard_shape(arr.shape)
+        first = tuple(slice(0, b) for b in block)
+        if row.transform.expert is not None:
+            lo = row.transform.expert // block[0] * block[0]
+            first = (slice(lo, lo + block[0]), *first[1:])
         hf_index, _ = row.transform.shard_pieces(first, arr.shape)[0]
         block_shape = tuple(s.stop - s.start for s in hf_index)
         yield row.hf_name, ShardedSource(row.hf_shape, _pieces(arr, row.transform), block_shape)
