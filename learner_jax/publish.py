@@ -65,8 +65,13 @@ def hf_sources(cfg: ModelConfig, params: Mapping) -> Iterator[tuple[str, Sharded
         arr = layouts.get_leaf(params, row.flax_path)
         if not isinstance(arr, jax.Array):
             raise TypeError(f"{'/'.join(row.flax_path)} is {type(arr).__name__}, not a jax.Array")
-        # The store chunks each array by the HF block of the first shard.
-        first = tuple(slice(0, b) for b in arr.sharding.shard_shape(arr.shape))
+        # The store chunks each array by the HF block of the first shard (for an expert
+        # row, the first shard that holds its expert).
+        block = arr.sharding.shard_shape(arr.shape)
+        first = tuple(slice(0, b) for b in block)
+        if row.transform.expert is not None:
+            lo = row.transform.expert // block[0] * block[0]
+            first = (slice(lo, lo + block[0]), *first[1:])
         hf_index, _ = row.transform.shard_pieces(first, arr.shape)[0]
         block_shape = tuple(s.stop - s.start for s in hf_index)
         yield row.hf_name, ShardedSource(row.hf_shape, _pieces(arr, row.transform), block_shape)

@@ -19,10 +19,22 @@ The Flax parameter tree (`learner_jax/model/model.py`), with its logical axes:
   layers_{i}/attn/{q,k}_norm/scale     [H]        (kv)               qk_norm only
   layers_{i}/mlp/{gate,up}_proj/kernel [D, F]     (embed, mlp)
   layers_{i}/mlp/down_proj/kernel      [F, D]     (mlp, embed)
+  layers_{i}/mlp/gate/kernel           [D, E]     (embed, None)      MoE layers: the router
+  layers_{i}/mlp/experts/{gate,up}_proj [E, D, I] (expert, embed, mlp) MoE layers
+  layers_{i}/mlp/experts/down_proj     [E, I, D]  (expert, mlp, embed) MoE layers
   layers_{i}/input_norm/scale          [D]        (embed)
   layers_{i}/post_attn_norm/scale      [D]        (embed)
   final_norm/scale                     [D]        (embed)
   lm_head/kernel                       [D, V]     (embed, vocab)     untied only
+
+A MoE layer (`ModelConfig.is_moe_layer`) has the router and the experts in place of the
+dense mlp rows. The Flax side stacks the experts on a leading `expert` axis (so they can be
+split over a mesh axis and multiplied with one grouped matmul); the HF side keeps the
+checkpoint convention, one `[out, in]` tensor per expert and projection
+(`mlp.experts.{e}.{gate,up,down}_proj.weight`), which is what vLLM loads and what
+transformers >= 5 fuses itself when loading. Each such row's transform carries its expert
+index (`Transform.expert`): that one slice of the stacked leaf is its HF tensor, and a
+leaf is rebuilt from its E rows with `leaf_from_hf`.
 """
 
 from __future__ import annotations
@@ -62,14 +74,22 @@ class Transform:
     heads_axis: int | None = None
     heads: int = 0
     head_dim: int = 0
+    # The HF tensor is slice `expert` of the Flax leaf's leading (expert) axis; the other
+    # two steps then apply to that slice.
+    expert: int | None = None
 
     def to_hf(self, x: np.ndarray) -> np.ndarray:
+        """The whole Flax leaf, or the block `shard_pieces` cut (for an expert row: its 2-D
+        slice, the expert axis already indexed away) -> the HF tensor (or its piece)."""
+        if self.expert is not None and x.ndim == 3:
+            x = x[self.expert]
         if self.heads_axis is not None:
             a = self.heads_axis
             x = x.reshape(*x.shape[:a], -1, *x.shape[a + 2 :])
         return x.T if self.transpose else x
 
     def from_hf(self, x: np.ndarray) -> np.ndarray:
+        """HF tensor -> Flax layout (an expert row: its slice of the leaf, see leaf_from_hf)."""
         x = x.T if self.transpose else x
         if self.heads_axis is not None:
             a = self.heads_axis
@@ -78,6 +98,8 @@ class Transform:
 
     def hf_shape(self, flax_shape: tuple[int, ...]) -> tuple[int, ...]:
         shape = tuple(flax_shape)
+        if self.expert is not None:
+            shape = shape[1:]
         if self.heads_axis is not None:
             a = self.heads_axis
             shape = (*shape[:a], shape[a] * shape[a + 1], *shape[a + 2 :])
@@ -90,6 +112,15 @@ class Transform:
         and spans several heads is not a rectangle on the merged N*H axis, so it is cut
         into one piece per head; otherwise there is one piece, the whole block.
         """
+        if self.expert is not None:  # this expert's slice of the block, if it holds it
+            e0, e1 = _bounds(index[0], flax_shape[0])
+            if not e0 <= self.expert < e1:
+                return []
+            inner = dataclasses.replace(self, expert=None)
+            return [
+                (hf, (self.expert - e0, *local))
+                for hf, local in inner.shard_pieces(index[1:], flax_shape[1:])
+            ]
         spans = [_bounds(s, n) for s, n in zip(index, flax_shape, strict=True)]
         hf, whole = [slice(*b) for b in spans], tuple(slice(None) for _ in spans)
         if self.heads_axis is None:
@@ -111,6 +142,11 @@ class Transform:
 IDENTITY = Transform("identity")
 # Flax [in, out] <-> HF [out, in].
 LINEAR = Transform("linear", transpose=True)
+
+
+def expert_linear(expert: int) -> Transform:
+    """One expert's kernel: Flax [E, in, out][expert] <-> HF [out, in]."""
+    return Transform("expert_linear", transpose=True, expert=expert)
 
 
 def heads_in(heads: int, head_dim: int) -> Transform:
@@ -174,14 +210,16 @@ def _layer_rows(cfg: ModelConfig, i: int) -> list[Row]:
     def norm(flax_name: str, hf_name: str) -> Row:
         return Row((fl, flax_name, "scale"), f"{hf}.{hf_name}.weight", IDENTITY, (d,), norm=True)
 
+    if cfg.is_moe_layer(i):
+        mlp_rows = _moe_rows(cfg, i)
+    else:
+        mlp_rows = [mlp("gate_proj", (d, f)), mlp("up_proj", (d, f)), mlp("down_proj", (f, d))]
     rows = [
         attn("q_proj", "kernel", heads_in(n, h), (d, n, h)),
         attn("k_proj", "kernel", heads_in(k, h), (d, k, h)),
         attn("v_proj", "kernel", heads_in(k, h), (d, k, h)),
         attn("o_proj", "kernel", heads_out(n, h), (n, h, d)),
-        mlp("gate_proj", (d, f)),
-        mlp("up_proj", (d, f)),
-        mlp("down_proj", (f, d)),
+        *mlp_rows,
         norm("input_norm", "input_layernorm"),
         norm("post_attn_norm", "post_attention_layernorm"),
     ]
@@ -190,6 +228,19 @@ def _layer_rows(cfg: ModelConfig, i: int) -> list[Row]:
             rows.append(attn(proj, "bias", heads_bias(heads, h), (heads, h)))
     if cfg.qk_norm:
         rows += [attn(qk, "scale", IDENTITY, (h,)) for qk in ("q_norm", "k_norm")]
+    return rows
+
+
+def _moe_rows(cfg: ModelConfig, i: int) -> list[Row]:
+    """Router + every expert's three projections of sparse layer i (expert-major)."""
+    d, e, m = cfg.hidden_size, cfg.num_experts, cfg.moe_intermediate_size
+    fl, hf = f"layers_{i}", f"model.layers.{i}.mlp"
+    rows = [Row((fl, "mlp", "gate", "kernel"), f"{hf}.gate.weight", LINEAR, (d, e))]
+    shapes = {"gate_proj": (e, d, m), "up_proj": (e, d, m), "down_proj": (e, m, d)}
+    for x in range(e):
+        for proj, shape in shapes.items():
+            path, name = (fl, "mlp", "experts", proj), f"{hf}.experts.{x}.{proj}.weight"
+            rows.append(Row(path, name, expert_linear(x), shape))
     return rows
 
 
@@ -208,6 +259,12 @@ def _decoder_rows(cfg: ModelConfig) -> list[Row]:
 @register_family("qwen3")
 def qwen3_rows(cfg: ModelConfig) -> list[Row]:
     assert cfg.qk_norm and not cfg.attention_bias, "Qwen3: q/k norm, no qkv bias"
+    return _decoder_rows(cfg)
+
+
+@register_family("qwen3_moe")
+def qwen3_moe_rows(cfg: ModelConfig) -> list[Row]:
+    assert cfg.qk_norm and not cfg.attention_bias, "Qwen3-MoE: q/k norm, no qkv bias"
     return _decoder_rows(cfg)
 
 
@@ -252,6 +309,26 @@ def set_leaf(tree: dict, path: FlaxPath, value) -> None:
     tree[path[-1]] = value
 
 
+def leaves(rows: list[Row]) -> dict[FlaxPath, list[Row]]:
+    """Flax leaf -> the rows that make it up: one, or a stacked leaf's E expert rows in
+    expert order."""
+    out: dict[FlaxPath, list[Row]] = {}
+    for row in rows:
+        out.setdefault(row.flax_path, []).append(row)
+    for group in out.values():
+        group.sort(key=lambda r: -1 if r.transform.expert is None else r.transform.expert)
+    return out
+
+
+def leaf_from_hf(rows: list[Row], tensor: Callable[[str], np.ndarray]) -> np.ndarray:
+    """One Flax leaf from its rows (`leaves`), reading each HF tensor with `tensor(name)`."""
+    if rows[0].transform.expert is None:
+        return rows[0].transform.from_hf(np.asarray(tensor(rows[0].hf_name)))
+    if [r.transform.expert for r in rows] != list(range(rows[0].flax_shape[0])):
+        raise ValueError(f"{'/'.join(rows[0].flax_path)}: expert rows are not 0..E-1")
+    return np.stack([r.transform.from_hf(np.asarray(tensor(r.hf_name))) for r in rows])
+
+
 def flax_to_hf(cfg: ModelConfig, params: Mapping) -> Iterator[tuple[str, np.ndarray]]:
     """Yield (HF name, numpy array in HF layout) for a nested Flax param dict of numpy arrays."""
     for row in table(cfg):
@@ -272,6 +349,6 @@ def hf_to_flax(cfg: ModelConfig, tensors: Mapping[str, np.ndarray]) -> dict:
             f"unexpected {sorted(extra)[:5]}"
         )
     params: dict = {}
-    for row in rows:
-        set_leaf(params, row.flax_path, row.transform.from_hf(np.asarray(tensors[row.hf_name])))
+    for path, group in leaves(rows).items():
+        set_leaf(params, path, leaf_from_hf(group, tensors.__getitem__))
     return params

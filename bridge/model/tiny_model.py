@@ -7,6 +7,7 @@ character-level, built with `tokenizers`: one token per printable ASCII characte
 <pad>, <bos>, <eos>.
 
     python -m bridge.model.tiny_model --out=/tmp/tiny --family=qwen3
+    python -m bridge.model.tiny_model --out=/tmp/tiny_moe --family=qwen3_moe
 """
 
 from __future__ import annotations
@@ -49,9 +50,17 @@ def tiny_config(family: str = "qwen3", **overrides) -> ModelConfig:
         rms_norm_eps=1e-6,
         tie_word_embeddings=family != "llama",
         attention_bias=family == "qwen2",
-        qk_norm=family == "qwen3",
+        qk_norm=family in ("qwen3", "qwen3_moe"),
         max_position_embeddings=512,
     )
+    if family == "qwen3_moe":  # 8 experts, 2 a token: enough to route unevenly
+        base.update(
+            num_experts=8,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            router_aux_loss_coef=0.001,
+        )
     base.update(overrides)
     return ModelConfig(**base)
 

@@ -6,7 +6,7 @@ Reads `model.safetensors` or the shards listed in `model.safetensors.index.json`
 tensor at a time, converts each with the `bridge.model.layouts` table (HF `[out, in]` -> Flax),
 casts it and places it straight into its target `NamedSharding` with
 `jax.make_array_from_callback`, so each device receives only its slice and the host never
-holds more than one tensor. Every name, and every shape, is checked against the
+holds more than one tensor (one stacked leaf of experts for a MoE layer). Every name, and every shape, is checked against the
 architecture before anything is read, so a bad checkpoint fails with nothing loaded.
 
 Tensors are read from the raw safetensors bytes (8-byte header length, JSON header, data)
@@ -93,18 +93,19 @@ def load_hf_params(
     _check(cfg, index)
     targets = None if mesh is None else sharding.param_shardings(cfg, mesh, rules)
     params: dict = {}
-    for row in layouts.table(cfg):
-        # One converted copy in the target dtype; the raw bytes are dropped right after.
+    for path, rows in layouts.leaves(layouts.table(cfg)).items():
+        # One converted copy in the target dtype; the raw bytes are dropped right after
+        # (a MoE layer's stacked experts are one leaf, read expert by expert).
         host = np.array(
-            row.transform.from_hf(read_tensor(*index[row.hf_name])),
+            layouts.leaf_from_hf(rows, lambda name: read_tensor(*index[name])),
             dtype=jnp.dtype(dtype),
             order="C",
         )
         if targets is None:
             leaf = jax.device_put(host)
         else:
-            target = layouts.get_leaf(targets, row.flax_path)
+            target = layouts.get_leaf(targets, path)
             leaf = jax.make_array_from_callback(host.shape, target, host.__getitem__)
-        layouts.set_leaf(params, row.flax_path, leaf)
-        del host  # at most one tensor on host at a time
+        layouts.set_leaf(params, path, leaf)
+        del host  # at most one leaf on host at a time
     return cfg, params

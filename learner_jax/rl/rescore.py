@@ -198,16 +198,25 @@ class VersionRescorer:
 
     def params(self, version: int):
         """Flax params of a stored version (verified), laid out like the learner's."""
-        rows = {r.hf_name: r for r in layouts.table(self.cfg)}
+        table = layouts.table(self.cfg)
+        groups = layouts.leaves(table)
+        leaf_of = {r.hf_name: r.flax_path for r in table}
+        pending: dict = {}  # a stacked expert leaf's tensors until all E have been read
         params: dict = {}
-        for name, hf in self.store.read(version, list(rows)):
-            host = np.asarray(rows[name].transform.from_hf(hf), np.float32)
+        for name, hf in self.store.read(version, [r.hf_name for r in table]):
+            path = leaf_of[name]
+            pending.setdefault(path, {})[name] = hf
+            rows = groups[path]
+            if len(pending[path]) < len(rows):
+                continue
+            tensors = pending.pop(path)
+            host = np.asarray(layouts.leaf_from_hf(rows, tensors.__getitem__), np.float32)
             if self.targets is None:
                 leaf = jax.device_put(host)
             else:
-                target = layouts.get_leaf(self.targets, rows[name].flax_path)
+                target = layouts.get_leaf(self.targets, path)
                 leaf = jax.make_array_from_callback(host.shape, target, host.__getitem__)
-            layouts.set_leaf(params, rows[name].flax_path, leaf)
+            layouts.set_leaf(params, path, leaf)
         return params
 
     def rescore(self, version: int, rows, sampling=None, sampled=True) -> list[audit.AuditStat]:
