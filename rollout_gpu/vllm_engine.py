@@ -298,7 +298,8 @@ class VllmEngine(RolloutEngine):
         self._drop_stale()
         names: list[str] | None = None  # the HF names loaded (None: every one)
         if weights is not None:
-            names, weights = [], _recording(weights, names)
+            names = []
+            weights = _recording(weights, names)
         try:
             if weights is None:
                 self.llm.collective_rpc("reload_weights")
