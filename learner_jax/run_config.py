@@ -85,6 +85,7 @@ def step_config(config, phase: str) -> train_step.StepConfig:
         truncation=truncation.from_rollout(config.rollout),
         lora=lora.from_config(config),
         sampling_check=float(config.controller.get("audit_sampling_z", 6.0)) > 0,
+        routing_replay=config.model.moe.routing_replay,
     )
 
 

@@ -40,6 +40,10 @@ CTRL = ("ControllerConfig",)
 SECTIONS = (
     Section("", "The run: steps, staleness, publishing, local workers."),
     Section("model", "The policy model: an HF directory, or a tiny model built locally."),
+    Section(
+        "model.moe",
+        "Mixture-of-experts policies (qwen3_moe): routing replay (learner_jax/model/moe.py).",
+    ),
     Section("learner", "Learner-side training options."),
     Section(
         "learner.lora",
@@ -231,6 +235,16 @@ MODEL = (
         "full [B, T, V] logits at once. At a real vocabulary and long T use e.g. 1024: "
         "memory O(chunk x V) instead of O(T x V), same numbers.",
         L,
+    ),
+    Key(
+        "model.moe.routing_replay",
+        "off",
+        "MoE models (qwen3_moe): off | rollout. rollout = the learner's forward routes each "
+        "token to the experts the worker's engine recorded for it (the batch's routing), "
+        "weighted by the learner's own router softmax at those experts (R3; "
+        "learner_jax/model/moe.py); off = the learner's own top-k.",
+        L,
+        choices=("off", "rollout"),
     ),
     Key("learner.lora.rank", 0, "Adapter rank; 0 = full-weight training.", _LORA),
     Key(

@@ -67,7 +67,9 @@ class ModelConfig:
                     f"[1, num_experts={self.num_experts}]"
                 )
             if self.decoder_sparse_step < 1:
-                raise ValueError(f"decoder_sparse_step must be >= 1, got {self.decoder_sparse_step}")
+                raise ValueError(
+                    f"decoder_sparse_step must be >= 1, got {self.decoder_sparse_step}"
+                )
         elif self.num_experts:
             raise ValueError(f"family {self.family!r} has no experts (num_experts must be 0)")
         if self.num_heads % self.num_kv_heads:

@@ -6,8 +6,9 @@ Reads `model.safetensors` or the shards listed in `model.safetensors.index.json`
 tensor at a time, converts each with the `bridge.model.layouts` table (HF `[out, in]` -> Flax),
 casts it and places it straight into its target `NamedSharding` with
 `jax.make_array_from_callback`, so each device receives only its slice and the host never
-holds more than one tensor (one stacked leaf of experts for a MoE layer). Every name, and every shape, is checked against the
-architecture before anything is read, so a bad checkpoint fails with nothing loaded.
+holds more than one leaf (a MoE layer's experts are one stacked leaf). Every name, and
+every shape, is checked against the architecture before anything is read, so a bad
+checkpoint fails with nothing loaded.
 
 Tensors are read from the raw safetensors bytes (8-byte header length, JSON header, data)
 rather than `safe_open(framework="numpy")`, which cannot return bfloat16 (`ml_dtypes`

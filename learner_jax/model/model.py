@@ -1,4 +1,4 @@
-"""The policy model: one Flax decoder for HF Qwen3, Qwen2 and Llama causal LMs.
+"""The policy model: one Flax decoder for HF Qwen3, Qwen2, Llama and Qwen3-MoE causal LMs.
 
 Built from `bridge.model.config.ModelConfig`; the parameter tree and its logical axis
 names are the ones fixed in the `bridge/model/layouts.py` docstring, so HF checkpoints map onto
@@ -19,6 +19,11 @@ finite mask value keeps them NaN-free (their outputs are meaningless, mask them 
 (`nn.remat` on each decoder layer: the parameter tree is unchanged, activations inside a
 layer are recomputed in the backward pass instead of stored) and whether per-token
 log-probs come from the full [B, T, V] logits or chunk by chunk (`logprobs.py`).
+
+Qwen3-MoE: the layers `cfg.is_moe_layer` names have the routed experts (`moe.py`) in place
+of the MLP. `routing` [B, T, L, k] (L = len(cfg.moe_layers)) replays recorded experts
+(routing replay); `token_stats_and_routing` also returns the router logits and the
+learner's own top-k experts per MoE layer.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ import jax.numpy as jnp
 
 from bridge.model.config import ModelConfig
 from learner_jax import lora as lora_lib
-from learner_jax.model import attention, logprobs
+from learner_jax.model import attention, logprobs, moe
 from learner_jax.model import truncation as truncation_lib
 from learner_jax.model.attention import attention_mask  # noqa: F401  (public, re-exported)
 from learner_jax.model.truncation import Truncation
@@ -58,6 +63,8 @@ class ModelOptions:
     remat: str = "none"
     attention_block: int = 512
     logprob_chunk: int = 0
+    moe_matmul: str = "auto"  # the experts' grouped matmul (moe.py: auto|ragged_dot|blocks)
+    moe_block: int = 64  # rows per block of moe_matmul='blocks'
 
     def __post_init__(self):
         if self.attention not in attention.IMPLEMENTATIONS:
@@ -70,6 +77,9 @@ class ModelOptions:
             raise ValueError(f"attention_block must be >= 1, got {self.attention_block}")
         if self.logprob_chunk < 0:
             raise ValueError(f"logprob_chunk must be >= 0 (0 = off), got {self.logprob_chunk}")
+        moe.resolve_matmul(self.moe_matmul)
+        if self.moe_block < 1:
+            raise ValueError(f"moe_block must be >= 1, got {self.moe_block}")
 
     def block_class(self):
         """The decoder layer class, wrapped in `nn.remat` as `remat` asks."""
@@ -253,16 +263,23 @@ class Block(nn.Module):
     param_dtype: Dtype = jnp.float32
     options: ModelOptions = ModelOptions()
     lora: lora_lib.LoraConfig | None = None
+    sparse: bool = False  # the MLP is the routed experts (moe.py)
 
     @nn.compact
-    def __call__(self, x, positions, segment_ids):
+    def __call__(self, x, positions, segment_ids, replay=None):
         cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
         h = RMSNorm("embed", cfg.rms_norm_eps, dt, pdt, name="input_norm")(x)
         attn = Attention(cfg, dt, pdt, self.options, self.lora, name="attn")
         x = x + attn(h, positions, segment_ids)
         x = nn.with_logical_constraint(x, ("batch", "length", "act_embed"))
         h = RMSNorm("embed", cfg.rms_norm_eps, dt, pdt, name="post_attn_norm")(x)
-        x = x + MLP(cfg, dt, pdt, self.lora, name="mlp")(h)
+        if self.sparse:
+            opts = self.options
+            x = x + moe.SparseMoE(cfg, dt, pdt, opts.moe_matmul, opts.moe_block, name="mlp")(
+                h, replay
+            )
+        else:
+            x = x + MLP(cfg, dt, pdt, self.lora, name="mlp")(h)
         return nn.with_logical_constraint(x, ("batch", "length", "act_embed"))  # [B, T, D]
 
 
@@ -277,14 +294,18 @@ class Transformer(nn.Module):
     lora: lora_lib.LoraConfig | None = None  # adapters on its target projections (lora.py)
 
     @nn.compact
-    def __call__(self, tokens, positions, segment_ids, head: bool = True):
+    def __call__(self, tokens, positions, segment_ids, head: bool = True, routing=None):
         cfg, dt, pdt = self.cfg, self.dtype, self.param_dtype
+        check_routing(cfg, tokens.shape, routing)
         embed = Embed(cfg.vocab_size, cfg.hidden_size, dt, pdt, name="embed")
         x = nn.with_logical_constraint(embed(tokens), ("batch", "length", "act_embed"))
         block = self.options.block_class()
+        sparse = cfg.moe_layers
         for i in range(cfg.num_layers):
-            layer = block(cfg, dt, pdt, self.options, self.lora, name=f"layers_{i}")
-            x = layer(x, positions, segment_ids)
+            is_moe = i in sparse
+            layer = block(cfg, dt, pdt, self.options, self.lora, is_moe, name=f"layers_{i}")
+            replay = None if routing is None or not is_moe else routing[:, :, sparse.index(i)]
+            x = layer(x, positions, segment_ids, replay)
         x = RMSNorm("embed", cfg.rms_norm_eps, dt, pdt, name="final_norm")(x)
         if not head:
             return x  # [B, T, D]
@@ -307,26 +328,87 @@ class Transformer(nn.Module):
         )
 
 
+def check_routing(cfg: ModelConfig, token_shape, routing) -> None:
+    """Recorded routing must be [B, T, L, k] expert ids for this model's MoE layers."""
+    if routing is None:
+        return
+    want = (*token_shape, len(cfg.moe_layers), cfg.num_experts_per_tok)
+    if not cfg.moe_layers:
+        raise ValueError(f"routing replay needs a MoE model; {cfg.family} has no MoE layers")
+    if tuple(routing.shape) != want:
+        raise ValueError(
+            f"routing has shape {tuple(routing.shape)}, expected [B, T, L, k] = {want}"
+        )
+    if not jnp.issubdtype(routing.dtype, jnp.integer):
+        raise ValueError(f"routing must be integer expert ids, got {routing.dtype}")
+
+
+@dataclasses.dataclass(frozen=True)
+class Routing:
+    """What the MoE layers of one forward saw: router logits [L, B, T, E] (fp32) and the
+    learner's own top-k experts [B, T, L, k] (whatever was replayed)."""
+
+    router_logits: jax.Array
+    experts: jax.Array
+
+
+jax.tree_util.register_dataclass(Routing, data_fields=["router_logits", "experts"], meta_fields=[])
+
+
+def _routing(cfg: ModelConfig, state) -> Routing:
+    layers = [state["moe"][f"layers_{i}"]["mlp"] for i in cfg.moe_layers]
+    return Routing(
+        router_logits=jnp.stack([x["router_logits"][0] for x in layers]),
+        experts=jnp.stack([x["own_experts"][0] for x in layers], axis=2),
+    )
+
+
+def token_stats_and_routing(
+    net: Transformer, params, tokens, positions, segment_ids, targets, temperature=1.0,
+    truncation: Truncation = truncation_lib.NONE, rngs=None, variance: bool = False,
+    routing=None,
+):  # fmt: skip
+    """`token_stats`, with `routing` [B, T, L, k] replayed (None: the model's own), and
+    the forward's `Routing` (None for a dense model)."""
+    variables = {"params": params}
+    chunk = net.options.logprob_chunk
+    sparse = bool(net.cfg.moe_layers)
+    mutable = ["moe"] if sparse else False
+
+    def apply(head):
+        out = net.apply(
+            variables, tokens, positions, segment_ids, head=head, rngs=rngs, routing=routing,
+            mutable=mutable,
+        )  # fmt: skip
+        return out if sparse else (out, None)
+
+    if not chunk:
+        logits, state = apply(True)
+        stats = logprobs.token_stats(logits, targets, temperature, truncation, variance)
+    else:
+        hidden, state = apply(False)
+        weight, eqn = logprobs.head_weight(params, net.cfg.tie_word_embeddings)
+        stats = logprobs.chunked_token_stats(
+            hidden, weight, eqn, targets, chunk, temperature, dtype=net.dtype,
+            truncation=truncation, variance=variance,
+        )  # fmt: skip
+    return stats, (_routing(net.cfg, state) if sparse else None)
+
+
 def token_stats(
     net: Transformer, params, tokens, positions, segment_ids, targets, temperature=1.0,
     truncation: Truncation = truncation_lib.NONE, rngs=None, variance: bool = False,
+    routing=None,
 ):  # fmt: skip
     """(log p(target), entropy, argmax == target) [B, T] each, under softmax(logits /
     temperature) after the sampler's `truncation` (learner_jax/model/truncation.py), from the full
     logits or chunk by chunk as `net.options.logprob_chunk` says; with `variance` a fourth,
     Var_p[log p] (logprobs.token_stats). `rngs` ({'dropout': key}) turns on LoRA dropout
-    (lora.py); None scores deterministically."""
-    variables = {"params": params}
-    chunk = net.options.logprob_chunk
-    if not chunk:
-        logits = net.apply(variables, tokens, positions, segment_ids, rngs=rngs)
-        return logprobs.token_stats(logits, targets, temperature, truncation, variance)
-    hidden = net.apply(variables, tokens, positions, segment_ids, head=False, rngs=rngs)
-    weight, eqn = logprobs.head_weight(params, net.cfg.tie_word_embeddings)
-    return logprobs.chunked_token_stats(
-        hidden, weight, eqn, targets, chunk, temperature, dtype=net.dtype, truncation=truncation,
-        variance=variance,
-    )  # fmt: skip
+    (lora.py); None scores deterministically. `routing`: replayed experts (MoE)."""
+    return token_stats_and_routing(
+        net, params, tokens, positions, segment_ids, targets, temperature, truncation, rngs,
+        variance, routing,
+    )[0]  # fmt: skip
 
 
 def forward_logprobs(

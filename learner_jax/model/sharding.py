@@ -39,7 +39,10 @@ DEFAULT_RULES: Rules = (
     ("act_heads", "tensor"),
     ("act_mlp", "tensor"),
     ("act_vocab", "tensor"),
-    # parameters: FSDP over the model dim, tensor parallel over heads / mlp / vocab
+    # parameters: FSDP over the model dim, tensor parallel over heads / mlp / vocab.
+    # MoE experts split over fsdp (expert parallelism): listed before 'embed' so a stacked
+    # expert kernel (expert, embed, mlp) gives fsdp to whole experts, not to the model dim.
+    ("expert", "fsdp"),
     ("embed", "fsdp"),
     ("vocab", "tensor"),
     ("heads", "tensor"),

@@ -21,7 +21,14 @@ from and whose log-probs they report (vLLM processed_logprobs), so importance we
 on-policy tokens are 1 at any temperature. A batch with `pack` set (packing.py) runs the
 model on packed rows and gathers the per-token results back to [B, T] before the losses.
 
-Einsum/shape letters: B batch (rows), T time, V vocab, k micro-batches.
+MoE models (cfg.moe_layers): the objective adds `router_aux_loss_coef` x transformers'
+load-balancing loss over the real tokens (moe.load_balancing_loss; metric `moe/aux_loss`).
+A batch carrying the experts the worker's engine routed each token to (`routing`) is
+replayed in the forward when `routing_replay` is 'rollout' (R3), and either way the step
+reports how often the learner's own top-k agrees with it (`moe/routing_agreement`, per
+layer and per row for the audit).
+
+Einsum/shape letters: B batch (rows), T time, V vocab, k micro-batches, L MoE layers.
 """
 
 from __future__ import annotations
@@ -40,7 +47,7 @@ from bridge.contracts import sampling_check
 from bridge.control.trust import audit
 from bridge.model.config import ModelConfig
 from learner_jax import lora as lora_lib
-from learner_jax.model import model, sharding
+from learner_jax.model import model, moe, sharding
 from learner_jax.model import truncation as truncation_lib
 from learner_jax.model.truncation import Truncation
 from learner_jax.training import diagnostics, losses, packing
@@ -67,6 +74,9 @@ class Batch:
     # Set by packing.pack_batch: the model then runs on packed rows and per-token results
     # are gathered back to this [B, T] layout (learner_jax/training/packing.py).
     pack: packing.Packing | None = None
+    # MoE: int32 [B, T, L, k], the experts the worker's engine routed input token t to in
+    # each MoE layer (model.check_routing); None when the worker recorded none.
+    routing: jax.Array | None = None
 
     @property
     def size(self) -> int:
@@ -140,8 +150,15 @@ class StepConfig:
     # pass over the [B, T, V] log-probs; bench/verify_cost.py). Off when the controller
     # does not judge by it (`controller.audit_sampling_z` = 0).
     sampling_check: bool = True
+    # MoE: 'rollout' replays the batch's recorded routing in the forward (R3), 'off' routes
+    # with the learner's own top-k (`model.moe.routing_replay`).
+    routing_replay: str = "off"
 
     def __post_init__(self):
+        if self.routing_replay not in ROUTING_REPLAY:
+            raise ValueError(
+                f"routing_replay must be one of {ROUTING_REPLAY}, got {self.routing_replay!r}"
+            )
         if not self.temperature > 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
         if self.kind not in ("rl", "sft"):
@@ -152,6 +169,7 @@ class StepConfig:
             raise ValueError(f"no micro-batch weighting known for loss {self.loss.name!r}")
 
 
+ROUTING_REPLAY = ("off", "rollout")
 ROWS = "audit_rows/"  # per-row outputs of an RL step ([B] arrays, not scalar metrics)
 
 
@@ -183,39 +201,76 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
         cfg, dtype=jnp.dtype(step_cfg.dtype), options=step_cfg.model_options, lora=step_cfg.lora
     )
 
-    def per_token(params, tokens, positions, segment_ids, targets, rngs=None, extra=True):
-        """(log p(target), entropy, argmax == target) per input token, [rows, len] each."""
+    replay = step_cfg.routing_replay == "rollout"
+
+    def per_token(params, tokens, positions, segment_ids, targets, rngs, extra, routing):
+        """((log p(target), entropy, argmax == target) per input token, [rows, len] each;
+        the forward's model.Routing or None)."""
         rl = step_cfg.kind == "rl"  # SFT: the model's own distribution
         temperature, truncation = (
             (step_cfg.temperature, step_cfg.truncation) if rl else (1.0, truncation_lib.NONE)
         )
         # RL: also Var_p[log p] per position, for the audit's sampling check.
-        return model.token_stats(
+        return model.token_stats_and_routing(
             net, params, tokens, positions, segment_ids, targets, temperature, truncation, rngs,
-            variance=rl and step_cfg.sampling_check and extra,
+            variance=rl and step_cfg.sampling_check and extra, routing=routing,
         )  # fmt: skip
 
-    def stats(params, mb: Batch, rngs=None, extra=True):
+    def stats_and_routing(params, mb: Batch, rngs=None, extra=True):
         """per_token on the batch's rows ([B, T] out, packed or not); `extra=False` skips
         the audit's variance pass (the reference policy's log-probs need none)."""
+        if replay and mb.routing is None:
+            raise ValueError("routing_replay='rollout' needs the batch's recorded routing")
+        if mb.pack is not None and mb.routing is not None:
+            raise ValueError("recorded routing is [B, T]-aligned: run MoE replay unpacked")
         q = mb if mb.pack is None else mb.pack  # packed: rows gathered back to [B, T] below
-        out = per_token(params, q.tokens, q.positions, q.segment_ids, q.targets, rngs, extra)
+        routing = mb.routing if replay else None
+        out, seen = per_token(
+            params, q.tokens, q.positions, q.segment_ids, q.targets, rngs, extra, routing
+        )
         if mb.pack is None:
-            return out
-        return tuple(packing.unpack(x, mb.pack, mb.tokens.shape[1]) for x in out)
+            return out, seen
+        return tuple(packing.unpack(x, mb.pack, mb.tokens.shape[1]) for x in out), seen
+
+    def stats(params, mb: Batch, rngs=None, extra=True):
+        return stats_and_routing(params, mb, rngs, extra)[0]
+
+    def moe_terms(seen: model.Routing, mb: Batch, sums: dict):
+        """The load-balancing loss over the forward's real tokens, and (with recorded
+        routing) the agreement sums of the learner's own top-k with it."""
+        q = mb if mb.pack is None else mb.pack
+        real = (q.segment_ids > 0).reshape(-1)
+        logits = seen.router_logits
+        aux = moe.load_balancing_loss(
+            logits.reshape(logits.shape[0], -1, logits.shape[-1]), real, cfg.num_experts_per_tok
+        )
+        if mb.routing is not None:
+            agree = moe.routing_agreement(seen.experts, mb.routing)  # [B, T, L]
+            tok = (mb.segment_ids > 0).astype(jnp.float32)[:, :, None]
+            tok = jnp.broadcast_to(tok, agree.shape)
+            sums["moe/agree"] = (agree * tok).sum(axis=(0, 1))  # [L]
+            sums["moe/agree_tokens"] = tok.sum(axis=(0, 1))
+            sums[ROWS + "routing_agree"] = (agree * tok).sum(axis=(1, 2))
+            sums[ROWS + "routing_tokens"] = tok.sum(axis=(1, 2))
+        return aux
 
     def fn(params, mb: Batch, rngs=None, ref=None, kl_scale=None):
-        logp, entropy, correct, *var = stats(params, mb, rngs)
+        (logp, entropy, correct, *var), seen = stats_and_routing(params, mb, rngs)
         m = mb.loss_mask * mb.seq_mask[:, None]  # [B, T]
         sums = {
             "entropy": jax.lax.stop_gradient((entropy * m).sum()),
             "tokens": m.sum(),
             "sequences": _row_counts(mb)[0],
         }
+        aux = None if seen is None else moe_terms(seen, mb, sums)
         if step_cfg.kind == "sft":
             loss = -(logp * m).sum() / jnp.maximum(m.sum(), 1.0)
             sums["token_accuracy"] = (correct * m).sum()
-            return loss, ({"loss": jax.lax.stop_gradient(loss)}, sums)
+            metrics = {"loss": jax.lax.stop_gradient(loss)}
+            if aux is not None:
+                loss = loss + cfg.router_aux_loss_coef * aux
+                metrics["moe/aux_loss"] = jax.lax.stop_gradient(aux)
+            return loss, (metrics, sums)
         prox = jax.lax.stop_gradient(logp)
         inputs = losses.LossInputs(
             prox_logp=prox,
@@ -229,6 +284,9 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
             kl_scale=kl_scale,
         )
         loss, metrics = losses.compute_loss(logp, inputs, step_cfg.loss)
+        if aux is not None:  # load balancing, as transformers adds it to the LM loss
+            loss = loss + cfg.router_aux_loss_coef * aux
+            metrics["moe/aux_loss"] = jax.lax.stop_gradient(aux)
         # The audit, mismatch/kl and the sampling check judge a worker against the policy
         # it sampled from, the dropout-free one: under LoRA dropout (rngs) they take a
         # deterministic pass of their own, else a dropout pass inflates honest workers'.
@@ -334,11 +392,18 @@ def make_step_fn(cfg: ModelConfig, optimizer: optax.GradientTransformation, step
         grads, (metrics, sums) = jax.lax.scan(body, zeros, xs)
         out = {name: _combine(name, v, loss_w, token_w) for name, v in metrics.items()}
         rows = {n: _unsplit(sums.pop(n)) for n in list(sums) if n.startswith(ROWS)}
-        sums = {name: v.sum() for name, v in sums.items()}
+        sums = {
+            name: v.sum(axis=0) if name.startswith("moe/") else v.sum() for name, v in sums.items()
+        }
         tokens = jnp.maximum(sums["tokens"], 1.0)
         out["entropy"] = sums["entropy"] / tokens
         out["tokens"] = sums["tokens"]
         out["sequences"] = sums["sequences"]
+        if "moe/agree" in sums:  # per layer [L] summed over micro-batches
+            agree, n = sums.pop("moe/agree"), jnp.maximum(sums.pop("moe/agree_tokens"), 1.0)
+            out["moe/routing_agreement"] = agree.sum() / n.sum()
+            for j, layer in enumerate(cfg.moe_layers):
+                out[f"moe/routing_agreement/layer_{layer}"] = agree[j] / n[j]
         if step_cfg.kind == "sft":
             out["token_accuracy"] = sums["token_accuracy"] / tokens
         else:
