@@ -380,8 +380,7 @@ def routing_rule(config, model_cfg):
     layers = tuple(getattr(model_cfg, "moe_layers", ()))
     if not layers:
         return RoutingRule()
-    moe = config.model.get("moe", None)
-    replay = moe.get("routing_replay", "off") if moe is not None else "off"
+    replay = config.model.moe.routing_replay
     return RoutingRule(
         num_layers=len(layers),
         k=model_cfg.num_experts_per_tok,
