@@ -13,6 +13,7 @@ import dataclasses
 
 import jax
 import numpy as np
+import pytest
 from controller_helpers import make
 
 from bridge.contracts import routing
@@ -147,3 +148,16 @@ def test_replay_off_still_measures_both():
     out = jax.device_get(step(state, train_step.put_batch(batch, mesh))[1])
     assert float(out["mismatch/kl_no_replay"]) == float(out["mismatch/kl"])
     assert float(out["mismatch/kl_replay"]) != float(out["mismatch/kl"])
+
+
+def test_a_batch_with_some_rows_unrecorded_is_refused():
+    trajs = trajectories(3)
+    records = [
+        np.zeros((routing.num_rows(len(p), len(c)), L, K), np.int32) + np.arange(K)
+        for _, _, p, c in trajs
+    ]
+    groups = groups_of(trajs, records=records)
+    t = groups[1].trajectories[2]
+    groups[1].trajectories[2] = t.model_copy(update={"routed_experts": None})
+    with pytest.raises(ValueError, match="1 of 8 trajectories carry no routing"):
+        to_batch(groups)
