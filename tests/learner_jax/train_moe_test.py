@@ -5,7 +5,7 @@ Asserted: every RL line reports the replayed and the learner's own mismatch KL o
 tokens (the step's own `mismatch/kl` is the replayed one) and per-layer routing agreement
 within the audit's line (an honest bf16 engine differs on ~0.6% of expert slots,
 bridge/contracts/routing.py); nobody is quarantined; versions after the first are stored as
-deltas and the worker served them.
+deltas and the worker served them; the fleet evaluates the final version.
 """
 
 import json
@@ -51,3 +51,6 @@ def test_moe_run_replays_routing_through_the_whole_system(tmp_path):
     assert not store.manifest(STEPS - 1).is_full  # a delta version ...
     log = open(os.path.join(workdir, "workers", "worker-0.log")).read()
     assert f"now serving version {STEPS - 1}" in log  # ... the worker loaded
+    # The fleet evaluated the final version (its MoE routing checked, not refused).
+    with open(os.path.join(workdir, "eval.jsonl")) as f:
+        assert STEPS in [json.loads(line).get("version") for line in f]
