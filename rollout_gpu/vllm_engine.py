@@ -45,6 +45,7 @@ otherwise be reused by generation, which prompt log-probs -- the canary -- canno
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
@@ -319,9 +320,13 @@ class VllmEngine(RolloutEngine):
 
 
 def _moe_layers(model_dir: str) -> tuple[list[int], int]:
-    """The sparse layers and experts per token of a MoE model dir; ([], 0) when dense."""
+    """The sparse layers and experts per token of a MoE model dir; ([], 0) when dense. A
+    dense architecture our ModelConfig does not describe (a rope_scaling, say) still serves."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        if not json.load(f).get("num_experts"):
+            return [], 0
     cfg = ModelConfig.from_hf_dir(model_dir)
-    return list(getattr(cfg, "moe_layers", ())), int(getattr(cfg, "num_experts_per_tok", 0))
+    return list(cfg.moe_layers), int(cfg.num_experts_per_tok)
 
 
 def _params(r: SampleRequest) -> list[tuple[int, Any]]:
