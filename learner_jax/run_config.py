@@ -335,10 +335,12 @@ def follow_config(config, fleet_cfg: local_fleet.FleetConfig) -> fleet.FollowCon
     )
 
 
-def controller_config(config, vocab_size: int, eos_id: int):
+def controller_config(config, vocab_size: int, eos_id: int, model_cfg=None):
     """The hosted controller's settings (bridge/control/config.py): `config.controller`'s
-    keys of the same name, the batch shape, sampling and the weight broadcast."""
+    keys of the same name, the batch shape, sampling, the weight broadcast and, for a MoE
+    `model_cfg`, the shape its workers' recorded routing must have."""
     from bridge.control.config import ControllerConfig
+    from bridge.control.intake.validation import RoutingRule
     from bridge.control.protocol import SamplingParams
 
     b, r = config.batch, config.rollout
@@ -366,6 +368,24 @@ def controller_config(config, vocab_size: int, eos_id: int):
         seed=config.seed,
         broadcast=broadcast_mode(config),
         broadcast_fanout=config.bridge.broadcast_fanout,
+        routing=RoutingRule() if model_cfg is None else routing_rule(config, model_cfg),
+    )
+
+
+def routing_rule(config, model_cfg):
+    """What a MoE policy's recorded routing must look like at intake; required whenever the
+    learner replays it (`model.moe.routing_replay`)."""
+    from bridge.control.intake.validation import RoutingRule
+
+    layers = tuple(getattr(model_cfg, "moe_layers", ()))
+    if not layers:
+        return RoutingRule()
+    replay = config.model.moe.routing_replay
+    return RoutingRule(
+        num_layers=len(layers),
+        k=model_cfg.num_experts_per_tok,
+        num_experts=model_cfg.num_experts,
+        required=replay == "rollout",
     )
 
 

@@ -204,7 +204,9 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
         c = config.controller
         token_file = c.token_file or None
         ctl, server, closers = serve.start_controller(  # own_process: off the learner's GIL
-            run_config.controller_config(config, learner.model_cfg.vocab_size, codec.eos_id),
+            run_config.controller_config(
+                config, learner.model_cfg.vocab_size, codec.eos_id, learner.model_cfg
+            ),
             (workdir, task, codec),
             (learner.cursor.get("rl"), learner.step),
             (run_config.server_options(config), token_file),

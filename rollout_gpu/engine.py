@@ -58,12 +58,16 @@ class Completion:
     """One sample: its tokens (EOS/stop token included), the sampled token's log-prob at
     each position (None when the engine returned none for some token), and why it ended:
     "stop" (EOS or a stop token), "length" (max_tokens), or anything else for a sample
-    that must not be trained on (e.g. "abort")."""
+    that must not be trained on (e.g. "abort"). A MoE engine adds the experts each token
+    was routed to."""
 
     index: int
     token_ids: list[int]
     logprobs: list[float] | None
     finish_reason: str | None
+    # A MoE engine's routing (rollout_gpu/routing_capture.py): int16 [P + C - 1, L, k], the
+    # experts of every forwarded position (prompt P, completion C tokens), -1 = unrecorded.
+    routed_experts: np.ndarray | None = None
 
 
 class RolloutEngine(abc.ABC):

@@ -23,6 +23,10 @@ Versions: the engine only swaps weights between leases, so every token of a leas
 sampled by the one version the engine served when it started; each completion token is
 tagged with it.
 
+Routing: a MoE engine records the experts every forwarded token was routed to
+(rollout_gpu/routing_capture.py); each trajectory carries them (bridge/contracts/routing.py),
+complete or not at all.
+
 Multi-turn episodes (a group with an `EpisodeSpec`) are played by rollout_gpu/episodes.py;
 a single-turn group is their one-step case.
 
@@ -35,8 +39,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
+from bridge.contracts import routing
 from bridge.contracts.prompt import PromptFormat, format_prompt_ids
-from bridge.control.protocol import GroupResult, PromptGroup, WorkerTrajectory
+from bridge.control.protocol import GroupResult, PromptGroup, RoutedExperts, WorkerTrajectory
 from rollout_gpu.engine import (
     Completion,
     GenerationAborted,
@@ -112,7 +117,24 @@ def _trajectory(group: PromptGroup, sample: Completion, version: int) -> WorkerT
         logprobs=logprobs,
         versions=[version] * len(tokens),
         finish_reason=sample.finish_reason,
+        routed_experts=_routing(sample, len(group.prompt_token_ids), where),
     )
+
+
+def _routing(sample: Completion, prompt_len: int, where: str) -> RoutedExperts | None:
+    """A MoE engine's recorded routing on the wire; every forwarded position must have
+    one (a gap would hand the learner a guess)."""
+    ids = sample.routed_experts
+    if ids is None:
+        return None
+    rows = routing.num_rows(prompt_len, len(sample.token_ids))
+    if ids.shape[0] != rows or (ids < 0).any():
+        missing = int((ids < 0).any(axis=(1, 2)).sum()) if ids.ndim == 3 else -1
+        raise GenerationError(
+            f"{where}: engine routing has {ids.shape[0]} rows ({missing} unrecorded), "
+            f"needs {rows} complete ones"
+        )
+    return RoutedExperts(**routing.encode(ids))
 
 
 def generate_groups(

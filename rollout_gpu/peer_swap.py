@@ -190,3 +190,8 @@ class _ReportingStore:
         out = self.store.read_all(version, names)
         self.on_read({"bytes_from_store": sum(a.nbytes for a in out.values())})
         return out
+
+    def __getattr__(self, name):
+        # The rest is the store's own: a delta version is rebuilt through `read_stored`,
+        # `kv` and the manifests of its links (bridge/weights/delta_reconstruct.py).
+        return getattr(self.store, name)

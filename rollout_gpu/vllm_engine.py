@@ -35,20 +35,24 @@ name vLLM does not know raises after earlier layers were replaced; so callers ha
 complete, validated set (weight_swap.py), and when it raises anyway we put every layer's
 original storage back (`_abort_partial_reload`) so that the next full load works.
 
-After every load two things vLLM 0.32 does not do are done: the post-load processing of
+After every load three things vLLM 0.32 does not do are done: the post-load processing of
 tied layers is re-run (the CPU backend's prepacked tied lm_head otherwise keeps the old
-embedding) and the prefix cache is reset (cached KV blocks of the old weights would
+embedding), the CPU MoE kernel's expert prepack is redone (`_prepack_cpu_experts`), and
+the prefix cache is reset (cached KV blocks of the old weights would
 otherwise be reused by generation, which prompt log-probs -- the canary -- cannot see).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
 
+from bridge.model.config import ModelConfig
 from rollout_gpu.engine import (
     Completion,
     GenerationAborted,
@@ -88,6 +92,8 @@ class VllmEngine(RolloutEngine):
         self.adapters = None  # its AdapterServer (rollout_gpu/adapters.py), if LoRA
         self.verifiable = False  # True once the verifiable sampler is installed
         self._inflight: list[str] = []  # request ids of a generate still running
+        # A MoE engine records the experts each token was routed to (routing_capture.py).
+        self.records_routing = False
 
     @classmethod
     def start(
@@ -114,6 +120,11 @@ class VllmEngine(RolloutEngine):
         # (prime-rl does the same); the learner scores softmax(logits / T) to match, and
         # the worker checks the mode (generate.check_logprobs_mode).
         kwargs = {"logprobs_mode": "processed_logprobs"}
+        moe_layers, k = _moe_layers(model_dir)
+        if moe_layers:
+            # A prefix-cache hit skips the forward of cached prompt blocks, so their routing
+            # would never be recorded (routing_capture.py).
+            kwargs["enable_prefix_caching"] = False
         if on_cpu():
             kwargs["gpu_memory_utilization"] = 0.1
         llm = LLM(
@@ -128,6 +139,11 @@ class VllmEngine(RolloutEngine):
         )
         engine = cls(llm)
         engine.verifiable = all(llm.collective_rpc(verifiable_sampler.install))
+        if moe_layers:
+            from rollout_gpu import routing_capture
+
+            llm.collective_rpc(routing_capture.install, args=(moe_layers, k))
+            engine.records_routing = True
         return engine
 
     # -- model -----------------------------------------------------------------------------
@@ -180,6 +196,7 @@ class VllmEngine(RolloutEngine):
         )
         self._inflight = list(ids)
         engine, done = self.llm.llm_engine, []
+        internal = self._internal_ids(ids, fanned) if self.records_routing else {}
         # `LLM.generate`, except that `should_abort()` is polled each engine step.
         while engine.has_unfinished_requests():
             if should_abort():
@@ -199,7 +216,43 @@ class VllmEngine(RolloutEngine):
         results: list[list[Completion]] = [[] for _ in requests]
         for out, (i, first, _) in zip(done, fanned, strict=True):
             results[i] += [_completion(o, first) for o in out.outputs]
+        if self.records_routing:
+            results = self._attach_routing(done, fanned, internal, results)
         return [sorted(r, key=lambda c: c.index) for r in results]
+
+    def _internal_ids(self, ids: Sequence[str], fanned) -> dict[tuple[str, int], str]:
+        """(vLLM's output request id, sample index) -> the internal request id the routers'
+        rows are filed under. `enqueue` returns internal ids, `{id}-{8 random}` with `id`
+        the output's; sample j of an n > 1 request runs as child `{j}_{internal}` (vLLM
+        0.32's input processor and ParentRequest.get_child_info)."""
+        out = {}
+        for internal, (_, _, params) in zip(ids, fanned, strict=True):
+            external, sep, _ = internal.rpartition("-")
+            if not sep or not external:
+                raise GenerationError(f"vLLM request id {internal!r} is not <id>-<random>")
+            for j in range(params.n):
+                out[(external, j)] = internal if params.n == 1 else f"{j}_{internal}"
+        return out
+
+    def _attach_routing(self, done, fanned, internal, results):
+        from rollout_gpu import routing_capture
+
+        wanted, where = [], []
+        for out, (i, first, _) in zip(done, fanned, strict=True):
+            prompt = len(out.prompt_token_ids)
+            for o in out.outputs:
+                req = internal.get((out.request_id, o.index))
+                if req is None:
+                    raise GenerationError(f"no vLLM request id for {out.request_id}/{o.index}")
+                # Every forwarded position: prompt + completion - 1 rows.
+                wanted.append((req, prompt + len(o.token_ids) - 1))
+                where.append((i, first + o.index))
+        rows = self.llm.collective_rpc(routing_capture.take, args=(wanted,))[0]
+        by_sample = dict(zip(where, rows, strict=True))
+        return [
+            [dataclasses.replace(c, routed_experts=by_sample[(i, c.index)]) for c in r]
+            for i, r in enumerate(results)
+        ]
 
     def _drop_stale(self) -> None:
         """Abort the requests of a `generate` that raised before they finished (an exception
@@ -212,6 +265,10 @@ class VllmEngine(RolloutEngine):
             self._inflight = []
         while engine.has_unfinished_requests():
             engine.step()
+        if self.records_routing:
+            from rollout_gpu import routing_capture
+
+            self.llm.collective_rpc(routing_capture.clear)
 
     def prompt_logprobs(self, token_lists: Sequence[Sequence[int]]) -> list[np.ndarray]:
         from vllm import SamplingParams
@@ -240,6 +297,10 @@ class VllmEngine(RolloutEngine):
         # Requests left by a generate that raised hold KV blocks: the prefix-cache reset
         # below would fail, and every later swap with it (the worker never loads a version).
         self._drop_stale()
+        names: list[str] | None = None  # the HF names loaded (None: every one)
+        if weights is not None:
+            names = []
+            weights = _recording(weights, names)
         try:
             if weights is None:
                 self.llm.collective_rpc("reload_weights")
@@ -249,12 +310,23 @@ class VllmEngine(RolloutEngine):
             self.llm.collective_rpc(_abort_partial_reload)
             raise
         self.llm.collective_rpc(_reprocess_tied_layers)
+        self.llm.collective_rpc(_prepack_cpu_experts, args=(_expert_modules(names),))
         # Cached KV blocks were computed by the previous weights. Prompt-logprob requests
         # (the canary) never read the prefix cache, but generation does: without this reset
         # a prompt seen before the swap continues from stale KV (measured: first-token
         # logprob off by 0.07 on the tiny Qwen3 with a 200-token prompt).
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("could not reset vLLM's prefix cache (requests still running)")
+
+
+def _moe_layers(model_dir: str) -> tuple[list[int], int]:
+    """The sparse layers and experts per token of a MoE model dir; ([], 0) when dense. A
+    dense architecture our ModelConfig does not describe (a rope_scaling, say) still serves."""
+    with open(os.path.join(model_dir, "config.json")) as f:
+        if not json.load(f).get("num_experts"):
+            return [], 0
+    cfg = ModelConfig.from_hf_dir(model_dir)
+    return list(cfg.moe_layers), int(cfg.num_experts_per_tok)
 
 
 def _params(r: SampleRequest) -> list[tuple[int, Any]]:
@@ -317,6 +389,56 @@ def _reprocess_tied_layers(worker) -> int:
             if method is not None and hasattr(method, "process_weights_after_loading"):
                 method.process_weights_after_loading(module)
                 done += 1
+    return done
+
+
+def _recording(weights: Iterable[tuple[str, Any]], names: list[str]):
+    for name, tensor in weights:
+        names.append(name)
+        yield name, tensor
+
+
+def _expert_modules(names: list[str] | None) -> list[str] | None:
+    """The engine's expert modules a reload of `names` re-materialized ("model.layers.3.mlp.
+    experts.7.up_proj.weight" -> "model.layers.3.mlp.experts.routed_experts"); None: all."""
+    if names is None:
+        return None
+    return sorted(
+        {
+            n.split(".mlp.experts.")[0] + ".mlp.experts.routed_experts"
+            for n in names
+            if ".mlp.experts." in n
+        }
+    )
+
+
+def _prepack_cpu_experts(worker, modules: list[str] | None) -> int:
+    """Runs on each worker: redo the CPU MoE kernel's weight prepack after a reload.
+
+    vLLM 0.32's unquantized MoE method prepacks the experts into the CPU grouped-gemm layout
+    (`CPUUnquantizedExperts.process_weights_after_loading`) only on the first load: on a
+    weight update (`moe_kernel` already built, `_setup_kernel`) it copies the new weights in
+    unpacked and skips the prepack, so the kernel then read plain weights as packed ones
+    (measured on the tiny Qwen3-MoE: the same weights reloaded moved prompt log-probs by
+    0.03, every expert tensor differed from the first load's). GPU experts keep the default
+    no-op hook; this touches only the CPU kernels. Only the `modules` the reload replaced
+    (None: all): a layer a delta swap did not touch holds packed weights already, and
+    packing them twice scrambles them. Returns the layers prepacked.
+    """
+    from vllm.model_executor.layers.fused_moe.experts.cpu_moe import CPUUnquantizedExperts
+
+    named = dict(worker.model_runner.get_model().named_modules())
+    unknown = sorted(set(modules or ()) - set(named))
+    if unknown:
+        raise RuntimeError(f"no engine module {unknown[0]!r} to prepack (vLLM's naming moved?)")
+    done = 0
+    for name in named if modules is None else modules:
+        module = named[name]
+        kernel = getattr(getattr(module, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if isinstance(experts, CPUUnquantizedExperts) and hasattr(module, "w13_weight"):
+            experts.process_weights_after_loading(module)
+            done += 1
     return done
 
 

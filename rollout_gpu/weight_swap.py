@@ -151,7 +151,11 @@ _FUSED = {"q_proj": "qkv_proj", "k_proj": "qkv_proj", "v_proj": "qkv_proj",
 
 def engine_module(name: str) -> str:
     """The engine module an HF tensor loads into ("...self_attn.k_proj.weight" ->
-    "...self_attn.qkv_proj")."""
+    "...self_attn.qkv_proj"). Every expert of a MoE layer loads into one module (vLLM's
+    fused experts hold all E experts' gate/up and down in two tensors), so one changed
+    expert reloads them all ("...mlp.experts.7.up_proj.weight" -> "...mlp.experts")."""
+    if ".mlp.experts." in name:
+        return name.split(".mlp.experts.")[0] + ".mlp.experts"
     module, _, _ = name.rpartition(".")
     parent, _, leaf = module.rpartition(".")
     return f"{parent}.{_FUSED.get(leaf, leaf)}"

@@ -225,7 +225,6 @@ def test_default_config_has_the_key(key):
         node = node[part]
 
 
-@pytest.mark.xfail(strict=False, reason="expected later: configs/qwen3_moe_shaped.py")
 def test_moe_config_has_routing_replay():
     path = ROOT / "configs/qwen3_moe_shaped.py"
     spec = importlib.util.spec_from_file_location("qwen3_moe_shaped", path)

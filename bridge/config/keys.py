@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from bridge.config.schema import FLAGS, Key, Schema, Section
 from bridge.contracts import exact_check as exact_rule
+from bridge.contracts import routing as routing_rule
 
 # Reader -> where it reads: `module:Class` for a dataclass whose fields are derived from the
 # keys that name it (`Schema.declared_fields`), else the binary that reads the key itself.
@@ -602,6 +603,14 @@ FLEET = (
         flag="max_model_len",
     ),
     Key(
+        "fleet.engine_dtype",
+        "",
+        "Local workers' engine dtype (their --dtype: float32|bfloat16|float16); '' = the "
+        "worker's default.",
+        _FLEET,
+        choices=("", "float32", "bfloat16", "float16"),
+    ),
+    Key(
         "fleet.grace_s",
         30.0,
         "SIGTERM -> kill: a stopped worker finishes or releases its lease within this.",
@@ -861,6 +870,20 @@ CONTROLLER = (
         CTRL,
     ),
     Key("controller.exact_flip_fraction", exact_rule.FLIP_FRACTION, "See above.", CTRL),
+    Key(
+        "controller.audit_routing_threshold",
+        routing_rule.DISAGREE_THRESHOLD,
+        "MoE policies: quarantine an identity whose recorded routing differs from the "
+        "learner's own top-k on more than this fraction of (token, layer) experts "
+        "(bridge/contracts/routing.py has the honest bf16 rate it sits above); 0 = off.",
+        CTRL,
+    ),
+    Key(
+        "controller.audit_routing_min_rows",
+        routing_rule.MIN_ROWS,
+        "Checked (token, layer) routing rows before that verdict.",
+        CTRL,
+    ),
     Key(
         "controller.exact_margin",
         exact_rule.MARGIN_ABS,

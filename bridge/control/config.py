@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 
 from bridge.config.keys import SCHEMA
+from bridge.control.intake.validation import RoutingRule
 from bridge.control.protocol import SamplingParams
 
 
@@ -38,3 +39,6 @@ class ControllerConfig:
     # or "tree" (workers relay chunks to each other; the store's uplink carries one copy).
     broadcast: str = "store"
     broadcast_fanout: int = 2  # tree fan-out f
+    # A MoE policy's recorded routing (bridge/control/intake/validation.py: RoutingRule):
+    # its shape, and whether every trajectory must carry it (model.moe.routing_replay).
+    routing: RoutingRule = dataclasses.field(default_factory=RoutingRule)

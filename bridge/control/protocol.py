@@ -32,6 +32,10 @@ reference answer; a worker submits `WorkerTrajectory`s (no reward: the controlle
 the completion ids itself, bridge/control/intake/rewards.py). `Trajectory` adds the controller's
 reward and exists on the trusted side only.
 
+MoE policies: each trajectory carries the experts the worker's engine routed every token
+to (`RoutedExperts`), which the learner may replay (`model.moe.routing_replay`); like the
+log-probs it is checked at intake and audited against the learner's own routing.
+
 Multi-turn (bridge/tasks/env.py): a group of an environment task carries an `EpisodeSpec`;
 each trajectory is then one episode, its completion the model's turns and the environment's
 observation tokens marked by `completion_mask`. The controller replays the environment from
@@ -291,6 +295,17 @@ class LeaseResponse(_Route):
     )
 
 
+class RoutedExperts(_Model):
+    """The experts a MoE engine routed each forwarded token to (bridge/contracts/routing.py):
+    [rows, num_layers, k] expert ids, rows = prompt + completion - 1, the last `completion`
+    rows one per completion token; little-endian uint16, row-major, base64. Data to check:
+    the controller validates it and the learner audits it against its own routing."""
+
+    num_layers: int = Field(ge=1, le=4096, description="the model's sparse layers, in order")
+    k: int = Field(ge=1, le=4096, description="experts per token")
+    ids: str = Field(max_length=1 << 28, description="base64 of uint16 [rows, num_layers, k]")
+
+
 FinishReason = Literal["stop", "length"]
 # strict: a JSON true/false or 1.0 is refused, not coerced to 1/0.
 MaskBit = Annotated[int, Field(strict=True, ge=0, le=1)]
@@ -322,6 +337,10 @@ class WorkerTrajectory(_Model):
         default=None,
         max_length=_MAX_TOKENS,
         description="1 = sampled by the model (trained), 0 = environment observation",
+    )
+    routed_experts: RoutedExperts | None = Field(
+        default=None,
+        description="a MoE policy's recorded routing (required when the run replays it)",
     )
 
     @property

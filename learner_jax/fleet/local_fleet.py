@@ -68,10 +68,15 @@ def local_specs(cfg: FleetConfig, seed: int) -> list[LocalWorkerSpec]:
             # Worker n of kind k samples with seed (seed * 100 + k) * 1000 + n: distinct
             # across kinds and workers, reproducible per run.
             seed=seed * 100 + k,
-            extra_flags=(f"--max_model_len={cfg.max_model_len}",) if cfg.max_model_len else (),
+            extra_flags=_engine_flags(cfg),
         )
         for k, (price, throttle) in enumerate(pairs)
     ]
+
+
+def _engine_flags(cfg: FleetConfig) -> tuple[str, ...]:
+    flags = (f"--max_model_len={cfg.max_model_len}",) if cfg.max_model_len else ()
+    return flags + ((f"--dtype={cfg.engine_dtype}",) if cfg.engine_dtype else ())
 
 
 def initial_counts(cfg: FleetConfig, n: int) -> list[int]:

@@ -73,9 +73,10 @@ class Publish:
 
 
 class Audit:
-    """Audit each worker's behaviour log-probs against the learner's own, and whether its
-    tokens look sampled from the policy (bridge/contracts/sampling_check.py), on the rows
-    the learner's pre-update version sampled (the step recomputed them anyway), and on a
+    """Audit each worker's behaviour log-probs against the learner's own, whether its
+    tokens look sampled from the policy (bridge/contracts/sampling_check.py) and, for a MoE
+    policy, whether its recorded routing is the learner's own (bridge/contracts/routing.py),
+    on the rows the learner's pre-update version sampled (the step recomputed them anyway), and on a
     sampled re-score of rows tagged with older versions (every step for workers not yet
     judged: rescore.py's focus). A worker past the thresholds is
     quarantined (and logged) by the controller."""
@@ -95,6 +96,9 @@ class Audit:
             row_dev=r.get("dev"),
             row_var=r.get("var"),
             row_evidence=r.get("evidence"),
+            # A MoE step's check of recorded routing against the learner's own top-k.
+            row_routing_agree=r.get("routing_agree"),
+            row_routing_rows=r.get("routing_tokens"),
         )
         self.ctl.audit(stats)
         self.rescorer.note(stats)  # which workers the re-score must look at next

@@ -10,6 +10,12 @@ of each completion token at the position that predicts it (target-aligned, see
 `train_step.make_batch`). Advantages come from `learner_jax/training/advantages.py` on each
 group's rewards, rows sample-major within a group.
 
+A MoE policy's trajectories carry the experts the worker's engine routed each forwarded
+token to (bridge/contracts/routing.py); the batch's `routing` [B, T, L, k] holds them at the
+input positions they were recorded for, 0 .. P + C - 2, the positions whose targets are
+real. The other positions (the last token, padding) predict nothing that trains; they get
+experts 0..k-1, a valid routing whose outputs no loss reads.
+
 `on_policy` marks rows every token of which was sampled by `current_version` (the
 learner's params when the step starts): the train step's `mismatch/kl` is measured on
 exactly those, where behavior and learner log-probs should agree up to numerics.
@@ -22,10 +28,12 @@ meaning.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import numpy as np
 
+from bridge.contracts import routing as routing_contract
 from bridge.control.protocol import ConsumedGroup
 from learner_jax.training import advantages as adv_lib
 from learner_jax.training import diagnostics
@@ -95,6 +103,9 @@ def groups_to_batch(
         seq_mask=np.asarray(seq_mask),
         on_policy=on_policy,
     )
+    recorded = routing_rows(groups, group_size, width - 1)
+    if recorded is not None:
+        batch = dataclasses.replace(batch, routing=recorded)
     stats = {
         "reward/mean": float(rewards.mean()),
         "reward/max": float(rewards.max()),
@@ -113,3 +124,27 @@ def groups_to_batch(
     for lag, count in zip(*np.unique(lags, return_counts=True), strict=True):
         stats[f"staleness/lag_{int(lag)}"] = float(count)
     return batch, stats
+
+
+def routing_rows(groups: Sequence[ConsumedGroup], group_size: int, length: int):
+    """int32 [rows, length, L, k]: each trajectory's recorded routing at its input positions
+    (module docstring), or None when no trajectory carries any. All or none: a batch with
+    some rows unrecorded cannot be replayed."""
+    trajs = [t for g in groups for t in sorted(g.trajectories, key=lambda t: t.sample_index)]
+    have = [t.routed_experts is not None for t in trajs]
+    if not any(have):
+        return None
+    if not all(have):
+        raise ValueError(f"{have.count(False)} of {len(trajs)} trajectories carry no routing")
+    first = trajs[0].routed_experts
+    out = np.broadcast_to(
+        np.arange(first.k, dtype=np.int32), (len(trajs), length, first.num_layers, first.k)
+    ).copy()
+    for r, t in enumerate(trajs):
+        rec = t.routed_experts
+        ids = routing_contract.decode(rec.num_layers, rec.k, rec.ids)
+        want = routing_contract.num_rows(len(t.prompt_token_ids), len(t.completion_token_ids))
+        if ids.shape[0] != want or ids.shape[1:] != out.shape[2:]:
+            raise ValueError(f"row {r}: routing {ids.shape}, expected ({want}, *{out.shape[2:]})")
+        out[r, :want] = ids
+    return out

@@ -26,7 +26,8 @@ load-balancing loss over the real tokens (moe.load_balancing_loss; metric `moe/a
 A batch carrying the experts the worker's engine routed each token to (`routing`) is
 replayed in the forward when `routing_replay` is 'rollout' (R3), and either way the step
 reports how often the learner's own top-k agrees with it (`moe/routing_agreement`, per
-layer and per row for the audit).
+layer and per row for the audit) and `mismatch/kl` under both routings
+(`mismatch/kl_replay`, `mismatch/kl_no_replay`: one more forward, on the same tokens).
 
 Einsum/shape letters: B batch (rows), T time, V vocab, k micro-batches, L MoE layers.
 """
@@ -246,8 +247,13 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
         )
         if mb.routing is not None:
             agree = moe.routing_agreement(seen.experts, mb.routing)  # [B, T, L]
-            tok = (mb.segment_ids > 0).astype(jnp.float32)[:, :, None]
-            tok = jnp.broadcast_to(tok, agree.shape)
+            # Recorded rows are the inputs with a real next token (bridge/contracts/
+            # routing.py): a sequence's last token was never forwarded by the engine, and
+            # its batch routing is a filler. (A row filling the whole width loses its last
+            # pair here too: fewer rows checked, none misjudged.)
+            seg = mb.segment_ids > 0
+            recorded = seg & jnp.pad(seg[:, 1:], ((0, 0), (0, 1)))  # [B, T]
+            tok = jnp.broadcast_to(recorded.astype(jnp.float32)[:, :, None], agree.shape)
             sums["moe/agree"] = (agree * tok).sum(axis=(0, 1))  # [L]
             sums["moe/agree_tokens"] = tok.sum(axis=(0, 1))
             sums[ROWS + "routing_agree"] = (agree * tok).sum(axis=(1, 2))
@@ -299,6 +305,20 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
         row_k3, row_lr, row_n = audit.row_sums(prox, mb.behavior_logp, mm, xp=jnp)  # [B]
         sums["mismatch/kl"] = row_k3.sum()
         sums["mismatch/tokens"] = row_n.sum()
+        if mb.routing is not None:
+            # The same KL under the other routing (one more forward, no backward): the
+            # replay's effect on train/inference mismatch, measured on the same tokens.
+            # (Recorded routing never comes packed: stats_and_routing refuses that.)
+            other, _ = per_token(
+                params, mb.tokens, mb.positions, mb.segment_ids, mb.targets, None, False,
+                None if replay else mb.routing,
+            )  # fmt: skip
+            other_logp = jax.lax.stop_gradient(other[0])
+            other_k3 = audit.row_sums(other_logp, mb.behavior_logp, mm, xp=jnp)[0].sum()
+            with_replay, without = (
+                (sums["mismatch/kl"], other_k3) if replay else (other_k3, sums["mismatch/kl"])
+            )
+            sums["mismatch/kl_replay"], sums["mismatch/kl_no_replay"] = with_replay, without
         # Per-row sums for the controller's per-worker audit of behaviour log-probs
         # (bridge/control/trust/audit.py); the step returns them in batch row order.
         sums[ROWS + "k3"] = row_k3
@@ -409,6 +429,9 @@ def make_step_fn(cfg: ModelConfig, optimizer: optax.GradientTransformation, step
         else:
             out["mismatch/kl"] = sums["mismatch/kl"] / jnp.maximum(sums["mismatch/tokens"], 1.0)
             out["mismatch/tokens"] = sums["mismatch/tokens"]
+            for name in ("mismatch/kl_replay", "mismatch/kl_no_replay"):
+                if name in sums:  # a MoE batch with recorded routing: both, every step
+                    out[name] = sums[name] / jnp.maximum(sums["mismatch/tokens"], 1.0)
         out["grad_norm"] = optax.tree.norm(grads)
         out.update(diagnostics.grad_norms_by_layer(grads))  # where a collapse starts
         updates, opt_state = optimizer.update(grads, state.opt_state, state.params)

@@ -66,6 +66,7 @@ a worker cannot tell which of its eval samples will be checked.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 import os
@@ -287,6 +288,8 @@ class EvalBoard:
                     vocab_size=self.config.vocab_size,
                     max_prompt_tokens=self.config.max_prompt_tokens, newest_version=newest,
                     prompt_token_ids=g.prompt_token_ids, lease_version=version,
+                    # a MoE policy's routing, checked but never required: nothing replays it
+                    routing=dataclasses.replace(self.config.routing, required=False),
                 )  # fmt: skip
                 fresh.append(result)
                 prompts[result.group_id] = row["prompt"]

@@ -114,6 +114,7 @@ class Intake:
                 lease_version=db.get(f"lease_version/{sub.lease_id}"),
                 prompt_token_ids=self.content.prompt_ids(row["prompt"]),
                 episode=episode,
+                routing=c.routing,
             )
             if episode is not None:
                 if played is None:

@@ -10,8 +10,10 @@ refused, so the learner trains only on prompts the controller leased). Each fail
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
+from bridge.contracts import routing as routing_contract
 from bridge.control.protocol import EpisodeSpec, GroupResult, SamplingParams, WorkerTrajectory
 
 
@@ -26,6 +28,45 @@ class SubmissionError(ValueError):
             self.status = status
 
 
+@dataclasses.dataclass(frozen=True)
+class RoutingRule:
+    """What a trajectory's recorded routing must look like: the policy's sparse layers,
+    experts per token and experts (all 0: a dense policy, routing refused), and whether
+    every single-turn trajectory must carry it (the learner replays it)."""
+
+    num_layers: int = 0
+    k: int = 0
+    num_experts: int = 0
+    required: bool = False
+
+
+def check_routing(t: WorkerTrajectory, where: str, rule: RoutingRule, episode) -> None:
+    """SubmissionError unless `t.routed_experts` fits the policy and the trajectory."""
+    r = t.routed_experts
+    if r is None:
+        if rule.required and episode is None:
+            raise SubmissionError(
+                f"{where}: no routed_experts; this run replays the engine's MoE routing, "
+                "so every trajectory must carry it"
+            )
+        return
+    if rule.num_experts == 0:
+        raise SubmissionError(f"{where}: routed_experts sent, but the policy has no experts")
+    if episode is not None:
+        raise SubmissionError(f"{where}: routed_experts on a multi-turn episode (unsupported)")
+    try:
+        ids = routing_contract.decode(r.num_layers, r.k, r.ids)
+        routing_contract.check(
+            ids,
+            rows=routing_contract.num_rows(len(t.prompt_token_ids), len(t.completion_token_ids)),
+            num_layers=rule.num_layers,
+            k=rule.k,
+            num_experts=rule.num_experts,
+        )
+    except routing_contract.RoutingError as e:
+        raise SubmissionError(f"{where}: routed_experts: {e}") from None
+
+
 def check_group(
     result: GroupResult,
     *,
@@ -38,6 +79,7 @@ def check_group(
     prompt_token_ids: list[int],
     episode: EpisodeSpec | None = None,
     lease_version: int | None = None,
+    routing: RoutingRule = RoutingRule(),
 ) -> None:
     """Raise SubmissionError (422) unless `result` is a complete, well-formed group.
 
@@ -52,7 +94,9 @@ def check_group(
     an older one (issue 23 item 5): an older tag is a version the lease did not give, a way
     to send rows to the sampled re-score instead of the train step's audit. Newer tags (a
     swap mid-generation) are allowed up to the newest published; every tag, mixed rows
-    included, is audited (learner_jax/rl/rescore.py)."""
+    included, is audited (learner_jax/rl/rescore.py).
+
+    `routing`: the shape a MoE policy's recorded routing must have (`check_routing`)."""
     g = f"group {result.group_id}"
     trajs = result.trajectories
     if len(trajs) != n:
@@ -109,6 +153,7 @@ def check_group(
                 f"{where}: a token of version {min(t.versions)} but the lease was taken at "
                 f"version {lease_version}; a worker's versions only go up"
             )
+        check_routing(t, where, routing, episode)
 
 
 def _check_mask(

@@ -40,6 +40,15 @@ short answers is judged within a few groups, not 64: a CUSUM of per-token e-valu
 `sampling_evidence` (`audit_sampling_evidence`, 23 = ln 1e10; sampling_check.py).
 tests/learner_jax/rl/sampling_audit_test.py runs it end to end.
 
+MoE routing (bridge/contracts/routing.py). A MoE worker records the experts its engine
+routed each token to, and the learner may replay them (`model.moe.routing_replay`), so a
+forged record would steer which experts train. The train step compares each on-policy
+row's recorded experts with the learner's own top-k at the same positions; per identity
+the controller adds up the (token, layer) rows checked and their agreement, and past
+`routing_min_rows` a disagreement above `routing_threshold` quarantines (an honest bf16
+engine differs only where its rounding flips a near-tie between experts; the number and
+its measurement are in routing.py).
+
 Defaults, measured (tests/rollout_gpu/audit_test.py; BUILD_NOTES.md): against the fp32
 learner an honest vLLM engine on the tiny model scores a mean k3 of 2e-14 per token in fp32
 and 7e-7 in bf16 (worst group 8.5e-7, mean log-ratio 9e-6); bf16 inference engines on real
@@ -57,7 +66,7 @@ import math
 
 import numpy as np
 
-from bridge.contracts import exact_check, sampling_check
+from bridge.contracts import exact_check, routing, sampling_check
 from bridge.contracts.k3 import k3
 from bridge.control.trust.identity import LOCAL, IdentityBook
 
@@ -82,6 +91,11 @@ class AuditStat:
     exact_tokens: int = 0
     exact_mismatches: int = 0
     exact_flips: int = 0  # within the margin but not the exact argmax (exact_check.py)
+    # MoE routing (bridge/contracts/routing.py): (token, layer) rows whose recorded experts
+    # the learner checked against its own top-k, and the sum of their agreement (the
+    # fraction of the k recorded experts that are among the learner's own).
+    routing_rows: float = 0.0
+    routing_agree: float = 0.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +112,10 @@ class AuditConfig:
     exact_quarantine_fraction: float = exact_check.QUARANTINE_FRACTION
     exact_flip_tokens: int = exact_check.FLIP_TOKENS
     exact_flip_fraction: float = exact_check.FLIP_FRACTION
+    # Recorded MoE routing disagreeing with the learner's own past this fraction of rows,
+    # after routing_min_rows checked rows: quarantine (bridge/contracts/routing.py); 0 = off
+    routing_threshold: float = routing.DISAGREE_THRESHOLD
+    routing_min_rows: int = routing.MIN_ROWS
 
 
 def rows_to_worker_stats(
@@ -127,28 +145,33 @@ def row_sums(learner_logp, behaviour_logp, mask, xp=np):
 
 def row_sums_to_worker_stats(
     worker_ids, on_policy, row_k3, row_logratio, row_tokens, version: int,
-    row_dev=None, row_var=None, row_evidence=None,
+    row_dev=None, row_var=None, row_evidence=None, row_routing_agree=None,
+    row_routing_rows=None,
 ) -> list[AuditStat]:  # fmt: skip
     """The same from per-row sums (what a jitted step can return instead of [B, T]);
     `row_dev` / `row_var` / `row_evidence`: the sampling check's per-row sums
-    (`sampling_check.row_sums`, `row_evidence`), none = not measured (zeros)."""
+    (`sampling_check.row_sums`, `row_evidence`), none = not measured (zeros);
+    `row_routing_agree` / `row_routing_rows`: a MoE step's routing check per row (the
+    agreement summed over the row's (token, layer) pairs, and their count)."""
     zeros = [0.0] * len(worker_ids)
     if row_dev is None or row_var is None:
         row_dev = row_var = zeros
     row_evidence = zeros if row_evidence is None else row_evidence
+    if row_routing_agree is None or row_routing_rows is None:
+        row_routing_agree = row_routing_rows = zeros
     acc: dict[str, list[float]] = {}
     rows = zip(worker_ids, on_policy, row_k3, row_logratio, row_tokens, row_dev, row_var,
-               row_evidence, strict=True)  # fmt: skip
-    for w, on, *sums in rows:  # sums: k3, log-ratio, tokens, dev, var, evidence
+               row_evidence, row_routing_agree, row_routing_rows, strict=True)  # fmt: skip
+    for w, on, *sums in rows:  # k3, log-ratio, tokens, dev, var, evidence, agree, moe rows
         if not w or not on or sums[2] <= 0:
             continue
-        s = acc.setdefault(str(w), [0.0] * 6)
+        s = acc.setdefault(str(w), [0.0] * 8)
         for i, x in enumerate(sums):
             s[i] += float(x)
     return [
         AuditStat(worker_id=w, version=int(version), tokens=int(n), sum_k3=a, sum_logratio=b,
-                  sum_dev=d, sum_var=v, sum_evidence=e)
-        for w, (a, b, n, d, v, e) in sorted(acc.items())
+                  sum_dev=d, sum_var=v, sum_evidence=e, routing_agree=g, routing_rows=m)
+        for w, (a, b, n, d, v, e, g, m) in sorted(acc.items())
     ]  # fmt: skip
 
 
@@ -173,7 +196,31 @@ class WorkerAudit:
         sampling = (c.audit_sampling_z, c.audit_sampling_evidence)
         exact = (c.exact_quarantine_tokens, c.exact_quarantine_fraction, c.exact_flip_tokens,
                  c.exact_flip_fraction)  # fmt: skip
-        return cls(AuditConfig(*thresholds, *window, *sampling, *exact), db)
+        moe = (c.audit_routing_threshold, c.audit_routing_min_rows)
+        return cls(AuditConfig(*thresholds, *window, *sampling, *exact, *moe), db)
+
+    def add_routing(self, stat: AuditStat) -> str | None:
+        """Fold in the routing check's sums; why the worker must be quarantined, else None.
+        Like the exact check's counts, they add up per identity (`evidence_key`)."""
+        c = self.config
+        if stat.routing_rows <= 0 or c.routing_threshold <= 0:
+            return None
+        if not (math.isfinite(stat.routing_agree) and math.isfinite(stat.routing_rows)):
+            return "non-finite routing audit numbers"
+        party = evidence_key(self.db, stat.worker_id)
+        rows = self.db.get(f"routing_rows/{party}", 0.0) + float(stat.routing_rows)
+        agree = self.db.get(f"routing_agree/{party}", 0.0) + float(stat.routing_agree)
+        self.db.put(f"routing_rows/{party}", rows)
+        self.db.put(f"routing_agree/{party}", agree)
+        self.db.incr("audit/routing_rows", float(stat.routing_rows))
+        disagree = 1.0 - agree / rows
+        if rows >= c.routing_min_rows and disagree > c.routing_threshold:
+            return (
+                f"recorded MoE routing far from the learner's own: {disagree:.2%} of "
+                f"{rows:.0f} (token, layer) experts differ (threshold {c.routing_threshold:.2%}; "
+                "an honest engine's differ only where its numerics flip near-ties)"
+            )
+        return None
 
     def add_exact(self, stat: AuditStat) -> str | None:
         """Fold in the exact check's counts; why the worker must be quarantined, else None.
@@ -259,7 +306,7 @@ class WorkerAudit:
         out: list[str] = []
         already = self.db.quarantined()
         for st in stats:
-            why = self.add_exact(st) or self.add(st)
+            why = self.add_exact(st) or self.add_routing(st) or self.add(st)
             w = st.worker_id
             if why and self.db.worker(w) is not None and w not in already and w not in out:
                 quarantine(self.db, w, why, now)
