@@ -2,7 +2,7 @@
 sloppily.
 
     prompt   "37*48="
-    turn 1   <tool_call>{"name": "calc", "arguments": {"expr": "37*48"}}</tool_call>
+    turn 1   <tool_call>{"name":"calc","arguments":{"expr":"37*48"}}</tool_call>
     obs      \\n<tool_response>\\n1776\\n</tool_response>\\n     (in the run's chat format)
     turn 2   1776                                              -> reward 1
 
@@ -75,7 +75,7 @@ CALC = Tool(
 
 def call_text(expr: str) -> str:
     """The teacher's call: Qwen3's tool-call format, compact (short for a tiny model)."""
-    return f'{OPEN}{{"name": "calc", "arguments": {{"expr": "{expr}"}}}}{CLOSE}'
+    return f'{OPEN}{{"name":"calc","arguments":{{"expr":"{expr}"}}}}{CLOSE}'
 
 
 @register_env("tool_arith", max_turns=3, turn_max_tokens=72)
