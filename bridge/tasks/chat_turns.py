@@ -89,13 +89,16 @@ class TemplateTurns(TurnFormat):
         self.template, self.end_of_turn = template, end_of_turn
         self.kwargs = {**(special_tokens or {}), **(template_kwargs or {})}
 
-    def render(self, messages: list[dict], tools=None, add_generation_prompt=False) -> str:
+    def render(
+        self, messages: list[dict], tools=None, add_generation_prompt=False, **template_kwargs
+    ) -> str:
+        """The template's rendering (as transformers' apply_chat_template, tokenize=False)."""
         return _compile(self.template).render(
             messages=messages,
             tools=tools,
             documents=None,
             add_generation_prompt=add_generation_prompt,
-            **self.kwargs,
+            **{**self.kwargs, **template_kwargs},
         )
 
     def env_text(self, messages: list[dict]) -> str:
