@@ -58,5 +58,8 @@ def get_config():
     # guess) is the policy's distribution, which greedy decoding would hide.
     c.eval.temperature = 1.0
     c.eval.n = 2
+    # The first tool call in each reward-pool process starts the sandbox's helper process
+    # (a fresh interpreter): seconds on a loaded machine, past the 5 s default.
+    c.controller.reward_timeout_s = 30.0
     c.checkpoint.interval = 20
     return c

@@ -2,7 +2,7 @@
 scratch directory. What breaks a limit is stopped and reported as text for the model.
 
     box = Sandbox(Limits(cpu_s=2, wall_s=5, memory_mb=256))
-    result = box.call("bridge.tasks.tool_arith:calculator", {"expression": "37*48"})
+    result = box.call("bridge.tools.calculator:calculator", {"expr": "37*48"})
     result.ok, result.text          # (True, "1776") or (False, "stopped: ...")
 
 How. One long-lived helper process (the zygote, `sandbox_zygote.py`, stdlib only) imports

@@ -19,14 +19,12 @@ uses the tool about a third of the time; RL against the exact reward has to make
 call a habit. Held-out problems (`eval_size`, their own seed label) never appear in
 training.
 
-The calculator evaluates + - * // % and parentheses over integers (an AST walk, no
-eval), in the sandbox like any tool.
+The calculator (bridge/tools/calculator.py) evaluates + - * // % and parentheses over
+integers (an AST walk, no eval), in the sandbox like any tool.
 """
 
 from __future__ import annotations
 
-import ast
-import operator
 import random
 from collections.abc import Iterator
 
@@ -34,30 +32,10 @@ from bridge.tasks.arithmetic import leading_int
 from bridge.tasks.env import register_env
 from bridge.tasks.tool_calls import CLOSE, OPEN, parse_tool_calls
 from bridge.tasks.tool_env import Tool, ToolEnvironment
-
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-        ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}  # fmt: skip
-
-
-def calculator(expr: str) -> str:
-    """The integer value of an arithmetic expression (+ - * // %, parentheses)."""
-
-    def value(node):
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](value(node.left), value(node.right))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -value(node.operand)
-        raise ValueError(f"not an integer expression: {ast.unparse(node)!r}")
-
-    if not isinstance(expr, str) or len(expr) > 200:
-        raise ValueError("expr must be a string of at most 200 characters")
-    return str(value(ast.parse(expr.strip(), mode="eval").body))
-
+from bridge.tools.calculator import calculator
 
 CALC = Tool(
-    "bridge.tasks.tool_arith:calculator",
+    "bridge.tools.calculator:calculator",
     {
         "type": "function",
         "function": {
