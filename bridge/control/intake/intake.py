@@ -116,7 +116,7 @@ class Intake:
                 episode=episode,
                 routing=c.routing,
             )
-            if episode is not None:
+            if episode is not None and episode.seed < 0:  # played through POST /v1/episode
                 if played is None:
                     played = db.episode_states(sub.lease_id)
                 check_played(played, g)
