@@ -24,6 +24,7 @@ from bridge.tasks import (  # noqa: F401  (registers the plugins)
     holdem,
     kuhn_poker,
     reasoning_gym,
+    verifiers_env,
 )
 from bridge.tasks.arithmetic import Arithmetic, leading_int
 from bridge.tasks.base import Prompt, RewardError, Task, score, score_detailed
