@@ -1,0 +1,212 @@
+"""verifiers (v1) environments through echo2 (bridge/tasks/verifiers_env.py).
+
+The calculator (multi-turn tool use) played turn by turn through the real controller, as a
+worker plays it: the observations are the tool's results in Qwen3's tool-response format, the
+reward is the env's `@vf.reward` on the trusted replay, and a submission whose tool result
+was fabricated is refused. A TextArena game on the real vLLM engine: the trajectory's model
+tokens are exactly the ids the engine sampled, its environment tokens exactly the replay's.
+"""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from bridge.contracts.prompt import TextCodec
+from bridge.control.config import ControllerConfig
+from bridge.control.controller import Controller
+from bridge.control.intake.validation import SubmissionError
+from bridge.control.protocol import (
+    EpisodeStep,
+    EpisodeTurns,
+    LeaseRequest,
+    SamplingParams,
+    Submission,
+    WorkerProfile,
+    WorkerTrajectory,
+)
+from bridge.model import qwen3_tokenizer, tiny_model
+from bridge.tasks import Prompt, make_env, make_task
+from bridge.tasks.verifiers_chat import ChatFormat, parse_tool_calls
+
+pytest.importorskip("verifiers")
+CALC = "bridge.tasks.verifiers_envs.calculator"
+GAME = "bridge.tasks.verifiers_envs.textarena_local"
+PROFILE = WorkerProfile(accelerator="cpu", price_per_hour=0.0, max_concurrent_sequences=64)
+EOS = qwen3_tokenizer.EOS_TOKEN
+
+
+@pytest.fixture(scope="module")
+def qwen3_dir(tmp_path_factory):
+    cfg = tiny_model.qwen3_config(num_layers=2, hidden_size=64, intermediate_size=128)
+    path = str(tmp_path_factory.mktemp("vf_qwen3"))
+    return tiny_model.make_tiny_model(path, cfg, tokenizer="qwen3")
+
+
+def _controller(tmp_path, model_dir, task, n, **cfg):
+    config = ControllerConfig(
+        staleness=1,
+        groups_per_step=1,
+        group_size=n,
+        vocab_size=qwen3_tokenizer.vocab_size(),
+        max_prompt_tokens=1024,
+        reward_timeout_s=30.0,
+        **cfg,
+    )
+    ctl = Controller(config, os.path.join(tmp_path, "c.db"), task, codec=TextCodec(model_dir))
+    wid, _ = ctl.register(PROFILE)
+    ctl.publish(0)
+    lease = ctl.lease(wid, LeaseRequest(worker_version=0, max_groups=1)).lease
+    assert lease is not None and len(lease.groups) == 1
+    return ctl, wid, lease
+
+
+def _call(expression: str) -> str:
+    body = json.dumps({"name": "calculate", "arguments": {"expression": expression}})
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def test_continuation_follows_the_sampled_turn_and_parses_calls():
+    chat = ChatFormat.qwen3(thinking=False)
+    obs = chat.continuation([{"role": "tool", "content": "42"}])
+    # Starts right after the model's <|im_end|>, ends at the next generation prompt.
+    assert obs == (
+        "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
+    )
+    text, calls, errors = parse_tool_calls("ok " + _call("2*3") + " <tool_call>{oops</tool_call>")
+    assert (text, [(c.name, c.arguments) for c in calls]) == ("ok", [("calculate", {"expression": "2*3"})])
+    assert len(errors) == 1 and "malformed" in errors[0]
+    assert parse_tool_calls("<tool_call>{}")[2] == [
+        "malformed tool call: <tool_call> without </tool_call>"
+    ]
+
+
+def test_tool_episode_through_the_controller_scored_by_the_rubric_on_the_trusted_side(
+    qwen3_dir, tmp_path
+):
+    codec = TextCodec(qwen3_dir)
+    task = make_task("verifiers", verifiers_env=CALC, max_turns=3, turn_max_tokens=256)
+    ctl, wid, lease = _controller(
+        tmp_path, qwen3_dir, task, 3, max_completion_tokens=1024,
+        sampling=SamplingParams(max_tokens=256),
+    )  # fmt: skip
+    group = lease.groups[0]
+    assert group.episode.seed == -1  # the task (and its answer) stays on the controller
+    # The trusted side's own view of the episode (the test reads the answer the worker
+    # never sees, to write a right and a wrong final turn).
+    seed = int(next(r["answer"] for r in ctl.db.groups_in("leased")))
+    env = make_env("verifiers", verifiers_env=CALC)
+    env.reset(seed)
+    answer = env._episode.task.data.answer
+    expression = env._episode.task.data.prompt.removeprefix("What is ").rstrip("?")
+
+    plays = {  # sample index -> model turns (text, each closed by the sampled <|im_end|>)
+        0: [_call(expression), f"The answer is {answer}"],  # right: reward 1
+        1: ["<tool_call>{not json</tool_call>", f"{answer + 1}"],  # malformed call, wrong
+        2: [_call(expression), f"The answer is {answer}"],  # its tool result forged below
+    }
+    trajectories = {}
+    for i, turns in plays.items():
+        ids = [codec.encode(t + EOS) for t in turns]
+        completion, mask = [], []
+        for k in range(len(ids)):
+            step = EpisodeStep(
+                lease_id=lease.lease_id,
+                episodes=[EpisodeTurns(group_id=group.group_id, sample_index=i, turns=ids[: k + 1])],
+            )  # fmt: skip
+            obs = ctl.episode_step(wid, step).observations[0]
+            completion += ids[k]
+            mask += [1] * len(ids[k])
+            if obs.done:
+                break
+            if i == 0:  # the tool really ran on the controller: its result, Qwen3-formatted
+                assert obs.observation.startswith(f"\n<|im_start|>user\n<tool_response>\n{answer}\n")
+            if i == 1:
+                assert "malformed tool call" in obs.observation  # an observation, no crash
+            shown = codec.encode(obs.observation)
+            if i == 2:  # a worker claiming the tool said something else
+                shown = codec.encode(obs.observation.replace(str(answer), str(answer + 7)))
+            completion += shown
+            mask += [0] * len(shown)
+        assert obs.done
+        trajectories[i] = WorkerTrajectory(
+            prompt_id=group.prompt_id, sample_index=i, prompt_token_ids=group.prompt_token_ids,
+            completion_token_ids=completion, logprobs=[0.0] * len(completion),
+            versions=[0] * len(completion), finish_reason="stop", completion_mask=mask,
+        )  # fmt: skip
+
+    from bridge.control.protocol import GroupResult
+
+    def submit(samples):
+        result = GroupResult(group_id=group.group_id, trajectories=samples)
+        return ctl.submit(wid, Submission(lease_id=lease.lease_id, groups=[result]))
+
+    with pytest.raises(SubmissionError, match="environment tokens after model turn 1"):
+        submit([trajectories[0], trajectories[1], trajectories[2]])
+    honest = trajectories[2].model_copy(update={"completion_token_ids": trajectories[0].completion_token_ids, "completion_mask": trajectories[0].completion_mask, "logprobs": trajectories[0].logprobs, "versions": trajectories[0].versions})  # fmt: skip
+    assert submit([trajectories[0], trajectories[1], honest]).accepted == [group.group_id]
+    batch, stats = ctl.take_batch(0, 1)
+    rewards = {t.sample_index: t.reward for t in batch[0].trajectories}
+    assert rewards == {0: 1.0, 1: 0.0, 2: 1.0}  # the env's @vf.reward, replayed here
+    ctl.close()
+
+
+def test_worker_reports_carry_no_reward():
+    """The wire has no field a worker could put a reward in: a trajectory with one is refused
+    before anything reads it (the trusted side scores every episode itself)."""
+    with pytest.raises(ValueError, match="reward"):
+        WorkerTrajectory(
+            prompt_id="p", sample_index=0, prompt_token_ids=[1], completion_token_ids=[2],
+            logprobs=[0.0], versions=[0], finish_reason="stop", reward=1.0,
+        )  # fmt: skip
+
+
+@pytest.mark.vllm
+def test_textarena_game_on_vllm_keeps_the_sampled_ids_and_the_replays_observations(
+    qwen3_dir, extra_vllm_engine, tmp_path
+):
+    from rollout_gpu.generate import generate_groups
+
+    engine = extra_vllm_engine(qwen3_dir, dtype="float32", max_model_len=1536, seed=0)
+    sampled: list[list[int]] = []  # every model turn as the engine returned it
+
+    class Recording:
+        """The real engine; notes each sampled turn's ids on the way out."""
+
+        def __getattr__(self, name):
+            return getattr(engine, name)
+
+        def generate(self, *args, **kwargs):
+            out = engine.generate(*args, **kwargs)
+            sampled.extend(list(c.token_ids) for cs in out for c in cs)
+            return out
+
+    codec = TextCodec(qwen3_dir)
+    task = make_task("verifiers", verifiers_env=GAME, max_turns=4, turn_max_tokens=12)
+    ctl, wid, lease = _controller(
+        tmp_path, qwen3_dir, task, 4, max_completion_tokens=400,
+        sampling=SamplingParams(max_tokens=12, stop_token_ids=[qwen3_tokenizer.token_id(EOS)]),
+    )  # fmt: skip
+    observe = lambda eps: ctl.episode_step(wid, EpisodeStep(lease_id=lease.lease_id, episodes=eps))
+    results = generate_groups(Recording(), lease.groups, version=0, observe=observe)
+    seed = int(next(r["answer"] for r in ctl.db.groups_in("leased")))
+    turns = []
+    for t in results[0].trajectories:
+        segs = t.segments()
+        model = [ids for m, ids in segs if m == 1]
+        for ids in model:  # each model turn is one of the engine's samples, verbatim
+            assert ids in sampled
+        actions = [codec.decode(ids) for ids in model]
+        rep = task.episode(Prompt("p", "", str(seed)), actions)  # the trusted replay
+        shown = [ids for m, ids in segs if m == 0]
+        assert shown == [codec.encode(o) for o in rep.observations[: len(shown)]]
+        turns.append(len(model))
+    assert max(turns) >= 2, turns  # really multi-turn: the game answered a move
+    r = ctl.submit(wid, Submission(lease_id=lease.lease_id, groups=results))
+    assert r.accepted == [lease.groups[0].group_id]
+    batch, stats = ctl.take_batch(0, 1)
+    assert stats["reward/errors"] == 0
+    assert all(np.isfinite(t.reward) for t in batch[0].trajectories)
+    ctl.close()
