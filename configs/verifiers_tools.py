@@ -28,6 +28,10 @@ def get_config():
     c.task.eval_size = 2
     c.task.reward_fn = ""
     c.task.module = ""
+    # A reward-pool process imports verifiers (and builds the taskset) on its first replay:
+    # ~4 s of CPU, far more wall time on a busy 2-core box; the default 5 s limit would kill
+    # every cold pool process before it is warm. Warm replays take milliseconds.
+    c.controller.reward_timeout_s = 60.0
     c.rollout.eval_period = 0  # held-out episodes at the start and the end only
     c.sft.steps = 0  # no demonstrations: the tiny model plays at random
     c.batch.groups_per_step = 2
