@@ -218,7 +218,11 @@ def _configured_format(config, task=None) -> PromptFormat:
                 "prompt.format='chat' (they only apply to the chat template)"
             )
         return PromptFormat() if task is None else task.prompt_format
-    return PromptFormat(kind=p.format, system=p.get("system", ""), thinking=p.get("thinking", ""))
+    # The tools a task declares stay declared when the config picks the chat format.
+    tools = task.prompt_format.tools if task is not None and p.format == "chat" else ""
+    return PromptFormat(
+        kind=p.format, system=p.get("system", ""), thinking=p.get("thinking", ""), tools=tools
+    )
 
 
 def validate(config) -> None:

@@ -338,11 +338,14 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
 
 
 def _evaluator(learner, task, codec):
-    from learner_jax.evaluation import evaluate
+    from bridge.tasks.tool_env import ToolEnvironment
+    from learner_jax.evaluation import episode_eval, evaluate
 
-    return evaluate.Evaluator(
-        learner.model_cfg, codec, task, run_config.eval_config(learner.config)
-    )
+    cfg = run_config.eval_config(learner.config)
+    if isinstance(getattr(task, "env", None), ToolEnvironment):
+        # A tool episode's answer comes after its calls: play the episodes.
+        return episode_eval.EpisodeEvaluator(learner.model_cfg, codec, task, cfg)
+    return evaluate.Evaluator(learner.model_cfg, codec, task, cfg)
 
 
 def follow_rl(learner: Learner, task) -> None:

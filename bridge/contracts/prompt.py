@@ -42,15 +42,20 @@ class PromptFormat:
     kind: str = "plain"  # plain | chat
     system: str = ""  # chat: a system message before the user turn ('' = none)
     thinking: str = ""  # chat: '' (template default) | 'on' | 'off' -> enable_thinking
+    # chat: the tools the template declares (its `tools=`), a JSON array of function
+    # schemas as text (hashable, and as it travels); '' = none.
+    tools: str = ""
 
     def __post_init__(self):
         if self.kind not in FORMATS:
             raise ValueError(f"prompt format must be one of {FORMATS}, got {self.kind!r}")
         if self.thinking not in THINKING:
             raise ValueError(f"prompt thinking must be one of {THINKING}, got {self.thinking!r}")
-        if self.kind == "plain" and (self.system or self.thinking):
+        if self.tools and not isinstance(self.tool_list(), list):
+            raise ValueError(f"prompt tools must be a JSON array of schemas, got {self.tools!r}")
+        if self.kind == "plain" and (self.system or self.thinking or self.tools):
             raise ValueError(
-                "a system prompt and the thinking switch need the chat format "
+                "a system prompt, the thinking switch and tools need the chat format "
                 f"(prompt format 'chat'), got format {self.kind!r}"
             )
 
@@ -58,6 +63,9 @@ class PromptFormat:
         """The chat: optional system message, then the prompt as the user's turn."""
         head = [{"role": "system", "content": self.system}] if self.system else []
         return head + [{"role": "user", "content": text}]
+
+    def tool_list(self) -> list | None:
+        return json.loads(self.tools) if self.tools else None
 
     def template_kwargs(self) -> dict:
         return {} if not self.thinking else {"enable_thinking": self.thinking == "on"}
@@ -100,7 +108,7 @@ def render_chat(
     kwargs = {k: v for k, v in special_tokens.items() if v is not None}
     return _compile(template).render(
         messages=fmt.messages(text),
-        tools=None,
+        tools=fmt.tool_list(),
         documents=None,
         add_generation_prompt=True,
         **kwargs,

@@ -24,6 +24,7 @@ from bridge.tasks import (  # noqa: F401  (registers the plugins)
     holdem,
     kuhn_poker,
     reasoning_gym,
+    tool_arith,
     verifiers_env,
 )
 from bridge.tasks.arithmetic import Arithmetic, leading_int

@@ -40,6 +40,7 @@ import itertools
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from bridge.contracts.prompt import PromptFormat
 from bridge.tasks.base import Prompt, RewardError, Task
 from bridge.tasks.registry import register_task
 
@@ -51,6 +52,11 @@ class Environment(abc.ABC):
     """One episode at a time; `reset` starts a new one. Deterministic in (seed, actions)."""
 
     name: str = ""
+    # True when the seed is hidden state (a poker deal): the worker never sees it and every
+    # observation comes from the controller. False: the prompt shows everything the seed
+    # decides (a question), so the lease carries the seed and the worker plays the
+    # environment itself; the trusted side still replays every episode.
+    hidden_state: bool = True
 
     @abc.abstractmethod
     def reset(self, seed: int) -> str:
@@ -192,7 +198,7 @@ class EnvTask(Task):
     workers get each observation from the controller (bridge/control/intake/episode_steps.py).
     """
 
-    hides_state = True  # the seed is the episode's hidden state (a deal)
+    hides_state = True  # the seed is the episode's hidden state (a deal); per env below
 
     def __init__(
         self,
@@ -212,6 +218,12 @@ class EnvTask(Task):
         self.max_turns, self.turn_max_tokens = int(max_turns), int(turn_max_tokens)
         self.eval_size = int(eval_size)
         self.env = make_env(env, **self.env_options)  # fails here on bad options
+        self.hides_state = bool(self.env.hidden_state)
+        tools = getattr(self.env, "tool_schemas", None)
+        if tools is not None and getattr(self.env.turns, "template", None):
+            # Tools are declared through the chat template (its `tools=`), as a chat
+            # model's prompt declares them.
+            self.prompt_format = PromptFormat("chat", tools=tools())
 
     def new_env(self) -> Environment:
         return make_env(self.env_name, **self.env_options)

@@ -115,7 +115,7 @@ class Intake:
                 prompt_token_ids=self.content.prompt_ids(row["prompt"]),
                 episode=episode,
             )
-            if episode is not None:
+            if episode is not None and episode.seed < 0:  # played through POST /v1/episode
                 if played is None:
                     played = db.episode_states(sub.lease_id)
                 check_played(played, g)

@@ -50,7 +50,10 @@ class LeaseContent:
         """What a worker needs to play a multi-turn task's prompt (None: single-turn). The
         seed (an environment task's `answer`, bridge/tasks/env.py: EnvTask) is hidden
         state, a poker deal: it stays here, and the worker gets each observation from
-        POST /v1/episode (episode_steps.py; issue 23 item 8)."""
+        POST /v1/episode (episode_steps.py). An environment without hidden state
+        (`Environment.hidden_state` False: a tool task's question) sends its seed, and the
+        worker plays it, its tools included; the scoring replay recomputes every
+        observation either way."""
         t = self.task
         if not isinstance(t, EnvTask):
             return None
@@ -59,7 +62,7 @@ class LeaseContent:
             env=t.env_name,
             module=type(t.env).__module__,
             options=t.env_options,
-            seed=-1,
+            seed=-1 if t.hides_state else int(answer),
             max_turns=t.max_turns,
             max_tokens=c.max_completion_tokens or c.sampling.max_tokens,
         )
