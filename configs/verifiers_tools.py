@@ -7,8 +7,8 @@ format model: what this shows is that episodes run and score, not learning.
 
 Other environments (docs/design/verifiers.md), same config:
 
-    --config.task.verifiers_env=bridge.tasks.verifiers_envs.textarena_local   # a game
-    --config.task.verifiers_env=bridge.tasks.verifiers_envs.reverse_text      # single turn
+    --config.task.verifiers_env=bridge.tasks.verifiers_envs.textarena_local --config.sft.steps=0
+    --config.task.verifiers_env=bridge.tasks.verifiers_envs.reverse_text --config.sft.steps=0
 """
 
 from learner_jax.config_file import base_config
@@ -33,7 +33,14 @@ def get_config():
     # every cold pool process before it is warm. Warm replays take milliseconds.
     c.controller.reward_timeout_s = 60.0
     c.rollout.eval_period = 0  # held-out episodes at the start and the end only
-    c.sft.steps = 0  # no demonstrations: the tiny model plays at random
+    # A format-only warm start from the calculator module's scripted player (its first turn,
+    # a tool call), so the RL episodes call the tool. Envs without a `demonstration` set
+    # --config.sft.steps=0.
+    c.sft.steps = 80
+    c.sft.batch_size = 8
+    c.sft.micro_batch_size = 8
+    c.sft.learning_rate = 3e-3
+    c.sft.warmup_steps = 5
     c.batch.groups_per_step = 2
     c.batch.samples_per_group = 4
     c.batch.micro_batch_size = 4

@@ -24,8 +24,9 @@ A harness segment is the chat loop of verifiers' null harness: the model answers
 Qwen3 `<tool_call>` in its turn is executed and the results are the next observation; a
 turn without tool calls is the segment's reply. A malformed call, an unknown tool or a tool
 that raises is an observation for the model (verifiers' tool-error convention), never a
-crash. Text is in the chat template's own format (verifiers_chat.py), so the tokens appended
-after a model turn are what the template writes there and the model's tokens are never
+crash. Text is in the chat template's own format (bridge/tasks/chat_turns.py: the opening
+messages rendered with the tools declared, then each environment turn as the text the
+template writes after a model turn's end-of-turn token), so the model's tokens are never
 re-rendered.
 
 Trust: this is an echo2 `Environment`, so everything in bridge/tasks/env.py holds: the
@@ -35,10 +36,17 @@ and a submission whose environment tokens differ from the replay's is refused. E
 deterministic in (task, model turns): TextArena seeds its engine from the task.
 
 Departures from verifiers' own runner (docs/design/verifiers.md): no harness program, no
-interception server, no runtime box: tools run in-process on the trusted side (the echo2
-sandbox is where untrusted tool code belongs), which needs neither `uv` nor network. Hosted
-parts are refused by name when an env asks for them: a runtime-dependent reward (it needs a
-sandbox box), a judge (it needs a model endpoint).
+interception server, no runtime box, so neither `uv` nor network is needed. Tools run where
+the controller replays episodes: a reward-pool process (bridge/tasks/reward_pool.py), killed
+at `controller.reward_timeout_s`; not in bridge/tasks/sandbox.py, whose child may read
+nothing outside the Python installation (an env module in a checkout) and may open no socket
+(asyncio's self-pipe, which verifiers' MCP tool path needs). Hosted parts are refused by name
+when an env asks for them: a runtime-dependent reward (it needs a sandbox box), a judge (it
+needs a model endpoint).
+
+Warm start: verifiers has no demonstrations; an env module may export `demonstration(task)
+-> list[str]` (a scripted player's model turns, an echo2 extension), which `demonstrations`
+turns into SFT pairs (the opening text, the first turn).
 """
 
 from __future__ import annotations
@@ -55,7 +63,8 @@ from typing import Any
 
 from bridge.tasks.base import RewardError
 from bridge.tasks.env import Environment, register_env
-from bridge.tasks.verifiers_chat import ChatFormat, parse_tool_calls, split_reasoning
+from bridge.tasks.chat_turns import TemplateTurns, turn_format
+from bridge.tasks.tool_calls import CLOSE, OPEN, THINK_CLOSE, MalformedCall, parse_tool_calls
 
 MAX_TOOL_CALLS = 8  # per model turn: more is refused as an observation, not executed
 
@@ -132,16 +141,14 @@ class VerifiersEnvironment(Environment):
     """One verifiers env (taskset + its Env's `run`), an episode per task; see the module doc.
 
     Options: `verifiers_env` (the module), `tasks` (how many of an endless taskset's tasks
-    the seeds cycle through), `thinking` (Qwen3's enable_thinking for the chat text), and
-    the taskset config's own fields."""
+    the seeds cycle through), `turns` (the model's chat format, bridge/tasks/chat_turns.py:
+    "qwen3" | "llama3" | "plain"), and the taskset config's own fields."""
 
-    def __init__(
-        self, verifiers_env: str = "", tasks: int = 64, thinking: bool = False, **taskset: Any
-    ):
+    def __init__(self, verifiers_env: str = "", tasks: int = 64, turns: str = "qwen3", **taskset: Any):
         self.spec = verifiers_env
         key = json.dumps([verifiers_env, int(tasks), taskset], sort_keys=True)
         self.taskset_cls, self.env_cls, self.taskset, self.tasks = _load(key)
-        self.chat = ChatFormat.qwen3(thinking=bool(thinking))
+        self.turns = turn_format(turns)
         self._coro = None
         self._trace = None
 
@@ -159,6 +166,17 @@ class VerifiersEnvironment(Environment):
             raise RewardError("verifiers env: step() after the episode ended")
         obs, done = self._advance(action)
         return obs, (self._episode.score() if done else 0.0), done
+
+    def demonstrations(self, seed: int):
+        """(opening text, first model turn) from the module's `demonstration(task)`, if any."""
+        script = getattr(importlib.import_module(self.spec), "demonstration", None)
+        if script is None:
+            return
+        for i in itertools.count():
+            text = self.reset(hash((seed, i)) & ((1 << 62) - 1))
+            turns = script(self._episode.task)
+            if turns:
+                yield text, turns[0]
 
     def unfinished_reward(self) -> float:
         """Cut short (echo2's max_turns or token budget): the rubric scores what was played,
@@ -262,38 +280,40 @@ class _Episode:
 
         if not self.started:
             self.started = True
-            text = self.owner.chat.prompt(self.pending, self.tools)
+            text = _opening_text(self.owner.turns, self.pending, self.tools)
         else:
-            text = self.owner.chat.continuation(self.pending, self.tools)
+            text = self.owner.turns.env_text(self.pending)
         self.pending = []
         action = await _ModelCall(text)
-        reasoning, body = split_reasoning(action)
-        content, calls, errors = parse_tool_calls(body)
+        calls = parse_tool_calls(action)
+        reasoning, content = _split_turn(action)
+        ids = [f"call_{i}" for i in range(len(calls))]
         message = vf.AssistantMessage(
             content=content,
             reasoning_content=reasoning,
             tool_calls=[
-                vf.ToolCall(id=c.id, name=c.name, arguments=json.dumps(c.arguments))
-                for c in calls
+                vf.ToolCall(id=i, name=c.name, arguments=json.dumps(c.arguments))
+                for i, c in zip(ids, calls)
+                if not isinstance(c, MalformedCall)
             ]
             or None,
         )
         self.add(message, sampled=True)
-        return message, calls, errors
+        return message, list(zip(ids, calls))
 
-    def tool_results(self, calls, errors) -> None:
+    def tool_results(self, calls) -> None:
         """Execute the calls (or refuse them) and queue each result as a tool message."""
         import verifiers.v1 as vf
 
-        results = [("error", e) for e in errors]
-        for i, c in enumerate(calls):
-            if i >= MAX_TOOL_CALLS:
-                results.append((c.id, f"error: more than {MAX_TOOL_CALLS} tool calls in a turn"))
+        for i, (call_id, c) in enumerate(calls):
+            if isinstance(c, MalformedCall):
+                text = f"error: malformed tool call: {c.error}"
+            elif i >= MAX_TOOL_CALLS:
+                text = f"error: more than {MAX_TOOL_CALLS} tool calls in a turn"
             elif c.name not in self.tool_server:
-                results.append((c.id, f"error: unknown tool {c.name!r}"))
+                text = f"error: unknown tool {c.name!r}; tools: {', '.join(self.tool_server)}"
             else:
-                results.append((c.id, _call_tool(self.tool_server[c.name], c.name, c.arguments)))
-        for call_id, text in results:
+                text = _call_tool(self.tool_server[c.name], c.name, c.arguments)
             self.add(vf.ToolMessage(tool_call_id=call_id, content=text))
             self.pending.append({"role": "tool", "content": text})
 
@@ -307,12 +327,12 @@ class _Episode:
             self.pending.append({"role": "user", "content": user})
         produced = []
         while True:
-            message, calls, errors = await self.model_turn()
+            message, calls = await self.model_turn()
             produced.append(message)
-            if not calls and not errors:
+            if not calls:
                 return vf.Segment(messages=produced)
-            self.tool_results(calls, errors)
-            produced.extend(n.message for n in self.trace.nodes[-(len(calls) + len(errors)) :])
+            self.tool_results(calls)
+            produced.extend(n.message for n in self.trace.nodes[-len(calls) :])
 
     async def play(self):
         """The episode: the env's own `run()` over echo2's agents, or the single-agent run."""
@@ -369,6 +389,28 @@ class _Interaction:
         if not ep.trace.nodes:
             ep.pending.extend(ep.opening())
         return await ep.segment(message)
+
+
+def _opening_text(turns, messages: list[dict], tools: list[dict]) -> str:
+    """The episode's first text: the opening messages with the tools declared, in the chat
+    template's format through the generation prompt (plain: the texts on their lines)."""
+    if isinstance(turns, TemplateTurns):
+        return turns.render(messages, tools=tools or None, add_generation_prompt=True)
+    head = [f"Tools: {json.dumps(tools)}"] if tools else []
+    return "\n".join(head + [m["content"] for m in messages]) + "\n"
+
+
+def _split_turn(text: str) -> tuple[str | None, str]:
+    """(reasoning, reply) of a model turn: the reply is what follows the last </think>,
+    without its tool-call blocks (verifiers keeps calls in `tool_calls`, not in content)."""
+    reasoning = None
+    if THINK_CLOSE in text:
+        thought, text = text.rsplit(THINK_CLOSE, 1)
+        reasoning = thought.replace("<think>", "").strip()
+    while OPEN in text:
+        head, _, rest = text.partition(OPEN)
+        text = head + (rest.split(CLOSE, 1)[1] if CLOSE in rest else "")
+    return reasoning, text.strip()
 
 
 def _as_chat(message) -> dict:

@@ -9,6 +9,7 @@ value; `@vf.metric tool_calls` counts the tool results in the trace.
 from __future__ import annotations
 
 import ast
+import json
 import operator
 import random
 import re
@@ -50,6 +51,7 @@ class CalculatorToolset(vf.Toolset):
 
 
 class CalculatorData(vf.TaskData):
+    expression: str
     answer: int
 
 
@@ -86,10 +88,18 @@ class CalculatorTaskset(vf.Taskset[CalculatorTask, CalculatorConfig]):
                     name=f"calc#{i}",
                     prompt=f"What is {expression}?",
                     system_prompt=SYSTEM_PROMPT,
+                    expression=expression,
                     answer=evaluate(expression),
                 ),
                 self.config.task,
             )
+
+
+def demonstration(task: CalculatorTask) -> list[str]:
+    """A scripted player's model turns (echo2's warm start, not verifiers API): call the
+    tool on the expression, then answer with its value."""
+    call = json.dumps({"name": "calculate", "arguments": {"expression": task.data.expression}})
+    return [f"<tool_call>\n{call}\n</tool_call>", str(task.data.answer)]
 
 
 __all__ = ["CalculatorTaskset"]

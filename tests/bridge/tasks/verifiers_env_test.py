@@ -28,7 +28,6 @@ from bridge.control.protocol import (
 )
 from bridge.model import qwen3_tokenizer, tiny_model
 from bridge.tasks import Prompt, make_env, make_task
-from bridge.tasks.verifiers_chat import ChatFormat, parse_tool_calls
 
 pytest.importorskip("verifiers")
 CALC = "bridge.tasks.verifiers_envs.calculator"
@@ -67,20 +66,25 @@ def _call(expression: str) -> str:
     return f"<tool_call>\n{body}\n</tool_call>"
 
 
-def test_continuation_follows_the_sampled_turn_and_parses_calls():
-    chat = ChatFormat.qwen3(thinking=False)
-    obs = chat.continuation([{"role": "tool", "content": "42"}])
-    # Starts right after the model's <|im_end|>, ends at the next generation prompt.
-    assert obs == (
-        "\n<|im_start|>user\n<tool_response>\n42\n</tool_response><|im_end|>\n"
-        "<|im_start|>assistant\n<think>\n\n</think>\n\n"
-    )
-    text, calls, errors = parse_tool_calls("ok " + _call("2*3") + " <tool_call>{oops</tool_call>")
-    assert (text, [(c.name, c.arguments) for c in calls]) == ("ok", [("calculate", {"expression": "2*3"})])
-    assert len(errors) == 1 and "malformed" in errors[0]
-    assert parse_tool_calls("<tool_call>{}")[2] == [
-        "malformed tool call: <tool_call> without </tool_call>"
-    ]
+def test_a_turn_is_parsed_into_verifiers_messages_and_malformed_calls_are_observations():
+    env = make_env("verifiers", verifiers_env=CALC)
+    env.reset(3)
+    task = env._episode.task
+    obs, reward, done = env.step("<think>use the tool</think>" + _call(task.data.expression))
+    assert obs.startswith(f"\n<|im_start|>user\n<tool_response>\n{task.data.answer}\n")
+    obs, _, done = env.step('<tool_call>{"name": "calculate"</tool_call> <tool_call>{"x"')
+    assert not done and obs.count("error: malformed tool call") == 2
+    obs, reward, done = env.step(f"It is {task.data.answer}.")
+    assert (reward, done) == (1.0, True)
+    calls, results = [], []
+    for n in env._episode.trace.nodes:
+        m = n.message
+        if m.role == "assistant":
+            calls.append((m.reasoning_content, m.content, [c.name for c in m.tool_calls or []]))
+        if m.role == "tool":
+            results.append(m.content)
+    assert calls == [("use the tool", "", ["calculate"]), (None, "", []), (None, f"It is {task.data.answer}.", [])]
+    assert results[0] == str(task.data.answer) and len(results) == 3
 
 
 def test_tool_episode_through_the_controller_scored_by_the_rubric_on_the_trusted_side(
@@ -100,7 +104,7 @@ def test_tool_episode_through_the_controller_scored_by_the_rubric_on_the_trusted
     env = make_env("verifiers", verifiers_env=CALC)
     env.reset(seed)
     answer = env._episode.task.data.answer
-    expression = env._episode.task.data.prompt.removeprefix("What is ").rstrip("?")
+    expression = env._episode.task.data.expression
 
     plays = {  # sample index -> model turns (text, each closed by the sampled <|im_end|>)
         0: [_call(expression), f"The answer is {answer}"],  # right: reward 1
