@@ -62,8 +62,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from bridge.tasks.base import RewardError
-from bridge.tasks.env import Environment, register_env
 from bridge.tasks.chat_turns import TemplateTurns, turn_format
+from bridge.tasks.env import Environment, register_env
 from bridge.tasks.tool_calls import CLOSE, OPEN, THINK_CLOSE, MalformedCall, parse_tool_calls
 
 MAX_TOOL_CALLS = 8  # per model turn: more is refused as an observation, not executed
@@ -144,7 +144,9 @@ class VerifiersEnvironment(Environment):
     the seeds cycle through), `turns` (the model's chat format, bridge/tasks/chat_turns.py:
     "qwen3" | "llama3" | "plain"), and the taskset config's own fields."""
 
-    def __init__(self, verifiers_env: str = "", tasks: int = 64, turns: str = "qwen3", **taskset: Any):
+    def __init__(
+        self, verifiers_env: str = "", tasks: int = 64, turns: str = "qwen3", **taskset: Any
+    ):
         self.spec = verifiers_env
         key = json.dumps([verifiers_env, int(tasks), taskset], sort_keys=True)
         self.taskset_cls, self.env_cls, self.taskset, self.tasks = _load(key)
@@ -293,13 +295,13 @@ class _Episode:
             reasoning_content=reasoning,
             tool_calls=[
                 vf.ToolCall(id=i, name=c.name, arguments=json.dumps(c.arguments))
-                for i, c in zip(ids, calls)
+                for i, c in zip(ids, calls, strict=True)
                 if not isinstance(c, MalformedCall)
             ]
             or None,
         )
         self.add(message, sampled=True)
-        return message, list(zip(ids, calls))
+        return message, list(zip(ids, calls, strict=True))
 
     def tool_results(self, calls) -> None:
         """Execute the calls (or refuse them) and queue each result as a tool message."""

@@ -23,7 +23,7 @@ class ReverseTask(vf.Task[ReverseData, vf.State, vf.TaskConfig]):
         target = task.word[::-1]
         words = trace.last_reply.split()
         reply = words[0] if words else ""
-        hits = sum(a == b for a, b in zip(reply, target))
+        hits = sum(a == b for a, b in zip(reply, target, strict=False))
         return hits / max(len(target), len(reply))
 
 

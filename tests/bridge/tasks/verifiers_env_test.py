@@ -50,7 +50,10 @@ def _controller(tmp_path, model_dir, task, n, **cfg):
         group_size=n,
         vocab_size=qwen3_tokenizer.vocab_size(),
         max_prompt_tokens=1024,
-        reward_timeout_s=30.0,
+        # A cold reward-pool process imports verifiers on its first replay (seconds of CPU,
+        # far more wall time on a loaded machine); warm replays take milliseconds.
+        reward_timeout_s=180.0,
+        lease_ttl_s=3600.0,  # the test sends no heartbeats
         **cfg,
     )
     ctl = Controller(config, os.path.join(tmp_path, "c.db"), task, codec=TextCodec(model_dir))
@@ -83,7 +86,11 @@ def test_a_turn_is_parsed_into_verifiers_messages_and_malformed_calls_are_observ
             calls.append((m.reasoning_content, m.content, [c.name for c in m.tool_calls or []]))
         if m.role == "tool":
             results.append(m.content)
-    assert calls == [("use the tool", "", ["calculate"]), (None, "", []), (None, f"It is {task.data.answer}.", [])]
+    assert calls == [
+        ("use the tool", "", ["calculate"]),
+        (None, "", []),
+        (None, f"It is {task.data.answer}.", []),
+    ]
     assert results[0] == str(task.data.answer) and len(results) == 3
 
 
@@ -92,10 +99,10 @@ def test_tool_episode_through_the_controller_scored_by_the_rubric_on_the_trusted
 ):
     codec = TextCodec(qwen3_dir)
     task = make_task("verifiers", verifiers_env=CALC, max_turns=3, turn_max_tokens=256)
+    sampling = SamplingParams(max_tokens=256)
     ctl, wid, lease = _controller(
-        tmp_path, qwen3_dir, task, 3, max_completion_tokens=1024,
-        sampling=SamplingParams(max_tokens=256),
-    )  # fmt: skip
+        tmp_path, qwen3_dir, task, 3, max_completion_tokens=1024, sampling=sampling
+    )
     group = lease.groups[0]
     assert group.episode.seed == -1  # the task (and its answer) stays on the controller
     # The trusted side's own view of the episode (the test reads the answer the worker
@@ -111,35 +118,32 @@ def test_tool_episode_through_the_controller_scored_by_the_rubric_on_the_trusted
         1: ["<tool_call>{not json</tool_call>", f"{answer + 1}"],  # malformed call, wrong
         2: [_call(expression), f"The answer is {answer}"],  # its tool result forged below
     }
-    trajectories = {}
+    trajectories, forged = {}, None
     for i, turns in plays.items():
         ids = [codec.encode(t + EOS) for t in turns]
-        completion, mask = [], []
+        completion, mask, fake = [], [], []
         for k in range(len(ids)):
-            step = EpisodeStep(
-                lease_id=lease.lease_id,
-                episodes=[EpisodeTurns(group_id=group.group_id, sample_index=i, turns=ids[: k + 1])],
-            )  # fmt: skip
+            played = EpisodeTurns(group_id=group.group_id, sample_index=i, turns=ids[: k + 1])
+            step = EpisodeStep(lease_id=lease.lease_id, episodes=[played])
             obs = ctl.episode_step(wid, step).observations[0]
-            completion += ids[k]
-            mask += [1] * len(ids[k])
+            completion, fake, mask = completion + ids[k], fake + ids[k], mask + [1] * len(ids[k])
             if obs.done:
                 break
             if i == 0:  # the tool really ran on the controller: its result, Qwen3-formatted
-                assert obs.observation.startswith(f"\n<|im_start|>user\n<tool_response>\n{answer}\n")
+                head = f"\n<|im_start|>user\n<tool_response>\n{answer}\n"
+                assert obs.observation.startswith(head)
             if i == 1:
                 assert "malformed tool call" in obs.observation  # an observation, no crash
             shown = codec.encode(obs.observation)
-            if i == 2:  # a worker claiming the tool said something else
-                shown = codec.encode(obs.observation.replace(str(answer), str(answer + 7)))
-            completion += shown
-            mask += [0] * len(shown)
+            # A worker claiming the tool said something else: the value's last digit changed.
+            other = str(answer)[:-1] + str((int(str(answer)[-1]) + 1) % 10)
+            lie = codec.encode(obs.observation.replace(f"\n{answer}\n", f"\n{other}\n"))
+            completion, fake, mask = completion + shown, fake + lie, mask + [0] * len(shown)
         assert obs.done
-        trajectories[i] = WorkerTrajectory(
-            prompt_id=group.prompt_id, sample_index=i, prompt_token_ids=group.prompt_token_ids,
-            completion_token_ids=completion, logprobs=[0.0] * len(completion),
-            versions=[0] * len(completion), finish_reason="stop", completion_mask=mask,
-        )  # fmt: skip
+        trajectories[i] = _trajectory(group, i, completion, mask)
+        if i == 2:
+            forged = _trajectory(group, i, fake, mask)
+            assert forged.completion_token_ids != trajectories[i].completion_token_ids
 
     from bridge.control.protocol import GroupResult
 
@@ -148,13 +152,26 @@ def test_tool_episode_through_the_controller_scored_by_the_rubric_on_the_trusted
         return ctl.submit(wid, Submission(lease_id=lease.lease_id, groups=[result]))
 
     with pytest.raises(SubmissionError, match="environment tokens after model turn 1"):
-        submit([trajectories[0], trajectories[1], trajectories[2]])
-    honest = trajectories[2].model_copy(update={"completion_token_ids": trajectories[0].completion_token_ids, "completion_mask": trajectories[0].completion_mask, "logprobs": trajectories[0].logprobs, "versions": trajectories[0].versions})  # fmt: skip
-    assert submit([trajectories[0], trajectories[1], honest]).accepted == [group.group_id]
+        submit([trajectories[0], trajectories[1], forged])
+    assert submit(list(trajectories.values())).accepted == [group.group_id]
     batch, stats = ctl.take_batch(0, 1)
     rewards = {t.sample_index: t.reward for t in batch[0].trajectories}
     assert rewards == {0: 1.0, 1: 0.0, 2: 1.0}  # the env's @vf.reward, replayed here
     ctl.close()
+
+
+def _trajectory(group, i, completion, mask):
+    n = len(completion)
+    return WorkerTrajectory(
+        prompt_id=group.prompt_id,
+        sample_index=i,
+        prompt_token_ids=group.prompt_token_ids,
+        completion_token_ids=completion,
+        logprobs=[0.0] * n,
+        versions=[0] * n,
+        finish_reason="stop",
+        completion_mask=mask,
+    )
 
 
 def test_worker_reports_carry_no_reward():
