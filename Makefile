@@ -19,7 +19,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(VENV)/bin/python || $(PY) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e ".[learner,worker-cpu,test,tasks,observe,lora,docs]"
+	$(VENV)/bin/pip install --quiet -e ".[learner,worker-cpu,test,tasks,envs,observe,lora,docs]"
 	# skypilot pins uvicorn<0.36 and click<8.2, older than the controller's: it goes in
 	# without its pins, with the rest of what its SDK and catalog import (BUILD_NOTES.md).
 	$(VENV)/bin/pip install --quiet --no-deps "skypilot==0.14.1"

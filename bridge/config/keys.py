@@ -429,6 +429,14 @@ TASK = (
         ("task",),
         optional=True,
     ),
+    Key(
+        "task.verifiers_env",
+        "",
+        "task.name=verifiers: the verifiers (v1) environment module to run, exporting its "
+        "Taskset (and Env) via __all__ (bridge/tasks/verifiers_env.py).",
+        ("task",),
+        optional=True,
+    ),
 )
 
 _CKPT = ("CheckpointConfig",)

@@ -25,6 +25,7 @@ from bridge.tasks import (  # noqa: F401  (registers the plugins)
     kuhn_poker,
     reasoning_gym,
     tool_arith,
+    verifiers_env,
 )
 from bridge.tasks.arithmetic import Arithmetic, leading_int
 from bridge.tasks.base import Prompt, RewardError, Task, score, score_detailed
