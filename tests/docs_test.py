@@ -33,7 +33,6 @@ staleness_max controller.trusted_proxies""".split()
 # until a config or the learner reads them. Drop a name here once it lands.
 PENDING_CONFIG_KEYS = {
     "model.moe.routing_replay",
-    "rollout.partial",
 }
 METRICS = """step policy_version reward/mean staleness/mean staleness/max staleness/dropped
 mismatch/kl learner/utilization time/step_s time/wait_s bridge/publish_s fleet/active_workers
