@@ -15,12 +15,14 @@ except one fetching P in the background (peer broadcast, `fetching_version`) or 
 load it (`unloadable_version`), which works one version behind: the broadcast overlaps
 generation instead of idling the worker (the planner's "held" admission). A worker whose
 last lease came back stale and whose measured lease latency exceeds the time left before
-new work would go stale gets no work either ("too_slow", lease_timing.py). Then at most
+new work would go stale gets no work either ("too_slow", lease_timing.py), except with partial
+rollouts (`partial="continue"`: its lease is continued under the newer versions). Then at most
 `max_leases_per_worker` active leases ("lease_limit") and the worker's concurrency as
 measured (its declared one only an upper bound; lease_caps.py). Heartbeats renew leases
 up to an absolute age cap from the measured latency (`renew`, lease_caps.py). Drops stay
 possible (a worker slowing down mid-lease, restarts) and are counted, never fed to the
-learner.
+learner. A group dropped as stale is not leased back to the worker that returned it late while
+another worker asks for work (`_groups_for`).
 """
 
 from __future__ import annotations
