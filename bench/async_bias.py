@@ -70,9 +70,7 @@ def continued_groups(db_path: str) -> tuple[int, int]:
         payloads = [r[0] for r in conn.execute("SELECT payload FROM groups WHERE state='consumed'")]
     finally:
         conn.close()
-    mixed = sum(
-        len({v for t in json.loads(p) for v in t["versions"]}) > 1 for p in payloads if p
-    )
+    mixed = sum(len({v for t in json.loads(p) for v in t["versions"]}) > 1 for p in payloads if p)
     return mixed, len(payloads)
 
 
@@ -91,8 +89,8 @@ def run_bias(a, on_cell) -> list[dict]:
             wd = os.path.join(root, partial)
             sweep_cells.copy_warm_start(base, wd)
             knobs = SimpleNamespace(steps=a.bias_steps, refuse_too_slow=False, seed=a.seed)
-            overrides = [*pinned, *pool.overrides(), *a.set,
-                         *staleness_bias.cell_overrides(knobs, s), f"rollout.partial={partial}"]  # fmt: skip
+            run = staleness_bias.cell_overrides(knobs, s)
+            overrides = [*pinned, *pool.overrides(), *a.set, *run, f"rollout.partial={partial}"]
             secs = sweep_cells.run_cell(sweep_cells.load(config_file, overrides), wd, pool)
             cell = staleness_bias.cell_of(wd, task, s, secs)
             cell["partial"] = partial

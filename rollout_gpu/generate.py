@@ -39,8 +39,8 @@ never sends the reference answers out (bridge/control/intake/rewards.py).
 
 from __future__ import annotations
 
-import math
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 
 from bridge.contracts.prompt import PromptFormat, format_prompt_ids
