@@ -140,6 +140,19 @@ def staleness_bounds(config) -> tuple[int, int, bool]:
     return s, s, False
 
 
+def partial_mode(config) -> str:
+    """`rollout.partial`: "off" or "continue" (bridge/contracts/staleness.py)."""
+    mode = str(config.rollout.get("partial", "off"))
+    if mode not in staleness_rule.PARTIAL_MODES:
+        raise ValueError(f"rollout.partial={mode!r}; one of {staleness_rule.PARTIAL_MODES}")
+    return mode
+
+
+def versions_kept(config) -> int:
+    """How many newest versions the weight store keeps (bridge/contracts/staleness.py)."""
+    return staleness_rule.versions_kept(staleness_bounds(config)[1], partial_mode(config))
+
+
 def check_rl_schedule(config) -> None:
     """The staleness / publish_every schedule rule (bridge/contracts/staleness.py); with
     `staleness="auto"` S_min must meet it (S never goes below)."""
@@ -233,6 +246,7 @@ def validate(config) -> None:
     sharding_rules(config)
     check_lora(config)  # learner.lora.*
     check_rl_schedule(config)
+    partial_mode(config)
     truncation.check_rollout(config.rollout)
     check_loss(config)
     prompt_format(config)
@@ -355,6 +369,7 @@ def controller_config(config, vocab_size: int, eos_id: int, model_cfg=None):
         staleness_auto=auto,
         staleness_min=s_min,
         staleness_max=s_max,
+        partial=partial_mode(config),
         groups_per_step=b.groups_per_step,
         group_size=b.samples_per_group,
         vocab_size=vocab_size,

@@ -221,7 +221,7 @@ def run(config, workdir: str, items: Iterable[RLItem] | None = None, config_file
             weights.announcing_hash(ctl.publish),
             learner,
             every=config.publish_every,
-            keep=run_config.staleness_bounds(config)[1] + 2,
+            keep=run_config.versions_kept(config),
             # Across processes the publish's collectives must keep their place among the
             # train steps' (the followers replay them in order): publish synchronously.
             background=config.bridge.async_publish and leader is None,

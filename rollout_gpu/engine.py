@@ -57,9 +57,9 @@ class SampleRequest:
 class Completion:
     """One sample: its tokens (EOS/stop token included), the sampled token's log-prob at
     each position (None when the engine returned none for some token), and why it ended:
-    "stop" (EOS or a stop token), "length" (max_tokens), or anything else for a sample
-    that must not be trained on (e.g. "abort"). A MoE engine adds the experts each token
-    was routed to."""
+    "stop" (EOS or a stop token), "length" (max_tokens), "paused" (`should_pause`: to be
+    continued), or anything else for a sample that must not be trained on (e.g. "abort").
+    A MoE engine adds the experts each token was routed to."""
 
     index: int
     token_ids: list[int]
@@ -123,12 +123,16 @@ class RolloutEngine(abc.ABC):
         self,
         requests: Sequence[SampleRequest],
         should_abort: Callable[[], bool] = lambda: False,
+        should_pause: Callable[[], bool] = lambda: False,
     ) -> list[list[Completion]]:
         """Samples for every request, in request order (each list ordered by `index`).
 
         `should_abort()` is polled while generating; when it turns true every request is
-        aborted and GenerationAborted raised, leaving the engine idle. GenerationError if
-        the engine lost a request.
+        aborted and GenerationAborted raised, leaving the engine idle. `should_pause()` too;
+        when it turns true every unfinished request is stopped and returned as sampled so far
+        (finish_reason "paused", possibly no tokens), leaving the engine idle: a partial
+        rollout continues it after a weight swap (generate.py). GenerationError if the
+        engine lost a request.
         """
 
     @abc.abstractmethod

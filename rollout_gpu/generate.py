@@ -19,9 +19,16 @@ noise of bridge/contracts/gumbel.py keyed by (seed + sample index, position in t
 sequence) (rollout_gpu/verifiable_sampler.py), so the learner can check each token exactly;
 the log-probs above stay those of z.
 
-Versions: the engine only swaps weights between leases, so every token of a lease was
-sampled by the one version the engine served when it started; each completion token is
-tagged with it.
+Versions: each completion token is tagged with the version the engine served when it was
+sampled. Without partial rollouts the engine swaps weights only between leases, so every
+token of a lease carries the version it started under. With them (`Lease.partial ==
+"continue"`, `continue_groups`) the engine is paused as soon as a newer version is ready,
+the version swapped in, and every unfinished sample continued under it from its prompt and
+its tokens so far: one single-sample request keyed by the same seed (group seed + sample
+index), so the sampler's noise at each position is the one the uninterrupted sample would
+have drawn (it is keyed by the position in the whole sequence), and the tokens after the
+swap are tagged with the new version. Each token keeps the log-prob of the distribution it
+was drawn from, the one the learner's per-token correction and the exact check use.
 
 Routing: a MoE engine records the experts every forwarded token was routed to
 (rollout_gpu/routing_capture.py); each trajectory carries them (bridge/contracts/routing.py),
@@ -36,6 +43,7 @@ never sends the reference answers out (bridge/control/intake/rewards.py).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 
@@ -50,7 +58,14 @@ from rollout_gpu.engine import (
     SampleRequest,
 )
 
-__all__ = ["GenerationAborted", "GenerationError", "check_logprobs_mode", "generate_groups"]
+__all__ = [
+    "GenerationAborted",
+    "GenerationError",
+    "Swaps",
+    "check_logprobs_mode",
+    "continue_groups",
+    "generate_groups",
+]
 
 
 def check_logprobs_mode(engine: RolloutEngine) -> None:
@@ -98,10 +113,7 @@ def warm_up_request() -> SampleRequest:
     return SampleRequest(prompt_token_ids=[1, 2, 3], n=2, temperature=0.9, max_tokens=4)
 
 
-def _trajectory(group: PromptGroup, sample: Completion, version: int) -> WorkerTrajectory:
-    where = f"group {group.group_id} sample {sample.index}"
-    if sample.finish_reason not in ("stop", "length"):
-        raise GenerationError(f"{where}: finish_reason {sample.finish_reason!r}")
+def _checked_logprobs(sample: Completion, where: str) -> list[float]:
     tokens = list(sample.token_ids)
     if sample.logprobs is None or len(sample.logprobs) != len(tokens):
         raise GenerationError(f"{where}: engine returned no log-prob for some tokens")
@@ -109,12 +121,20 @@ def _trajectory(group: PromptGroup, sample: Completion, version: int) -> WorkerT
     bad = [x for x in logprobs if not (math.isfinite(x) and x <= 0.0)]
     if bad:
         raise GenerationError(f"{where}: engine log-prob {bad[0]} is not finite and <= 0")
+    return logprobs
+
+
+def _trajectory(group: PromptGroup, sample: Completion, version: int) -> WorkerTrajectory:
+    where = f"group {group.group_id} sample {sample.index}"
+    if sample.finish_reason not in ("stop", "length"):
+        raise GenerationError(f"{where}: finish_reason {sample.finish_reason!r}")
+    tokens = list(sample.token_ids)
     return WorkerTrajectory(
         prompt_id=group.prompt_id,
         sample_index=sample.index,
         prompt_token_ids=list(group.prompt_token_ids),
         completion_token_ids=tokens,
-        logprobs=logprobs,
+        logprobs=_checked_logprobs(sample, where),
         versions=[version] * len(tokens),
         finish_reason=sample.finish_reason,
         routed_experts=_routing(sample, len(group.prompt_token_ids), where),
@@ -135,6 +155,110 @@ def _routing(sample: Completion, prompt_len: int, where: str) -> RoutedExperts |
             f"needs {rows} complete ones"
         )
     return RoutedExperts(**routing.encode(ids))
+
+
+def _check_fits(engine: RolloutEngine, groups: Sequence[PromptGroup]) -> None:
+    max_len = engine.max_model_len
+    for g in groups:
+        ids = g.prompt_token_ids
+        if len(ids) + g.sampling.max_tokens > max_len:
+            raise GenerationError(
+                f"group {g.group_id}: prompt of {len(ids)} tokens + max_tokens "
+                f"{g.sampling.max_tokens} exceeds the engine's max_model_len {max_len}"
+            )
+
+
+@dataclasses.dataclass(frozen=True)
+class Swaps:
+    """How a partial rollout meets a newer version: `due()` (polled each engine step) says
+    one is ready to load; `swap()` loads it and returns the version the engine serves then
+    (the same one if the load was refused)."""
+
+    due: Callable[[], bool]
+    swap: Callable[[], int]
+
+
+def continuation_request(group: PromptGroup, index: int, tokens: Sequence[int]) -> SampleRequest:
+    """Sample `index` of `group` continued after its `tokens` so far: one sample keyed by
+    the sample's own seed, the rest of the token budget."""
+    s = group.sampling
+    return SampleRequest(
+        prompt_token_ids=[*group.prompt_token_ids, *tokens],
+        n=1,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        top_k=s.top_k,
+        min_p=s.min_p,
+        max_tokens=s.max_tokens - len(tokens),
+        stop_token_ids=list(s.stop_token_ids),
+        seed=s.seed + index if s.seed >= 0 else None,
+    )
+
+
+def continue_groups(
+    engine: RolloutEngine,
+    groups: Sequence[PromptGroup],
+    version: int,
+    swaps: Swaps,
+    should_abort: Callable[[], bool] = lambda: False,
+) -> list[GroupResult]:
+    """`generate_groups` with partial rollouts (single-turn groups): whenever `swaps.due()`
+    the engine pauses, `swaps.swap()` loads the newer version, and the unfinished samples go
+    on under it (module docstring). Each token is tagged with the version that sampled it:
+    `version` until the first swap."""
+    if any(g.episode is not None for g in groups):
+        raise GenerationError("partial rollouts continue single-turn groups only")
+    if getattr(engine, "records_routing", False):
+        # A continued sample's routing would be split across versions' forwards; replay
+        # needs one complete record per position, so the two are not combined.
+        raise GenerationError("partial rollouts do not carry a MoE engine's routing")
+    _check_fits(engine, groups)
+    keys = [(gi, i) for gi, g in enumerate(groups) for i in range(g.n)]
+    sampled: dict = {k: ([], [], []) for k in keys}  # tokens, log-probs, versions
+    finished: dict = {}
+    served, pausing = version, swaps.due
+    while len(finished) < len(keys):
+        todo = [k for k in keys if k not in finished]
+        requests = [continuation_request(groups[gi], i, sampled[gi, i][0]) for gi, i in todo]
+        outs = engine.generate(requests, should_abort, pausing)
+        if len(outs) != len(todo):
+            raise GenerationError(f"engine answered {len(outs)} of {len(todo)} requests")
+        for (gi, i), samples in zip(todo, outs, strict=True):
+            where = f"group {groups[gi].group_id} sample {i}"
+            if len(samples) != 1:
+                raise GenerationError(f"{where}: {len(samples)} samples for one request")
+            (c,) = samples
+            tokens, logprobs, versions = sampled[gi, i]
+            logprobs += _checked_logprobs(c, where)
+            tokens += c.token_ids
+            versions += [served] * len(c.token_ids)
+            if c.finish_reason in ("stop", "length"):
+                finished[gi, i] = c.finish_reason
+            elif c.finish_reason != "paused":
+                raise GenerationError(f"{where}: finish_reason {c.finish_reason!r}")
+            elif len(tokens) >= groups[gi].sampling.max_tokens:
+                finished[gi, i] = "length"
+        if len(finished) < len(keys):
+            now = swaps.swap()
+            # A refused load leaves the engine on `served`: go on without pausing again.
+            pausing = swaps.due if now != served else (lambda: False)
+            served = now
+    results = []
+    for gi, g in enumerate(groups):
+        trajs = []
+        for i in range(g.n):
+            tokens, logprobs, versions = sampled[gi, i]
+            trajs.append(WorkerTrajectory(
+                prompt_id=g.prompt_id,
+                sample_index=i,
+                prompt_token_ids=list(g.prompt_token_ids),
+                completion_token_ids=list(tokens),
+                logprobs=logprobs,
+                versions=versions,
+                finish_reason=finished[gi, i],
+            ))  # fmt: skip
+        results.append(GroupResult(group_id=g.group_id, trajectories=trajs))
+    return results
 
 
 def generate_groups(
@@ -159,14 +283,7 @@ def generate_groups(
                 (r.group_id, r) for r in generate_groups(engine, single, version, should_abort)
             )
         return [done[g.group_id] for g in groups]
-    max_len = engine.max_model_len
-    for g in groups:
-        ids = g.prompt_token_ids
-        if len(ids) + g.sampling.max_tokens > max_len:
-            raise GenerationError(
-                f"group {g.group_id}: prompt of {len(ids)} tokens + max_tokens "
-                f"{g.sampling.max_tokens} exceeds the engine's max_model_len {max_len}"
-            )
+    _check_fits(engine, groups)
     requests = [sample_request(g, g.prompt_token_ids) for g in groups]
     outs = engine.generate(requests, should_abort)
     if len(outs) != len(groups):

@@ -23,8 +23,9 @@ The newest announced version, seen from the worker (`WeightVersions.state()`):
 Transitions: `hear` / `note` (a controller reply's route and announcement: NONE or LOADED
 -> FETCHING or SWAP_READY), `behind` (a lease refused as behind although the request
 claimed the fetch: FETCHING -> SWAP_READY), `ensure` (SWAP_READY -> LOADED or REFUSED;
-the backoff's end: REFUSED -> SWAP_READY). Workers swap only between leases, so all tokens
-of a lease carry the version that generated them.
+the backoff's end: REFUSED -> SWAP_READY). Workers swap between leases, so all tokens
+of a lease carry the version that generated them; with partial rollouts also mid-lease
+(rollout_gpu/worker.py), each token tagged with its own version.
 
 Whatever store the version is read from (the announced one, or the relay's copy), its
 manifest must have the SHA-256 the announcement names (`AnnouncedStore`), else the load is

@@ -181,6 +181,7 @@ class VllmEngine(RolloutEngine):
         self,
         requests: Sequence[SampleRequest],
         should_abort: Callable[[], bool] = lambda: False,
+        should_pause: Callable[[], bool] = lambda: False,
     ) -> list[list[Completion]]:
         lora = self.lora_request
         # One engine request per (request, first sample index, params): a seeded request is
@@ -197,13 +198,26 @@ class VllmEngine(RolloutEngine):
         self._inflight = list(ids)
         engine, done = self.llm.llm_engine, []
         internal = self._internal_ids(ids, fanned) if self.records_routing else {}
-        # `LLM.generate`, except that `should_abort()` is polled each engine step.
+        # `LLM.generate`, except that `should_abort()` and `should_pause()` are polled each
+        # engine step.
         while engine.has_unfinished_requests():
             if should_abort():
                 engine.abort_request(list(ids), internal=True)
                 while engine.has_unfinished_requests():
                     engine.step()
                 raise GenerationAborted(f"aborted {len(ids)} requests")
+            if should_pause():
+                finished = {_counter(o.request_id) for o in done}
+                running = [i for i in ids if _counter(i) not in finished]
+                # The offline engine reports a request only when it finishes: its sample so
+                # far is read from the output processor's state before the abort drops it.
+                states = engine.output_processor.request_states
+                paused = [_paused(states.get(i), i, lora) for i in running]
+                engine.abort_request(running, internal=True)
+                while engine.has_unfinished_requests():
+                    engine.step()
+                done += paused
+                break
             done.extend(o for o in engine.step() if o.finished)
         self._inflight = []
         if len(done) != len(ids):
@@ -212,7 +226,7 @@ class VllmEngine(RolloutEngine):
         if served != {getattr(lora, "lora_name", None)}:  # the version tag must be true
             raise GenerationError(f"asked for adapter {lora}, the engine served {served}")
         # Request ids are increasing counters; this is the order they were enqueued in.
-        done.sort(key=lambda o: int(o.request_id))
+        done.sort(key=lambda o: _counter(o.request_id))
         results: list[list[Completion]] = [[] for _ in requests]
         for out, (i, first, _) in zip(done, fanned, strict=True):
             results[i] += [_completion(o, first) for o in out.outputs]
@@ -351,6 +365,34 @@ def _params(r: SampleRequest) -> list[tuple[int, Any]]:
     if r.seed is None:
         return [(0, params(r.n, None))]
     return [(i, params(1, r.seed + i)) for i in range(r.n)]
+
+
+def _counter(request_id: str) -> int:
+    """The request's place in enqueue order: outputs carry the counter ("7"), `enqueue`
+    returns the engine's internal id, the counter with a suffix ("7-1f2e3d4c")."""
+    return int(str(request_id).split("-", 1)[0])
+
+
+class _Paused:
+    """A request stopped by `should_pause`, shaped like the RequestOutput `generate` reads:
+    one sample (a continuation's request has one, generate.py), its tokens and log-probs so
+    far (none if it was not scheduled yet), finish_reason "paused"."""
+
+    def __init__(self, request_id: str, lora_request, token_ids, logprobs):
+        self.request_id, self.lora_request = request_id, lora_request
+        self.index, self.token_ids, self.logprobs = 0, token_ids, logprobs
+        self.finish_reason = "paused"
+        self.outputs = [self]
+
+
+def _paused(state, request_id: str, lora) -> _Paused:
+    """The sample so far of a running request, from vLLM's output processor state (its
+    detokenizer's output ids, its log-probs processor's per-position entries)."""
+    if state is None or state.detokenizer is None:
+        return _Paused(request_id, lora, [], [])
+    tokens = list(state.detokenizer.output_token_ids)
+    logprobs = state.logprobs_processor.logprobs if state.logprobs_processor else None
+    return _Paused(request_id, lora, tokens, list(logprobs) if logprobs is not None else None)
 
 
 def _completion(sample, first: int = 0) -> Completion:

@@ -19,7 +19,10 @@ generate n samples per prompt from the leased prompt token ids with per-token lo
 (rollout_gpu/generate.py) -> submit; swap weights between leases when a response
 brings a newer version (after the loaded version's queued evaluation, `eval_pending`:
 bridge/control/evaluation/eval_leases.py), so all tokens of a lease carry the version that
-made them.
+made them. With partial rollouts (the lease says `partial="continue"`, `rollout.partial`) the
+worker also swaps mid-lease: before generating, and whenever a newer version is ready while
+it generates, continuing its unfinished samples under it (generate.py `continue_groups`);
+each token carries the version that sampled it.
 The worker is composed of three owners: `ControllerSession` (rollout_gpu/session.py:
 registration, retried calls, heartbeats, the stop state), `WeightVersions`
 (rollout_gpu/versions.py: loaded, fetching, swap-ready and refused versions) and the engine.
@@ -61,7 +64,7 @@ from rollout_gpu import adapter_swap, lifecycle
 from rollout_gpu import generate as gen
 from rollout_gpu.engine import RolloutEngine
 from rollout_gpu.session import ControllerSession, FatalError, Throughput, WorkerOptions
-from rollout_gpu.versions import WeightVersions
+from rollout_gpu.versions import VersionState, WeightVersions
 
 __all__ = ["FatalError", "RolloutWorker", "Throughput", "WorkerOptions"]
 
@@ -211,9 +214,17 @@ class RolloutWorker:
             observe = lambda eps: session.call(  # a multi-turn lease's observations
                 ControllerClient.episode, EpisodeStep(lease_id=lease.lease_id, episodes=eps)
             )
-            results = gen.generate_groups(
-                self.engine, lease.groups, self.version, self._abort, observe
-            )
+            if self._continues(lease):
+                if self._newer_ready():  # a lease that waited starts on the newest version
+                    self._swap_newer()
+                swaps = gen.Swaps(due=self._newer_ready, swap=self._swap_newer)
+                results = gen.continue_groups(
+                    self.engine, lease.groups, self.version, swaps, self._abort
+                )
+            else:
+                results = gen.generate_groups(
+                    self.engine, lease.groups, self.version, self._abort, observe
+                )
         except gen.GenerationAborted:
             return self.release(lease, "worker shutting down")
         except gen.GenerationError as e:
@@ -252,6 +263,23 @@ class RolloutWorker:
             len(resp.duplicates),
         )
         return True
+
+    @staticmethod
+    def _continues(lease: Lease) -> bool:
+        """Partial rollouts: the controller asks for them, and the lease is single-turn
+        (an episode's turns are played against the controller under one version)."""
+        return lease.partial == "continue" and all(g.episode is None for g in lease.groups)
+
+    def _newer_ready(self) -> bool:
+        """A newer version can be loaded now, and no queued evaluation holds this one."""
+        held = self._eval_hold is not None and self._eval_hold == self.version
+        return not held and self.versions.state() is VersionState.SWAP_READY
+
+    def _swap_newer(self) -> int:
+        """Load the newest announced version mid-lease; the version served after it (the
+        same one if the load was refused: `WeightVersions.ensure` logs why)."""
+        self.versions.ensure(self.engine)
+        return self.version
 
     def _abort(self) -> bool:
         """Stop generating: past the grace time, or the run is over (nobody wants it)."""

@@ -31,9 +31,7 @@ metrics.wandb.mode fleet.provisioner model.moe.routing_replay rollout.partial st
 staleness_max controller.trusted_proxies""".split()
 # Named by DESIGN.md's latest wave and not in the code yet: the reference cannot list them
 # until a config or the learner reads them. Drop a name here once it lands.
-PENDING_CONFIG_KEYS = {
-    "rollout.partial",
-}
+PENDING_CONFIG_KEYS: set[str] = set()
 METRICS = """step policy_version reward/mean staleness/mean staleness/max staleness/dropped
 mismatch/kl learner/utilization time/step_s time/wait_s bridge/publish_s fleet/active_workers
 fleet/rollouts_per_s cost/usd eval/accuracy broadcast/latency_s broadcast/store_bytes

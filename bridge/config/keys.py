@@ -490,6 +490,18 @@ ROLLOUT_EVAL = (
     ),
     Key("rollout.top_k", -1, "Top-k; -1 (or 0) = off.", L),
     Key("rollout.min_p", 0.0, "Min-p; 0 = off.", L),
+    Key(
+        "rollout.partial",
+        "off",
+        "Partial rollouts. off: a lease is generated under the version the worker held when "
+        "it started, and a group that comes back too stale is dropped. continue: a worker "
+        "that hears of a newer version mid-lease pauses, swaps it in and continues its "
+        "unfinished samples under it (each token tagged with the version that sampled it); "
+        "the controller then judges a group by its newest token and leases to slow workers "
+        "too (docs/design/staleness.md).",
+        L,
+        choices=("off", "continue"),
+    ),
     Key("rollout.eval_period", 10, "RL steps between held-out evaluations (0 = start and end).", L),
     Key("rollout.wait_timeout_s", 900.0, "No batch for this long = the fleet is broken: stop.", L),
     Key("eval.on", "learner", "learner | fleet.", L),

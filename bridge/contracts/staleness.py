@@ -35,6 +35,23 @@ of step v + S, the last one that can use version v, is taken about batches_left(
 after the previous batch, so a lease issued `since` seconds after that batch must come back
 within batches_left * T - since.
 
+Partial rollouts (`rollout.partial="continue"`). A worker that hears of a newer version
+mid-lease pauses, swaps it in and continues its unfinished samples under it, each token
+tagged with the version that sampled it, so a group's tokens span versions oldest..newest.
+Such a group is judged by
+
+    group_version = min(newest, oldest + S_max + 1)        (`group_version`)
+
+in place of its oldest token: the version that completed it, as long as no token is more
+than S_max + 1 versions older than that. So at step t every token of a consumed group is at
+most S + S_max + 1 <= 2 S_max + 1 versions old, and the store keeps 2 S_max + 3 versions
+(`versions_kept`), so the audit and the exact check can still read every version a token
+names. Why the newest token: the worker ran each of its samples on the newest version it had
+at every moment, so a late group is late because it is long, not because it was generated
+on old weights; dropping it is what starved long answers. The older tokens stay off-policy,
+and the loss corrects each by its own behaviour log-prob (per-token importance weights);
+the cap keeps that correction's lag bounded. docs/design/staleness.md has the numbers.
+
 Schedule. Only multiples of publish_every (kappa) are published, so step t can count on no
 version newer than t - (kappa - 1): with S < kappa - 1 (`min_staleness`) some step never
 gets a fresh batch and the learner waits forever.
@@ -108,6 +125,28 @@ def lease_window_s(
     """Seconds a lease at `version`, issued `since_batch_s` after the last batch, may take
     and still be consumed fresh, the learner taking one batch per `step_period_s`."""
     return batches_left(version, next_step, staleness) * step_period_s - since_batch_s
+
+
+PARTIAL_MODES = ("off", "continue")
+
+
+def group_version(oldest: int, newest: int, partial: str, staleness_max: int) -> int:
+    """The version the bound judges a group by (module docstring, "Partial rollouts"):
+    its oldest token's (`partial` "off"), or its newest token's while no token is more than
+    `staleness_max` + 1 versions older ("continue")."""
+    if partial == "off":
+        return oldest
+    if partial == "continue":
+        return min(newest, oldest + staleness_max + 1)
+    raise ValueError(f"rollout.partial={partial!r}; one of {PARTIAL_MODES}")
+
+
+def versions_kept(staleness_max: int, partial: str) -> int:
+    """How many newest versions the weight store keeps: every version a token of a group
+    that is still fresh may name, and one more (the version being published), so the audit
+    and the exact check can read each."""
+    extra = staleness_max + 1 if partial == "continue" else 0
+    return staleness_max + 2 + extra
 
 
 def min_staleness(publish_every: int) -> int:

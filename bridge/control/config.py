@@ -25,6 +25,9 @@ class ControllerConfig:
     staleness_auto: bool = False
     staleness_min: int = 0
     staleness_max: int = 0
+    # `rollout.partial`: "continue" = workers continue unfinished samples under each newer
+    # version; a group is then judged by its newest token (bridge/contracts/staleness.py).
+    partial: str = "off"
     groups_per_step: int = 8  # prompt groups the learner consumes per step
     group_size: int = 4  # samples per prompt (GRPO n)
     sampling: SamplingParams = dataclasses.field(default_factory=SamplingParams)

@@ -16,8 +16,10 @@ Bounded staleness S (the rule: bridge/contracts/staleness.py): learner step t ma
 trajectory only while its oldest token's version is fresh. Before each batch, buffered groups that
 already break this are dropped (counted in `staleness/dropped`, cumulative over the run)
 and their prompts requeued; a group is judged by its stalest trajectory, since GRPO needs
-it whole. Batches take the oldest version first (the earliest deadline: a group of version
-v expires after step v + S), then the earliest arrival: a slow worker's group that arrives
+it whole (with partial rollouts by its newest token within a cap: the version intake.py
+buffers as its `min_version`, bridge/contracts/staleness.py `group_version`). Batches take
+the oldest version first (the earliest deadline: a group of version v expires after step
+v + S), then the earliest arrival: a slow worker's group that arrives
 behind fresher ones is used while it still can be, instead of being overtaken until stale.
 
 Durability: `export_cursor` goes into the learner's orbax checkpoint; `restore_cursor`

@@ -270,6 +270,11 @@ class Lease(_Model):
     lease_id: str
     expires_at: float = Field(description="controller clock; heartbeats renew it")
     groups: list[PromptGroup]
+    partial: Literal["off", "continue"] = Field(
+        "off",
+        description="continue: on news of a newer version mid-lease, swap it in and continue "
+        "the unfinished samples under it, tagging each token with its version",
+    )
 
 
 class LeaseResponse(_Route):

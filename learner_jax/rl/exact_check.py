@@ -106,7 +106,7 @@ class ExactChecker:
             truncation=truncation_lib.from_rollout(config.rollout),
             margin=controller_cfg.exact_margin,
             margin_rel=controller_cfg.exact_margin_rel,
-            keep_versions=run_config.staleness_bounds(config)[1] + 2,
+            keep_versions=run_config.versions_kept(config),
             chunk=int(config.model.get("logprob_chunk", 0)) or 256,
             options=run_config.model_options(config),
         )

@@ -6,7 +6,7 @@ leased; `read_cell` must sort each into its fate with the right lengths and rewa
 import json
 
 import pytest
-from controller_helpers import make, result
+from controller_helpers import Clock, make, result
 
 from bench import staleness_bias
 from bridge.control.protocol import LeaseRequest, Submission, WorkerProfile
@@ -25,7 +25,8 @@ def submit(ctl, wid, lease, length, version):
 
 
 def test_read_cell_sorts_groups_by_fate(tmp_path):
-    ctl = make(tmp_path, staleness=0, groups_per_step=1, max_groups_per_lease=1)
+    clock = Clock()
+    ctl = make(tmp_path, clock, staleness=0, groups_per_step=1, max_groups_per_lease=1)
     slow, fast = named_worker(ctl, "pool-b-1"), named_worker(ctl, "pool-a-0")
     for step in (0, 1):  # the fast worker's short groups are consumed
         ctl.publish(step)
@@ -33,12 +34,15 @@ def test_read_cell_sorts_groups_by_fate(tmp_path):
         submit(ctl, fast, lease, length=2, version=step)
         assert ctl.take_batch(step, 1)[0] is not None
     ctl.publish(2)
+    # The fast worker stops asking for work: the slow one, alone now, gets a group it
+    # dropped back (with another worker asking, that one would take it: leasing.py).
+    clock.t += 11.0  # > lease_ttl_s
     late = ctl.lease(slow, LeaseRequest(worker_version=2, max_groups=1)).lease
     for step in (3, 4):  # the slow worker's long group comes back stale, twice
         ctl.publish(step)
         submit(ctl, slow, late, length=4, version=step - 1)
         assert ctl.take_batch(step, 1)[0] is None and ctl.stats()["staleness/dropped"] == step - 2
-        if step == 3:  # requeued to the front: the slow worker leases the same prompt again
+        if step == 3:  # requeued to the front: the slow worker, alone, leases it again
             again = ctl.lease(slow, LeaseRequest(worker_version=3, max_groups=1)).lease
             assert again.groups[0].prompt_id == late.groups[0].prompt_id
             late = again

@@ -59,6 +59,17 @@ def check_played(states: dict, group: GroupResult) -> None:
             )
 
 
+def judged_version(trajectories, config: ControllerConfig) -> int:
+    """The version the staleness bound judges a group by: its oldest token's, or with
+    partial rollouts the newest token's within a cap (bridge/contracts/staleness.py
+    `group_version`). Buffered as the group's `min_version`, the column the drop rule and
+    the batch order read."""
+    oldest = min(t.min_version for t in trajectories)
+    newest = max(max(t.versions) for t in trajectories)
+    s_max = max(config.staleness, config.staleness_max)
+    return staleness_rule.group_version(oldest, newest, config.partial, s_max)
+
+
 @dataclasses.dataclass(frozen=True)
 class LeaseDone:
     """Every group of a lease is in: its issue time, whether any came back too stale to be
@@ -151,7 +162,7 @@ class Intake:
                 )
         for gid, trajs, _ in fresh:
             payload = _TRAJECTORIES.dump_json(trajs).decode()  # Rust: ~10x model_dump+json
-            db.buffer_group(gid, payload, min(t.min_version for t in trajs), now)
+            db.buffer_group(gid, payload, judged_version(trajs, c), now)
         if fresh:
             db.incr("groups/accepted", len(fresh))
             db.incr("trajectories/accepted", c.group_size * len(fresh))
@@ -170,7 +181,7 @@ class Intake:
             db.set_lease_state(sub.lease_id, "done")
             step = db.get("next_step", 0)
             late = not all(
-                staleness_rule.is_fresh(min(t.min_version for t in ts), step, c.staleness)
+                staleness_rule.is_fresh(judged_version(ts, c), step, c.staleness)
                 for _, ts, _ in fresh
             )
             # Every group of the lease is in now: its rollouts over its issue -> done time.

@@ -15,12 +15,14 @@ except one fetching P in the background (peer broadcast, `fetching_version`) or 
 load it (`unloadable_version`), which works one version behind: the broadcast overlaps
 generation instead of idling the worker (the planner's "held" admission). A worker whose
 last lease came back stale and whose measured lease latency exceeds the time left before
-new work would go stale gets no work either ("too_slow", lease_timing.py). Then at most
+new work would go stale gets no work either ("too_slow", lease_timing.py), except with partial
+rollouts (`partial="continue"`: its lease is continued under the newer versions). Then at most
 `max_leases_per_worker` active leases ("lease_limit") and the worker's concurrency as
 measured (its declared one only an upper bound; lease_caps.py). Heartbeats renew leases
 up to an absolute age cap from the measured latency (`renew`, lease_caps.py). Drops stay
 possible (a worker slowing down mid-lease, restarts) and are counted, never fed to the
-learner.
+learner. A group dropped as stale is not leased back to the worker that returned it late while
+another worker asks for work (`_groups_for`).
 """
 
 from __future__ import annotations
@@ -66,6 +68,9 @@ class Leasing:
         self.held_back = held_back
         self.timing, self.prompts, self.content_of = timing, prompts, content
         self.pacing = RefusalPacing(config)  # when a worker refused as "full" asks again
+        # (worker_id, when) of the last worker that asked for work, and of the last other
+        # one before it: whether someone else is around to take a group (`_groups_for`).
+        self._last_asker = self._other_asker = ("", float("-inf"))
 
     def capacity(self, version: int, newest: int) -> int:
         """How many groups may be leased + buffered now for a lease generated at `version`
@@ -103,6 +108,9 @@ class Leasing:
         """(grant, "", 0) or (None, reason, retry_after_s) for a worker's lease request. The
         grant is written; its content (`content`) is built by the caller after the lock."""
         c, now = self.config, self.clock()
+        if self._last_asker[0] != worker_id:
+            self._other_asker = self._last_asker
+        self._last_asker = (worker_id, now)
         if self.behind(worker_id, req, newest):
             return None, "behind", 0.0
         # Its active leases from memory (db_leases.py keeps every one), not the table.
@@ -126,13 +134,16 @@ class Leasing:
         k = min(req.max_groups, c.max_groups_per_lease, room, worker_room)
         if k <= 0:  # this worker holds all it may: room opens when it submits
             return None, "full", c.retry_after_s
-        if not self.timing.admit(worker_id, version, step, now, profile.price_per_hour):
+        # With partial rollouts a slow worker's lease is continued under each newer version
+        # instead of coming back too stale: its capacity is used, not refused.
+        if c.partial != "continue" and not self.timing.admit(
+            worker_id, version, step, now, profile.price_per_hour
+        ):
             self.held_back(worker_id, now)
             # 2000 refused workers asking every retry_after_s were 290 leases/s of load.
             return None, "too_slow", max(c.retry_after_s, self.timing.until_next_batch_s(now))
         self.pacing.admitted(worker_id)
-        self._refill(k)
-        rows = self.db.groups_in("queued", k)
+        rows = self._groups_for(worker_id, k, now)
         lease_id, expires = uuid.uuid4().hex, now + c.lease_ttl_s
         self.db.add_lease(lease_id, worker_id, now, expires)
         # No token of this lease may carry an older version (validation.py): a worker's
@@ -148,7 +159,12 @@ class Leasing:
         the config, so it runs outside the controller's lock (it was ~15% of a grant's
         time under it)."""
         groups = [self.content_of.group(r, grant.lease_id) for r in grant.rows]
-        return Lease(lease_id=grant.lease_id, expires_at=grant.expires_at, groups=groups)
+        return Lease(
+            lease_id=grant.lease_id,
+            expires_at=grant.expires_at,
+            groups=groups,
+            partial=self.config.partial,
+        )
 
     def renew(self, worker_id: str, now: float) -> list[str]:
         """A heartbeat: renew `worker_id`'s active leases by `lease_ttl_s`, except those past
@@ -158,6 +174,23 @@ class Leasing:
         c, lat = self.config, self.timing.latency.get(worker_id)
         cap = lease_caps.max_lease_age_s(lat.seconds if lat is not None else None, c.lease_ttl_s)
         return self.db.deadlines.renew(worker_id, now, now + c.lease_ttl_s, cap)
+
+    def _groups_for(self, worker_id: str, k: int, now: float) -> list:
+        """The first `k` queued groups, less those `worker_id` returned too stale while
+        another worker asked for work within a lease's TTL: a dropped group requeues at the
+        front, and the late worker, asking again at once, took it again and again (the same
+        prompts dropped ten times, never trained). It waits for another worker instead; a
+        worker alone still gets it back."""
+        other, asked_at = self._other_asker
+        others = other not in ("", worker_id) and now - asked_at <= self.config.lease_ttl_s
+        self._refill(k)
+        if not others:
+            return self.db.groups_in("queued", k)
+        rows = self.db.queued_not_dropped_by(worker_id, k)
+        if len(rows) < k:  # the ones it skipped count against the queue: draw more
+            self._refill(k + self.db.count("queued") - len(rows))
+            rows = self.db.queued_not_dropped_by(worker_id, k)
+        return rows
 
     def _refill(self, k: int) -> None:
         short = k - self.db.count("queued")

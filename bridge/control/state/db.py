@@ -61,6 +61,7 @@ CREATE TABLE IF NOT EXISTS episodes (
 CREATE TABLE IF NOT EXISTS dropped (
   group_id INTEGER NOT NULL, prompt_id TEXT NOT NULL, step INTEGER NOT NULL,
   min_version INTEGER NOT NULL, worker_id TEXT, lengths TEXT NOT NULL, rewards TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS dropped_group ON dropped(group_id, worker_id);
 CREATE TABLE IF NOT EXISTS kv (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS fleet (
   worker_id TEXT PRIMARY KEY, standby INTEGER NOT NULL DEFAULT 0,
@@ -262,6 +263,17 @@ class ControllerDB(LeaseRows):
         """Groups in `state`, queue order (oldest row first); limit -1: all."""
         return self.q(
             "SELECT * FROM groups WHERE state=? ORDER BY group_id LIMIT ?", (state, limit)
+        )
+
+    def queued_not_dropped_by(self, worker_id: str, limit: int) -> list[sqlite3.Row]:
+        """Queued groups in queue order, except those a lease of `worker_id` returned too
+        stale (table `dropped`): a dropped group requeues at the front, and the worker that
+        was too slow for it would otherwise take it again at once, and again (leasing.py)."""
+        return self.q(
+            "SELECT * FROM groups g WHERE g.state='queued' AND NOT EXISTS (SELECT 1 FROM"
+            " dropped d WHERE d.group_id=g.group_id AND d.worker_id=?)"
+            " ORDER BY g.group_id LIMIT ?",
+            (worker_id, limit),
         )
 
     def groups_of_lease(self, lease_id: str) -> list[sqlite3.Row]:

@@ -1,0 +1,283 @@
+"""Async RL without bias: partial rollouts against the staleness bound's drops, and
+staleness="auto" against the best fixed S.
+
+    python -m bench.async_bias --out=F.json [--parts=bias,auto] \
+        [--bias_task=reversal] [--bias_staleness=1] [--bias_steps=12] [--bias_throttle_s=10] \
+        [--auto_task=demo] [--fixed=0,1,2,4] [--auto_max=4] [--auto_steps=12] \
+        [--auto_throttle_s=1] [--warm_start_TASK=DIR] [--warm_start_auto=DIR] \
+        [--workdir=/tmp/echo2_async_bias] [--set KEY=VALUE ...] [--combine=A.json,B.json]
+
+Headline: `dropped_frac_off`, `dropped_frac_continue` (dropped / (dropped + consumed)
+groups), `length_bias_off`, `length_bias_continue` (mean completion length of the dropped
+groups over the consumed ones; None when nothing was dropped: no drop, no bias),
+`auto_quality_minus_best_fixed`, `auto_util_minus_best_fixed`.
+
+Part `bias` (the machinery of bench/staleness_bias.py): from one SFT warm start of a task
+whose answer lengths vary (reversal: reasoning-gym word_sequence_reversal, answers of 19-77
+tokens), two runs of the training binary at one S, fed by the same two real vLLM workers, the
+second sleeping `--bias_throttle_s` per lease: `rollout.partial=off` with the too-slow rule
+off (`controller.refuse_too_slow=False`: the slow worker's late leases are dropped, the
+bias item 1 measured) and `rollout.partial=continue` (the worker swaps in the newest version
+before it generates and whenever one is ready while it generates, continuing its unfinished
+samples under it; the controller judges a group by its newest token, bridge/contracts/
+staleness.py). Each run's controller database says what was consumed and dropped; for
+`continue` also how many consumed groups carry tokens of several versions.
+
+Part `auto` (the cells of bench/staleness_sweep.py, reduced): the demo from the sweep's SFT
+warm start (the config's own 2000 steps),
+one run per fixed S in `--fixed` and one with `staleness="auto"` in [0, `--auto_max`], one
+seed, correction `tis`, the sweep's fleet (second worker throttled `--auto_throttle_s`) and
+schedule (`--auto_steps` RL steps at lr 3e-4, evaluations every 3 steps, the too-slow rule
+off). The best fixed S is the one with the highest final quality (held-out accuracy), ties to
+the higher learner utilization; the headline is auto's quality and mean utilization minus
+that S's. One seed: the sweep's seed-to-seed sd of the demo's final accuracy was 0.03-0.09
+(docs/results.md), the noise a difference must beat.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import time
+from types import SimpleNamespace
+
+from bench import staleness_bias
+
+
+def _warm_start(a, config_file: str, pinned: list[str], given: str, root: str) -> str:
+    """An SFT warm start in `root/sft`: a copy of `given`, else a fresh one (in this process,
+    so every override is read as the cells read theirs)."""
+    from bench import sweep_cells
+    from learner_jax import train
+
+    base = os.path.join(root, "sft")
+    shutil.rmtree(root, ignore_errors=True)
+    if given:
+        shutil.copytree(given, base)
+    else:
+        print(f"SFT warm start -> {base}", flush=True)
+        train.run(sweep_cells.load(config_file, ["total_steps=0", *pinned, *a.set]), base)
+    return base
+
+
+def continued_groups(db_path: str) -> tuple[int, int]:
+    """(consumed groups with tokens of more than one version, consumed groups)."""
+    conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
+    try:
+        payloads = [r[0] for r in conn.execute("SELECT payload FROM groups WHERE state='consumed'")]
+    finally:
+        conn.close()
+    mixed = sum(len({v for t in json.loads(p) for v in t["versions"]}) > 1 for p in payloads if p)
+    return mixed, len(payloads)
+
+
+def run_bias(a, cells: list[dict], on_cell) -> None:
+    """The `bias` part's cells, appended to `cells` as each finishes (then `on_cell()`)."""
+    from bench import sweep_cells
+
+    task, s = a.bias_task, a.bias_staleness
+    config_file, pinned = staleness_bias.TASKS[task]
+    root = os.path.join(a.workdir, "bias")
+    base = _warm_start(a, config_file, pinned, getattr(a, f"warm_start_{task}"), root)
+    first = sweep_cells.load(config_file, [*pinned, *a.set])
+    pool = sweep_cells.Pool(first, os.path.join(root, "pool"), a.bias_throttle_s)
+    try:
+        for partial in ("off", "continue"):
+            wd = os.path.join(root, partial)
+            sweep_cells.copy_warm_start(base, wd)
+            knobs = SimpleNamespace(steps=a.bias_steps, refuse_too_slow=False, seed=a.seed)
+            run = staleness_bias.cell_overrides(knobs, s)
+            overrides = [*pinned, *pool.overrides(), *a.set, *run, f"rollout.partial={partial}"]
+            secs = sweep_cells.run_cell(sweep_cells.load(config_file, overrides), wd, pool)
+            cell = staleness_bias.cell_of(wd, task, s, secs)
+            cell["partial"] = partial
+            cell["continued_groups"], _ = continued_groups(os.path.join(wd, "controller.db"))
+            cells.append(cell)
+            on_cell()
+            print(f"  {task} S={s} partial={partial}: {secs:.0f} s, {cell['headline']}, "
+                  f"continued groups {cell['continued_groups']}", flush=True)  # fmt: skip
+    finally:
+        pool.close()
+
+
+def run_auto(a, cells: list[dict], on_cell) -> None:
+    """The `auto` part's cells, appended to `cells` as each finishes (then `on_cell()`)."""
+    from bench import staleness_sweep, sweep_cells
+
+    task = a.auto_task
+    # The sweep's task as the sweep runs it: the config's own SFT (the demo's 2000 steps,
+    # after which RL moves held-out accuracy from ~0.07 to ~0.8 in 12 steps).
+    config_file, key, target = staleness_sweep.TASKS[task]
+    pinned: list[str] = []
+    root = os.path.join(a.workdir, "auto")
+    base = _warm_start(a, config_file, pinned, a.warm_start_auto, root)
+    first = sweep_cells.load(config_file, [*pinned, *a.set])
+    pool = sweep_cells.Pool(first, os.path.join(root, "pool"), a.auto_throttle_s)
+    knobs = SimpleNamespace(**{f"steps_{task}": a.auto_steps, f"eval_period_{task}": 3,
+                               f"warmup_{task}": 3, "lr_demo": 3e-4})  # fmt: skip
+    fixed = [*pinned, *pool.overrides(), *a.set]
+    try:
+        for s in [*a.fixed, "auto"]:
+            wd = os.path.join(root, f"S{s}")
+            sweep_cells.copy_warm_start(base, wd)
+            overrides = [*fixed, *staleness_sweep.cell_overrides(knobs, task, s, "tis", a.seed)]
+            if s == "auto":
+                overrides += ["staleness_min=0", f"staleness_max={a.auto_max}"]
+            secs = sweep_cells.run_cell(sweep_cells.load(config_file, overrides), wd, pool)
+            cell = {"task": task, "S": s, **staleness_sweep.cell_result(wd, key, target, secs)}
+            if s == "auto":
+                cell["bound_path"] = _bounds(wd)
+            cells.append(cell)
+            on_cell()
+            print(f"  {task} S={s}: quality {cell['quality_before']} -> {cell['quality_final']},"
+                  f" util {cell['learner_utilization']:.2f}, {secs:.0f} s", flush=True)  # fmt: skip
+    finally:
+        pool.close()
+
+
+def _bounds(workdir: str) -> list[int]:
+    """staleness/bound per RL step of an auto run."""
+    from learner_jax.reporting import report
+
+    return [int(r["staleness/bound"]) for r in report.rl_rows(workdir) if "staleness/bound" in r]
+
+
+def headline_of(bias: list[dict], auto: list[dict]) -> dict:
+    by = {c["partial"]: c["headline"] for c in bias}
+    off, on = by.get("off", {}), by.get("continue", {})
+    out = {
+        "dropped_frac_off": off.get("dropped_frac"),
+        "dropped_frac_continue": on.get("dropped_frac"),
+        "length_bias_off": off.get("length_bias"),
+        "length_bias_continue": on.get("length_bias"),
+    }
+    fixed = [c for c in auto if c["S"] != "auto" and c["quality_final"] is not None]
+    auto_cells = [c for c in auto if c["S"] == "auto"]
+    if fixed and auto_cells:
+        best = max(fixed, key=lambda c: (c["quality_final"], c["learner_utilization"] or 0.0))
+        (mine,) = auto_cells
+        out["best_fixed_S"] = best["S"]
+        out["auto_quality_minus_best_fixed"] = mine["quality_final"] - best["quality_final"]
+        out["auto_util_minus_best_fixed"] = (
+            mine["learner_utilization"] - best["learner_utilization"]
+        )
+    return out
+
+
+def rows_of(bias: list[dict], auto: list[dict]) -> list[dict]:
+    rows = []
+    for c in bias:
+        d, k = c["dropped"], c["consumed"]
+        rows.append({
+            "part": "bias", "task": c["task"], "S": c["S"], "partial": c["partial"],
+            "consumed": k["groups"], "dropped": d["groups"], "continued": c["continued_groups"],
+            "length_consumed": k["length"], "length_dropped": d["length"],
+            "reward_consumed": k["reward"], "reward_dropped": d["reward"],
+            "slow_share_consumed": k["slow_share"], "starved_prompts": c["starved_prompts"],
+            "max_drops_per_prompt": c["max_drops_per_prompt"], "wall_s": c["wall_s"],
+            **{f"headline_{x}": v for x, v in c["headline"].items()},
+        })  # fmt: skip
+    for c in auto:
+        rows.append({
+            "part": "auto", "task": c["task"], "S": c["S"], "quality": c["quality_final"],
+            "quality_before": c["quality_before"], "utilization": c["learner_utilization"],
+            "staleness_mean": c["staleness_mean"], "staleness_max": c["staleness_max"],
+            "wall_s": c["rl_wall_s"], "bound_path": c.get("bound_path"),
+        })  # fmt: skip
+    return rows
+
+
+def markdown(rows: list[dict]) -> str:
+    f = lambda v, spec=".3f": "-" if v is None else format(v, spec)
+    lines = [
+        "| task | S | partial | consumed / dropped groups | continued groups | dropped frac | "
+        "mean length consumed / dropped | length bias | slow worker's consumed share | "
+        "starved prompts |",
+        "|" + "---|" * 10,
+    ]
+    for r in (r for r in rows if r["part"] == "bias"):
+        lines.append(
+            f"| {r['task']} | {r['S']} | {r['partial']} | {r['consumed']} / {r['dropped']} | "
+            f"{r['continued']} | {f(r['headline_dropped_frac'])} | "
+            f"{f(r['length_consumed'], '.2f')} / {f(r['length_dropped'], '.2f')} | "
+            f"{f(r['headline_length_bias'])} | {f(r['slow_share_consumed'], '.2f')} | "
+            f"{r['starved_prompts']} |"
+        )
+    lines += ["", "| task | S | final quality (from) | learner utilization | staleness mean / max "
+              "| RL wall s | S over the run |", "|" + "---|" * 7]  # fmt: skip
+    for r in (r for r in rows if r["part"] == "auto"):
+        path = r["bound_path"]
+        lines.append(
+            f"| {r['task']} | {r['S']} | {f(r['quality'])} ({f(r['quality_before'])}) | "
+            f"{f(r['utilization'], '.2f')} | {f(r['staleness_mean'], '.2f')} / "
+            f"{r['staleness_max']} | {f(r['wall_s'], '.0f')} | "
+            f"{'-' if not path else ' '.join(map(str, path))} |"
+        )
+    return "\n".join(lines)
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--parts", default="bias,auto")
+    p.add_argument("--bias_task", default="reversal", choices=sorted(staleness_bias.TASKS))
+    p.add_argument("--bias_staleness", type=int, default=1)
+    p.add_argument("--bias_steps", type=int, default=12)
+    p.add_argument("--bias_throttle_s", type=float, default=10.0)
+    p.add_argument("--auto_task", default="demo", choices=["demo"])
+    p.add_argument("--fixed", default="0,1,2,4")
+    p.add_argument("--auto_max", type=int, default=4)
+    p.add_argument("--auto_steps", type=int, default=12)
+    p.add_argument("--auto_throttle_s", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    for task in staleness_bias.TASKS:
+        p.add_argument(f"--warm_start_{task}", default="", help="bias: reuse this SFT workdir")
+    p.add_argument("--warm_start_auto", default="", help="auto: reuse this SFT workdir")
+    p.add_argument("--workdir", default="/tmp/echo2_async_bias")
+    p.add_argument("--set", nargs="*", default=[], help="extra KEY=VALUE config overrides")
+    p.add_argument(
+        "--combine", default="", help="no runs: A.json,B.json (parts run apart) -> --out"
+    )
+    a = p.parse_args()
+    a.fixed = [int(s) for s in a.fixed.split(",") if s]
+    if a.combine:
+        parts = [json.load(open(f)) for f in a.combine.split(",")]
+        bias = [c for d in parts for c in d["bias_cells"]]
+        auto = [c for d in parts for c in d["auto_cells"]]
+        with open(a.out, "w") as f:
+            out = {"headline": headline_of(bias, auto), "rows": rows_of(bias, auto),
+                   "bias_cells": bias, "auto_cells": auto, "args": vars(a)}  # fmt: skip
+            json.dump(out, f, indent=1)
+        print(markdown(out["rows"]))
+        print(json.dumps(out["headline"], indent=1))
+        return
+    from bench import sweep_cells
+
+    sweep_cells.enable_compile_cache(os.path.join(a.workdir, "jax_cache"))
+    t0 = time.monotonic()
+    bias: list[dict] = []
+    auto: list[dict] = []
+
+    def save() -> None:  # after every cell: a run cut short keeps what it finished
+        rows = rows_of(bias, auto)
+        out = {"headline": headline_of(bias, auto), "rows": rows, "bias_cells": bias,
+               "auto_cells": auto, "args": vars(a), "wall_s": time.monotonic() - t0}  # fmt: skip
+        with open(a.out, "w") as f:
+            json.dump(out, f, indent=1)
+
+    parts = a.parts.split(",")
+    if "bias" in parts:
+        run_bias(a, bias, save)
+    if "auto" in parts:
+        run_auto(a, auto, save)
+    save()
+    print(markdown(rows_of(bias, auto)))
+    print(json.dumps(headline_of(bias, auto), indent=1))
+    print(f"wrote {a.out} after {time.monotonic() - t0:.0f} s (load {os.getloadavg()})")
+
+
+if __name__ == "__main__":
+    main()
