@@ -32,9 +32,10 @@ its relay on its own address), joined by a bridge; `--relay_chain` makes the bro
 relay chain. It adds the network faults (the default faults there: all of the above, plus
 these): `net_slow` (one worker's uplink 10x slower, to the end), `net_partition` (a worker's
 link cut for 20 s while its relay holds part of a version, or, without a relay chain, while
-it holds a lease), `net_flap` (the learner's uplink down 3 x 2 s). The weight store stays a local directory; `hostile_peer`'s relay runs in the bench's process and
-listens on the root namespace's address on the testbed's bridge (unshaped), where the
-workers and the controller reach it like any peer's relay.
+it holds a lease), `net_flap` (the learner's uplink down 3 x 2 s). The weight store stays
+a local directory; `hostile_peer`'s relay runs in the bench's process and listens on the
+root namespace's address on the testbed's bridge (unshaped), where the workers and the
+controller reach it like any peer's relay.
 The 30-minute soak in the testbed (every fault, the network faults included):
 
     python -m bench.chaos --netns --relay_chain --minutes=30 --no-baseline \
