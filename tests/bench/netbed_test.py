@@ -156,8 +156,8 @@ def test_the_chaos_soaks_hostile_peer_serves_altered_chunks_to_a_host(tmp_path):
         try:
             relay.start()
             relay.fetch(1, [store.spec], timeout=60)
-            r = subprocess.run(bed.exec_argv("w0", [sys.executable, "-c", FETCH,
-                               f"{relay.url}/kv/{key}"]), capture_output=True, timeout=120)  # fmt: skip
+            argv = bed.exec_argv("w0", [sys.executable, "-c", FETCH, f"{relay.url}/kv/{key}"])
+            r = subprocess.run(argv, capture_output=True, timeout=120)
         finally:
             relay.stop()
     assert r.returncode == 0, r.stderr.decode()[-500:]
