@@ -116,6 +116,18 @@ def serving_times(worker_logs: str, day: datetime.date) -> list[tuple[float, int
     return out
 
 
+def reruns_in_train_log(workdir: str, day: datetime.date) -> list[tuple[float, int]]:
+    """(time, resumed step) of each binary run after the first, from the learner's log: the
+    `reruns` of `corrupt_outcomes` for a soak audited again from its workdir."""
+    out = []
+    with open(os.path.join(workdir, "train.log"), errors="replace") as f:
+        for line in f:
+            m = re.search(r"resumed from step (\d+)", line)
+            if m and (t := _absl_time(line, day)) is not None:
+                out.append((t, int(m.group(1))))
+    return out[1:]
+
+
 def corrupt_outcomes(
     corrupt: list[dict], workdir: str, worker_logs: str, reruns: list[tuple[float, int]]
 ) -> dict:
