@@ -159,7 +159,10 @@ def _soak(s: Soak, wd: str, n_workers, seconds, faults, seed, corrupt_count) -> 
         elif fault == "hostile_workers":
             with open(os.path.join(wd, "join_token")) as f:
                 secret = f.read().strip()
-            hostile_workers = chaos_hostile.start(s.url, secret, wd, seed=seed)
+            # In a testbed every attacker calls from one address: a credential each
+            hostile_workers = chaos_hostile.start(
+                s.url, secret, wd, seed=seed, credentials=s.bed is not None
+            )
             s.event("hostile_workers", "fleet", ", ".join(chaos_hostile.CLASSES))
         elif fault == "net_partition":
             part = (rng, chaos_stall.NET_PARTITION_S)
