@@ -29,17 +29,17 @@ Exit status 1 if the audit fails.
 `--netns` (root; bench/netbed.py) runs the soak on real kernel links: the binary in a
 learner namespace (uplink --learner_mbps), each worker in its own (uplink --worker_mbps,
 its relay on its own address), joined by a bridge; `--relay_chain` makes the broadcast a
-relay chain. It adds the network faults (the default faults there: all but hostile_peer,
-plus these): `net_slow` (one worker's uplink 10x slower, to the end), `net_partition` (a
-worker's link cut for 20 s while its relay holds part of a version, or, without a relay
-chain, while it holds a lease), `net_flap` (the learner's uplink down 3 x 2 s). The weight
-store stays a local directory; `hostile_peer`'s relay listens on the root namespace's
-loopback, out of the workers' reach.
-The issue's 30-minute soak in the testbed:
+relay chain. It adds the network faults (the default faults there: all of the above, plus
+these): `net_slow` (one worker's uplink 10x slower, to the end), `net_partition` (a worker's
+link cut for 20 s while its relay holds part of a version, or, without a relay chain, while
+it holds a lease), `net_flap` (the learner's uplink down 3 x 2 s). The weight store stays
+a local directory; `hostile_peer`'s relay runs in the bench's process and listens on the
+root namespace's address on the testbed's bridge (unshaped), where the workers and the
+controller reach it like any peer's relay.
+The 30-minute soak in the testbed (every fault, the network faults included):
 
-    python -m bench.chaos --netns --relay_chain --minutes=30 --out=/tmp/chaos_netns.json \
-        --faults=worker_kill,binary_kill,binary_restart,sigstop,corrupt,garbage,\
-hostile_workers,net_partition,net_flap,net_slow
+    python -m bench.chaos --netns --relay_chain --minutes=30 --no-baseline \
+        --out=/tmp/chaos_netns30.json
 """
 
 from __future__ import annotations
@@ -159,7 +159,10 @@ def _soak(s: Soak, wd: str, n_workers, seconds, faults, seed, corrupt_count) -> 
         elif fault == "hostile_workers":
             with open(os.path.join(wd, "join_token")) as f:
                 secret = f.read().strip()
-            hostile_workers = chaos_hostile.start(s.url, secret, wd, seed=seed)
+            # In a testbed every attacker calls from one address: a credential each
+            hostile_workers = chaos_hostile.start(
+                s.url, secret, wd, seed=seed, credentials=s.bed is not None
+            )
             s.event("hostile_workers", "fleet", ", ".join(chaos_hostile.CLASSES))
         elif fault == "net_partition":
             part = (rng, chaos_stall.NET_PARTITION_S)
@@ -170,7 +173,8 @@ def _soak(s: Soak, wd: str, n_workers, seconds, faults, seed, corrupt_count) -> 
             s.net_slow(rng, chaos_stall.NET_SLOW_FACTOR)
         elif fault == "hostile_peer":
             with open(os.path.join(wd, "join_token")) as f:
-                peer = chaos_peer.start(s.url, f.read().strip())
+                host = s.bed.root_ip if s.bed is not None else "127.0.0.1"
+                peer = chaos_peer.start(s.url, f.read().strip(), host=host)
             s.event("hostile_peer", "fleet", "corrupting relay that lies about its parent")
     time.sleep(max(0.0, seconds - (time.time() - s.t0)))
     hostile_results = [w.stop() for w in hostile_workers]
@@ -378,8 +382,8 @@ def main():
     )
     a = p.parse_args()
     faults = a.faults.split(",") if a.faults else list(ALL_FAULTS)
-    if a.netns and not a.faults:  # hostile_peer's relay is out of the workers' reach there
-        faults = [f for f in faults if f != "hostile_peer"] + list(NET_FAULTS)
+    if a.netns and not a.faults:
+        faults += list(NET_FAULTS)
     if a.netns and (reason := netbed.unavailable()):
         raise SystemExit(f"--netns: {reason}")
     if not a.netns and set(faults) & set(NET_FAULTS):

@@ -20,6 +20,10 @@ Definitions:
   clean version with the same number), or when the learner heals V (its log says it
   publishes V again: learner_jax/rl/heal.py, or finds V corrupt and writes it again:
   learner_jax/rl/weights.py); a healed copy still in the store must read back verified.
+- Every corrupt version healed (`corrupt_healed`): after its corruption each corrupted V
+  is published again by the learner (its log), replaced by a rerun resumed from a
+  checkpoint before V, or superseded: a worker serves a newer version, so the fleet moved
+  past V. A V for which none of these happened held the run up to its end.
 - No stall longer than B: bench/chaos_stall.py.
 - Staleness: metrics `staleness/max` <= S on every line, and step - version <= S for every
   observed consumption.
@@ -98,6 +102,58 @@ def healed_copy_error(workdir: str, version: int) -> str | None:
     except CorruptVersionError as e:
         return str(e)[:300]
     return None
+
+
+def serving_times(worker_logs: str, day: datetime.date) -> list[tuple[float, int]]:
+    """(time, version) of every "now serving version V" line in the workers' logs."""
+    out = []
+    for path in sorted(glob.glob(os.path.join(worker_logs, "*.log"))):
+        with open(path, errors="replace") as f:
+            for line in f:
+                m = re.search(r"now serving version (\d+) ", line)
+                if m and (t := _absl_time(line, day)) is not None:
+                    out.append((t, int(m.group(1))))
+    return out
+
+
+def reruns_in_train_log(workdir: str, day: datetime.date) -> list[tuple[float, int]]:
+    """(time, resumed step) of each binary run after the first, from the learner's log: the
+    `reruns` of `corrupt_outcomes` for a soak audited again from its workdir."""
+    out = []
+    with open(os.path.join(workdir, "train.log"), errors="replace") as f:
+        for line in f:
+            m = re.search(r"resumed from step (\d+)", line)
+            if m and (t := _absl_time(line, day)) is not None:
+                out.append((t, int(m.group(1))))
+    return out[1:]
+
+
+def corrupt_outcomes(
+    corrupt: list[dict], workdir: str, worker_logs: str, reruns: list[tuple[float, int]]
+) -> dict:
+    """The `corrupt_healed` check: per corrupted version (records with `version` and `at`),
+    how it stopped mattering (module docstring). `reruns`: (start time, resumed step) of
+    each binary run after the first."""
+    outcomes = {}
+    for rec in corrupt:
+        v, at = rec["version"], rec["at"]
+        day = datetime.datetime.fromtimestamp(at, datetime.UTC).date()
+        heals = [t for t in heal_times(workdir, v, day) if t >= at - 1]
+        rerun = [t for t, step in reruns if step < v and t >= at]
+        newer = [(t, w) for t, w in serving_times(worker_logs, day) if w > v and t >= at]
+        if heals:
+            outcomes[v] = f"published again after {min(heals) - at:.0f} s"
+        elif rerun:
+            outcomes[v] = f"replaced by a rerun after {min(rerun) - at:.0f} s"
+        elif newer:
+            t, w = min(newer)
+            outcomes[v] = f"superseded: a worker served version {w} after {t - at:.0f} s"
+        else:
+            outcomes[v] = "unhealed"
+    return {
+        "ok": "unhealed" not in outcomes.values(),
+        "outcomes": {str(v): o for v, o in sorted(outcomes.items())},
+    }
 
 
 def audit(
@@ -286,6 +342,8 @@ def audit(
             "healed_versions": sorted(set(healed)),
         }
     checks["no_corrupt_version_served"] = c
+    reruns = [(run_starts[r], step) for r, step in resumes.items() if r < len(run_starts)]
+    checks["corrupt_healed"] = corrupt_outcomes(corrupt, workdir, worker_logs, reruns)
 
     # 4. Staleness <= S.
     rows = [r for r in rows if "staleness/max" in r]

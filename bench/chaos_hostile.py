@@ -44,7 +44,11 @@ was quarantined (a 401 on its token) and `caught_after_s`, the seconds from its 
 registration to the first 401 (None if never). A hostile worker is neutralised when it was
 quarantined or none of its groups were accepted. From loopback the bench's registrations
 with the shared secret are the operator's own ("local" identity, never barred:
-identity.py), so a quarantined hostile thread stops rather than registering again.
+identity.py), so a quarantined hostile thread stops rather than registering again. In a
+testbed (bench/netbed.py) the bench calls from the root namespace's one address, where the
+shared secret is the identity `host:<ip>` and one quarantine bans the address: there each
+hostile worker presents a credential of its own (`credentials`, identity `cred:<name>`, as
+remote workers should), so catching one does not keep the others from attacking.
 """
 
 from __future__ import annotations
@@ -72,7 +76,9 @@ _IMPORT_LOCK = threading.Lock()
 
 
 class HostileWorker(threading.Thread):
-    def __init__(self, kind: str, url: str, secret: str, workdir: str, seed: int = 0):
+    def __init__(
+        self, kind: str, url: str, secret: str, workdir: str, seed: int = 0, credential=False
+    ):
         super().__init__(daemon=True, name=f"hostile-{kind}")
         if kind not in CLASSES + SEEDED:
             raise ValueError(f"hostile class must be one of {CLASSES + SEEDED}, got {kind!r}")
@@ -87,9 +93,8 @@ class HostileWorker(threading.Thread):
         self._hf, self._hf_version, self._tok = None, None, None
         self._record: dict[int, dict] = {}  # group id -> its mismatches and tokens (seeded)
         # reregister presents its own credential (identity cred:<name>), not the shared secret
-        self.join_secret = (
-            mint_credential(secret, f"hostile-{seed}") if kind == "reregister" else secret
-        )
+        own = credential or kind == "reregister"
+        self.join_secret = mint_credential(secret, f"hostile-{seed}") if own else secret
 
     def _done(self) -> bool:
         """Quarantined (token revoked), or for reregister: its credential barred."""
@@ -387,8 +392,12 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
     return x - np.log(np.exp(x).sum())
 
 
-def start(url: str, secret: str, workdir: str, classes=CLASSES, seed: int = 0):
-    workers = [HostileWorker(k, url, secret, workdir, seed + i) for i, k in enumerate(classes)]
+def start(url: str, secret: str, workdir: str, classes=CLASSES, seed: int = 0, credentials=False):
+    """`credentials`: each worker registers with a credential of its own (module docstring)."""
+    workers = [
+        HostileWorker(k, url, secret, workdir, seed + i, credential=credentials)
+        for i, k in enumerate(classes)
+    ]
     for w in workers:
         w.start()
     return workers

@@ -3,7 +3,9 @@
 With fault `hostile_peer` the soak's broadcast runs as a relay chain
 (`bridge.broadcast=chain`, even on the local store) and the honest workers run their relays,
 so they fetch chunks from peers. `HostilePeer` joins with the run's join secret like a
-worker, runs a real relay (rollout_gpu/relay.py) on 127.0.0.1 whose `tamper` hook flips the
+worker, runs a real relay (rollout_gpu/relay.py) on `host` (127.0.0.1; in a testbed the root
+namespace's address on the testbed's bridge, so the workers' namespaces reach it: the
+controller hands peers the address the heartbeat came from) whose `tamper` hook flips the
 first byte of every chunk it serves, fetches each announced version from the store into
 it, and heartbeats its relay URL with a huge declared uplink (which places it nowhere: the
 controller ranks by measured delivery; joining after the fleet's first version it is a leaf
@@ -41,13 +43,14 @@ def flip(key: str, body: bytes | None) -> bytes | None:
 
 
 class HostilePeer(threading.Thread):
-    def __init__(self, url: str, secret: str, liar: bool = True, period_s: float = 1.0):
+    def __init__(self, url: str, secret: str, liar: bool = True, period_s: float = 1.0,
+                 host: str = "127.0.0.1"):  # fmt: skip
         super().__init__(daemon=True, name="hostile-peer")
         self.url, self.secret, self.liar, self.period_s = url, secret, liar, period_s
         self.stop_event = threading.Event()
         self.token, self.store, self.held, self.parent = None, None, -1, None
         self.accused: set[tuple[str, int]] = set()
-        self.relay = Relay(tamper=self._tamper)
+        self.relay = Relay(host=host, tamper=self._tamper)
         self.result = {"class": "corrupting_relay", "worker_ids": [], "relay_url": "",
                        "versions_held": 0, "tampered_chunks": 0, "tamper_times": [],
                        "false_reports": 0, "heartbeats": 0, "errors": 0,
@@ -123,8 +126,8 @@ class HostilePeer(threading.Thread):
                 "bad_sources": [{"source": parent, "kind": "corrupt", "key": key}]}  # fmt: skip
 
 
-def start(url: str, secret: str, liar: bool = True) -> HostilePeer:
-    peer = HostilePeer(url, secret, liar)
+def start(url: str, secret: str, liar: bool = True, host: str = "127.0.0.1") -> HostilePeer:
+    peer = HostilePeer(url, secret, liar, host=host)
     peer.start()
     return peer
 

@@ -233,6 +233,12 @@ class Netbed:
     def ip(self, host: str) -> str:
         return f"{self.subnet}.{10 + list(self.ns).index(host)}"
 
+    @property
+    def root_ip(self) -> str:
+        """The root namespace's address on the bridge (unshaped): a server the bench runs
+        in its own process listens here to be reachable from every host."""
+        return f"{self.subnet}.1"
+
     def exec_argv(self, host: str, argv: Sequence[str]) -> list[str]:
         """`argv` run inside the host's namespace (`ip netns exec NS ...`)."""
         return ["ip", "netns", "exec", self.ns[host], *argv]

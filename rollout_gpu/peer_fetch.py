@@ -14,7 +14,13 @@ local cache, so only verified chunks are ever relayed onward.
   * a source that refuses connections, errors, or makes no progress for `stall_s` (a relay
     says how many chunks it holds in every "not yet" answer, so a parent that is itself
     waiting on a slow grandparent is not taken for dead) is reported ("dead") and skipped
-    for the rest of the version.
+    for the rest of the version;
+  * with `min_rate` (bytes/s; `worker.peer_min_bytes_per_s`) a relay that sends a chunk's
+    body slower than that on average, after MIN_RATE_GRACE_S, is dead too ("too slow"):
+    a parent that trickles bytes never stalls for `stall_s` and would otherwise hold its
+    children at its pace for the whole version. Off (0) by default: the right floor is
+    the slowest honest link's share of its parent's uplink, which only the operator knows
+    (on loopback the tests throttle honest peers to 30 kB/s).
 
 The manifest comes from the store (last source) unless the controller announced its
 SHA-256, in which case any source may serve it. Reports and byte counts per source are in
@@ -38,6 +44,9 @@ from bridge.store.weight_store import Manifest, WeightStore
 
 BAD_LIMIT = 2  # corrupt chunks from one source before it is dropped for the version
 POLL_WAIT_S = 5.0  # how long a relay holds a request for a chunk it has not got yet
+# Before the minimum rate counts: a parent's uplink serves its readers in turns
+# (uplink.Uplink), so a chunk's first piece may wait behind the other children's.
+MIN_RATE_GRACE_S = 2.0
 
 
 class SourceDead(RuntimeError):
@@ -90,8 +99,11 @@ class FetchResult:
 class Reader:
     """Reads store keys from one source; raises SourceDead, returns None for absent keys."""
 
-    def __init__(self, source: Source, session: aiohttp.ClientSession, stall_s: float):
+    def __init__(
+        self, source: Source, session: aiohttp.ClientSession, stall_s: float, min_rate=0.0
+    ):
         self.source, self.session, self.stall_s = source, session, stall_s
+        self.min_rate = min_rate  # bytes/s of a chunk's body, after the grace; 0 = off
         self.dead, self.bad = False, 0
         self._store = WeightStore(source.where) if source.kind == "store" else None
 
@@ -109,7 +121,7 @@ class Reader:
                 wait = min(POLL_WAIT_S, self.stall_s)
                 async with self.session.get(url, params={"wait": wait}, timeout=timeout) as r:
                     if r.status == 200:
-                        return await r.read()
+                        return await self._body(r, url)
                     if r.status == 404:
                         return None
                     if r.status == 410:
@@ -125,6 +137,28 @@ class Reader:
             elif now - last_progress > self.stall_s:
                 raise SourceDead(f"{url}: stalled ({have} chunks for {self.stall_s:.0f}s)")
 
+    async def _body(self, r: aiohttp.ClientResponse, url: str) -> bytes:
+        """The body; with a minimum rate, SourceDead once fewer than `min_rate` bytes/s
+        have come since the grace: `got` bytes buy MIN_RATE_GRACE_S + got / min_rate
+        seconds (no Content-Length needed: a hostile parent may send none, or lie)."""
+        if self.min_rate <= 0:
+            return await r.read()
+        t0, got, parts = time.monotonic(), 0, []
+        while True:
+            left = t0 + MIN_RATE_GRACE_S + got / self.min_rate - time.monotonic()
+            try:
+                async with asyncio.timeout(max(0.0, left)):
+                    part = await r.content.readany()
+            except TimeoutError:
+                raise SourceDead(
+                    f"{url}: too slow ({got} bytes in {time.monotonic() - t0:.1f}s, "
+                    f"below {self.min_rate:.0f} B/s)"
+                ) from None
+            if not part:
+                return b"".join(parts)
+            parts.append(part)
+            got += len(part)
+
 
 async def fetch_version(
     cache,
@@ -135,17 +169,19 @@ async def fetch_version(
     stall_s: float = 30.0,
     concurrency: int = 4,
     whole: bool | None = None,
+    min_rate: float = 0.0,
 ) -> FetchResult:
     """Fill `cache` (a relay's VersionCache) with `version`, every chunk verified.
 
     `whole` (chunks.chunk_plan): every chunk of a full version (default) or only a delta
-    hop's keys (patches and dense tensors; the default for a delta version).
+    hop's keys (patches and dense tensors; the default for a delta version). `min_rate`:
+    a relay's per-chunk minimum rate in bytes/s (module docstring; 0 = off).
 
     `cache` is told begin(version, manifest_bytes, manifest, plan) once the manifest is
     known, put(version, key, raw) per verified chunk and finish(version) at the end.
     """
     t0 = time.monotonic()
-    readers = [Reader(Source.parse(s), session, stall_s) for s in sources]
+    readers = [Reader(Source.parse(s), session, stall_s, min_rate) for s in sources]
     if not readers:
         raise ValueError("no sources")
     result = FetchResult(version)

@@ -45,10 +45,11 @@ class PeerSwap:
         advertise_url: str = "",
         keep_versions: int = 3,
         stall_s: float = 30.0,
+        min_rate: float = 0.0,
     ):
         self.relay = Relay(
             host=host, port=port, advertise_url=advertise_url or None,
-            keep_versions=keep_versions, stall_s=stall_s,
+            keep_versions=keep_versions, stall_s=stall_s, min_rate=min_rate,
         )  # fmt: skip
         self.url = self.relay.start()
         self.mode, self.parent, self.fallbacks = "store", None, []

@@ -90,10 +90,12 @@ class Relay(VersionCache):
         max_readers: int = 32,
         per_reader: int = 8,
         read_stall_s: float = 5.0,
+        min_rate: float = 0.0,
     ):
         self.mirror = ws.WeightStore(mirror or f"memory://relay-{uuid.uuid4().hex}")
         self.host, self.port, self.control = host, port, control
         self.keep_versions, self.stall_s, self.concurrency = keep_versions, stall_s, concurrency
+        self.min_rate = min_rate  # a source's per-chunk minimum bytes/s (peer_fetch.py)
         self.advertise_url, self.tamper = advertise_url, tamper
         self.max_send_s, self.max_clients, self.clients = max_send_s, max_clients, 0
         self.bucket = TokenBucket(up_bytes_per_s, up_burst_bytes) if up_bytes_per_s > 0 else None
@@ -216,7 +218,7 @@ class Relay(VersionCache):
             task = asyncio.ensure_future(
                 peer_fetch.fetch_version(
                     self, version, sources, self.session, manifest_sha256, self.stall_s,
-                    self.concurrency, whole,
+                    self.concurrency, whole, self.min_rate,
                 )
             )  # fmt: skip
             self._tasks[version] = task

@@ -49,8 +49,8 @@ class WorkerOptions:
     """What the worker binary's flags say. Fields besides these are the flags declared in
     bridge/config/keys.py with WorkerOptions among their readers, at the flags' defaults:
     throttle_s, max_leases, grace_s, max_backoff_s, max_no_contact_s, on_standby,
-    cache_dir, and the weight relay for peers (relay, relay_host, relay_port, relay_url;
-    rollout_gpu/peer_swap.py)."""
+    cache_dir, and the weight relay for peers (relay, relay_host, relay_port, relay_url,
+    peer_min_bytes_per_s; rollout_gpu/peer_swap.py)."""
 
     controller: str
     join_secret: str

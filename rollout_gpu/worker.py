@@ -99,7 +99,12 @@ class RolloutWorker:
         if options.relay:
             from rollout_gpu.peer_swap import PeerSwap
 
-            peers = PeerSwap(options.relay_host, options.relay_port, options.relay_url)
+            peers = PeerSwap(
+                options.relay_host,
+                options.relay_port,
+                options.relay_url,
+                min_rate=options.peer_min_bytes_per_s,
+            )
         self.versions = WeightVersions(peers)  # the one owner of loaded / fetching / swap
         self.session = ControllerSession(options, self.versions)
         self.engine, self._make_engine = engine, make_engine
@@ -389,6 +394,7 @@ def main(argv):
         relay_host=_flag("relay_host"),
         relay_port=_flag("relay_port"),
         relay_url=_flag("relay_url"),
+        peer_min_bytes_per_s=_flag("peer_min_bytes_per_s"),
         max_no_contact_s=_flag("max_no_contact_s"),
         max_backoff_s=_flag("max_backoff_s"),
         on_standby=_flag("on_standby"),

@@ -1058,6 +1058,15 @@ WORKER = (
         "only on one machine.",
         _WO,
     ),
+    Key(
+        "worker.peer_min_bytes_per_s",
+        0.0,
+        "A peer relay that sends a chunk slower than this (bytes/s, on average after a 2 s "
+        "grace) is dropped for the version and the next source serves the rest "
+        "(rollout_gpu/peer_fetch.py); 0 = off: only a stall of 30 s fails over. Set it "
+        "below the slowest honest parent's uplink divided by its children.",
+        _WO,
+    ),
     Key("worker.max_no_contact_s", 1800.0, "Exit 3 after this long unanswered.", _WO),
     Key("worker.max_backoff_s", 60.0, "Cap of the retry backoff (jittered).", _WO),
     Key(

@@ -1,9 +1,9 @@
 """The chaos soak's audit (bench/chaos_audit.py) can fail: fed a synthetic observation of a
 clean run it passes, and each fault it claims to catch (a lost group, a group trained on
 twice, a step with the wrong batch, a group re-consumed although its first consumption was
-checkpointed, a batch more than S stale, a corrupt version served, a forged submission
-accepted) makes exactly the check that names it fail. tests/chaos_test.py trusts the audit;
-this file is why it may.
+checkpointed, a batch more than S stale, a corrupt version served or never healed, a
+forged submission accepted) makes exactly the check that names it fail.
+tests/chaos_test.py trusts the audit; this file is why it may.
 
 The observation has the shape of bench/chaos_faults.py's `Observer`: per group (epoch, id)
 a history of (t, state, min_version, consumed_step, lease_id), one entry per change seen.
@@ -159,16 +159,19 @@ def test_a_forged_submission_accepted_fails_garbage_rejected(tmp_path):
     assert failed(report) == {"garbage_rejected"}
 
 
+def absl(t, msg):
+    d = datetime.datetime.fromtimestamp(t, datetime.UTC)
+    return f"I{d:%m%d %H:%M:%S}.{d.microsecond:06d} 1 worker.py:1] {msg}"
+
+
 def test_a_corrupt_version_served_fails(tmp_path):
     v, at = 2, T0 + 1.5  # version 2 corrupted before any worker swapped to it
-
-    def absl(t, msg):
-        d = datetime.datetime.fromtimestamp(t, datetime.UTC)
-        return f"I{d:%m%d %H:%M:%S}.{d.microsecond:06d} 1 worker.py:1] {msg}"
-
     probe = {"refused": True, "error": "checksum mismatch"}
     corrupt = [{"version": v, "at": at, "chunk": "x/c/0", "epoch": 0, "probe": probe}]
-    refused = [absl(at + 1, f"could not load version {v}: checksum mismatch")]
+    refused = [
+        absl(at + 1, f"could not load version {v}: checksum mismatch"),
+        absl(at + 5, f"now serving version {v + 1} (fetched)"),  # the fleet moved past v
+    ]
     obs = clean_observation()
     obs.worker_versions = {(0, "w0"): {0: T0, 1: T0 + 1}}  # never at v
     report = run_audit(tmp_path, obs, logs=refused, corrupt=corrupt)
@@ -186,6 +189,39 @@ def test_a_corrupt_version_served_fails(tmp_path):
     probe["refused"] = False  # the verified reader took the corrupted chunk
     report = run_audit(tmp_path, obs, logs=refused, corrupt=corrupt)
     assert failed(report) == {"no_corrupt_version_served"}
+
+
+def test_a_corrupt_version_never_healed_fails(tmp_path):
+    """Refused and never served, but nothing moved past it: no re-publish, no rerun, no
+    worker on a newer version. Each of those three heals it."""
+    v, at = 2, T0 + 1.5
+    probe = {"refused": True, "error": "checksum mismatch"}
+    corrupt = [{"version": v, "at": at, "chunk": "x/c/0", "epoch": 0, "probe": probe}]
+    refused = [absl(at + 1, f"could not load version {v}: checksum mismatch")]
+    obs = clean_observation()
+    obs.worker_versions = {(0, "w0"): {0: T0, 1: T0 + 1}}
+    report = run_audit(tmp_path, obs, logs=refused, corrupt=corrupt)
+    assert failed(report) == {"corrupt_healed"}
+    assert report["checks"]["corrupt_healed"]["outcomes"] == {str(v): "unhealed"}
+    # A worker serving v itself, or an older version, after the corruption heals nothing.
+    old = refused + [absl(at + 3, f"now serving version {v - 1} (fetched)")]
+    assert "corrupt_healed" in failed(run_audit(tmp_path, obs, logs=old, corrupt=corrupt))
+
+    newer = refused + [absl(at + 4, f"now serving version {v + 1} (fetched)")]
+    report = run_audit(tmp_path, obs, logs=newer, corrupt=corrupt)
+    assert report["ok"], report
+    assert report["checks"]["corrupt_healed"]["outcomes"][str(v)].startswith("superseded")
+
+    rerun = run_audit(tmp_path, obs, logs=refused, corrupt=corrupt, resumes={1: 1},
+                      starts=[T0 - 10, at + 20])  # fmt: skip
+    assert rerun["checks"]["corrupt_healed"]["outcomes"][str(v)].startswith("replaced by")
+
+    train_log = tmp_path / "run" / "train.log"
+    train_log.write_text(absl(at + 7, f"workers cannot load version {v}: publishing version "
+                                      f"{v} again from the learner") + "\n")  # fmt: skip
+    report = run_audit(tmp_path, obs, logs=refused, corrupt=corrupt)
+    assert report["ok"], report
+    assert report["checks"]["corrupt_healed"]["outcomes"][str(v)] == "published again after 7 s"
 
 
 def test_an_accepted_group_requeued_while_fresh_fails_no_loss(tmp_path):

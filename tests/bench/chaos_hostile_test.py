@@ -74,3 +74,18 @@ def test_hostile_workers_are_refused_scored_zero_or_audited_out(tmp_path):
         assert n_hidden == sum(len(g.trajectories) for g in hidden)
     finally:
         ctl.close()
+
+
+def test_in_a_testbed_each_hostile_worker_is_an_identity_of_its_own():
+    """Called from one non-loopback address (the testbed's root namespace), the shared secret
+    is that host's identity, which one quarantine bans for every attacker there; with
+    `credentials` each hostile worker is `cred:hostile-<seed>`, caught on its own."""
+    from bridge.control.trust.identity import identity_of
+
+    secret, host = "s3cret", "10.250.1.1"
+    shared = chaos_hostile.HostileWorker("junk", "http://x", secret, "/tmp", seed=3)
+    assert identity_of(shared.join_secret, [secret], host) == f"host:{host}"
+    own = [chaos_hostile.HostileWorker(k, "http://x", secret, "/tmp", seed=i, credential=True)
+           for i, k in enumerate(chaos_hostile.CLASSES)]  # fmt: skip
+    ids = [identity_of(w.join_secret, [secret], host) for w in own]
+    assert ids == [f"cred:hostile-{i}" for i in range(len(own))]

@@ -131,3 +131,35 @@ def test_without_the_capabilities_it_says_what_it_needs():
     reason, _, error = r.stdout.strip().partition(" | ")
     assert "ip netns add" in reason, r
     assert error == f"netbed: {reason}", r
+
+
+FETCH = """import sys, urllib.request
+sys.stdout.buffer.write(urllib.request.urlopen(sys.argv[1], timeout=30).read())
+"""
+
+
+def test_the_chaos_soaks_hostile_peer_serves_altered_chunks_to_a_host(tmp_path):
+    """The chaos soak's corrupting relay runs in the bench's process: on the root
+    namespace's bridge address (`root_ip`) a worker's namespace reaches it (on 127.0.0.1
+    it would be out of reach) and gets its altered bytes."""
+    import numpy as np
+
+    from bench import chaos_peer
+    from bridge.broadcast import chunks as chunks_lib
+    from rollout_gpu.relay import Relay
+
+    store = WeightStore(str(tmp_path / "store"))
+    store.publish(1, 1, [("w", np.arange(4096, dtype=np.float32))], {}, dtype="float32")
+    key = chunks_lib.chunk_plan(1, store.manifest(1))[0].key
+    with netbed.Netbed({"w0": 0.0}) as bed:
+        relay = Relay(host=bed.root_ip, tamper=chaos_peer.flip)
+        try:
+            relay.start()
+            relay.fetch(1, [store.spec], timeout=60)
+            argv = bed.exec_argv("w0", [sys.executable, "-c", FETCH, f"{relay.url}/kv/{key}"])
+            r = subprocess.run(argv, capture_output=True, timeout=120)
+        finally:
+            relay.stop()
+    assert r.returncode == 0, r.stderr.decode()[-500:]
+    raw = store.kv.read(key).result().value
+    assert r.stdout == chaos_peer.flip(key, raw) != raw
