@@ -199,10 +199,13 @@ def ep_sharded_equals_single(cfg, tokens: int, block: int) -> dict:
 
 
 def auto_block(cfg, tokens: int) -> int:
-    """Half the mean rows an expert gets, as a power of two in [8, 128]: the padding to
-    whole blocks then costs ~E x block / 2 rows, about a quarter of the routed rows."""
+    """The mean rows an expert gets, rounded up to a power of two in [8, 128]. On a CPU the
+    block matmuls are bound by reading the expert's weights, so blocks about one expert's
+    share (each expert read ~once) beat smaller ones with less padding: measured at hidden
+    2048 / width 768, 8 of 32 experts, 16 rows an expert: block 16 2.2x the dense time,
+    block 8 2.6x; 64 rows an expert: block 64 1.3x, block 16 1.5x, block 8 2.7x."""
     mean = tokens * cfg.num_experts_per_tok / cfg.num_experts
-    return int(min(128, max(8, 2 ** int(np.floor(np.log2(max(mean / 2, 1)))))))
+    return int(min(128, max(8, 2 ** int(np.ceil(np.log2(max(mean, 1)))))))
 
 
 def run(tokens: int, steps: int, ep_tokens: int, block: int = 0, shape: str = "full") -> dict:
