@@ -54,8 +54,15 @@ def _pieces(
                 continue
         elif shard.replica_id != 0:  # another device writes this block
             continue
+        pieces = transform.shard_pieces(shard.index, arr.shape)
+        if transform.expert is not None:
+            # One expert of a stacked leaf: slice it on the device, so publishing E experts
+            # moves each shard to the host once in total, not once per expert.
+            for hf_index, local in pieces:
+                yield hf_index, np.ascontiguousarray(transform.to_hf(np.asarray(shard.data[local])))
+            continue
         block = np.asarray(shard.data)  # one shard, on this host
-        for hf_index, local in transform.shard_pieces(shard.index, arr.shape):
+        for hf_index, local in pieces:
             yield hf_index, np.ascontiguousarray(transform.to_hf(block[local]))
 
 

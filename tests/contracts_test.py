@@ -48,7 +48,7 @@ COMMANDS = [
     ("bench.memory", ("out",)),
     ("learner_jax.evaluate", ("checkpoint_dir", "hf_dir", "eval_file", "n", "k")),
     ("bench.verify_cost", ("out",)),
-    pytest.param("bench.moe", ("out",), marks=later("bench.moe (MoE bench)")),
+    ("bench.moe", ("out",)),
     pytest.param("bench.async_bias", ("out",), marks=later("bench.async_bias")),
     ("bench.gpu_learner", ("out",)),
     ("bench.broadcast", ("netns", "out")),
@@ -69,6 +69,7 @@ CONFIG_KEYS = [
     "staleness_min",
     "staleness_max",
     "controller.trusted_proxies",
+    "model.moe.routing_replay",
 ]
 
 # bench -> (the module that writes its JSON, the headline keys; None: `rows` only)
@@ -98,7 +99,11 @@ HEADLINES = [
         "bench.verify_cost",
         ("sampler_tokens_per_s_ratio", "honest_mismatch_rate"),
     ),
-    pytest.param("bench.moe", "bench.moe", None, marks=later("bench.moe")),
+    (
+        "bench.moe",
+        "bench.moe",
+        ("moe_vs_dense_active_time", "ep_sharded_equals_single", "replay_kl_ratio"),
+    ),
     pytest.param("bench.async_bias", "bench.async_bias", None, marks=later("bench.async_bias")),
     ("bench.gpu_learner", "bench.gpu_learner", None),
     (

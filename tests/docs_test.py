@@ -32,7 +32,6 @@ staleness_max controller.trusted_proxies""".split()
 # Named by DESIGN.md's latest wave and not in the code yet: the reference cannot list them
 # until a config or the learner reads them. Drop a name here once it lands.
 PENDING_CONFIG_KEYS = {
-    "model.moe.routing_replay",
     "rollout.partial",
 }
 METRICS = """step policy_version reward/mean staleness/mean staleness/max staleness/dropped

@@ -142,6 +142,7 @@ def test_logits_and_own_routing_match_transformers(tmp_path, name):
     ref_top = np.argsort(-ref_router, axis=-1, kind="stable")[..., : cfg.num_experts_per_tok]
     for impl, opts in IMPLS.items():
         logits, seen = flax_forward(cfg, params, tokens, seg, pos, opts)
+        print(f"{name} {impl}: max |logits - transformers| {np.abs(logits - ref)[real].max():.2e}")
         assert_close_at_scale(logits[real], ref[real], err_msg=impl)
         # padding tokens' hidden states are meaningless on both sides: real tokens only
         assert_close_at_scale(seen.router_logits[:, real], ref_router[:, real], err_msg=impl)
@@ -267,6 +268,7 @@ def test_gradients_match_torch_autograd(tmp_path, replay):
             jax.tree_util.tree_leaves_with_path(grads), jax.tree.leaves(ref_flax), strict=True
         )
     }
+    print(f"replay={replay}: worst leaf relative L2 error {max(errs.values()):.2e}")
     assert max(errs.values()) <= 1e-4, sorted(errs.items(), key=lambda x: -x[1])[:3]
 
 
