@@ -48,7 +48,7 @@ def _controller(tmp_path, model_dir, task, n, **cfg):
         staleness=1,
         groups_per_step=1,
         group_size=n,
-        vocab_size=qwen3_tokenizer.vocab_size(),
+        vocab_size=tiny_model.qwen3_config().vocab_size,  # the model samples its padding ids too
         max_prompt_tokens=1024,
         # A cold reward-pool process imports verifiers on its first replay (seconds of CPU,
         # far more wall time on a loaded machine); warm replays take milliseconds.
