@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from bridge.model.config import ModelConfig
-from learner_jax.model import model
+from learner_jax.model import model, moe
 from learner_jax.model import truncation as truncation_lib
 from learner_jax.model.attention import _FILL
 
@@ -88,6 +88,7 @@ class CachedAttention(nn.Module):
 class CachedBlock(nn.Module):
     cfg: ModelConfig
     dtype: model.Dtype = jnp.float32
+    sparse: bool = False  # a MoE layer: the routed experts (moe.py) in place of the MLP
 
     @nn.compact
     def __call__(self, x, positions, cache_k, cache_v, start, visible):
@@ -98,6 +99,8 @@ class CachedBlock(nn.Module):
         )
         x = x + a
         h = model.RMSNorm("embed", cfg.rms_norm_eps, dt, name="post_attn_norm")(x)
+        if self.sparse:
+            return x + moe.SparseMoE(cfg, dt, name="mlp")(h), cache_k, cache_v
         return x + model.MLP(cfg, dt, name="mlp")(h), cache_k, cache_v
 
 
@@ -115,7 +118,7 @@ class CachedTransformer(nn.Module):
         x = embed(tokens)
         ks, vs = [], []
         for i in range(cfg.num_layers):
-            x, ck, cv = CachedBlock(cfg, dt, name=f"layers_{i}")(
+            x, ck, cv = CachedBlock(cfg, dt, cfg.is_moe_layer(i), name=f"layers_{i}")(
                 x, positions, cache_k[i], cache_v[i], start, visible
             )
             ks.append(ck)

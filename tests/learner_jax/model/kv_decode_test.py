@@ -1,8 +1,8 @@
 """The learner's KV-cache decoder (learner_jax/model/kv_decode.py) emits exactly the tokens of the
 cache-free reference (`evaluate.full_forward_fn`: the full forward at every step), greedy
 and sampled from the same key, on the tiny models of every family (Qwen3 q/k-norm + tied
-head, Qwen2 q/k/v bias, Llama untied head), with left-padded prompts of different lengths;
-and it stops at EOS.
+head, Qwen2 q/k/v bias, Llama untied head, Qwen3-MoE routed experts), with left-padded
+prompts of different lengths; and it stops at EOS.
 
 The tiny models' random weights (std 0.02) give near-uniform logits and the same greedy
 token everywhere; every weight except the norm scales is multiplied by 8 so the answers
@@ -14,6 +14,7 @@ import pytest
 
 from bridge import tasks
 from bridge.contracts.prompt import TextCodec
+from bridge.model import tiny_model
 from learner_jax.evaluation import evaluate
 from learner_jax.model import hf_import, kv_decode, sharding
 
@@ -21,8 +22,11 @@ NEW = 24
 PROMPT = 16
 
 
-@pytest.fixture(scope="module", params=["qwen3", "qwen2", "llama"])
-def family(request, tiny_model_dirs):
+@pytest.fixture(scope="module", params=["qwen3", "qwen2", "llama", "qwen3_moe"])
+def family(request, tiny_model_dirs, tmp_path_factory):
+    if request.param == "qwen3_moe":
+        path = str(tmp_path_factory.mktemp("tiny_moe"))
+        return _load(tiny_model.make_tiny_model(path, tiny_model.tiny_config("qwen3_moe")))
     return _load(tiny_model_dirs[request.param])
 
 
