@@ -32,7 +32,7 @@ def get_config():
     c.bridge.delta.anchor_every = 4
     c.rollout.temperature = 1.0
     c.rollout.eval_period = 0  # held-out accuracy at the start and the end only
-    c.eval.on = "fleet"  # the learner's KV-cache decoder has no MoE layer
+    c.eval.on = "fleet"  # evaluation rows carry routing too, checked at intake
     c.task.reward_fn = "configs/rewards/digit_share.py:compute_score"
     # A reward_fn override is a closure the controller's own process cannot be pickled
     # with (bridge/control/process.py); in-process it is scored the same.
