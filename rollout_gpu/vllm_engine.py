@@ -125,6 +125,7 @@ class VllmEngine(RolloutEngine):
             # A prefix-cache hit skips the forward of cached prompt blocks, so their routing
             # would never be recorded (routing_capture.py).
             kwargs["enable_prefix_caching"] = False
+            _expert_group_after_a_dense_engine()
         if on_cpu():
             kwargs["gpu_memory_utilization"] = 0.1
         llm = LLM(
@@ -331,6 +332,24 @@ class VllmEngine(RolloutEngine):
         # logprob off by 0.07 on the tiny Qwen3 with a 200-token prompt).
         if not self.llm.reset_prefix_cache():
             raise RuntimeError("could not reset vLLM's prefix cache (requests still running)")
+
+
+def _expert_group_after_a_dense_engine() -> None:
+    """vLLM sets up its process-wide parallel groups once, with the first engine, and makes
+    no expert-parallel group for a dense model; a MoE engine started later in the same
+    process (tests hold several engines in one process) would find none. Add the EP group of
+    this one-rank world then, as vLLM's own setup would have for a MoE model."""
+    from vllm.distributed import parallel_state as ps
+
+    if not ps.model_parallel_is_initialized() or ps._EP is not None:
+        return
+    import torch
+
+    world = ps.get_world_group()
+    backend = getattr(world, "backend", None) or torch.distributed.get_backend(world.device_group)
+    ps._EP = ps.init_model_parallel_group(
+        [[world.rank]], world.local_rank, backend, group_name="ep"
+    )
 
 
 def _moe_layers(model_dir: str) -> tuple[list[int], int]:
