@@ -73,9 +73,7 @@ class EpisodeEvaluator(Evaluator):
                 rows[i] += obs_ids
                 still.append(i)
             live = still
-        return [
-            (task.episode(p, a).reward, len(a)) for p, a in zip(prompts, actions, strict=True)
-        ]
+        return [(task.episode(p, a).reward, len(a)) for p, a in zip(prompts, actions, strict=True)]
 
     def summary(self, params, mesh=None, rules=sharding.DEFAULT_RULES) -> dict:
         results = self.episodes(params, mesh, rules)
