@@ -15,8 +15,11 @@ The SFT teacher uses the tool sloppily: a correct call 40% of the time, a malfor
 20% (then a guess), a guess without the tool otherwise. Held-out accuracy (sampled at
 temperature 1, 2 episodes per problem, each played: learner_jax/evaluation/episode_eval.py)
 before RL is the SFT policy's;
-RL against the exact reward should make the call a habit. Numbers and commands:
-docs/design/agentic.md.
+RL against the exact reward makes the call a habit. Measured (2-core box shared with other
+jobs, 30-50 min per run): held-out accuracy 0.120 -> 0.590 / 0.010 -> 0.090 /
+0.085 -> 0.635 for seeds 0 / 1 / 2, model turns per episode ~1.3 -> ~1.85 in each (the
+weak seed's SFT policy copies operands and results too rarely for GRPO to get signal;
+docs/design/agentic.md).
 
 Everything else is configs/tiny_arith.py, with one local worker.
 """

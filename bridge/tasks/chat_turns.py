@@ -2,7 +2,8 @@
 
     turns = turn_format("qwen3")
     turns.env_text([{"role": "tool", "content": "1776"}])
-    # '\n<|im_start|>user\n<tool_response>\n1776\n</tool_response><|im_end|>\n<|im_start|>assistant\n'
+    # '\n<|im_start|>user\n<tool_response>\n1776\n</tool_response><|im_end|>\n'
+    # '<|im_start|>assistant\n'
 
 An episode's tokens are built by appending (rollout_gpu/episodes.py): the model's turn is
 the ids the engine sampled, ending with the template's end-of-turn token (Qwen3

@@ -113,7 +113,11 @@ class Sandbox:
     def call(self, target: str, arguments: dict) -> ToolResult:
         if not isinstance(arguments, dict):
             return ToolResult(False, "arguments must be a JSON object")
-        request = {"target": target, "arguments": arguments, "limits": dataclasses.asdict(self.limits)}
+        request = {
+            "target": target,
+            "arguments": arguments,
+            "limits": dataclasses.asdict(self.limits),
+        }
         try:
             line = json.dumps(request) + "\n"
         except (TypeError, ValueError) as e:

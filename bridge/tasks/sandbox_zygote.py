@@ -34,7 +34,11 @@ class SandboxViolation(PermissionError):
 def _read_roots() -> tuple[str, ...]:
     """What a tool may read outside its directory: the Python installation (lazy imports)."""
     roots = {sys.prefix, sys.base_prefix, sys.exec_prefix}
-    roots |= {v for k, v in sysconfig.get_paths().items() if k in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots |= {
+        v
+        for k, v in sysconfig.get_paths().items()
+        if k in ("stdlib", "platstdlib", "purelib", "platlib")
+    }
     return tuple(os.path.realpath(r) for r in roots if r)
 
 
@@ -91,7 +95,10 @@ def _child(target, arguments: dict, limits: dict, scratch: str, out_fd: int) -> 
     try:
         ok, text = True, str(target(**arguments))
     except MemoryError:
-        ok, text = False, f"stopped: the tool went over its memory limit ({limits['memory_mb']} MiB)"
+        ok, text = (
+            False,
+            f"stopped: the tool went over its memory limit ({limits['memory_mb']} MiB)",
+        )
     except SandboxViolation as e:
         ok, text = False, f"stopped: {e}"
     except TypeError as e:
@@ -109,7 +116,10 @@ def _run(req: dict, tools: dict) -> dict:
         try:
             tools[target] = getattr(importlib.import_module(module), name)
         except Exception as e:  # noqa: BLE001 - a tool that cannot be loaded is reported
-            return {"ok": False, "text": f"tool {target!r} cannot be loaded: {type(e).__name__}: {e}"}
+            return {
+                "ok": False,
+                "text": f"tool {target!r} cannot be loaded: {type(e).__name__}: {e}",
+            }
     scratch = tempfile.mkdtemp(prefix="echo2_tool_")
     r, w = os.pipe()
     pid = os.fork()
@@ -137,13 +147,23 @@ def _run(req: dict, tools: dict) -> dict:
     _, status = os.waitpid(pid, 0)
     shutil.rmtree(scratch, ignore_errors=True)
     if timed_out:
-        return {"ok": False, "text": f"stopped: the tool ran past its {limits['wall_s']} s wall-clock limit"}
+        return {
+            "ok": False,
+            "text": f"stopped: the tool ran past its {limits['wall_s']} s wall-clock limit",
+        }
     if os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGXCPU, signal.SIGKILL):
-        return {"ok": False, "text": f"stopped: the tool used up its {limits['cpu_s']} s of CPU time"}
+        return {
+            "ok": False,
+            "text": f"stopped: the tool used up its {limits['cpu_s']} s of CPU time",
+        }
     try:
         return json.loads(data)
     except ValueError:
-        how = f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status) else f"exit {os.WEXITSTATUS(status)}"
+        how = (
+            f"signal {os.WTERMSIG(status)}"
+            if os.WIFSIGNALED(status)
+            else f"exit {os.WEXITSTATUS(status)}"
+        )
         return {"ok": False, "text": f"stopped: the tool died ({how}) without a result"}
 
 

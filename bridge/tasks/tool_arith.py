@@ -71,8 +71,14 @@ class ToolArith(ToolEnvironment):
         if not 1 <= int(digits) <= 4:
             raise ValueError(f"digits must be in 1..4, got {digits}")
         if not (0 <= tool_rate and 0 <= broken_rate and tool_rate + broken_rate <= 1):
-            raise ValueError(f"need tool_rate, broken_rate >= 0 summing to <= 1, got {tool_rate}, {broken_rate}")
-        self.digits, self.tool_rate, self.broken_rate = int(digits), float(tool_rate), float(broken_rate)
+            raise ValueError(
+                f"need tool_rate, broken_rate >= 0 summing to <= 1, got {tool_rate}, {broken_rate}"
+            )
+        self.digits, self.tool_rate, self.broken_rate = (
+            int(digits),
+            float(tool_rate),
+            float(broken_rate),
+        )
 
     def _problem(self, seed: int) -> tuple[int, int]:
         rng = random.Random(seed)

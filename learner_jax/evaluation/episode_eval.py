@@ -44,8 +44,10 @@ class EpisodeEvaluator(Evaluator):
         finally:
             self._rows = saved
 
-    def episodes(self, params, mesh=None, rules=sharding.DEFAULT_RULES) -> list[tuple[float, int]]:
-        """(reward, model turns) of every held-out episode (n per prompt)."""
+    def episodes(
+        self, params, mesh=None, rules=sharding.DEFAULT_RULES
+    ) -> list[tuple[float, list[str]]]:
+        """(reward, the model's turns as text) of every held-out episode (n per prompt)."""
         task, codec, n = self.task, self.codec, self.eval_cfg.samples
         prompts = [p for p in self.prompts for _ in range(n)]
         rows = [list(r) for r in self._rows]
@@ -73,9 +75,7 @@ class EpisodeEvaluator(Evaluator):
                 rows[i] += obs_ids
                 still.append(i)
             live = still
-        return [
-            (task.episode(p, a).reward, len(a)) for p, a in zip(prompts, actions, strict=True)
-        ]
+        return [(task.episode(p, a).reward, a) for p, a in zip(prompts, actions, strict=True)]
 
     def summary(self, params, mesh=None, rules=sharding.DEFAULT_RULES) -> dict:
         results = self.episodes(params, mesh, rules)
@@ -88,5 +88,5 @@ class EpisodeEvaluator(Evaluator):
             "eval/accuracy": float(sum(c for _, c in counts) / (n * len(counts))),
             "eval/pass@1": pass_at_k.mean_pass_at_k(counts, 1),
             "eval/pass@k": pass_at_k.mean_pass_at_k(counts, n),
-            "eval/mean_turns": float(np.mean([t for _, t in results])),
+            "eval/mean_turns": float(np.mean([len(a) for _, a in results])),
         }

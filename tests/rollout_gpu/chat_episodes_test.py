@@ -79,7 +79,9 @@ def test_chat_episodes_are_the_sampled_ids_and_the_templates_turns(qwen3_engine)
         messages = [{"role": "user", "content": ChatCount().reset(4)}]
         for k, ids in enumerate(model):
             body = ids[:-1] if ids[-1] == im_end else ids
-            messages.append({"role": "assistant", "content": codec.tok.decode(body, skip_special_tokens=False)})
+            messages.append(
+                {"role": "assistant", "content": codec.tok.decode(body, skip_special_tokens=False)}
+            )
             if k < 2:
                 messages.append({"role": "user", "content": f"next {k + 1}"})
         again = codec.encode(QWEN3.render(messages, enable_thinking=True))
@@ -100,7 +102,9 @@ def test_chat_episodes_are_the_sampled_ids_and_the_templates_turns(qwen3_engine)
 def _scored(result):
     from bridge.control.protocol import ConsumedGroup, Trajectory
 
+    trajs = [
+        Trajectory(**t.model_dump(), reward=float(t.sample_index % 2)) for t in result.trajectories
+    ]
     return ConsumedGroup(
-        group_id=result.group_id, prompt_id="chat/4", prompt="", answer="4",
-        trajectories=[Trajectory(**t.model_dump(), reward=float(t.sample_index % 2)) for t in result.trajectories],
-    )  # fmt: skip
+        group_id=result.group_id, prompt_id="chat/4", prompt="", answer="4", trajectories=trajs
+    )

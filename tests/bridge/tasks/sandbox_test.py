@@ -13,7 +13,7 @@ import pytest
 from bridge.tasks.sandbox import Limits, Sandbox, network_isolation
 from bridge.tasks.tool_calls import MalformedCall, ToolCall, parse_tool_calls
 
-TOOLS = '''
+TOOLS = """
 import os, socket, subprocess, time
 
 def add(a, b):
@@ -50,7 +50,7 @@ def scratch():
 
 def shell():
     return subprocess.run(["true"]).returncode
-'''
+"""
 
 
 @pytest.fixture(scope="module")
@@ -130,16 +130,18 @@ def test_the_network_namespace_has_no_route():
     port = server.getsockname()[1]
     code = f"import socket; socket.create_connection(('127.0.0.1', {port}), timeout=2)"
     out = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True, text=True)
-    assert out.returncode != 0 and ("Network is unreachable" in out.stderr or "refused" in out.stderr)
+    assert out.returncode != 0 and (
+        "Network is unreachable" in out.stderr or "refused" in out.stderr
+    )
     server.close()
 
 
 def test_qwen3_tool_calls_are_parsed_and_malformed_ones_say_why():
     text = (
-        "<think>maybe <tool_call>{\"name\": \"x\"}</tool_call></think>\n"
+        '<think>maybe <tool_call>{"name": "x"}</tool_call></think>\n'
         '<tool_call>\n{"name": "calc", "arguments": {"expr": "1+2"}}\n</tool_call>\n'
         '<tool_call>{"name": "calc", "arguments": "{\\"expr\\": \\"3\\"}"}</tool_call>'
-        "<tool_call>{name: calc}</tool_call><tool_call>[1]</tool_call><tool_call>{\"name\": \"c\""
+        '<tool_call>{name: calc}</tool_call><tool_call>[1]</tool_call><tool_call>{"name": "c"'
     )
     calls = parse_tool_calls(text)
     assert calls[:2] == [ToolCall("calc", {"expr": "1+2"}), ToolCall("calc", {"expr": "3"})]
@@ -155,7 +157,9 @@ def test_a_tool_environment_answers_errors_as_observations():
 
     env = make_env("tool_arith", cpu_s=1, wall_s=3.0)
     env.reset(7)
-    obs, reward, done = env.step('<tool_call>{"name": "calc", "arguments": {"expr": "1+"}</tool_call>')
+    obs, reward, done = env.step(
+        '<tool_call>{"name": "calc", "arguments": {"expr": "1+"}</tool_call>'
+    )
     assert not done and reward == 0.0 and "error: malformed tool call" in obs
     obs, _, done = env.step(call_text("9**9**9**9"))  # no power operator: refused, not run
     assert not done and "error:" in obs

@@ -51,8 +51,9 @@ def llama3(tmp_path_factory):
     tok.save(os.path.join(path, "tokenizer.json"))
     template = turn_format("llama3").template
     with open(os.path.join(path, "tokenizer_config.json"), "w") as f:
-        json.dump({"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>",
-                   "chat_template": template, "tokenizer_class": "PreTrainedTokenizerFast"}, f)  # fmt: skip
+        config = {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"}
+        config.update(chat_template=template, tokenizer_class="PreTrainedTokenizerFast")
+        json.dump(config, f)
     return path
 
 
@@ -106,9 +107,11 @@ def test_qwen3_rerendering_drops_earlier_reasoning_and_rewrites_calls(qwen3):
     assert "A king: bet." not in codec.tok.decode(rendered, skip_special_tokens=False)
     # A call written compactly (as a policy may) is re-serialized by the template.
     call = '<tool_call>{"name":"calc","arguments":{"expr":"37*48"}}</tool_call>'
-    messages = [{"role": "user", "content": "37*48="},
-                {"role": "assistant", "content": "",
-                 "tool_calls": [{"function": {"name": "calc", "arguments": {"expr": "37*48"}}}]}]  # fmt: skip
+    calls = [{"function": {"name": "calc", "arguments": {"expr": "37*48"}}}]
+    messages = [
+        {"role": "user", "content": "37*48="},
+        {"role": "assistant", "content": "", "tool_calls": calls},
+    ]
     appended = codec.encode_prompt("37*48=") + codec.encode(call + "<|im_end|>")
     assert appended != codec.encode(fmt.render(messages, tools=TOOLS))[: len(appended)]
 
