@@ -4,7 +4,13 @@ A stall is a gap between consecutive RL steps: the `time/wall` of consecutive me
 lines (any binary run; a rerun's repeated steps count as steps), plus the gap from the
 last line to the soak's end. Each gap may last
 
-    B(gap) = base + sum of the allowances of the faults that struck within it
+    B(gap) = base + sum over faults of what is left of each one's allowance at the gap
+
+A fault at time t with allowance A leaves all of A to the gap it strikes within, and
+t + A - (the gap's start) to a gap that starts after it, while that is positive: recovery
+ends by t + A, whichever gap it falls in (a run stopped with SIGINT still logs the step
+it was in, so its restart's gap starts just after the fault; a killed worker's leases hold
+admission past the next step).
 
 where `base` is the steady pace (5 x the median gap between steps, at least 30 s: the
 held-out evaluation and checkpoint steps are slower than the median), and a fault's
@@ -61,6 +67,14 @@ def base_s(walls: list[float]) -> float:
     return max(30.0, 5 * statistics.median(gaps)) if gaps else 30.0
 
 
+def _left(allowance: float, fault_at: float, gap_start: float) -> float:
+    """What a fault's allowance leaves to a gap starting at `gap_start` (1 s of slack: a
+    fault logged just before the step line that opens its gap strikes within it)."""
+    if fault_at >= gap_start - 1.0:
+        return allowance
+    return max(0.0, fault_at + allowance - gap_start)
+
+
 def check(
     walls: list[float],
     faults: list[tuple[float, str]],
@@ -77,8 +91,9 @@ def check(
     worst, over = None, []
     edges = list(zip(walls, walls[1:] + [end_at], strict=True))
     for a, b in edges:
-        struck = [f for t, f in faults if a - 1.0 <= t <= b]
-        bound = base + sum(allow.get(f, 0.0) for f in struck)
+        left = [(f, _left(allow.get(f, 0.0), t, a)) for t, f in faults if t <= b]
+        struck = [f for f, s in left if s > 0]
+        bound = base + sum(s for _, s in left)
         row = {"from": round(a, 1), "gap_s": round(b - a, 1), "bound_s": round(bound, 1),
                "faults": struck}  # fmt: skip
         if worst is None or row["gap_s"] - bound > worst["gap_s"] - worst["bound_s"]:

@@ -42,3 +42,25 @@ def test_network_faults_allow_their_cut_and_the_lease_ttl():
         walls = STEADY + [STEADY[-1] + gap + extra]
         r = chaos_stall.check(walls, [cut], walls[-1] + 1.0, ttl, startup_s=80.0, corrupt_count=2)
         assert r["ok"] is ok, r
+
+
+def test_a_fault_just_before_a_gap_leaves_it_what_remains_of_its_allowance():
+    """A graceful restart logs one more step after the SIGINT, and a killed worker's leases
+    hold admission past the next step: the gap after the fault's own gets what is left of
+    its allowance, and no more."""
+    ttl = 60.0
+    kill = (STEADY[-1] - 15.0, "worker_kill")  # 15 s before the gap's start: 45 s left
+    for extra, ok in ((-1.0, True), (1.0, False)):
+        walls = STEADY + [STEADY[-1] + 30.0 + 45.0 + extra]
+        r = chaos_stall.check(walls, [kill], walls[-1] + 1.0, ttl, startup_s=80.0, corrupt_count=2)
+        assert r["ok"] is ok, r
+    # A fault whose allowance ran out before the gap leaves it nothing, and two faults of
+    # one kind each leave their own remainder.
+    long_ago = (STEADY[0] - 100.0, "worker_kill")
+    walls = STEADY + [STEADY[-1] + 40.0]
+    r = chaos_stall.check(walls, [long_ago], walls[-1] + 1.0, ttl, startup_s=80.0, corrupt_count=2)
+    assert not r["ok"] and r["over_bound"][0]["bound_s"] == 30.0
+    both = [kill, (STEADY[-1] - 5.0, "worker_kill")]  # 45 + 55 s left
+    walls = STEADY + [STEADY[-1] + 30.0 + 100.0 - 1.0]
+    r = chaos_stall.check(walls, both, walls[-1] + 1.0, ttl, startup_s=80.0, corrupt_count=2)
+    assert r["ok"], r
