@@ -24,7 +24,7 @@ def get_config():
     c.task.name = "verifiers"
     c.task.verifiers_env = "bridge.tasks.verifiers_envs.calculator"
     c.task.max_turns = 3  # model turns per episode (tool calls, then the answer)
-    c.task.turn_max_tokens = 48
+    c.task.turn_max_tokens = 96  # the scripted tool call is about 75 tokens, + its end
     c.task.eval_size = 2
     c.task.reward_fn = ""
     c.task.module = ""
