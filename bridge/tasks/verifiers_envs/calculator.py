@@ -8,45 +8,30 @@ value; `@vf.metric tool_calls` counts the tool results in the trace.
 
 from __future__ import annotations
 
-import ast
 import json
-import operator
 import random
 import re
 
 import verifiers.v1 as vf
 
+from bridge.tools.calculator import calculator
+
 SYSTEM_PROMPT = (
     "Answer arithmetic questions. You may call the calculate tool. "
     "End with the final answer as a number."
 )
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
-_MAX_LEN = 64  # characters of an expression the tool evaluates
 
 
 def evaluate(expression: str) -> int:
-    """Integers, + - * and parentheses only: the tool evaluates no other Python."""
-    if len(expression) > _MAX_LEN:
-        raise ValueError(f"expression longer than {_MAX_LEN} characters")
-
-    def ev(node):
-        if isinstance(node, ast.Expression):
-            return ev(node.body)
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            return node.value
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            return _OPS[type(node.op)](ev(node.left), ev(node.right))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -ev(node.operand)
-        raise ValueError(f"not an integer expression: {expression!r}")
-
-    return ev(ast.parse(expression, mode="eval"))
+    """The value echo2's calculator tool gives (bridge/tools/calculator.py: integers and
+    + - * // % over an AST walk, never Python's eval)."""
+    return int(calculator(expression))
 
 
 class CalculatorToolset(vf.Toolset):
     @vf.tool
     def calculate(self, expression: str) -> str:
-        """Evaluate an integer expression with + - * and parentheses, e.g. "(12+7)*3"."""
+        """Evaluate an integer expression with + - * // % and parentheses, e.g. "(12+7)*3"."""
         return str(evaluate(expression))
 
 
