@@ -77,7 +77,9 @@ class ModelOptions:
             raise ValueError(f"attention_block must be >= 1, got {self.attention_block}")
         if self.logprob_chunk < 0:
             raise ValueError(f"logprob_chunk must be >= 0 (0 = off), got {self.logprob_chunk}")
-        moe.resolve_matmul(self.moe_matmul)
+        if self.moe_matmul not in moe.MATMULS:  # resolved at the call: a default instance
+            # is built at import, before jax.distributed.initialize may touch the backend
+            raise ValueError(f"moe_matmul must be one of {moe.MATMULS}, got {self.moe_matmul!r}")
         if self.moe_block < 1:
             raise ValueError(f"moe_block must be >= 1, got {self.moe_block}")
 
