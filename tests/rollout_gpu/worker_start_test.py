@@ -65,3 +65,23 @@ def test_a_full_version_starts_a_plain_engine_on_the_store_model_files(
     [(args, kwargs)] = calls
     assert kwargs == {} and os.path.isfile(os.path.join(args[0], "config.json"))
     assert args[0].startswith(str(tmp_path / "cache"))
+
+
+def test_the_peer_rate_floor_reaches_the_workers_relay(tmp_path):
+    """`--peer_min_bytes_per_s` is the relay's per-chunk floor (peer_fetch.py): a worker
+    built from the options hands it to the relay that fetches from its parent."""
+    opts = WorkerOptions(
+        relay=True,
+        relay_host="127.0.0.1",
+        relay_port=0,
+        peer_min_bytes_per_s=12_345.0,
+        controller="http://127.0.0.1:9",
+        join_secret="x",
+        profile=WorkerProfile(accelerator="cpu", price_per_hour=0.0, max_concurrent_sequences=8),
+        cache_dir=str(tmp_path / "cache"),
+    )
+    w = RolloutWorker(opts, make_engine=_never)
+    try:
+        assert w.versions.peers.relay.min_rate == 12_345.0
+    finally:
+        w.versions.peers.close()
