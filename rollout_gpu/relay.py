@@ -127,14 +127,17 @@ class Relay(VersionCache):
         return self.url
 
     def _thread(self, ready) -> None:
-        self._loop = asyncio.new_event_loop()
+        # The thread keeps its own reference: start() returns as soon as the site is up, so
+        # a stop() may clear self._loop before this thread reaches run_forever (its close
+        # coroutine then runs once the loop does).
+        loop = self._loop = asyncio.new_event_loop()
         try:
-            self._loop.run_until_complete(self._serve(ready))
+            loop.run_until_complete(self._serve(ready))
         except BaseException as e:  # noqa: BLE001 - hand a startup failure to start()
             if not ready.done():
                 ready.set_exception(e)
             return
-        self._loop.run_forever()
+        loop.run_forever()
 
     async def _serve(self, ready) -> None:
         self._changed = asyncio.Event()

@@ -32,6 +32,7 @@ Options (task options that go to the environment): `turns` ("plain" | "qwen3" |
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 
@@ -69,11 +70,13 @@ class ToolEnvironment(Environment):
         self.limits = Limits(cpu_s=int(cpu_s), wall_s=float(wall_s), memory_mb=int(memory_mb))
         self._by_name = {t.name: t for t in self.tools}
 
+    @abc.abstractmethod
     def question(self, seed: int) -> str:
-        raise NotImplementedError
+        """The episode's task text for `seed` (the user turn)."""
 
+    @abc.abstractmethod
     def score(self, answer: str) -> float:
-        raise NotImplementedError
+        """The reward of the model's final answer."""
 
     def tool_schemas(self) -> str:
         """The tools as the template's `tools=` (PromptFormat.tools: JSON text)."""
