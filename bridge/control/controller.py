@@ -388,12 +388,13 @@ class Controller:
             return SubmitResponse(announcement=ann, **out)
         # The checks read committed rows without the lock (intake.py): one lock a submission.
         newest = self.versions.current().version
-        fresh, prompts = self.intake.check(worker_id, sub, newest, self.db.read_view())
+        fresh, prompts, drawn = self.intake.check(worker_id, sub, newest, self.db.read_view())
         self.workers.touch(worker_id)  # in memory: after the checks (bad input: no trace)
         scored = [
-            (g.group_id, *self.scorer.score_group(g.group_id, prompts[g.group_id], g.trajectories))
+            (g.group_id, *self.scorer.score_group(
+                g.group_id, prompts[g.group_id], g.trajectories, drawn.get(g.group_id)))
             for g in fresh
-        ]
+        ]  # fmt: skip
         with self._op():
             accepted, dups, done = self.intake.accept(worker_id, sub, scored)
             if done is not None:

@@ -25,6 +25,7 @@ from bridge.tasks import (  # noqa: F401  (registers the plugins)
     kuhn_poker,
     reasoning_gym,
     tool_arith,
+    tool_draw,
     verifiers_env,
 )
 from bridge.tasks.arithmetic import Arithmetic, leading_int

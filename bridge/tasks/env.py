@@ -24,6 +24,15 @@ reward, and observation tokens that differ from the replay's are refused (422). 
 therefore be deterministic functions of (seed, actions): draw any randomness (an opponent's
 mixed strategy, the deck) from `random.Random(seed)`, never from global state.
 
+The exception is an environment that draws from outside (seed, actions) on purpose: a tool
+that reads the clock, a fresh random draw, the web (`deterministic = False`). No replay can
+recompute what it drew, so it runs on the trusted side only (its lease carries no seed:
+controller mode, bridge/control/intake/episode_steps.py), and the controller records what
+each step drew when it answered (`drawn()`); every later replay of the episode takes the
+recorded draws back (`redraw`) instead of drawing again, so its observations and reward are
+the ones the controller answered with, and a worker's environment tokens that differ from
+them are refused as for any episode.
+
 An episode cut short (the token budget or `max_turns` ran out before `done`) scores the
 rewards so far plus `unfinished_reward()` (default 0): an env where stalling must not pay
 (poker: a hand left unplayed) overrides it.
@@ -57,6 +66,9 @@ class Environment(abc.ABC):
     # decides (a question), so the lease carries the seed and the worker plays the
     # environment itself; the trusted side still replays every episode.
     hidden_state: bool = True
+    # False: a step may draw from outside (seed, actions) (module docstring); the trusted
+    # side then plays every step and replays from what it recorded (`drawn`, `redraw`).
+    deterministic: bool = True
 
     @abc.abstractmethod
     def reset(self, seed: int) -> str:
@@ -66,6 +78,15 @@ class Environment(abc.ABC):
     def step(self, action: str) -> tuple[str, float, bool]:
         """Apply the model's action text; (next observation, reward of this step, done).
         The observation after `done` is informational (never shown to the model)."""
+
+    def drawn(self) -> Any:
+        """What the last `step` drew from outside (seed, actions), as JSON data (None:
+        nothing; always None for a deterministic environment)."""
+        return None
+
+    def redraw(self, drawn: Any) -> None:
+        """Make the next `step` take `drawn` (a record of `drawn()`) instead of drawing."""
+        raise NotImplementedError(f"environment {self.name!r} draws nothing to take back")
 
     def unfinished_reward(self) -> float:
         """Extra reward when the episode ends before `done` (budget or max_turns)."""
@@ -136,35 +157,45 @@ def make_env(name: str, **options: Any) -> Environment:
 
 @dataclasses.dataclass(frozen=True)
 class Replay:
-    """What the environment said along one episode: `observations[i]` follows action i."""
+    """What the environment said along one episode: `observations[i]` follows action i;
+    `drawn[i]` is what step i drew from outside (seed, actions) (`Environment.drawn`)."""
 
     reward: float
     observations: list[str]
     done: bool
     step_rewards: list[float]
+    drawn: list[Any] = dataclasses.field(default_factory=list)
 
 
 def replay(
-    env: Environment, seed: int, actions: Sequence[str], illegal_penalty: float = 0.0
+    env: Environment,
+    seed: int,
+    actions: Sequence[str],
+    illegal_penalty: float = 0.0,
+    drawn: Sequence[Any] = (),
 ) -> Replay:
     """Run an episode from (seed, actions). It stops at `done`: actions beyond it are not
     applied (fewer observations than actions tells the caller they were made up). Each
     applied action the environment calls `invalid` costs `illegal_penalty` (in its step's
-    reward)."""
+    reward). `drawn[i]` (recorded when step i was first played) is what step i takes back
+    instead of drawing again; steps past `drawn` draw."""
     env.reset(seed)
-    observations, rewards, done = [], [], False
-    for action in actions:
+    observations, rewards, draws, done = [], [], [], False
+    for i, action in enumerate(actions):
         if done:
             break
         fine = illegal_penalty if illegal_penalty and env.invalid(action) else 0.0
+        if i < len(drawn) and drawn[i] is not None:
+            env.redraw(drawn[i])
         obs, r, done = env.step(action)
+        draws.append(env.drawn())
         r = float(r) - fine
         if not done and not obs:
             raise RewardError(f"environment {env.name!r} returned an empty observation")
         observations.append(obs)
         rewards.append(float(r))
     total = sum(rewards) + (0.0 if done else float(env.unfinished_reward()))
-    return Replay(total, observations, done, rewards)
+    return Replay(total, observations, done, rewards, draws)
 
 
 def _penalty(value: Any) -> float:
@@ -218,7 +249,9 @@ class EnvTask(Task):
         self.max_turns, self.turn_max_tokens = int(max_turns), int(turn_max_tokens)
         self.eval_size = int(eval_size)
         self.env = make_env(env, **self.env_options)  # fails here on bad options
-        self.hides_state = bool(self.env.hidden_state)
+        # An environment that draws from outside (seed, actions) is played by the trusted
+        # side only: what it drew is recorded there, never taken from a worker.
+        self.hides_state = bool(self.env.hidden_state) or not self.env.deterministic
         tools = getattr(self.env, "tool_schemas", None)
         if tools is not None and getattr(self.env.turns, "template", None):
             # Tools are declared through the chat template (its `tools=`), as a chat
@@ -254,8 +287,8 @@ class EnvTask(Task):
     def seed_of(prompt: Prompt) -> int:
         return int(prompt.answer)
 
-    def episode(self, prompt: Prompt, actions: Sequence[str]) -> Replay:
-        return replay(self.new_env(), self.seed_of(prompt), actions, self.illegal_penalty)
+    def episode(self, prompt: Prompt, actions: Sequence[str], drawn: Sequence = ()) -> Replay:
+        return replay(self.new_env(), self.seed_of(prompt), actions, self.illegal_penalty, drawn)
 
     def reward(self, prompt: Prompt, completion: str) -> float:
         """The one-step case: the completion is the first (and only) action."""
@@ -271,10 +304,16 @@ class EnvTask(Task):
 
 
 def replay_named(
-    module: str, task_name: str, options: dict, prompt: tuple[str, str, str], actions: list[str]
-) -> tuple[float, list[str], bool]:
+    module: str,
+    task_name: str,
+    options: dict,
+    prompt: tuple[str, str, str],
+    actions: list[str],
+    drawn: list | None = None,
+) -> tuple[float, list[str], bool, list]:
     """Runs in a reward-pool worker (bridge/control/intake/rewards.py): the trusted replay of one
-    episode of the task (name, options) as plain data, so only strings cross the pipe."""
+    episode of the task (name, options) as plain data, so only strings cross the pipe:
+    (reward, observations, done, what each step drew)."""
     import importlib
     import sys
 
@@ -285,5 +324,5 @@ def replay_named(
     task = cached_task(task_name, options)
     if not isinstance(task, EnvTask):
         raise RewardError(f"task {task_name!r} is not an environment task")
-    r = task.episode(Prompt(*prompt), actions)
-    return r.reward, r.observations, r.done
+    r = task.episode(Prompt(*prompt), actions, drawn or ())
+    return r.reward, r.observations, r.done, r.drawn

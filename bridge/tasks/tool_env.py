@@ -20,9 +20,13 @@ the model's turns and refuses a trajectory whose tool results differ from its ow
 (bridge/control/intake/rewards.py). That is the deterministic-replay mode, right for a tool
 that is a function of its arguments (a calculator, a code runner with a fixed input). A
 tool whose answer the trusted side cannot recompute (the web, a clock, a judge) belongs
-in the controller mode: `hidden_state = True`, the lease carries no seed and every tool
-call goes to the controller (POST /v1/episode, bridge/control/intake/episode_steps.py),
-which runs it and keeps the answer. A tool stopped at its wall-clock limit is the one
+in the controller mode: declare it `Tool(..., deterministic=False)`; the environment is
+then not deterministic, its lease carries no seed and every tool call goes to the
+controller (POST /v1/episode, bridge/control/intake/episode_steps.py), which runs it and
+records the results (`drawn`: each turn's call results). Every later replay of the
+episode (the next turn's, the submission's scoring) takes the recorded results back
+(`redraw`) instead of calling the tool again, so the score sees what the model saw
+(`results`: every result of the episode so far). A tool stopped at its wall-clock limit is the one
 nondeterministic outcome of a deterministic tool (a loaded machine); its limits should
 sit far from what an honest call needs.
 
@@ -50,6 +54,9 @@ class Tool:
 
     target: str
     schema: dict
+    # False: the result may differ between calls with the same arguments (a clock, a random
+    # draw, the web): the environment runs on the trusted side only (module docstring).
+    deterministic: bool = True
 
     @property
     def name(self) -> str:
@@ -69,6 +76,13 @@ class ToolEnvironment(Environment):
         self.turns = turn_format(turns)
         self.limits = Limits(cpu_s=int(cpu_s), wall_s=float(wall_s), memory_mb=int(memory_mb))
         self._by_name = {t.name: t for t in self.tools}
+        self.results: list[str] = []  # every call's result this episode, in order
+        self._drawn: list[str] | None = None  # the last step's call results
+        self._given: list[str] | None = None  # results a replay takes back (redraw)
+
+    @property
+    def deterministic(self) -> bool:
+        return all(t.deterministic for t in self.tools)
 
     @abc.abstractmethod
     def question(self, seed: int) -> str:
@@ -83,8 +97,18 @@ class ToolEnvironment(Environment):
         return json.dumps([t.schema for t in self.tools])
 
     def reset(self, seed: int) -> str:
-        self.seed = seed
+        self.seed, self.results, self._drawn, self._given = seed, [], None, None
         return self.question(seed)
+
+    def drawn(self) -> list[str] | None:
+        """The last step's call results when a tool may draw (else None: a replay
+        recomputes them)."""
+        return None if self.deterministic else self._drawn
+
+    def redraw(self, drawn: list[str]) -> None:
+        if not isinstance(drawn, list) or not all(isinstance(r, str) for r in drawn):
+            raise ValueError(f"recorded tool results must be a list of strings, got {drawn!r}")
+        self._given = list(drawn)
 
     def call(self, call) -> str:
         """One call's result text (an `error: ...` the model can read when it failed)."""
@@ -97,7 +121,12 @@ class ToolEnvironment(Environment):
         return result.text if result.ok else f"error: {result.text}"
 
     def step(self, action: str) -> tuple[str, float, bool]:
-        calls = parse_tool_calls(action)
+        calls, given, self._given, self._drawn = parse_tool_calls(action), self._given, None, None
         if not calls:
             return "", float(self.score(action)), True
-        return self.turns.tool_results([self.call(c) for c in calls]), 0.0, False
+        if given is not None and len(given) != len(calls):
+            raise ValueError(f"{len(given)} recorded results for a turn of {len(calls)} calls")
+        results = list(given) if given is not None else [self.call(c) for c in calls]
+        self.results += results
+        self._drawn = results
+        return self.turns.tool_results(results), 0.0, False

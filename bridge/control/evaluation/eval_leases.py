@@ -361,7 +361,12 @@ class EvalBoard:
             lease = self.leases.get(sub.lease_id)
             version = lease["version"] if lease else None
             scorer = self.scorers.get(version, scorer) if lease else scorer
-        scored = [(g.group_id, *scorer.score_group(g.group_id, prompts[g.group_id], g.trajectories))
+            # What the episodes played through POST /v1/episode drew (rewards.py).
+            played = dict(lease.get("episodes", {})) if lease else {}
+        drawn = {g.group_id: {k[1]: s[3] for k, s in played.items() if k[0] == g.group_id}
+                 for g in fresh}  # fmt: skip
+        scored = [(g.group_id, *scorer.score_group(g.group_id, prompts[g.group_id], g.trajectories,
+                                                   drawn[g.group_id]))
                   for g in fresh]  # fmt: skip
         self.accept(worker_id, sub, scored)
         accepted = [gid for gid, _, _ in scored]

@@ -11,8 +11,13 @@ pool with the reward timeout, RewardScorer.replay). It answers the last observat
 never the seed.
 
 The trusted side holds each leased episode's state: the model turns answered so far, the
-last observation and whether it is done (SQLite `episodes`, keyed by the lease, written in
-the answer's transaction, gone when the lease ends). A worker could otherwise probe: play
+last observation, whether it is done and what each answered turn drew from outside (seed,
+actions) (SQLite `episodes`, keyed by the lease, written in the answer's transaction, gone
+when the lease ends). An environment that draws (a nondeterministic tool: a clock, a
+random draw, the web; `Environment.deterministic` False) is played here only: each replay
+takes the committed turns' draws back and draws only for the new turn, so the episode the
+worker sees is one the controller answered, and its submission is scored from those
+records (rewards.py). A worker could otherwise probe: play
 one line, read what it reveals of the hidden state (a check that the opponent answers with
 a bet shows its card is not the Queen), then play and submit another. So:
 - a request extends each episode it names by exactly one turn, after the committed ones;
@@ -125,7 +130,7 @@ class EpisodeSteps:
         """Whether `e` plays one new turn after the committed `state` (False: it repeats
         the committed turns); SubmissionError for any other turns."""
         where = f"group {e.group_id} sample {e.sample_index}"
-        played, _, done = state or ([], "", False)
+        played, _, done, _ = state or ([], "", False, [])
         if e.turns == played:
             return False
         if e.turns[: len(played)] != played:
@@ -143,18 +148,20 @@ class EpisodeSteps:
             )
         return True
 
-    def _replay(self, e: EpisodeTurns, prompt: Prompt) -> tuple[str, bool]:
+    def _replay(self, e: EpisodeTurns, prompt: Prompt, drawn: list) -> tuple[str, bool, list]:
+        """(the last observation, done, what each turn drew) of `e`'s turns, the committed
+        turns taking back what they drew (`drawn`)."""
         where = f"group {e.group_id} sample {e.sample_index}"
         actions = [self.codec.decode(ids) for ids in e.turns]
         try:
-            _, observations, done = self.scorer.replay(prompt, actions)
+            _, observations, done, draws = self.scorer.replay(prompt, actions, drawn)
         except RewardError as e2:
             raise SubmissionError(f"{where}: the environment failed: {e2}", 500) from e2
         if len(observations) < len(actions):
             raise SubmissionError(
                 f"{where}: the episode ended after {len(observations)} model turns"
             )
-        return ("" if done else observations[-1]), done
+        return ("" if done else observations[-1]), done, draws
 
     def observe(self, worker_id: str, req: EpisodeStep) -> EpisodeStepResponse:
         """The next observation of each episode of `req` (SubmissionError otherwise)."""
@@ -171,17 +178,18 @@ class EpisodeSteps:
             states = dict(states)  # what the replays start from
         prompts = [self._check(e, rows) for e in req.episodes]
         played = [
-            (e, p)
+            (e, p, states[k][3] if k in states else [])
             for e, p, k in zip(req.episodes, prompts, keys, strict=True)
             if self._next(e, states.get(k))
         ]
+        replays = self._replays(worker_id, played)
         fresh = {
-            (e.group_id, e.sample_index): o
-            for (e, _), o in zip(played, self._replays(worker_id, played), strict=True)
+            (e.group_id, e.sample_index): EpisodeObservation(observation=o, done=d)
+            for (e, _, _), (o, d, _) in zip(played, replays, strict=True)
         }
         new = {
-            (e.group_id, e.sample_index): ([list(t) for t in e.turns], o.observation, o.done)
-            for (e, _), o in zip(played, fresh.values(), strict=True)
+            (e.group_id, e.sample_index): ([list(t) for t in e.turns], o, d, draws)
+            for (e, _, _), (o, d, draws) in zip(played, replays, strict=True)
         }
         if new and in_db:
             with self.lock, self.db.tx():
@@ -209,10 +217,8 @@ class EpisodeSteps:
             if k[0] not in rows or now.get(k) != states.get(k):
                 raise SubmissionError(f"group {k[0]} sample {k[1]}: played meanwhile", 409)
 
-    def _replays(self, worker_id: str, played: list) -> list[EpisodeObservation]:
-        """Replay each (turns, prompt) of `played`, within the worker's budget."""
+    def _replays(self, worker_id: str, played: list) -> list[tuple[str, bool, list]]:
+        """Replay each (turns, prompt, drawn) of `played`, within the worker's budget."""
         if played and (wait := self.budget.take(worker_id, len(played))) > 0:
             raise OverBudget(wait)
-        return [
-            EpisodeObservation(observation=o, done=d) for o, d in (self._replay(*x) for x in played)
-        ]
+        return [self._replay(*x) for x in played]

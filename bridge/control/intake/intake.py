@@ -51,7 +51,7 @@ def check_played(states: dict, group: GroupResult) -> None:
     `ControllerDB.episode_states`; episode_steps.py)."""
     for t in group.trajectories:
         turns = [list(ids) for m, ids in t.segments() if m == 1]
-        played = states.get((group.group_id, t.sample_index), ([], "", False))[0]
+        played = states.get((group.group_id, t.sample_index), ([],))[0]
         if turns != played:
             raise SubmissionError(
                 f"group {group.group_id} sample {t.sample_index}: its {len(turns)} model "
@@ -91,7 +91,9 @@ class Intake:
         self.db, self.config, self.clock, self.content = db, config, clock, content
 
     def check(self, worker_id: str, sub: Submission, newest: int, db: ControllerDB):
-        """(fresh groups, group_id -> Prompt); raises SubmissionError before any change.
+        """(fresh groups, group_id -> Prompt, group_id -> {sample index: what the episode
+        drew when the controller played it} for episodes played through POST /v1/episode,
+        the scoring's records: rewards.py); raises SubmissionError before any change.
         `newest`: the newest published version (no token may claim a newer one). `db`:
         `read_view()` of the store, no lock: what this reads of a lease (its owner, its
         groups' prompts, its version) does not change once it is granted, and `accept`
@@ -102,7 +104,7 @@ class Intake:
         ids = [g.group_id for g in sub.groups]
         if len(set(ids)) != len(ids):
             raise SubmissionError("a group id appears twice in the submission")
-        fresh, prompts, played = [], {}, None
+        fresh, prompts, played, drawn = [], {}, None, {}
         for g in sub.groups:
             row = rows.get(g.group_id)
             if row is None:
@@ -131,6 +133,10 @@ class Intake:
                 if played is None:
                     played = db.episode_states(sub.lease_id)
                 check_played(played, g)
+                drawn[g.group_id] = {
+                    t.sample_index: played.get((g.group_id, t.sample_index), ((),) * 4)[3]
+                    for t in g.trajectories
+                }
             fresh.append(g)
             prompts[g.group_id] = Prompt(row["prompt_id"], row["prompt"], row["answer"])
         if fresh:  # contact renews the leases, and scoring time must not expire them
@@ -139,7 +145,7 @@ class Intake:
             n = sum(len(g.trajectories) for g in fresh)
             scoring_s = 2 * n * max(c.reward_timeout_s, 0.0)
             db.renew_leases(worker_id, now + c.lease_ttl_s + scoring_s, now)  # not the past
-        return fresh, prompts
+        return fresh, prompts, drawn
 
     def accept(self, worker_id: str, sub: Submission, scored):
         """Buffer the scored groups still leased to `sub` (the lease may have expired while

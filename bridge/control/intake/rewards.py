@@ -33,7 +33,12 @@ Multi-turn episodes (bridge/tasks/env.py) are scored by replaying the environmen
 pool from the episode's seed and the model turns decoded here: the replay's reward is the
 episode's, and its observations, encoded here with the run's tokenizer, must equal the
 environment tokens the worker put between the turns (else the submission is refused, 422:
-the model would otherwise be trained on a context the environment never produced).
+the model would otherwise be trained on a context the environment never produced). An
+environment that draws from outside (seed, actions) (a nondeterministic tool,
+`Environment.deterministic` False) was played here turn by turn (POST /v1/episode), and
+its replay takes back what the controller drew when it answered (`drawn`, recorded with
+the episode's state): the observations and the reward are the ones the controller
+answered with, and a worker's environment tokens that differ from them are refused alike.
 
 Failure policy: a completion whose reward raises, returns a non-number or times out gets
 reward 0.0 (`Trajectory.reward_error` says why) and counts in `reward/errors`; the group is
@@ -197,26 +202,35 @@ class RewardScorer:
             raise value
         return value
 
-    def replay(self, prompt: Prompt, actions: list[str]) -> tuple[float, list[str], bool]:
-        """The environment task's replay of one episode: (reward, observations, done)."""
+    def replay(
+        self, prompt: Prompt, actions: list[str], drawn: list | None = None
+    ) -> tuple[float, list[str], bool, list]:
+        """The environment task's replay of one episode: (reward, observations, done, what
+        each step drew); `drawn`: what its first steps drew when the controller played them
+        (taken back, not drawn again)."""
         t = self.task
         if self.timeout_s <= 0:
-            r = t.episode(prompt, actions)
-            return r.reward, r.observations, r.done
+            r = t.episode(prompt, actions, drawn or ())
+            return r.reward, r.observations, r.done, r.drawn
         # The environment's module registers it in the pool's process (an env defined
         # outside bridge.tasks works too).
         args = (type(t.env).__module__, t.name, dict(t.options))
         p = (prompt.prompt_id, prompt.text, prompt.answer)
-        out = self.pool.call(replay_named, *args, p, actions, timeout_s=self.timeout_s)
-        reward, observations, done = out
+        out = self.pool.call(
+            replay_named, *args, p, actions, drawn or None, timeout_s=self.timeout_s
+        )
+        reward, observations, done, draws = out
         if isinstance(reward, bool) or not isinstance(reward, int | float):
             raise RewardError(f"replay returned {type(reward).__name__}, not a number")
-        return float(reward), list(observations), bool(done)
+        return float(reward), list(observations), bool(done), list(draws)
 
-    def episode_reward(self, group_id: int, prompt: Prompt, t: WorkerTrajectory) -> float:
-        """Replay the episode from (seed, decoded model turns); the environment tokens must
-        be exactly the replay's observations as this side encodes them, else 422 (the
-        worker made them up). RewardError when the environment itself fails."""
+    def episode_reward(
+        self, group_id: int, prompt: Prompt, t: WorkerTrajectory, drawn: list | None = None
+    ) -> float:
+        """Replay the episode from (seed, decoded model turns, what the controller drew
+        when it played them: `drawn`); the environment tokens must be exactly the replay's
+        observations as this side encodes them, else 422 (the worker made them up).
+        RewardError when the environment itself fails."""
         segments = t.segments()
         # Actions are read as the environment's own parser reads them (an unreadable action
         # gets the environment's invalid-action rule). Not the hidden-token rule: scoring 0
@@ -224,7 +238,7 @@ class RewardScorer:
         # model turn is only counted against the worker (service.py).
         actions = [self.codec.decode(ids) for m, ids in segments if m == 1]
         shown = [ids for m, ids in segments if m == 0]
-        reward, observations, done = self.replay(prompt, actions)
+        reward, observations, done, _ = self.replay(prompt, actions, drawn)
         where = f"group {group_id} sample {t.sample_index}"
         if len(observations) < len(actions):
             raise SubmissionError(
@@ -267,19 +281,26 @@ class RewardScorer:
             return e
 
     def score_group(
-        self, group_id: int, prompt: Prompt, trajectories: Sequence[WorkerTrajectory]
+        self,
+        group_id: int,
+        prompt: Prompt,
+        trajectories: Sequence[WorkerTrajectory],
+        drawn: dict[int, list] | None = None,
     ) -> tuple[list[Trajectory], int]:
         """(scored trajectories, how many failed to score); never raises on a reward, but
         raises SubmissionError (422) for an episode the environment's replay contradicts.
         A single-turn completion is the one-step case: one model turn, no replay; the
-        group's texts are scored in one pool call (`rewards`)."""
+        group's texts are scored in one pool call (`rewards`). `drawn`: sample index ->
+        what the controller drew playing that episode (`episode_reward`)."""
+        drawn = drawn or {}
         episodic = isinstance(self.task, EnvTask)
         outcomes = []  # per trajectory: [reward or RewardError or the text to score, why, think]
         for t in trajectories:
             think = 0
             try:
                 if episodic:
-                    outcomes.append([self.episode_reward(group_id, prompt, t), "", 0])
+                    reward = self.episode_reward(group_id, prompt, t, drawn.get(t.sample_index))
+                    outcomes.append([reward, "", 0])
                     continue
                 text = self.decoder.text(t.completion_token_ids)
                 text, think = self.answer(t, text)

@@ -57,6 +57,7 @@ CREATE INDEX IF NOT EXISTS leases_worker ON leases(worker_id, state);
 CREATE TABLE IF NOT EXISTS episodes (
   lease_id TEXT NOT NULL, group_id INTEGER NOT NULL, sample_index INTEGER NOT NULL,
   turns TEXT NOT NULL, observation TEXT NOT NULL, done INTEGER NOT NULL,
+  drawn TEXT NOT NULL DEFAULT '[]',
   PRIMARY KEY (lease_id, group_id, sample_index)) WITHOUT ROWID;
 CREATE TABLE IF NOT EXISTS dropped (
   group_id INTEGER NOT NULL, prompt_id TEXT NOT NULL, step INTEGER NOT NULL,
@@ -127,6 +128,9 @@ class ControllerDB(LeaseRows):
         for col in ("dev", "var", "cusum"):  # the sampling check's, new in an older database
             if col not in audit_cols:
                 self.conn.execute(f"ALTER TABLE audit ADD COLUMN {col} REAL NOT NULL DEFAULT 0")
+        episode_cols = {r[1] for r in self.conn.execute("PRAGMA table_info(episodes)")}
+        if "drawn" not in episode_cols:  # what a nondeterministic environment drew: newer
+            self.conn.execute("ALTER TABLE episodes ADD COLUMN drawn TEXT NOT NULL DEFAULT '[]'")
         self.conn.executescript(f"BEGIN IMMEDIATE; {_RECOUNT} COMMIT;")
         self._kv: dict[str, str | None] = {}  # key -> JSON text (None: no row); see get()
         self._fresh_from: int | None = None  # see stale_buffered

@@ -189,26 +189,26 @@ class LeaseRows:
 
     # -- the episodes a lease's worker has played (bridge/control/intake/episode_steps.py) -------
     def episode_states(self, lease_id: str) -> dict[tuple[int, int], tuple]:
-        """(group_id, sample_index) -> (turns, last observation, done) of every episode of
-        `lease_id` with a committed turn."""
+        """(group_id, sample_index) -> (turns, last observation, done, what each turn's
+        step drew) of every episode of `lease_id` with a committed turn."""
         rows = self.q(
-            "SELECT group_id, sample_index, turns, observation, done FROM episodes"
+            "SELECT group_id, sample_index, turns, observation, done, drawn FROM episodes"
             " WHERE lease_id=?",
             (lease_id,),
         )
         return {
             (r["group_id"], r["sample_index"]): (json.loads(r["turns"]), r["observation"],
-                                                 bool(r["done"]))
+                                                 bool(r["done"]), json.loads(r["drawn"]))
             for r in rows
         }  # fmt: skip
 
     def put_episode_states(self, lease_id: str, states: dict[tuple[int, int], tuple]) -> None:
         self.conn.executemany(
             "INSERT OR REPLACE INTO episodes(lease_id, group_id, sample_index, turns,"
-            " observation, done) VALUES (?, ?, ?, ?, ?, ?)",
+            " observation, done, drawn) VALUES (?, ?, ?, ?, ?, ?, ?)",
             [
-                (lease_id, gid, i, json.dumps(turns), obs, int(done))
-                for (gid, i), (turns, obs, done) in states.items()
+                (lease_id, gid, i, json.dumps(turns), obs, int(done), json.dumps(drawn))
+                for (gid, i), (turns, obs, done, drawn) in states.items()
             ],
         )
 
