@@ -11,8 +11,10 @@ engine request continuing its exact token history:
 
 The model's tokens are kept exactly as sampled (EOS included), never decoded and
 re-encoded; the action text the environment sees is the turn decoded with special tokens
-skipped, and the next observation is encoded on its own without special tokens, exactly
-as the controller's replay re-encodes it (bridge/control/intake/rewards.py checks it, token for
+skipped, and the next observation is encoded on its own without special tokens (after the
+end-of-turn token when the token budget cut the turn, bridge/tasks/chat_turns.py
+`cut_turn_close`; in the controller's mode the controller's observation carries it),
+exactly as the controller's replay re-encodes it (bridge/control/intake/rewards.py checks it, token for
 token). Model tokens carry their behaviour log-prob and version with mask 1, observation
 tokens log-prob 0.0 and mask 0 (the learner trains on mask-1 tokens only).
 
@@ -38,6 +40,7 @@ import sys
 from collections.abc import Callable, Sequence
 
 from bridge.control.protocol import EpisodeTurns, GroupResult, PromptGroup, WorkerTrajectory
+from bridge.tasks.chat_turns import cut_turn_close
 from bridge.tasks.env import Environment, make_env
 from rollout_gpu.engine import GenerationError, RolloutEngine, SampleRequest
 
@@ -147,11 +150,13 @@ def _take_turn(engine: RolloutEngine, ep: _Episode, sample, version: int) -> Non
     ep.turn_ids.append(ids)
     if ep.env is None:
         return  # the controller's observation comes with the lease's others (observe)
+    codec = _Codec(engine.tokenizer)
     try:
-        obs, _, done = ep.env.step(_Codec(engine.tokenizer).decode(ids))
+        obs, _, done = ep.env.step(codec.decode(ids))
     except Exception as e:  # noqa: BLE001 - the environment is task code
         raise GenerationError(f"{where}: environment step failed: {e}") from e
-    _take_observation(engine, ep, obs, done)
+    # A turn cut by the token budget is closed with its end-of-turn token first.
+    _take_observation(engine, ep, cut_turn_close(ep.env, ids, codec.encode) + obs, done)
 
 
 def _take_observation(engine: RolloutEngine, ep: _Episode, obs: str, done: bool) -> None:

@@ -22,6 +22,14 @@ keep what follows the marker's end-of-turn token. So a template's tool and obser
 format (Qwen3 wraps tool results in `<tool_response>` inside a user turn, Llama-3 uses an
 `ipython` header) comes from the template, and a new family needs only its template file.
 
+A model turn cut by the token budget (`turn_max_tokens`: no end-of-turn token sampled) is
+closed before the environment's turn: `cut_turn_close` is the template's end-of-turn token,
+appended as an environment token (mask 0: the policy did not sample it), so the sequence
+stays the template's rendering of an assistant message with the cut text, and the next
+turn sees a well-formed conversation instead of a tool result glued onto a half-written
+turn. Both sides derive it from the ids alone (a turn is cut when it does not end with
+the end-of-turn token's ids), so the controller's check of environment tokens covers it.
+
 `PlainTurns` is the format for a model with no chat template (the tiny character-level
 models): a tool result is `\n<tool_response>\n...\n</tool_response>\n`, an observation is
 its text on a new line.
@@ -115,6 +123,19 @@ class TemplateTurns(TurnFormat):
                 "right after its content: cannot append environment turns to sampled ids"
             )
         return full[at + len(_MARK) + len(self.end_of_turn) :]
+
+
+def cut_turn_close(env, turn_ids: list[int], encode) -> str:
+    """The text between model turn `turn_ids` and `env`'s next observation: the template's
+    end-of-turn token when the turn does not end with it (cut by the token budget; module
+    docstring), else ''. `encode`: text -> ids without special tokens added. Only a chat
+    template's turns are closed: a plain-format environment (a game of one-token turns,
+    Kuhn poker) has no turn structure to close."""
+    turns = getattr(env, "turns", None)
+    if not isinstance(turns, TemplateTurns):
+        return ""
+    eot = list(encode(turns.end_of_turn))
+    return "" if list(turn_ids[-len(eot) :]) == eot else turns.end_of_turn
 
 
 def _read(name: str) -> str:

@@ -8,7 +8,8 @@ result, answer) needs its turns played. Each held-out episode is played as a wor
 it (rollout_gpu/episodes.py), by appending ids: the prompt ids, then per turn the policy's
 greedy (or sampled) ids decoded by the same jitted KV-cache decoder (`kv_decode`), the
 end-of-turn token when the turn stopped on it, and the environment's observation encoded
-on its own; the environment sees each turn decoded with special tokens skipped. The
+on its own (after the template's end-of-turn token when `turn_max_tokens` cut the turn:
+chat_turns.py `cut_turn_close`); the environment sees each turn decoded with special tokens skipped. The
 reward is the environment's own (`EnvTask.episode`, the trusted replay); accuracy is the
 share of episodes with reward >= 1. The context buffer is `max_prompt_len +
 max_answer_len` (the run's whole episode), each turn `turn_max_tokens` long.
@@ -22,6 +23,7 @@ import numpy as np
 
 from bridge.contracts import pass_at_k
 from bridge.tasks import EnvTask
+from bridge.tasks.chat_turns import cut_turn_close
 from learner_jax.evaluation.evaluate import EvalConfig, Evaluator
 from learner_jax.model import sharding
 
@@ -55,6 +57,7 @@ class EpisodeEvaluator(Evaluator):
         for env, p in zip(envs, prompts, strict=True):
             env.reset(task.seed_of(p))
         actions: list[list[str]] = [[] for _ in prompts]
+        drawn: list[list] = [[] for _ in prompts]  # a nondeterministic tool's results
         live = list(range(len(prompts)))
         for _ in range(task.max_turns):
             if not live:
@@ -66,16 +69,22 @@ class EpisodeEvaluator(Evaluator):
                 stopped = len(ids) < task.turn_max_tokens
                 actions[i].append(codec.decode(ids))
                 obs, _, done = envs[i].step(actions[i][-1])
-                rows[i] += ids + ([codec.eos_id] if stopped else [])
+                drawn[i].append(envs[i].drawn())
+                turn = ids + ([codec.eos_id] if stopped else [])
+                rows[i] += turn
                 if done:
                     continue
-                obs_ids = codec.encode(obs)
+                # A turn cut at turn_max_tokens is closed first, as a worker closes it.
+                obs_ids = codec.encode(cut_turn_close(envs[i], turn, codec.encode) + obs)
                 if len(rows[i]) + len(obs_ids) + 1 > self.context:
                     continue  # no room for another turn: unfinished
                 rows[i] += obs_ids
                 still.append(i)
             live = still
-        return [(task.episode(p, a).reward, a) for p, a in zip(prompts, actions, strict=True)]
+        return [
+            (task.episode(p, a, d).reward, a)
+            for p, a, d in zip(prompts, actions, drawn, strict=True)
+        ]
 
     def summary(self, params, mesh=None, rules=sharding.DEFAULT_RULES) -> dict:
         results = self.episodes(params, mesh, rules)

@@ -52,6 +52,7 @@ from bridge.control.protocol import (
 from bridge.control.trust.limits import RateLimiter
 from bridge.tasks import Prompt
 from bridge.tasks.base import RewardError
+from bridge.tasks.chat_turns import cut_turn_close
 
 
 class OverBudget(SubmissionError):
@@ -161,7 +162,11 @@ class EpisodeSteps:
             raise SubmissionError(
                 f"{where}: the episode ended after {len(observations)} model turns"
             )
-        return ("" if done else observations[-1]), done, draws
+        if done:
+            return "", done, draws
+        # A turn the token budget cut is closed first (chat_turns.py `cut_turn_close`).
+        close = cut_turn_close(self.scorer.task.env, e.turns[-1], self.codec.encode)
+        return close + observations[-1], done, draws
 
     def observe(self, worker_id: str, req: EpisodeStep) -> EpisodeStepResponse:
         """The next observation of each episode of `req` (SubmissionError otherwise)."""

@@ -63,6 +63,7 @@ from bridge.control.intake.validation import SubmissionError
 from bridge.control.protocol import Trajectory, WorkerTrajectory
 from bridge.control.trust.log_text import log_safe
 from bridge.tasks import EnvTask, Prompt, RewardError, Task, cached_task, score
+from bridge.tasks.chat_turns import cut_turn_close
 from bridge.tasks.env import replay_named
 from bridge.tasks.reward_pool import fn_name
 
@@ -236,7 +237,8 @@ class RewardScorer:
         # gets the environment's invalid-action rule). Not the hidden-token rule: scoring 0
         # would be a gain where rewards are negative (a lost hand is -2), so a hidden id in a
         # model turn is only counted against the worker (service.py).
-        actions = [self.codec.decode(ids) for m, ids in segments if m == 1]
+        turns = [ids for m, ids in segments if m == 1]
+        actions = [self.codec.decode(ids) for ids in turns]
         shown = [ids for m, ids in segments if m == 0]
         reward, observations, done, _ = self.replay(prompt, actions, drawn)
         where = f"group {group_id} sample {t.sample_index}"
@@ -246,7 +248,9 @@ class RewardScorer:
                 f"the trajectory has {len(actions)}"
             )
         for i, ids in enumerate(shown):
-            expected = self.codec.encode(observations[i])
+            # A turn the token budget cut is closed first (chat_turns.py `cut_turn_close`).
+            close = cut_turn_close(self.task.env, turns[i], self.codec.encode)
+            expected = self.codec.encode(close + observations[i])
             if ids != expected:
                 raise SubmissionError(
                     f"{where}: environment tokens after model turn {i + 1} differ from the "

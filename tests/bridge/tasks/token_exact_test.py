@@ -149,3 +149,59 @@ def test_tools_are_declared_through_the_template_as_transformers_does(qwen3):
     )  # fmt: skip
     assert codec.encode_prompt("37*48=") == list(want)
     assert "<tools>" in codec.tok.decode(list(want), skip_special_tokens=False)
+
+
+def _trajectory(prompt_ids, segments):
+    from bridge.control.protocol import WorkerTrajectory
+
+    ids = [i for _, s in segments for i in s]
+    mask = [m for m, s in segments for _ in s]
+    return WorkerTrajectory(
+        prompt_id="p", sample_index=0, prompt_token_ids=prompt_ids, completion_token_ids=ids,
+        logprobs=[-1.0 if m else 0.0 for m in mask], versions=[0] * len(ids),
+        finish_reason="stop", completion_mask=mask,
+    )  # fmt: skip
+
+
+def test_a_turn_cut_by_the_budget_is_closed_with_the_templates_end_of_turn(qwen3, llama3):
+    """A model turn cut at turn_max_tokens has no end-of-turn token; the environment turn
+    after it starts with one (an environment token): the sequence is the template's own
+    rendering of an assistant message holding the cut text. The controller's scoring
+    expects exactly that, and refuses an environment turn glued onto the open turn."""
+    from bridge.control.intake.rewards import RewardScorer
+    from bridge.control.intake.validation import SubmissionError
+    from bridge.tasks import Prompt, make_task
+    from bridge.tasks.chat_turns import cut_turn_close
+
+    cut = '<tool_call>{"name": "calc", "argu'  # the budget ran out mid-call
+    for family, path in (("qwen3", qwen3), ("llama3", llama3)):
+        task = make_task("tool_arith", turns=family)
+        codec = TextCodec(path, PromptFormat("chat", tools=json.dumps(TOOLS)))
+        codec.special_tokens = {**codec.special_tokens, "date_string": LLAMA3_DATE}
+        env, fmt = task.new_env(), turn_format(family)
+        question = env.reset(7)
+        obs, _, done = env.step(cut)
+        assert not done and "error: malformed tool call" in obs
+        cut_ids = codec.encode(cut)
+        closed = codec.encode(cut + fmt.end_of_turn)
+        assert cut_turn_close(env, cut_ids, codec.encode) == fmt.end_of_turn
+        assert cut_turn_close(env, closed, codec.encode) == ""
+        assert cut_turn_close(make_task("tool_arith").new_env(), cut_ids, codec.encode) == ""
+        # What the template renders for [user, assistant(cut), tool result] + the prompt.
+        error = obs.split("error: ")[1].split("\n</tool_response>")[0].split('"')[0]
+        messages = [{"role": "user", "content": question}, {"role": "assistant", "content": cut}]
+        messages.append({"role": "tool", "content": "error: " + error})
+        rendered = codec.encode(fmt.render(messages, tools=TOOLS, add_generation_prompt=True))
+        env_ids = codec.encode(cut_turn_close(env, cut_ids, codec.encode) + obs)
+        appended = codec.encode_prompt(question) + cut_ids + env_ids
+        assert appended == rendered, codec.tok.decode(appended, skip_special_tokens=False)
+        # The controller scores it; the environment turn without the close is refused.
+        answer = codec.encode(str(env.answer)) + codec.encode(fmt.end_of_turn)
+        scorer = RewardScorer(task, codec, timeout_s=0)
+        prompt = Prompt("p", question, "7")
+        ok = _trajectory(codec.encode_prompt(question), [(1, cut_ids), (0, env_ids), (1, answer)])
+        (scored,), errors = scorer.score_group(0, prompt, [ok])
+        assert scored.reward == 1.0 and errors == 0, family
+        glued = [(1, cut_ids), (0, codec.encode(obs)), (1, answer)]
+        with pytest.raises(SubmissionError, match="differ from the replay"):
+            scorer.score_group(0, prompt, [_trajectory(codec.encode_prompt(question), glued)])

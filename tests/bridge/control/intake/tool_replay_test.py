@@ -24,6 +24,7 @@ from bridge.control.protocol import (
     WorkerProfile,
     WorkerTrajectory,
 )
+from bridge.model import qwen3_tokenizer
 from bridge.model.tiny_model import EOS_ID
 from bridge.tasks import make_env, make_task
 from bridge.tasks.tool_arith import call_text
@@ -32,19 +33,20 @@ from bridge.tasks.tool_draw import DRAW_CALL
 PROFILE = WorkerProfile(accelerator="cpu", price_per_hour=0.0, max_concurrent_sequences=64)
 
 
-def _lease(tmp_path, model_dir, n=2, task=None):
+def _lease(tmp_path, model_dir, n=2, task=None, vocab_size=128, prompt_tokens=16, stop=EOS_ID):
     task = task or make_task("tool_arith")
     config = ControllerConfig(
         staleness=1,
         groups_per_step=1,
         group_size=n,
-        vocab_size=128,
-        max_prompt_tokens=16,
+        vocab_size=vocab_size,
+        max_prompt_tokens=prompt_tokens,
         reward_timeout_s=10.0,  # replayed in the reward pool, tools in its sandbox
-        sampling=SamplingParams(max_tokens=72, stop_token_ids=[EOS_ID]),
-        max_completion_tokens=120,
+        sampling=SamplingParams(max_tokens=72, stop_token_ids=[stop]),
+        max_completion_tokens=120 if stop == EOS_ID else 640,
     )
-    ctl = Controller(config, os.path.join(tmp_path, "c.db"), task, codec=TextCodec(model_dir))
+    codec = TextCodec(model_dir, task.prompt_format)
+    ctl = Controller(config, os.path.join(tmp_path, "c.db"), task, codec=codec)
     wid, _ = ctl.register(PROFILE)
     ctl.publish(0)
     lease = ctl.lease(wid, LeaseRequest(worker_version=0, max_groups=1)).lease
@@ -111,41 +113,53 @@ def test_a_tool_lease_played_by_the_vllm_worker_is_replayed_and_accepted(
     ctl.close()
 
 
-def _step(ctl, wid, lease, group, turns):
-    """POST /v1/episode through the controller: each episode's model turns so far."""
-    req = EpisodeStep(lease_id=lease.lease_id, episodes=[
-        EpisodeTurns(group_id=group.group_id, sample_index=i, turns=t) for i, t in enumerate(turns)
-    ])  # fmt: skip
-    return ctl.episode_step(wid, req).observations
-
-
-def test_a_nondeterministic_tool_is_scored_from_what_the_controller_drew(
-    tmp_path, tiny_model_dir
-):
+def test_a_nondeterministic_tool_is_scored_from_what_the_controller_drew(tmp_path):
     """tool_draw's tool returns a fresh random number per call: no replay can recompute
-    it. The lease carries no seed, the controller draws when it answers each call and
-    scores from what it drew; an observation other than the controller's is refused."""
-    task = make_task("tool_draw")
-    ctl, wid, lease = _lease(tmp_path, tiny_model_dir, task=task)
+    it. The lease carries no seed; the controller draws when it answers each call (POST
+    /v1/episode) and scores from what it drew; an observation other than the one it
+    answered is refused. In Qwen3's chat format, with one episode's first turn cut by the
+    token budget: the controller's answer to it starts with the <|im_end|> that closes it."""
+    path = str(tmp_path / "qwen3_tok")
+    qwen3_tokenizer.save_qwen3_tokenizer(path)
+    task = make_task("tool_draw", turns="qwen3")
+    codec = TextCodec(path, task.prompt_format)
+    im_end = qwen3_tokenizer.token_id("<|im_end|>")
+    ctl, wid, lease = _lease(tmp_path, path, task=task, vocab_size=272, prompt_tokens=1024,
+                             stop=im_end)  # fmt: skip
     (group,) = lease.groups
     assert group.episode.seed == -1  # controller mode: the worker cannot run the tool
-    codec = TextCodec(tiny_model_dir)
-    addend = int(codec.decode(group.prompt_token_ids).split("+")[1].rstrip("="))
-    call = codec.encode(DRAW_CALL) + [EOS_ID]
-    first = _step(ctl, wid, lease, group, [[call], [call]])
-    assert not any(o.done for o in first)
-    draws = [int(o.observation.split("<tool_response>\n")[1].split("\n")[0]) for o in first]
-
-    answers = [codec.encode(str(d + addend)) + [EOS_ID] for d in draws]
-    last = _step(ctl, wid, lease, group, [[call, a] for a in answers])
-    assert all(o.done for o in last)
+    addend = int(codec.decode(group.prompt_token_ids).split("draw+")[1].split("=")[0])
+    eot = codec.encode("<|im_end|>")
+    call, cut = codec.encode(DRAW_CALL) + eot, codec.encode(DRAW_CALL[:20])  # no <|im_end|>
+    # The scripted worker: episode 0 calls then answers; episode 1's first call is cut.
+    turns, shown = [[call], [cut]], [[], []]
+    for _ in range(3):
+        live = [i for i in (0, 1) if len(turns[i]) > len(shown[i])]
+        req = EpisodeStep(lease_id=lease.lease_id, episodes=[
+            EpisodeTurns(group_id=group.group_id, sample_index=i, turns=turns[i]) for i in live
+        ])  # fmt: skip
+        for i, o in zip(live, ctl.episode_step(wid, req).observations, strict=True):
+            shown[i].append(o.observation)
+            if o.done:
+                continue
+            draw = o.observation.split("<tool_response>\n")[1].split("\n")[0]
+            turns[i].append(call if draw.startswith("error") else
+                            codec.encode(str(int(draw) + addend)) + eot)  # fmt: skip
+    assert [len(t) for t in turns] == [2, 3]
+    assert shown[1][0].startswith("<|im_end|>\n<|im_start|>user\n<tool_response>\nerror")
+    assert not shown[0][0].startswith("<|im_end|>")
 
     def episode(index, shift=0):
-        """The played turns with the controller's observation, its draw + `shift`."""
-        obs = codec.encode(first[index].observation.replace(
-            f"\n{draws[index]}\n", f"\n{draws[index] + shift}\n"))  # fmt: skip
-        answer = answers[index]
-        ids, mask = call + obs + answer, [1] * len(call) + [0] * len(obs) + [1] * len(answer)
+        """The played turns and the controller's observations, a draw + `shift`."""
+        ids, mask = [], []
+        for k, turn in enumerate(turns[index]):
+            ids, mask = ids + turn, mask + [1] * len(turn)
+            if k < len(turns[index]) - 1:
+                obs = shown[index][k]
+                if k == len(turns[index]) - 2 and shift:
+                    draw = int(obs.split("<tool_response>\n")[1].split("\n")[0])
+                    obs = obs.replace(f"\n{draw}\n", f"\n{draw + shift}\n")
+                ids, mask = ids + codec.encode(obs), mask + [0] * len(codec.encode(obs))
         return WorkerTrajectory(
             prompt_id=group.prompt_id, sample_index=index,
             prompt_token_ids=list(group.prompt_token_ids), completion_token_ids=ids,
