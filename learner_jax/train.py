@@ -71,11 +71,20 @@ def write_config(config, workdir: str) -> str:
 def make_task(config):
     """The config's task from the bridge registry."""
     from bridge import tasks
+    from bridge.contracts import thinking
+    from bridge.tasks.chat_turns import TemplateTurns
 
     # task.thinking / task.eval_file are the run's (prompt format, evaluation), not options
     run_keys = ("name", "thinking", "eval_file")
     options = {k: v for k, v in config.task.to_dict().items() if k not in run_keys}
-    return tasks.make_task(config.task.name, **options)
+    task = tasks.make_task(config.task.name, **options)
+    mode = thinking.prompt_thinking(str(config.task.get("thinking", "auto")))
+    if mode and isinstance(getattr(getattr(task, "env", None), "turns", None), TemplateTurns):
+        # An environment's turns end with the template's generation prompt, which the
+        # thinking switch changes (Qwen3 off: an empty think block): the run's, as the
+        # prompt's. An option, so workers and the reward pool build the same turns.
+        task = tasks.make_task(config.task.name, **options, thinking=mode)
+    return task
 
 
 def run_sft(learner: Learner, task) -> None:

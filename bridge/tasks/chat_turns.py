@@ -34,6 +34,14 @@ the end-of-turn token's ids), so the controller's check of environment tokens co
 models): a tool result is `\n<tool_response>\n...\n</tool_response>\n`, an observation is
 its text on a new line.
 
+The environment's turn ends with the generation prompt, which a template may write per
+mode: Qwen3's with `enable_thinking=False` closes an empty think block there
+(`<|im_start|>assistant\n<think>\n\n</think>\n\n`), as in the run's prompt. So the format
+takes the run's thinking switch (`turn_format(family, thinking)`, "" | "on" | "off", the
+prompt's `PromptFormat.thinking`; the environment's `thinking` option, which
+learner_jax/train.py sets from `task.thinking`): every model turn then starts after the
+same generation prompt as the first.
+
 Families by name (both sides build an environment from its options, so the name is data):
 "plain", "qwen3" (bridge/model/qwen3_chat_template.jinja), "llama3"
 (bridge/model/llama3_chat_template.jinja, Meta's Llama-3.2 template with the date pinned,
@@ -147,21 +155,32 @@ FAMILIES = ("plain", "qwen3", "llama3")
 LLAMA3_DATE = "26 Jul 2024"  # the template's own fallback date
 
 
+THINKING = ("", "on", "off")
+
+
 @functools.cache
-def turn_format(family: str) -> TurnFormat:
+def turn_format(family: str, thinking: str = "") -> TurnFormat:
+    """The family's format; `thinking` the template's `enable_thinking` ("": undefined,
+    the template's default), as the run's prompt passes it (module docstring)."""
+    if thinking not in THINKING:
+        raise ValueError(f"thinking must be one of {THINKING}, got {thinking!r}")
+    switch = {"enable_thinking": thinking == "on"} if thinking else {}
     if family == "plain":
+        if thinking:
+            raise ValueError("the thinking switch needs a chat template's turns, not 'plain'")
         return PlainTurns()
     if family == "qwen3":
         return TemplateTurns(
             _read("qwen3_chat_template.jinja"),
             "<|im_end|>",
             {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+            switch,
         )
     if family == "llama3":
         return TemplateTurns(
             _read("llama3_chat_template.jinja"),
             "<|eot_id|>",
             {"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>"},
-            {"date_string": LLAMA3_DATE},
+            {"date_string": LLAMA3_DATE, **switch},
         )
     raise ValueError(f"turn format must be one of {FAMILIES}, got {family!r}")

@@ -31,7 +31,9 @@ nondeterministic outcome of a deterministic tool (a loaded machine); its limits 
 sit far from what an honest call needs.
 
 Options (task options that go to the environment): `turns` ("plain" | "qwen3" |
-"llama3"), `cpu_s`, `wall_s`, `memory_mb` (the sandbox limits per call).
+"llama3"), `thinking` (the template's enable_thinking, "" | "on" | "off": the run's
+`task.thinking`, set by learner_jax/train.py), `cpu_s`, `wall_s`, `memory_mb` (the sandbox
+limits per call).
 """
 
 from __future__ import annotations
@@ -71,9 +73,14 @@ class ToolEnvironment(Environment):
     hidden_state = False  # the question is the prompt: the worker may play it itself
 
     def __init__(
-        self, turns: str = "plain", cpu_s: int = 2, wall_s: float = 5.0, memory_mb: int = 256
+        self,
+        turns: str = "plain",
+        cpu_s: int = 2,
+        wall_s: float = 5.0,
+        memory_mb: int = 256,
+        thinking: str = "",
     ):
-        self.turns = turn_format(turns)
+        self.turns = turn_format(turns, thinking)
         self.limits = Limits(cpu_s=int(cpu_s), wall_s=float(wall_s), memory_mb=int(memory_mb))
         self._by_name = {t.name: t for t in self.tools}
         self.results: list[str] = []  # every call's result this episode, in order

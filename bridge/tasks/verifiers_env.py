@@ -142,15 +142,21 @@ class VerifiersEnvironment(Environment):
 
     Options: `verifiers_env` (the module), `tasks` (how many of an endless taskset's tasks
     the seeds cycle through), `turns` (the model's chat format, bridge/tasks/chat_turns.py:
-    "qwen3" | "llama3" | "plain"), and the taskset config's own fields."""
+    "qwen3" | "llama3" | "plain"), `thinking` (the template's enable_thinking: the run's
+    `task.thinking`), and the taskset config's own fields."""
 
     def __init__(
-        self, verifiers_env: str = "", tasks: int = 64, turns: str = "qwen3", **taskset: Any
+        self,
+        verifiers_env: str = "",
+        tasks: int = 64,
+        turns: str = "qwen3",
+        thinking: str = "",
+        **taskset: Any,
     ):
         self.spec = verifiers_env
         key = json.dumps([verifiers_env, int(tasks), taskset], sort_keys=True)
         self.taskset_cls, self.env_cls, self.taskset, self.tasks = _load(key)
-        self.turns = turn_format(turns)
+        self.turns = turn_format(turns, thinking)
         self._coro = None
         self._trace = None
 

@@ -265,3 +265,16 @@ def test_bad_staleness_settings_are_refused(staleness, lo, hi, match):
     c.staleness, c.staleness_min, c.staleness_max, c.publish_every = staleness, lo, hi, 2
     with pytest.raises(ValueError, match=match):
         run_config.check_rl_schedule(c)
+
+
+def test_task_thinking_reaches_the_environments_turns():
+    """A chat-template environment's turns take the run's thinking switch as an option
+    (so workers and the reward pool build the same turns); a plain one is left alone."""
+    c = tiny_arith()
+    c.task = c.task.__class__()
+    c.task.name, c.task.turns, c.task.thinking = "tool_arith", "qwen3", "off"
+    task = train.make_task(c)
+    assert task.options["thinking"] == "off"
+    assert task.env.turns.tool_results(["1"]).endswith("assistant\n<think>\n\n</think>\n\n")
+    c.task.turns = "plain"
+    assert "thinking" not in train.make_task(c).options

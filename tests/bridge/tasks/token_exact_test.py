@@ -205,3 +205,26 @@ def test_a_turn_cut_by_the_budget_is_closed_with_the_templates_end_of_turn(qwen3
         glued = [(1, cut_ids), (0, codec.encode(obs)), (1, answer)]
         with pytest.raises(SubmissionError, match="differ from the replay"):
             scorer.score_group(0, prompt, [_trajectory(codec.encode_prompt(question), glued)])
+
+
+@pytest.mark.parametrize("thinking", ["", "on", "off"])
+def test_every_turn_starts_after_the_prompts_generation_prompt(qwen3, thinking):
+    """The environment's turn ends with the template's generation prompt in the run's
+    thinking mode, as the prompt does (Qwen3 off: an empty think block), and is what
+    transformers renders after the assistant's turn in that mode."""
+    from transformers import AutoTokenizer
+
+    fmt = turn_format("qwen3", thinking)
+    codec = TextCodec(qwen3, PromptFormat("chat", thinking=thinking, tools=json.dumps(TOOLS)))
+    prompt = codec.tok.decode(codec.encode_prompt("37*48="), skip_special_tokens=False)
+    env = fmt.tool_results(["1776"])
+    head = "<|im_start|>assistant\n"
+    assert env[env.rindex(head) :] == prompt[prompt.rindex(head) :]
+    assert ("<think>\n\n</think>\n\n" in env) == (thinking == "off")
+    switch = {"enable_thinking": thinking == "on"} if thinking else {}
+    hf = AutoTokenizer.from_pretrained(qwen3)
+    messages = [{"role": "user", "content": "37*48="}, {"role": "assistant", "content": "X"},
+                {"role": "tool", "content": "1776"}]  # fmt: skip
+    want = hf.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True,
+                                  tokenize=False, **switch)  # fmt: skip
+    assert want.endswith("X<|im_end|>" + env)
