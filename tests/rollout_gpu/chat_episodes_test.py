@@ -6,7 +6,8 @@ conversation with the template gives other tokens.
 - every model segment is what the engine sampled in exactly that context: vLLM scores the
   same log-probs for it given the whole sequence so far (prompt, earlier turns, the
   environment's turns), and each turn ends with the <|im_end|> it stopped on (or ran out);
-- every environment segment is the template's rendering of the observation (chat_turns);
+- every environment segment is the template's rendering of the observation (chat_turns),
+  after the <|im_end|> that closes a turn the token budget cut;
 - the learner's row of the episode is those ids, environment tokens masked.
 """
 
@@ -31,6 +32,7 @@ class ChatCount(Environment):
     """Three model turns; each observation a user turn in the Qwen3 chat format."""
 
     hidden_state = False
+    turns = QWEN3  # a chat template's turns: a cut turn is closed (cut_turn_close)
 
     def reset(self, seed: int) -> str:
         self.k = 0
@@ -61,14 +63,17 @@ def test_chat_episodes_are_the_sampled_ids_and_the_templates_turns(qwen3_engine)
                             max_tokens=200),
     )  # fmt: skip
     (result,) = generate_episodes(engine, [group], version=0)
-    rerendered_differs = 0
+    rerendered_differs = cut_turns = 0
     for t in result.trajectories:
         segs = t.segments()
         model = [ids for m, ids in segs if m == 1]
         shown = [ids for m, ids in segs if m == 0]
         assert len(model) == 3 and len(shown) == 2
         for k, ids in enumerate(shown, start=1):
-            assert ids == codec.encode(QWEN3.env_text([{"role": "user", "content": f"next {k}"}]))
+            close = "" if model[k - 1][-1] == im_end else "<|im_end|>"
+            text = close + QWEN3.env_text([{"role": "user", "content": f"next {k}"}])
+            assert ids == codec.encode(text)
+            cut_turns += bool(close)
         full = list(t.prompt_token_ids) + list(t.completion_token_ids)
         ref = engine.prompt_logprobs([full])[0][len(prompt) - 1 :]
         mask = np.asarray(t.completion_mask) == 1
@@ -87,6 +92,7 @@ def test_chat_episodes_are_the_sampled_ids_and_the_templates_turns(qwen3_engine)
         again = codec.encode(QWEN3.render(messages, enable_thinking=True))
         rerendered_differs += again[: len(full)] != full
     assert rerendered_differs == len(result.trajectories)
+    assert cut_turns > 0  # the untrained model runs out of its 6 tokens in most turns
     # The learner's rows: exactly these ids, the environment's turns masked.
     batch, _ = rollout_batch.groups_to_batch(
         [_scored(result)], 4, 64, 200, current_version=0, adv_cfg=advantages.AdvantageConfig()
