@@ -9,9 +9,10 @@ it (rollout_gpu/episodes.py), by appending ids: the prompt ids, then per turn th
 greedy (or sampled) ids decoded by the same jitted KV-cache decoder (`kv_decode`), the
 end-of-turn token when the turn stopped on it, and the environment's observation encoded
 on its own (after the template's end-of-turn token when `turn_max_tokens` cut the turn:
-chat_turns.py `cut_turn_close`); the environment sees each turn decoded with special tokens skipped. The
-reward is the environment's own (`EnvTask.episode`, the trusted replay); accuracy is the
-share of episodes with reward >= 1. The context buffer is `max_prompt_len +
+chat_turns.py `cut_turn_close`); the environment sees each turn decoded with special
+tokens skipped. The reward is the environment's own (`EnvTask.episode`, the trusted
+replay, on the draws the episode was played with); accuracy is the share of episodes
+with reward >= 1. The context buffer is `max_prompt_len +
 max_answer_len` (the run's whole episode), each turn `turn_max_tokens` long.
 """
 
