@@ -15,8 +15,8 @@ skipped, and the next observation is encoded on its own without special tokens (
 end-of-turn token when the token budget cut the turn, bridge/tasks/chat_turns.py
 `cut_turn_close`; in the controller's mode the controller's observation carries it),
 exactly as the controller's replay re-encodes it (bridge/control/intake/rewards.py checks
-it, token for token). Model tokens carry their behaviour log-prob and version with mask 1, observation
-tokens log-prob 0.0 and mask 0 (the learner trains on mask-1 tokens only).
+it, token for token). Model tokens carry their behaviour log-prob and version with mask 1,
+observation tokens log-prob 0.0 and mask 0 (the learner trains on mask-1 tokens only).
 
 An episode ends when the environment says done ("stop"), or at `max_turns` model turns or
 when the token budget cannot hold another observation and turn ("length"). The step
