@@ -110,3 +110,18 @@ def extra_vllm_engine():
         return alive[-1]
 
     yield start
+
+
+@pytest.fixture(scope="session")
+def qwen3_chat_model_dir(tmp_path_factory):
+    """A 2 x 64 tiny model over the real Qwen3-format tokenizer and chat template."""
+    cfg = tiny_model.qwen3_config(num_layers=2, hidden_size=64, intermediate_size=128)
+    path = str(tmp_path_factory.mktemp("qwen3_chat_model"))
+    return tiny_model.make_tiny_model(path, cfg, tokenizer="qwen3")
+
+
+@pytest.fixture(scope="session")
+def qwen3_chat_engine(qwen3_chat_model_dir, extra_vllm_engine):
+    """The session's one engine on that model: a Qwen3-vocabulary engine takes about a
+    minute to start here, so every chat-format test shares it."""
+    return extra_vllm_engine(qwen3_chat_model_dir, dtype="float32", max_model_len=1536, seed=0)

@@ -17,7 +17,6 @@ import pytest
 from bridge.contracts.prompt import PromptFormat, TextCodec
 from bridge.control.protocol import EpisodeSpec, PromptGroup, SamplingParams
 from bridge.model import qwen3_tokenizer as q3
-from bridge.model import tiny_model
 from bridge.tasks.chat_turns import turn_format
 from bridge.tasks.env import Environment, register_env
 from learner_jax.training import advantages, rollout_batch
@@ -44,10 +43,8 @@ class ChatCount(Environment):
 
 
 @pytest.fixture(scope="module")
-def qwen3_engine(tmp_path_factory, extra_vllm_engine):
-    path = str(tmp_path_factory.mktemp("qwen3_chat_model"))
-    tiny_model.make_tiny_model(path, tiny_model.qwen3_config(), seed=3, tokenizer="qwen3")
-    return path, extra_vllm_engine(path, dtype="float32", max_model_len=512, seed=0)
+def qwen3_engine(qwen3_chat_model_dir, qwen3_chat_engine):
+    return qwen3_chat_model_dir, qwen3_chat_engine
 
 
 def test_chat_episodes_are_the_sampled_ids_and_the_templates_turns(qwen3_engine):

@@ -37,10 +37,8 @@ EOS = qwen3_tokenizer.EOS_TOKEN
 
 
 @pytest.fixture(scope="module")
-def qwen3_dir(tmp_path_factory):
-    cfg = tiny_model.qwen3_config(num_layers=2, hidden_size=64, intermediate_size=128)
-    path = str(tmp_path_factory.mktemp("vf_qwen3"))
-    return tiny_model.make_tiny_model(path, cfg, tokenizer="qwen3")
+def qwen3_dir(qwen3_chat_model_dir):
+    return qwen3_chat_model_dir
 
 
 def _controller(tmp_path, model_dir, task, n, **cfg):
@@ -186,11 +184,11 @@ def test_worker_reports_carry_no_reward():
 
 @pytest.mark.vllm
 def test_textarena_game_on_vllm_keeps_the_sampled_ids_and_the_replays_observations(
-    qwen3_dir, extra_vllm_engine, tmp_path
+    qwen3_dir, qwen3_chat_engine, tmp_path
 ):
     from rollout_gpu.generate import generate_groups
 
-    engine = extra_vllm_engine(qwen3_dir, dtype="float32", max_model_len=1536, seed=0)
+    engine = qwen3_chat_engine
     sampled: list[list[int]] = []  # every model turn as the engine returned it
 
     class Recording:
