@@ -20,7 +20,8 @@ generate n samples per prompt from the leased prompt token ids with per-token lo
 brings a newer version (after the loaded version's queued evaluation, `eval_pending`:
 bridge/control/evaluation/eval_leases.py), so all tokens of a lease carry the version that
 made them. With partial rollouts (the lease says `partial="continue"`, `rollout.partial`) the
-worker also swaps mid-lease: before generating, and whenever a newer version is ready while
+worker also swaps mid-lease: before generating (a lease that waited asks the controller for
+its newest version first, `_hear_news`), and whenever a newer version is ready while
 it generates, continuing its unfinished samples under it (generate.py `continue_groups`);
 each token carries the version that sampled it.
 The worker is composed of three owners: `ControllerSession` (rollout_gpu/session.py:
