@@ -97,7 +97,7 @@ def learner_step_s(rows: list[dict]) -> float:
     time since the previous row less `time/wait_s`; the median."""
     periods = [
         r["time/wall"] - prev["time/wall"] - r.get("time/wait_s", 0.0)
-        for prev, r in zip(rows[1:], rows[2:])
+        for prev, r in zip(rows[1:], rows[2:], strict=False)  # each row with the one before
     ]
     if not periods:
         raise ValueError(f"{len(rows)} RL steps: need at least 3 to measure the learner's step")
