@@ -3,6 +3,7 @@ staleness="auto" against the best fixed S.
 
     python -m bench.async_bias --out=F.json [--parts=bias,auto] \
         [--bias_task=reversal] [--bias_staleness=1] [--bias_steps=12] [--bias_throttle_s=auto] \
+        [--bias_throttle_steps=2] \
         [--auto_task=demo] [--fixed=0,1,2,4] [--auto_max=4] [--auto_steps=12] \
         [--auto_throttle_s=1] [--warm_start_TASK=DIR] [--warm_start_auto=DIR] \
         [--workdir=/tmp/echo2_async_bias] [--set KEY=VALUE ...] [--combine=A.json,B.json]
@@ -15,14 +16,15 @@ groups over the consumed ones; None when nothing was dropped: no drop, no bias),
 Part `bias` (the machinery of bench/staleness_bias.py): from one SFT warm start of a task
 whose answer lengths vary (reversal: reasoning-gym word_sequence_reversal, answers of 19-77
 tokens), two runs of the training binary at one S, fed by the same two real vLLM workers, the
-second sleeping `--bias_throttle_s` per lease (`auto`, the default: twice the learner's step
-period measured on this machine now, `learner_step_s`): `rollout.partial=off` with the too-slow rule
-off (`controller.refuse_too_slow=False`: the slow worker's late leases are dropped, the
-bias item 1 measured) and `rollout.partial=continue` (the worker swaps in the newest version
-before it generates and whenever one is ready while it generates, continuing its unfinished
-samples under it; the controller judges a group by its newest token, bridge/contracts/
-staleness.py). Each run's controller database says what was consumed and dropped; for
-`continue` also how many consumed groups carry tokens of several versions.
+second sleeping `--bias_throttle_s` per lease (`auto`, the default: `--bias_throttle_steps`
+(2) times the learner's step period measured on this machine now, `learner_step_s`):
+`rollout.partial=off` with the too-slow rule off (`controller.refuse_too_slow=False`: the
+slow worker's late leases are dropped, the bias item 1 measured) and
+`rollout.partial=continue` (the worker swaps in the newest version before it generates and
+whenever one is ready while it generates, continuing its unfinished samples under it; the
+controller judges a group by its newest token, bridge/contracts/staleness.py). Each run's
+controller database says what was consumed and dropped; for `continue` also how many
+consumed groups carry tokens of several versions.
 
 Why the throttle follows the learner: with S = 1 a group of version v may be consumed by
 steps v and v + 1, so a lease must come back within about two learner step periods. A fixed
@@ -88,7 +90,6 @@ def continued_groups(db_path: str) -> tuple[int, int]:
 
 
 CALIBRATION_STEPS = 5  # RL steps of the calibration run; the first compiles
-THROTTLE_STEPS = 2.0  # the slow worker's sleep per lease, in learner step periods (docstring)
 
 
 def learner_step_s(rows: list[dict]) -> float:
@@ -140,7 +141,7 @@ def run_bias(a, cells: list[dict], on_cell) -> None:
     throttle_s = a.bias_throttle_s
     if throttle_s == "auto":
         step_s = calibrate_throttle(a, config_file, pinned, base, root)
-        throttle_s = THROTTLE_STEPS * step_s
+        throttle_s = a.bias_throttle_steps * step_s
         print(f"  learner step {step_s:.1f} s -> throttle {throttle_s:.1f} s", flush=True)
     throttle_s = float(throttle_s)
     first = sweep_cells.load(config_file, [*pinned, *a.set])
@@ -291,7 +292,13 @@ def main():
     p.add_argument(
         "--bias_throttle_s",
         default="auto",
-        help="seconds the slow worker sleeps per lease; auto: THROTTLE_STEPS learner steps",
+        help="seconds the slow worker sleeps per lease; auto: --bias_throttle_steps steps",
+    )
+    p.add_argument(
+        "--bias_throttle_steps",
+        type=float,
+        default=2.0,
+        help="auto throttle: this many learner step periods, measured (docstring)",
     )
     p.add_argument("--auto_task", default="demo", choices=["demo"])
     p.add_argument("--fixed", default="0,1,2,4")
