@@ -34,8 +34,8 @@ much shorter; twice the period puts the slow worker's leases right at the deadli
 which ones come back too late depends on their length. The period is measured by a short
 calibration run of the same cell (`CALIBRATION_STEPS` RL steps, both workers unthrottled;
 it also fills the compile cache): per step, the wall time since the previous step less the
-time the learner waited for data, the median over the steps after the first (which
-compiles).
+time the learner waited for data, the median over the steps after the first two (the
+first compiles).
 
 Part `auto` (the cells of bench/staleness_sweep.py, reduced): the demo from the sweep's SFT
 warm start (the config's own 2000 steps),
@@ -143,7 +143,6 @@ def run_bias(a, cells: list[dict], on_cell) -> None:
         step_s = calibrate_throttle(a, config_file, pinned, base, root)
         throttle_s = a.bias_throttle_steps * step_s
         print(f"  learner step {step_s:.1f} s -> throttle {throttle_s:.1f} s", flush=True)
-    throttle_s = float(throttle_s)
     first = sweep_cells.load(config_file, [*pinned, *a.set])
     pool = sweep_cells.Pool(first, os.path.join(root, "pool"), throttle_s)
     try:
@@ -292,6 +291,7 @@ def main():
     p.add_argument(
         "--bias_throttle_s",
         default="auto",
+        type=lambda v: v if v == "auto" else float(v),  # a typo fails here, not after the SFT
         help="seconds the slow worker sleeps per lease; auto: --bias_throttle_steps steps",
     )
     p.add_argument(
