@@ -30,8 +30,9 @@ Why the throttle follows the learner: with S = 1 a group of version v may be con
 steps v and v + 1, so a lease must come back within about two learner step periods. A fixed
 throttle measures nothing on a box where the step is longer than it (reversal at 10 s
 dropped nothing when its steps took 25-45 s) and drops every slow lease where the step is
-much shorter; twice the period puts the slow worker's leases right at the deadline, where
-which ones come back too late depends on their length. The period is measured by a short
+much shorter; about twice the period puts the slow worker's leases near the deadline (at
+2 every reversal slow lease came back late with `off`, at 1.5 most: docs/results.md). The
+period is measured by a short
 calibration run of the same cell (`CALIBRATION_STEPS` RL steps, both workers unthrottled;
 it also fills the compile cache): per step, the wall time since the previous step less the
 time the learner waited for data, the median over the steps after the first two (the
