@@ -2,7 +2,8 @@
 staleness="auto" against the best fixed S.
 
     python -m bench.async_bias --out=F.json [--parts=bias,auto] \
-        [--bias_task=reversal] [--bias_staleness=1] [--bias_steps=12] [--bias_throttle_s=10] \
+        [--bias_task=reversal] [--bias_staleness=1] [--bias_steps=12] [--bias_throttle_s=auto] \
+        [--bias_throttle_steps=2] \
         [--auto_task=demo] [--fixed=0,1,2,4] [--auto_max=4] [--auto_steps=12] \
         [--auto_throttle_s=1] [--warm_start_TASK=DIR] [--warm_start_auto=DIR] \
         [--workdir=/tmp/echo2_async_bias] [--set KEY=VALUE ...] [--combine=A.json,B.json]
@@ -15,13 +16,27 @@ groups over the consumed ones; None when nothing was dropped: no drop, no bias),
 Part `bias` (the machinery of bench/staleness_bias.py): from one SFT warm start of a task
 whose answer lengths vary (reversal: reasoning-gym word_sequence_reversal, answers of 19-77
 tokens), two runs of the training binary at one S, fed by the same two real vLLM workers, the
-second sleeping `--bias_throttle_s` per lease: `rollout.partial=off` with the too-slow rule
-off (`controller.refuse_too_slow=False`: the slow worker's late leases are dropped, the
-bias item 1 measured) and `rollout.partial=continue` (the worker swaps in the newest version
-before it generates and whenever one is ready while it generates, continuing its unfinished
-samples under it; the controller judges a group by its newest token, bridge/contracts/
-staleness.py). Each run's controller database says what was consumed and dropped; for
-`continue` also how many consumed groups carry tokens of several versions.
+second sleeping `--bias_throttle_s` per lease (`auto`, the default: `--bias_throttle_steps`
+(2) times the learner's step period measured on this machine now, `learner_step_s`):
+`rollout.partial=off` with the too-slow rule off (`controller.refuse_too_slow=False`: the
+slow worker's late leases are dropped, the bias item 1 measured) and
+`rollout.partial=continue` (the worker swaps in the newest version before it generates and
+whenever one is ready while it generates, continuing its unfinished samples under it; the
+controller judges a group by its newest token, bridge/contracts/staleness.py). Each run's
+controller database says what was consumed and dropped; for `continue` also how many
+consumed groups carry tokens of several versions.
+
+Why the throttle follows the learner: with S = 1 a group of version v may be consumed by
+steps v and v + 1, so a lease must come back within about two learner step periods. A fixed
+throttle measures nothing on a box where the step is longer than it (reversal at 10 s
+dropped nothing when its steps took 25-45 s) and drops every slow lease where the step is
+much shorter; about twice the period puts the slow worker's leases near the deadline (at
+2 every reversal slow lease came back late with `off`, at 1.5 most: docs/results.md). The
+period is measured by a short
+calibration run of the same cell (`CALIBRATION_STEPS` RL steps, both workers unthrottled;
+it also fills the compile cache): per step, the wall time since the previous step less the
+time the learner waited for data, the median over the steps after the first two (the
+first compiles).
 
 Part `auto` (the cells of bench/staleness_sweep.py, reduced): the demo from the sweep's SFT
 warm start (the config's own 2000 steps),
@@ -41,6 +56,7 @@ import json
 import os
 import shutil
 import sqlite3
+import statistics
 import time
 from types import SimpleNamespace
 
@@ -74,6 +90,46 @@ def continued_groups(db_path: str) -> tuple[int, int]:
     return mixed, len(payloads)
 
 
+CALIBRATION_STEPS = 5  # RL steps of the calibration run; the first compiles
+
+
+def learner_step_s(rows: list[dict]) -> float:
+    """The learner's step period without waiting for data: per RL metrics row after the
+    first two (the first compiles, the second's wall time includes the first's), the wall
+    time since the previous row less `time/wait_s`; the median."""
+    periods = [
+        r["time/wall"] - prev["time/wall"] - r.get("time/wait_s", 0.0)
+        for prev, r in zip(rows[1:], rows[2:], strict=False)  # each row with the one before
+    ]
+    if not periods:
+        raise ValueError(f"{len(rows)} RL steps: need at least 3 to measure the learner's step")
+    return statistics.median(periods)
+
+
+def calibrate_throttle(a, config_file: str, pinned: list[str], base: str, root: str) -> float:
+    """`learner_step_s` of a short run of the bias cell (`off`) with both workers
+    unthrottled, on this machine at its load now."""
+    from bench import sweep_cells
+    from learner_jax.reporting import report
+
+    first = sweep_cells.load(config_file, [*pinned, *a.set])
+    pool = sweep_cells.Pool(first, os.path.join(root, "pool"), 0.0)
+    wd = os.path.join(root, "calibration")
+    try:
+        sweep_cells.copy_warm_start(base, wd)
+        overrides = [*pinned, *pool.overrides(), *a.set, *_bias_run(a), "rollout.partial=off"]
+        cfg = sweep_cells.load(config_file, overrides)
+        sweep_cells.run_cell(cfg, wd, pool, stop_after=CALIBRATION_STEPS)
+    finally:
+        pool.close()
+    return learner_step_s(report.rl_rows(wd))
+
+
+def _bias_run(a) -> list[str]:
+    knobs = SimpleNamespace(steps=a.bias_steps, refuse_too_slow=False, seed=a.seed)
+    return staleness_bias.cell_overrides(knobs, a.bias_staleness)
+
+
 def run_bias(a, cells: list[dict], on_cell) -> None:
     """The `bias` part's cells, appended to `cells` as each finishes (then `on_cell()`)."""
     from bench import sweep_cells
@@ -82,18 +138,24 @@ def run_bias(a, cells: list[dict], on_cell) -> None:
     config_file, pinned = staleness_bias.TASKS[task]
     root = os.path.join(a.workdir, "bias")
     base = _warm_start(a, config_file, pinned, getattr(a, f"warm_start_{task}"), root)
+    step_s = None
+    throttle_s = a.bias_throttle_s
+    if throttle_s == "auto":
+        step_s = calibrate_throttle(a, config_file, pinned, base, root)
+        throttle_s = a.bias_throttle_steps * step_s
+        print(f"  learner step {step_s:.1f} s -> throttle {throttle_s:.1f} s", flush=True)
     first = sweep_cells.load(config_file, [*pinned, *a.set])
-    pool = sweep_cells.Pool(first, os.path.join(root, "pool"), a.bias_throttle_s)
+    pool = sweep_cells.Pool(first, os.path.join(root, "pool"), throttle_s)
     try:
         for partial in ("off", "continue"):
             wd = os.path.join(root, partial)
             sweep_cells.copy_warm_start(base, wd)
-            knobs = SimpleNamespace(steps=a.bias_steps, refuse_too_slow=False, seed=a.seed)
-            run = staleness_bias.cell_overrides(knobs, s)
+            run = _bias_run(a)
             overrides = [*pinned, *pool.overrides(), *a.set, *run, f"rollout.partial={partial}"]
             secs = sweep_cells.run_cell(sweep_cells.load(config_file, overrides), wd, pool)
             cell = staleness_bias.cell_of(wd, task, s, secs)
             cell["partial"] = partial
+            cell["throttle_s"], cell["learner_step_s"] = throttle_s, step_s
             cell["continued_groups"], _ = continued_groups(os.path.join(wd, "controller.db"))
             cells.append(cell)
             on_cell()
@@ -178,6 +240,7 @@ def rows_of(bias: list[dict], auto: list[dict]) -> list[dict]:
             "reward_consumed": k["reward"], "reward_dropped": d["reward"],
             "slow_share_consumed": k["slow_share"], "starved_prompts": c["starved_prompts"],
             "max_drops_per_prompt": c["max_drops_per_prompt"], "wall_s": c["wall_s"],
+            "throttle_s": c.get("throttle_s"), "learner_step_s": c.get("learner_step_s"),
             **{f"headline_{x}": v for x, v in c["headline"].items()},
         })  # fmt: skip
     for c in auto:
@@ -226,7 +289,18 @@ def main():
     p.add_argument("--bias_task", default="reversal", choices=sorted(staleness_bias.TASKS))
     p.add_argument("--bias_staleness", type=int, default=1)
     p.add_argument("--bias_steps", type=int, default=12)
-    p.add_argument("--bias_throttle_s", type=float, default=10.0)
+    p.add_argument(
+        "--bias_throttle_s",
+        default="auto",
+        type=lambda v: v if v == "auto" else float(v),  # a typo fails here, not after the SFT
+        help="seconds the slow worker sleeps per lease; auto: --bias_throttle_steps steps",
+    )
+    p.add_argument(
+        "--bias_throttle_steps",
+        type=float,
+        default=2.0,
+        help="auto throttle: this many learner step periods, measured (docstring)",
+    )
     p.add_argument("--auto_task", default="demo", choices=["demo"])
     p.add_argument("--fixed", default="0,1,2,4")
     p.add_argument("--auto_max", type=int, default=4)

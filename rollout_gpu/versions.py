@@ -97,6 +97,7 @@ class WeightVersions:
         # version -> (backoff, retry at, published_at of the announcement refused)
         self._refused: dict[int, tuple[float, float, float]] = {}
         self._swap_now = False  # the controller refused the fetching claim
+        self._heard_at = float("-inf")  # clock() of the last controller reply heard
 
     @property
     def loaded(self) -> int:
@@ -111,7 +112,12 @@ class WeightVersions:
             self.peers.note_route(reply)
         self.note(reply.announcement)
 
+    def news_age(self) -> float:
+        """Seconds since a controller reply last said which version is newest."""
+        return self.clock() - self._heard_at
+
     def note(self, announcement: VersionAnnouncement) -> None:
+        self._heard_at = self.clock()
         # Newest by publication time, not by number: a learner rerun after a crash republishes
         # from its checkpoint, so a LOWER number announced later replaces a rolled-back one.
         if (announcement.published_at, announcement.version) >= (
@@ -122,6 +128,7 @@ class WeightVersions:
 
     def reset(self, announcement: VersionAnnouncement) -> None:
         """A registration's announcement is authoritative, even if older (a new controller)."""
+        self._heard_at = self.clock()
         self.announced = announcement
 
     def behind(self, claimed_fetching: bool) -> None:

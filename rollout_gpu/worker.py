@@ -20,7 +20,8 @@ generate n samples per prompt from the leased prompt token ids with per-token lo
 brings a newer version (after the loaded version's queued evaluation, `eval_pending`:
 bridge/control/evaluation/eval_leases.py), so all tokens of a lease carry the version that
 made them. With partial rollouts (the lease says `partial="continue"`, `rollout.partial`) the
-worker also swaps mid-lease: before generating, and whenever a newer version is ready while
+worker also swaps mid-lease: before generating (a lease that waited asks the controller for
+its newest version first, `_hear_news`), and whenever a newer version is ready while
 it generates, continuing its unfinished samples under it (generate.py `continue_groups`);
 each token carries the version that sampled it.
 The worker is composed of three owners: `ControllerSession` (rollout_gpu/session.py:
@@ -67,6 +68,11 @@ from rollout_gpu.session import ControllerSession, FatalError, Throughput, Worke
 from rollout_gpu.versions import VersionState, WeightVersions
 
 __all__ = ["FatalError", "RolloutWorker", "Throughput", "WorkerOptions"]
+
+# Version news younger than this is taken as the controller's newest when a partial-rollout
+# lease starts generating: a lease reply a moment ago named it (a lease generated at once
+# asks nothing more), and a version published in that moment is swapped in mid-lease.
+NEWS_FRESH_S = 0.5
 
 
 class _EngineStarter:
@@ -220,7 +226,9 @@ class RolloutWorker:
                 ControllerClient.episode, EpisodeStep(lease_id=lease.lease_id, episodes=eps)
             )
             if self._continues(lease):
-                if self._newer_ready():  # a lease that waited starts on the newest version
+                # A lease that waited starts on the newest version the controller has.
+                self._hear_news()
+                if self._newer_ready():
                     self._swap_newer()
                 swaps = gen.Swaps(due=self._newer_ready, swap=self._swap_newer)
                 results = gen.continue_groups(
@@ -274,6 +282,21 @@ class RolloutWorker:
         """Partial rollouts: the controller asks for them, and the lease is single-turn
         (an episode's turns are played against the controller under one version)."""
         return lease.partial == "continue" and all(g.episode is None for g in lease.groups)
+
+    def _hear_news(self) -> None:
+        """Ask the controller for its newest version (a heartbeat) unless a reply said it
+        within `NEWS_FRESH_S`. Version news otherwise comes only with heartbeats (seconds
+        apart, further as the fleet grows) and lease replies: a lease that waited after its
+        reply (a busy or throttled worker) was generated whole on the version it was leased
+        at although the controller had published two newer ones meanwhile, and with S = 1
+        it came back too stale to use, the drops `continue` exists to avoid. Without an
+        answer it goes on with what it knows."""
+        if self.versions.news_age() <= NEWS_FRESH_S:
+            return
+        try:
+            self.session.heartbeat_once()
+        except (ControllerError, ConnectionError) as e:
+            logging.warning("no version news before generating: %s", e)
 
     def _newer_ready(self) -> bool:
         """A newer version can be loaded now, and no queued evaluation holds this one."""

@@ -69,3 +69,21 @@ def test_off_drops_the_long_continued_group_and_continue_trains_it(tmp_path):
     assert head["auto_util_minus_best_fixed"] == pytest.approx(0.8 - 0.7)
     table = async_bias.markdown(async_bias.rows_of([off, on], auto))
     assert "| demo | 1 | continue | 2 / 0 | 1 |" in table
+
+
+def test_the_throttle_follows_the_learner_step_without_its_waits():
+    """`learner_step_s`: per step the wall time since the previous step less the learner's
+    wait for data, the median over the steps after the first two (compiling; its wall
+    time). Steps of 10 s each with waits of 0-30 s between them: 10 s, whatever the waits."""
+    waits = [50.0, 40.0, 0.0, 30.0, 5.0, 0.0]  # the first two are the compile's, skipped
+    rows, wall = [], 1000.0
+    for w in waits:
+        wall += w + 10.0
+        rows.append({"time/wall": wall, "time/wait_s": w, "time/step_s": 4.0})
+    assert async_bias.learner_step_s(rows) == pytest.approx(10.0)
+    rows[3]["time/wall"] += 7.0  # one slow step (7 s of overhead): the median holds
+    rows[4]["time/wall"] += 7.0
+    rows[5]["time/wall"] += 7.0
+    assert async_bias.learner_step_s(rows) == pytest.approx(10.0)
+    with pytest.raises(ValueError, match="at least 3"):
+        async_bias.learner_step_s(rows[:2])
