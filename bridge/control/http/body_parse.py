@@ -21,16 +21,17 @@ a body past it is refused (413), and its cost never lands in the server's proces
 
 from __future__ import annotations
 
-import array
-import multiprocessing.connection
 import os
+import pickle
 import queue
 import resource
 import socket
+import struct
 import subprocess
 import sys
 import threading
 
+import numpy as np
 import pydantic
 
 from bridge.control.http.http_guard import json_bounds
@@ -53,21 +54,14 @@ class BodyRefused(Exception):
 def _pack(name: str, values):
     if values is None:
         return None
-    for code in ("d",) if name in _FLOATS else ("i", "q"):  # validated: all of one type
-        try:
-            return code, array.array(code, values).tobytes()
-        except OverflowError:  # past 32 bits, then past 64 (refused by the controller's checks)
-            continue
-    return list(values)
+    try:  # validated: all of one type; an int past 64 bits stays a list (the checks refuse it)
+        return np.array(values, dtype=np.float64 if name in _FLOATS else np.int64)
+    except OverflowError:
+        return list(values)
 
 
 def _unpack(value):
-    if isinstance(value, tuple):
-        code, blob = value
-        out = array.array(code)
-        out.frombytes(blob)
-        return out.tolist()
-    return value
+    return value.tolist() if isinstance(value, np.ndarray) else value
 
 
 def _errors(e: pydantic.ValidationError) -> list[dict]:
@@ -112,6 +106,26 @@ def rebuild_submission(packed: tuple) -> Submission:
     return Submission.model_construct(lease_id=lease_id, groups=out)
 
 
+def free_in_pieces(trajectories: list[WorkerTrajectory]) -> None:
+    """Drop `trajectories` (the caller's only list of them) one at a time.
+
+    A maximum-size submission is ~2.4 M Python ints and floats. Freed at once (its last
+    reference dropped) that is one C-level cascade, ~30-100 ms with the GIL held and no
+    point at which the interpreter can hand it to another thread; one trajectory is a
+    ~1 ms piece, and between pieces a waiting thread (the event loop) gets the GIL. A
+    trajectory something else still holds is not freed here, only its reference."""
+    while trajectories:
+        trajectories.pop()
+
+
+def without_frames(e: BaseException) -> BaseException:
+    """`e` without its traceback and chained exceptions: their frames hold the request's
+    objects (a whole submission), which would otherwise be freed wherever the reply is
+    written, on the event loop. What the reply says (status, message) is kept."""
+    e.__traceback__ = e.__context__ = e.__cause__ = None
+    return e
+
+
 _CHILD_CALLS = {"bounds": json_bounds, "submission": parse_submission_packed}
 # A parse may grow the parser's memory by this many times the body (RLIMIT_DATA): an honest
 # submission costs ~8x (pydantic-core's JSON tree, then the Python objects); shapes that
@@ -146,9 +160,54 @@ def _within_budget(name: str, body: bytes, args: tuple):
 _TOO_COSTLY = f"JSON that costs more than {PARSE_MEMORY_FACTOR}x its size to parse"
 
 
-def _child(conn) -> None:
-    """A parser process: (call name, args) then the body, per request; the reply pickled.
-    Ends when the server's end of the pipe closes (the server stopped, or died). Niced:
+_HEAD = struct.Struct("!QQ")  # a message: its pickle's bytes, then its buffers' bytes
+
+
+def _read(sock: socket.socket, n: int) -> memoryview:
+    """Exactly `n` bytes from `sock`, into one buffer allocated up front: `recv_into`
+    holds the GIL only between reads (`Connection.recv`'s reads allocate a bytes object
+    of the whole remainder per read, then copy: ~20 ms of GIL per 12 MiB reply)."""
+    buf = memoryview(np.empty(n, dtype=np.uint8))  # not zeroed first: recv_into fills it
+    got = 0
+    while got < n:
+        k = sock.recv_into(buf[got:])
+        if k == 0:
+            raise EOFError("the other end closed")
+        got += k
+    return buf
+
+
+def _send(sock: socket.socket, obj, data: bytes | None = None) -> None:
+    """`obj` pickled (protocol 5: numpy arrays out of band), its buffers and `data` after
+    it, each by `sendall` straight from its memory, the GIL released while it is written."""
+    buffers: list = []
+    pickled = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers] + ([memoryview(data)] if data is not None else [])
+    sizes = [r.nbytes for r in raws]
+    meta = pickle.dumps((pickled, sizes))
+    sock.sendall(_HEAD.pack(len(meta), sum(sizes)) + meta)
+    for r in raws:
+        sock.sendall(r)
+
+
+def _receive(sock: socket.socket, with_data: bool = False):
+    """What `_send` sent: the object (its arrays views on one received buffer, no copy),
+    and, `with_data`, the trailing bytes."""
+    meta_len, total = _HEAD.unpack(_read(sock, _HEAD.size))
+    pickled, sizes = pickle.loads(_read(sock, meta_len))
+    data = _read(sock, total) if total else memoryview(b"")
+    views, at = [], 0
+    for n in sizes:
+        views.append(data[at : at + n])
+        at += n
+    trailing = views.pop() if with_data else None
+    obj = pickle.loads(pickled, buffers=views)
+    return (obj, trailing) if with_data else obj
+
+
+def _child(sock: socket.socket) -> None:
+    """A parser process: (call name, args) and the body, per request; the reply back.
+    Ends when the server's end of the socket closes (the server stopped, or died). Niced:
     on a busy machine the server's own thread (heartbeats, leases) gets the CPU first."""
     os.nice(10)
     Submission.model_validate_json(  # the imports and pydantic's model build, up front
@@ -156,18 +215,18 @@ def _child(conn) -> None:
     )
     while True:
         try:
-            name, args = conn.recv()
-            body = conn.recv_bytes()
+            (name, args), body = _receive(sock, with_data=True)
         except (EOFError, OSError):
             return
+        body = body.tobytes()
         reply = _within_budget(name, body, args)
         del body
-        conn.send(reply)
+        _send(sock, reply)
 
 
 def _child_main(fd: int) -> None:
     """`python -c` entry of a parser process: its end of the socket pair is `fd`."""
-    _child(multiprocessing.connection.Connection(fd))
+    _child(socket.socket(fileno=fd))
 
 
 class _Parser:
@@ -186,17 +245,17 @@ class _Parser:
             [sys.executable, "-c", entry], pass_fds=[theirs.fileno()], env=env
         )
         theirs.close()
-        self.conn = multiprocessing.connection.Connection(ours.detach())
+        self.sock = ours
 
     def call(self, name: str, body: bytes, args: tuple):
-        self.conn.send((name, args))
-        # The body goes by write(2) straight from its buffer, the GIL released: a pickle
-        # of it (ProcessPoolExecutor's way) was one GIL-held copy of up to 16 MiB.
-        self.conn.send_bytes(body)
-        return self.conn.recv()
+        # The body goes by send(2) straight from its buffer, the GIL released: a pickle
+        # of it (ProcessPoolExecutor's way) was one GIL-held copy of up to 16 MiB. The
+        # reply's arrays come back the same way, into one buffer (`_receive`).
+        _send(self.sock, (name, args), body)
+        return _receive(self.sock)
 
     def close(self) -> None:
-        self.conn.close()
+        self.sock.close()
         try:
             self.proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
@@ -216,6 +275,7 @@ class ParsePool:
         self._lock = threading.Lock()
         self._closed = False
         self.parsed = 0  # bodies parsed by the pool (tests, metrics)
+        self.rebuilt = 0  # of those, rebuilt as Python objects here (`submission`'s admit)
 
     def pids(self) -> list[int]:
         """The parser processes' ids (tests, operators)."""
@@ -244,18 +304,23 @@ class ParsePool:
         idle = self._start()
         parser = idle.get()
         try:
+            if parser.proc.poll() is not None:  # died while idle (killed): not this body's doing
+                parser = self._replace(parser)
             return parser.call(name, body, args)
         except (EOFError, OSError):
             # The child died mid-parse: past its memory budget (pydantic-core aborts when an
             # allocation fails), or killed. A fresh one takes its place; this body, which
             # may kill the next one too, is refused.
-            parser.close()
-            with self._lock:
-                self._all.remove(parser)
-                parser = self._spawn()
+            parser = self._replace(parser)
             raise BodyRefused(413, _TOO_COSTLY) from None
         finally:
             idle.put(parser)
+
+    def _replace(self, parser: _Parser) -> _Parser:
+        parser.close()
+        with self._lock:
+            self._all.remove(parser)
+            return self._spawn()
 
     def bounds(self, body: bytes, max_depth: int, max_elements: int):
         """`json_bounds` of `body`, in a child."""
@@ -264,18 +329,28 @@ class ParsePool:
         except BodyRefused as e:
             return e.status, e.detail
 
-    def submission(self, body: bytes, max_depth: int, max_elements: int) -> Submission:
+    def submission(
+        self, body: bytes, max_depth: int, max_elements: int, admit=None
+    ) -> Submission:
         """`body` as a validated `Submission`; raises `BodyRefused` for a body over a
-        bound (413) or invalid (422)."""
+        bound (413) or invalid (422). `admit(lease_id)`, if given, may raise for a lease
+        the submission cannot be for: a large body's per-token Python objects are built
+        in this process only once it has passed (`rebuilt` counts them)."""
         if not self.large(body):
             try:
-                return Submission.model_validate_json(body)
+                sub = Submission.model_validate_json(body)
             except pydantic.ValidationError as e:
                 raise BodyRefused(422, _errors(e)) from None
+            if admit is not None:
+                admit(sub.lease_id)
+            return sub
         result = self._call("submission", body, (max_depth, max_elements))
         self.parsed += 1
         if result[0] == "refused":
             raise BodyRefused(result[1], result[2])
+        if admit is not None:
+            admit(result[1][0])
+        self.rebuilt += 1
         return rebuild_submission(result[1])
 
     def close(self) -> None:

@@ -58,7 +58,12 @@ from fastapi.responses import JSONResponse
 from bridge.broadcast.relay_address import is_loopback
 from bridge.control.controller import Controller
 from bridge.control.http import prometheus
-from bridge.control.http.body_parse import BodyRefused, ParsePool
+from bridge.control.http.body_parse import (
+    BodyRefused,
+    ParsePool,
+    free_in_pieces,
+    without_frames,
+)
 from bridge.control.http.fast_routes import RelayFilter, fast_routes
 from bridge.control.http.http_bounds import bounded_protocol
 from bridge.control.http.http_guard import HttpGuard, json_body, with_schemas
@@ -255,13 +260,29 @@ def make_app(
 
     def _submit(worker: str, body: bytes) -> SubmitResponse:
         try:
-            sub = parser.submission(body, max_json_depth, max_json_elements)
+            sub = parser.submission(
+                body,
+                max_json_depth,
+                max_json_elements,
+                admit=functools.partial(controller.check_submission_lease, worker),
+            )
         except BodyRefused as e:
             if e.status != 422:
                 raise SubmissionError(e.detail, e.status) from None
             errors = [{**x, "loc": ("body", *x["loc"])} for x in e.detail]
             raise RequestValidationError(errors) from None
-        return controller.submit(worker, sub)
+        del body
+        # The submission is freed here, on this pool thread, in pieces (body_parse.py
+        # `free_in_pieces`): a refusal's traceback would carry it to the event loop.
+        trajectories = [t for g in sub.groups for t in g.trajectories]
+        try:
+            return controller.submit(worker, sub)
+        except (SubmissionError, HTTPException) as e:
+            refused = without_frames(e)
+        finally:
+            del sub
+            free_in_pieces(trajectories)
+        raise refused
 
     @app.post("/v1/episode", response_model=EpisodeStepResponse, dependencies=auth)
     def episode(req: EpisodeStep, request: Request) -> EpisodeStepResponse:
