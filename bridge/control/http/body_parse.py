@@ -7,11 +7,25 @@ included: three concurrent ~14 MB submissions took the heartbeats' p99 from ~18 
 ~1.2 s (bench/body_parse.py). A body of at least `min_bytes` goes to a small pool of
 parser processes instead (`ParsePool`): the child runs the bound scan, validates the whole
 `Submission` with the same model and rules, and sends back each trajectory with its token
-ids, log-probs and versions packed as arrays (a few objects per trajectory, not one per
-token). The server rebuilds the model trajectory by trajectory from those validated values
-(`model_construct`: no second validation), so it holds the GIL for one trajectory's lists
-at a time (at most 65,536 values each, well under a millisecond), and the event loop runs
-in between. Other paths' large bodies get their bound scan there too (`bounds`).
+ids, log-probs and versions as numpy arrays, pickled out of band (protocol 5): they arrive
+by `recv_into` in one buffer, the GIL released, and are unpickled as views on it, no copy.
+What the server holds the GIL for per large body is then a few objects per trajectory:
+
+- `admit(lease_id)` first (service.py: the controller's own lease check, unknown 404,
+  another worker's 403): a body for a lease its worker does not hold is refused before one
+  per-token Python object exists in the server;
+- then the model, rebuilt trajectory by trajectory from the validated values
+  (`model_construct`: no second validation), one trajectory's lists at a time (at most
+  65,536 values each, ~1 ms), the event loop running in between;
+- and when the controller is done with it, the submission is freed on that pool thread in
+  pieces (`free_in_pieces`; a refusal goes back `without_frames`): freed in one go, ~2 M
+  objects are one C-level cascade of 30-100 ms with no point where the GIL can change
+  hands, and a refusal's traceback would carry it to the event loop, to be freed there
+  while every heartbeat waits (the largest stall in a py-spy --gil profile of the bench).
+
+Other paths' large bodies get their bound scan in a child too (`bounds`). A parser that
+died while idle (killed) is replaced before the next body; one that dies mid-parse is
+replaced and that body refused (413).
 
 What a parse may cost in memory is bounded twice: by the bytes before it starts
 (http_guard.py: containers and values per byte, nesting), and in the child by a limit on
