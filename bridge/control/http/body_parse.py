@@ -343,9 +343,7 @@ class ParsePool:
         except BodyRefused as e:
             return e.status, e.detail
 
-    def submission(
-        self, body: bytes, max_depth: int, max_elements: int, admit=None
-    ) -> Submission:
+    def submission(self, body: bytes, max_depth: int, max_elements: int, admit=None) -> Submission:
         """`body` as a validated `Submission`; raises `BodyRefused` for a body over a
         bound (413) or invalid (422). `admit(lease_id)`, if given, may raise for a lease
         the submission cannot be for: a large body's per-token Python objects are built

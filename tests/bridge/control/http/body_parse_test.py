@@ -173,9 +173,14 @@ _UNKNOWN = {
             "group_id": 0,
             "trajectories": [
                 dict(
-                    prompt_id="p", sample_index=0, prompt_token_ids=[1], completion_token_ids=[5],
-                    logprobs=[-0.5], versions=[0], finish_reason="stop",
-                )  # fmt: skip
+                    prompt_id="p",
+                    sample_index=0,
+                    prompt_token_ids=[1],
+                    completion_token_ids=[5],
+                    logprobs=[-0.5],
+                    versions=[0],
+                    finish_reason="stop",
+                )
             ],
         }
     ],
@@ -214,10 +219,14 @@ def _groups(lease: dict, token: int = 12) -> dict:
             "group_id": g["group_id"],
             "trajectories": [
                 dict(
-                    prompt_id=g["prompt_id"], sample_index=i,
-                    prompt_token_ids=g["prompt_token_ids"], completion_token_ids=[token, 13, 2],
-                    logprobs=[-0.1, -2.0, -0.3], versions=[0, 0, 0], finish_reason="stop",
-                )  # fmt: skip
+                    prompt_id=g["prompt_id"],
+                    sample_index=i,
+                    prompt_token_ids=g["prompt_token_ids"],
+                    completion_token_ids=[token, 13, 2],
+                    logprobs=[-0.1, -2.0, -0.3],
+                    versions=[0, 0, 0],
+                    finish_reason="stop",
+                )
                 for i in range(g["n"])
             ],
         }
