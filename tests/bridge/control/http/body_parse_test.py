@@ -1,7 +1,9 @@
 """Request bodies through the public interface (real HTTP on loopback): what a parse may
 cost is bounded by the body's bytes before it starts, and a large submission is scanned and
 parsed in a parser process, not on the server's GIL (bridge/control/http/body_parse.py); what
-the server rebuilds from the parser's packed arrays is the model pydantic validates."""
+the server rebuilds from the parser's packed arrays is the model pydantic validates, built
+only for a lease the worker holds and freed off the event loop; the budgets hold on that path,
+and a parser killed between bodies is replaced."""
 
 import json
 import os
