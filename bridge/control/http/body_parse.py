@@ -25,7 +25,8 @@ What the server holds the GIL for per large body is then a few objects per traje
 
 Other paths' large bodies get their bound scan in a child too (`bounds`). A parser that
 died while idle (killed) is replaced before the next body; one that dies mid-parse is
-replaced and that body refused (413).
+replaced and that body refused (413); one silent for `timeout_s` (stopped, hung) is killed
+and replaced, and that body answered 503.
 
 What a parse may cost in memory is bounded twice: by the bytes before it starts
 (http_guard.py: containers and values per byte, nesting), and in the child by a limit on
@@ -248,8 +249,9 @@ class _Parser:
     which would import the parent's main module: in the training binary, JAX) on a socket
     pair. It exits when the server's end closes, the server's death included."""
 
-    def __init__(self):
+    def __init__(self, timeout_s: float):
         ours, theirs = socket.socketpair()
+        ours.settimeout(timeout_s)  # each read, and each body's whole send
         entry = (
             "from bridge.control.http.body_parse import _child_main; "
             f"_child_main({theirs.fileno()})"
@@ -282,8 +284,11 @@ class ParsePool:
     bodies are parsed in the caller (microseconds to a few milliseconds). The calls block:
     make them from a thread."""
 
-    def __init__(self, processes: int = 2, min_bytes: int = 128 << 10):
+    def __init__(self, processes: int = 2, min_bytes: int = 128 << 10, timeout_s: float = 120.0):
         self.processes, self.min_bytes = max(1, processes), min_bytes
+        # A parser that sends nothing for this long (stopped, hung, starved) is killed and
+        # replaced, and its body answered 503: a large body's thread never waits forever.
+        self.timeout_s = timeout_s
         self._idle: queue.Queue[_Parser] | None = None
         self._all: list[_Parser] = []
         self._lock = threading.Lock()
@@ -310,7 +315,7 @@ class ParsePool:
             return self._idle
 
     def _spawn(self) -> _Parser:
-        p = _Parser()
+        p = _Parser(self.timeout_s)
         self._all.append(p)
         return p
 
@@ -321,6 +326,10 @@ class ParsePool:
             if parser.proc.poll() is not None:  # died while idle (killed): not this body's doing
                 parser = self._replace(parser)
             return parser.call(name, body, args)
+        except TimeoutError:
+            parser = self._replace(parser)
+            why = f"the body's parser process did not answer within {self.timeout_s:g} s"
+            raise BodyRefused(503, why) from None
         except (EOFError, OSError):
             # The child died mid-parse: past its memory budget (pydantic-core aborts when an
             # allocation fails), or killed. A fresh one takes its place; this body, which

@@ -109,6 +109,7 @@ class ServerOptions:
     # episode take at most small_body_bytes (parsed on the event loop).
     parse_processes: int = 2
     parse_offload_bytes: int = 128 << 10
+    parse_timeout_s: float = 120.0  # a parser silent this long is replaced, its body 503
     small_body_bytes: int = 1 << 20
     header_timeout_s: float = 10.0  # a request's headers must arrive within (http_bounds.py)
     max_connections_per_peer: int = 64  # open connections per client address (not loopback)
@@ -343,7 +344,9 @@ class ControllerServer:
             max_json_depth=options.max_json_depth,
             max_json_elements=options.max_json_elements,
             lean=options.lean_routes,
-            parse_pool=ParsePool(options.parse_processes, options.parse_offload_bytes),
+            parse_pool=ParsePool(
+                options.parse_processes, options.parse_offload_bytes, options.parse_timeout_s
+            ),
             small_body_bytes=options.small_body_bytes,
         )
         if options.prometheus:

@@ -5,6 +5,7 @@ the server rebuilds from the parser's packed arrays is the model pydantic valida
 only for a lease the worker holds and freed off the event loop; the budgets hold on that path,
 and a parser killed between bodies is replaced."""
 
+import contextlib
 import json
 import os
 import signal
@@ -302,3 +303,31 @@ def test_a_parser_killed_while_idle_is_replaced_and_the_body_parsed(served):
         r = client.post("/v1/submit", headers=h, content=body)
         assert r.status_code == 404, r.text
     assert not set(pool.pids()) & set(killed)
+
+
+def test_a_parser_that_does_not_answer_is_replaced_and_the_body_answered_503(tmp_path):
+    """A stopped parser (hung, or starved) holds a submission no longer than the pool's
+    timeout: 503 with the reason, the parser killed and replaced; the next body is parsed."""
+    ctl = make(tmp_path)
+    opts = ServerOptions(parse_offload_bytes=1 << 10, parse_processes=1, parse_timeout_s=2.0)
+    server = serve_controller(ctl, str(tmp_path), opts)
+    secret = service_lib.load_or_create_join_secret(str(tmp_path))
+    try:
+        with httpx.Client(base_url=server.url, timeout=60) as client:
+            headers = register(client, secret)
+            h = {**headers, "Content-Type": "application/json"}
+            body = _padded(_UNKNOWN)
+            assert client.post("/v1/submit", headers=h, content=body).status_code == 404
+            (stopped,) = server.app.state.parse_pool.pids()
+            os.kill(stopped, signal.SIGSTOP)
+            try:
+                r = client.post("/v1/submit", headers=h, content=body)
+            finally:
+                with contextlib.suppress(ProcessLookupError):  # killed and reaped by now
+                    os.kill(stopped, signal.SIGCONT)
+            assert r.status_code == 503 and "did not answer within 2 s" in r.text, r.text
+            assert server.app.state.parse_pool.pids() != [stopped]
+            assert client.post("/v1/submit", headers=h, content=body).status_code == 404
+    finally:
+        server.stop()
+        ctl.close()
