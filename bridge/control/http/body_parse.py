@@ -54,6 +54,7 @@ from bridge.control.protocol import GroupResult, Submission, WorkerTrajectory
 
 _FLOATS = ("logprobs",)
 _INTS = ("prompt_token_ids", "completion_token_ids", "versions", "completion_mask")
+_INT32 = np.iinfo(np.int32)
 _MAX_ERRORS = 64  # a body of a million bad values gets the first of them, not a million
 
 
@@ -69,10 +70,15 @@ class BodyRefused(Exception):
 def _pack(name: str, values):
     if values is None:
         return None
-    try:  # validated: all of one type; an int past 64 bits stays a list (the checks refuse it)
-        return np.array(values, dtype=np.float64 if name in _FLOATS else np.int64)
-    except OverflowError:
+    if name in _FLOATS:  # validated: all of one type
+        return np.array(values, dtype=np.float64)
+    try:
+        ints = np.array(values, dtype=np.int64)
+    except OverflowError:  # past 64 bits: stays a list (the controller's checks refuse it)
         return list(values)
+    # Token ids and versions fit 32 bits: half the bytes the server receives.
+    narrow = ints.size and _INT32.min <= ints.min() and ints.max() <= _INT32.max
+    return ints.astype(np.int32) if narrow else ints
 
 
 def _unpack(value):

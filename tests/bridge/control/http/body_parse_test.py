@@ -148,12 +148,13 @@ def test_the_rebuilt_submission_is_what_pydantic_validates():
     )
     huge = dict(traj, completion_token_ids=[1, 2**70, 3])  # past 64 bits: kept as a list
     masked = dict(traj, completion_mask=[1, 0, 1])
+    edges = dict(traj, completion_token_ids=[-(2**31), 2**31 - 1, 0], versions=[-(2**31) - 1, 0, 1])
     body = json.dumps(
         {
             "lease_id": "L",
             "groups": [
                 {"group_id": 7, "trajectories": [traj, huge]},
-                {"group_id": -2, "trajectories": [masked]},
+                {"group_id": -2, "trajectories": [masked, edges]},
             ],
         }
     ).encode()
@@ -166,6 +167,7 @@ def test_the_rebuilt_submission_is_what_pydantic_validates():
         for x, y in zip(a.trajectories, b.trajectories, strict=True):
             assert x.model_fields_set == y.model_fields_set
             assert [type(v) for v in x.logprobs] == [float] * 3
+            assert {type(v) for v in x.completion_token_ids + x.versions} == {int}
     assert parse_submission_packed(b'{"lease_id": 1}', 32, 1000)[:2] == ("refused", 422)
 
 
