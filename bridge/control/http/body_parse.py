@@ -362,15 +362,13 @@ class ParsePool:
         """`body` as a validated `Submission`; raises `BodyRefused` for a body over a
         bound (413) or invalid (422). `admit(lease_id)`, if given, may raise for a lease
         the submission cannot be for: a large body's per-token Python objects are built
-        in this process only once it has passed (`rebuilt` counts them)."""
+        in this process only once it has passed (`rebuilt` counts them); a small body's
+        lease is left to the caller."""
         if not self.large(body):
-            try:
-                sub = Submission.model_validate_json(body)
+            try:  # `admit` left to the controller's own check: nothing to save here
+                return Submission.model_validate_json(body)
             except pydantic.ValidationError as e:
                 raise BodyRefused(422, _errors(e)) from None
-            if admit is not None:
-                admit(sub.lease_id)
-            return sub
         result = self._call("submission", body, (max_depth, max_elements))
         self.parsed += 1
         if result[0] == "refused":
