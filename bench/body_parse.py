@@ -6,13 +6,16 @@ A controller (SQLite file, the tiny tokenizer) served by uvicorn in this process
 default body limit. One client subprocess sends a heartbeat every `--pace_ms` and times
 each; first alone (idle), then while another client subprocess runs `--submitters` threads,
 each posting `--rounds` submissions of `--body_mib` MiB (schema-valid JSON: token ids,
-log-probs and versions, so the whole body is parsed; the lease id is unknown, so nothing
-else is done with it). One such submission goes first, unmeasured: the server's parser
-processes start at the first large body. The headline is the heartbeats' p99 during the
-submissions over its idle value (`heartbeat_p99_ratio`; the bar is 5); the rows are each
-phase's latency percentiles. The machine's load average is reported: latencies are wall
+log-probs and versions, so the whole body is parsed and validated, in a parser process;
+the lease id is unknown, so the server refuses it (404) before it builds the submission's
+Python objects, and nothing else is done with it). One such submission goes first,
+unmeasured: the server's parser processes start at the first large body. The headline is
+the heartbeats' p99 during the submissions over its idle value (`heartbeat_p99_ratio`; the
+bar is 5); the rows are each phase's latency percentiles and the server process's CPU
+(`server_cpu_ms_per_submission`: what a body costs the server beyond the heartbeats, the
+parsers' CPU not included). The machine's load average is reported: latencies are wall
 time, and on a machine with fewer idle cores than the parsers and clients need they
-include waiting for a CPU.
+include waiting for a CPU; the server's CPU per submission does not.
 """
 
 from __future__ import annotations
@@ -138,7 +141,7 @@ def run(args) -> dict:
                     )
                 )  # fmt: skip
                 codes: list[int] = []
-                t0 = time.monotonic()
+                t0, cpu0 = time.monotonic(), time.process_time()
                 if phase == "submissions":
                     sub = subprocess.run(
                         _client(
@@ -153,9 +156,17 @@ def run(args) -> dict:
                 with open(out) as f:
                     lat = json.load(f)
                 row = {"phase": phase, **percentiles(lat), "wall_s": time.monotonic() - t0}
+                row["server_cpu_s"] = time.process_time() - cpu0
                 if codes:
                     row["submit_status"] = sorted(set(codes))
                     row["submissions"] = len(codes)
+                    # The server's own CPU (this process: event loop and pool threads, not
+                    # the parser processes) per submission, over what heartbeats alone
+                    # cost (the idle phase's rate): the GIL-bound work a body costs, which
+                    # unlike wall-time latencies does not grow with others' load.
+                    idle = rows[0]["server_cpu_s"] / rows[0]["wall_s"]
+                    extra = row["server_cpu_s"] - idle * row["wall_s"]
+                    row["server_cpu_ms_per_submission"] = round(1000 * extra / len(codes), 2)
                 rows.append(row)
         finally:
             server.stop()
@@ -188,6 +199,7 @@ def main(argv=None) -> dict:
         print(
             f"{r['phase']:12s} {r['n']:5d} {r['p50_ms']:8.2f} {r['p99_ms']:8.2f} {r['max_ms']:8.2f}"
         )
+    print(f"server CPU per submission {result['rows'][1]['server_cpu_ms_per_submission']} ms")
     print(json.dumps(result["headline"]))
     print(f"load average {result['load_average']}")
     with open(args.out, "w") as f:

@@ -365,6 +365,14 @@ class Controller:
             return True
 
     # -- submissions ---------------------------------------------------------------------
+    def check_submission_lease(self, worker_id: str, lease_id: str) -> None:
+        """The SubmissionError `submit` starts with for a lease `worker_id` does not hold
+        (unknown: 404; another worker's: 403), from committed rows without the lock. The
+        service asks before it builds a large parsed submission's Python objects: a body
+        for a lease that is not the worker's costs the server no per-token work."""
+        if not self.evals.owns(lease_id):  # evaluation leases: checked by `submit`
+            own_lease(self.db.read_view(), worker_id, lease_id)
+
     def submit(self, worker_id: str, sub: Submission) -> SubmitResponse:
         """Check everything, score the completions outside the lock (rewards.py), then
         accept atomically; resubmissions are no-ops. An accepted completion holding a token

@@ -28,3 +28,7 @@ def test_tiny_run_writes_the_headline_from_its_rows(tmp_path):
     ratio = rows["submissions"]["p99_ms"] / rows["idle"]["p99_ms"]
     assert abs(head["heartbeat_p99_ratio"] - ratio) <= 5e-4 * (1 + 1e-9)  # rounded to 3 places
     assert 1 << 20 >= head["body_bytes"] > (1 << 20) * 0.9
+    busy = rows["submissions"]
+    idle_rate = rows["idle"]["server_cpu_s"] / rows["idle"]["wall_s"]
+    per = (busy["server_cpu_s"] - idle_rate * busy["wall_s"]) / 2
+    assert abs(busy["server_cpu_ms_per_submission"] - 1000 * per) <= 5e-3 * (1 + 1e-9)

@@ -7,11 +7,26 @@ included: three concurrent ~14 MB submissions took the heartbeats' p99 from ~18 
 ~1.2 s (bench/body_parse.py). A body of at least `min_bytes` goes to a small pool of
 parser processes instead (`ParsePool`): the child runs the bound scan, validates the whole
 `Submission` with the same model and rules, and sends back each trajectory with its token
-ids, log-probs and versions packed as arrays (a few objects per trajectory, not one per
-token). The server rebuilds the model trajectory by trajectory from those validated values
-(`model_construct`: no second validation), so it holds the GIL for one trajectory's lists
-at a time (at most 65,536 values each, well under a millisecond), and the event loop runs
-in between. Other paths' large bodies get their bound scan there too (`bounds`).
+ids, log-probs and versions as numpy arrays, pickled out of band (protocol 5): they arrive
+by `recv_into` in one buffer, the GIL released, and are unpickled as views on it, no copy.
+What the server holds the GIL for per large body is then a few objects per trajectory:
+
+- `admit(lease_id)` first (service.py: the controller's own lease check, unknown 404,
+  another worker's 403): a body for a lease its worker does not hold is refused before one
+  per-token Python object exists in the server;
+- then the model, rebuilt trajectory by trajectory from the validated values
+  (`model_construct`: no second validation), one trajectory's lists at a time (at most
+  65,536 values each, ~1 ms), the event loop running in between;
+- and when the controller is done with it, the submission is freed on that pool thread in
+  pieces (`free_in_pieces`; a refusal goes back `without_frames`): freed in one go, ~2 M
+  objects are one C-level cascade of 30-100 ms with no point where the GIL can change
+  hands, and a refusal's traceback would carry it to the event loop, to be freed there
+  while every heartbeat waits (the largest stall in a py-spy --gil profile of the bench).
+
+Other paths' large bodies get their bound scan in a child too (`bounds`). A parser that
+died while idle (killed) is replaced before the next body; one that dies mid-parse is
+replaced and that body refused (413); one silent for `timeout_s` (stopped, hung) is killed
+and replaced, and that body answered 503.
 
 What a parse may cost in memory is bounded twice: by the bytes before it starts
 (http_guard.py: containers and values per byte, nesting), and in the child by a limit on
@@ -21,16 +36,17 @@ a body past it is refused (413), and its cost never lands in the server's proces
 
 from __future__ import annotations
 
-import array
-import multiprocessing.connection
 import os
+import pickle
 import queue
 import resource
 import socket
+import struct
 import subprocess
 import sys
 import threading
 
+import numpy as np
 import pydantic
 
 from bridge.control.http.http_guard import json_bounds
@@ -38,6 +54,7 @@ from bridge.control.protocol import GroupResult, Submission, WorkerTrajectory
 
 _FLOATS = ("logprobs",)
 _INTS = ("prompt_token_ids", "completion_token_ids", "versions", "completion_mask")
+_INT32 = np.iinfo(np.int32)
 _MAX_ERRORS = 64  # a body of a million bad values gets the first of them, not a million
 
 
@@ -53,21 +70,19 @@ class BodyRefused(Exception):
 def _pack(name: str, values):
     if values is None:
         return None
-    for code in ("d",) if name in _FLOATS else ("i", "q"):  # validated: all of one type
-        try:
-            return code, array.array(code, values).tobytes()
-        except OverflowError:  # past 32 bits, then past 64 (refused by the controller's checks)
-            continue
-    return list(values)
+    if name in _FLOATS:  # validated: all of one type
+        return np.array(values, dtype=np.float64)
+    try:
+        ints = np.array(values, dtype=np.int64)
+    except OverflowError:  # past 64 bits: stays a list (the controller's checks refuse it)
+        return list(values)
+    # Token ids and versions fit 32 bits: half the bytes the server receives.
+    narrow = ints.size and _INT32.min <= ints.min() and ints.max() <= _INT32.max
+    return ints.astype(np.int32) if narrow else ints
 
 
 def _unpack(value):
-    if isinstance(value, tuple):
-        code, blob = value
-        out = array.array(code)
-        out.frombytes(blob)
-        return out.tolist()
-    return value
+    return value.tolist() if isinstance(value, np.ndarray) else value
 
 
 def _errors(e: pydantic.ValidationError) -> list[dict]:
@@ -112,6 +127,26 @@ def rebuild_submission(packed: tuple) -> Submission:
     return Submission.model_construct(lease_id=lease_id, groups=out)
 
 
+def free_in_pieces(trajectories: list[WorkerTrajectory]) -> None:
+    """Drop `trajectories` (the caller's only list of them) one at a time.
+
+    A maximum-size submission is ~2.4 M Python ints and floats. Freed at once (its last
+    reference dropped) that is one C-level cascade, ~30-100 ms with the GIL held and no
+    point at which the interpreter can hand it to another thread; one trajectory is a
+    ~1 ms piece, and between pieces a waiting thread (the event loop) gets the GIL. A
+    trajectory something else still holds is not freed here, only its reference."""
+    while trajectories:
+        trajectories.pop()
+
+
+def without_frames(e: BaseException) -> BaseException:
+    """`e` without its traceback and chained exceptions: their frames hold the request's
+    objects (a whole submission), which would otherwise be freed wherever the reply is
+    written, on the event loop. What the reply says (status, message) is kept."""
+    e.__traceback__ = e.__context__ = e.__cause__ = None
+    return e
+
+
 _CHILD_CALLS = {"bounds": json_bounds, "submission": parse_submission_packed}
 # A parse may grow the parser's memory by this many times the body (RLIMIT_DATA): an honest
 # submission costs ~8x (pydantic-core's JSON tree, then the Python objects); shapes that
@@ -146,9 +181,54 @@ def _within_budget(name: str, body: bytes, args: tuple):
 _TOO_COSTLY = f"JSON that costs more than {PARSE_MEMORY_FACTOR}x its size to parse"
 
 
-def _child(conn) -> None:
-    """A parser process: (call name, args) then the body, per request; the reply pickled.
-    Ends when the server's end of the pipe closes (the server stopped, or died). Niced:
+_HEAD = struct.Struct("!QQ")  # a message: its pickle's bytes, then its buffers' bytes
+
+
+def _read(sock: socket.socket, n: int) -> memoryview:
+    """Exactly `n` bytes from `sock`, into one buffer allocated up front: `recv_into`
+    holds the GIL only between reads (`Connection.recv`'s reads allocate a bytes object
+    of the whole remainder per read, then copy: ~20 ms of GIL per 12 MiB reply)."""
+    buf = memoryview(np.empty(n, dtype=np.uint8))  # not zeroed first: recv_into fills it
+    got = 0
+    while got < n:
+        k = sock.recv_into(buf[got:])
+        if k == 0:
+            raise EOFError("the other end closed")
+        got += k
+    return buf
+
+
+def _send(sock: socket.socket, obj, data: bytes | None = None) -> None:
+    """`obj` pickled (protocol 5: numpy arrays out of band), its buffers and `data` after
+    it, each by `sendall` straight from its memory, the GIL released while it is written."""
+    buffers: list = []
+    pickled = pickle.dumps(obj, protocol=5, buffer_callback=buffers.append)
+    raws = [b.raw() for b in buffers] + ([memoryview(data)] if data is not None else [])
+    sizes = [r.nbytes for r in raws]
+    meta = pickle.dumps((pickled, sizes))
+    sock.sendall(_HEAD.pack(len(meta), sum(sizes)) + meta)
+    for r in raws:
+        sock.sendall(r)
+
+
+def _receive(sock: socket.socket, with_data: bool = False):
+    """What `_send` sent: the object (its arrays views on one received buffer, no copy),
+    and, `with_data`, the trailing bytes."""
+    meta_len, total = _HEAD.unpack(_read(sock, _HEAD.size))
+    pickled, sizes = pickle.loads(_read(sock, meta_len))
+    data = _read(sock, total) if total else memoryview(b"")
+    views, at = [], 0
+    for n in sizes:
+        views.append(data[at : at + n])
+        at += n
+    trailing = views.pop() if with_data else None
+    obj = pickle.loads(pickled, buffers=views)
+    return (obj, trailing) if with_data else obj
+
+
+def _child(sock: socket.socket) -> None:
+    """A parser process: (call name, args) and the body, per request; the reply back.
+    Ends when the server's end of the socket closes (the server stopped, or died). Niced:
     on a busy machine the server's own thread (heartbeats, leases) gets the CPU first."""
     os.nice(10)
     Submission.model_validate_json(  # the imports and pydantic's model build, up front
@@ -156,18 +236,18 @@ def _child(conn) -> None:
     )
     while True:
         try:
-            name, args = conn.recv()
-            body = conn.recv_bytes()
+            (name, args), body = _receive(sock, with_data=True)
         except (EOFError, OSError):
             return
+        body = body.tobytes()
         reply = _within_budget(name, body, args)
         del body
-        conn.send(reply)
+        _send(sock, reply)
 
 
 def _child_main(fd: int) -> None:
     """`python -c` entry of a parser process: its end of the socket pair is `fd`."""
-    _child(multiprocessing.connection.Connection(fd))
+    _child(socket.socket(fileno=fd))
 
 
 class _Parser:
@@ -175,8 +255,9 @@ class _Parser:
     which would import the parent's main module: in the training binary, JAX) on a socket
     pair. It exits when the server's end closes, the server's death included."""
 
-    def __init__(self):
+    def __init__(self, timeout_s: float):
         ours, theirs = socket.socketpair()
+        ours.settimeout(timeout_s)  # each read, and each body's whole send
         entry = (
             "from bridge.control.http.body_parse import _child_main; "
             f"_child_main({theirs.fileno()})"
@@ -186,17 +267,17 @@ class _Parser:
             [sys.executable, "-c", entry], pass_fds=[theirs.fileno()], env=env
         )
         theirs.close()
-        self.conn = multiprocessing.connection.Connection(ours.detach())
+        self.sock = ours
 
     def call(self, name: str, body: bytes, args: tuple):
-        self.conn.send((name, args))
-        # The body goes by write(2) straight from its buffer, the GIL released: a pickle
-        # of it (ProcessPoolExecutor's way) was one GIL-held copy of up to 16 MiB.
-        self.conn.send_bytes(body)
-        return self.conn.recv()
+        # The body goes by send(2) straight from its buffer, the GIL released: a pickle
+        # of it (ProcessPoolExecutor's way) was one GIL-held copy of up to 16 MiB. The
+        # reply's arrays come back the same way, into one buffer (`_receive`).
+        _send(self.sock, (name, args), body)
+        return _receive(self.sock)
 
     def close(self) -> None:
-        self.conn.close()
+        self.sock.close()
         try:
             self.proc.wait(timeout=1.0)
         except subprocess.TimeoutExpired:
@@ -209,13 +290,17 @@ class ParsePool:
     bodies are parsed in the caller (microseconds to a few milliseconds). The calls block:
     make them from a thread."""
 
-    def __init__(self, processes: int = 2, min_bytes: int = 128 << 10):
+    def __init__(self, processes: int = 2, min_bytes: int = 128 << 10, timeout_s: float = 120.0):
         self.processes, self.min_bytes = max(1, processes), min_bytes
+        # A parser that sends nothing for this long (stopped, hung, starved) is killed and
+        # replaced, and its body answered 503: a large body's thread never waits forever.
+        self.timeout_s = timeout_s
         self._idle: queue.Queue[_Parser] | None = None
         self._all: list[_Parser] = []
         self._lock = threading.Lock()
         self._closed = False
         self.parsed = 0  # bodies parsed by the pool (tests, metrics)
+        self.rebuilt = 0  # of those, rebuilt as Python objects here (`submission`'s admit)
 
     def pids(self) -> list[int]:
         """The parser processes' ids (tests, operators)."""
@@ -236,7 +321,7 @@ class ParsePool:
             return self._idle
 
     def _spawn(self) -> _Parser:
-        p = _Parser()
+        p = _Parser(self.timeout_s)
         self._all.append(p)
         return p
 
@@ -244,18 +329,27 @@ class ParsePool:
         idle = self._start()
         parser = idle.get()
         try:
+            if parser.proc.poll() is not None:  # died while idle (killed): not this body's doing
+                parser = self._replace(parser)
             return parser.call(name, body, args)
+        except TimeoutError:
+            parser = self._replace(parser)
+            why = f"the body's parser process did not answer within {self.timeout_s:g} s"
+            raise BodyRefused(503, why) from None
         except (EOFError, OSError):
             # The child died mid-parse: past its memory budget (pydantic-core aborts when an
             # allocation fails), or killed. A fresh one takes its place; this body, which
             # may kill the next one too, is refused.
-            parser.close()
-            with self._lock:
-                self._all.remove(parser)
-                parser = self._spawn()
+            parser = self._replace(parser)
             raise BodyRefused(413, _TOO_COSTLY) from None
         finally:
             idle.put(parser)
+
+    def _replace(self, parser: _Parser) -> _Parser:
+        parser.close()
+        with self._lock:
+            self._all.remove(parser)
+            return self._spawn()
 
     def bounds(self, body: bytes, max_depth: int, max_elements: int):
         """`json_bounds` of `body`, in a child."""
@@ -264,11 +358,14 @@ class ParsePool:
         except BodyRefused as e:
             return e.status, e.detail
 
-    def submission(self, body: bytes, max_depth: int, max_elements: int) -> Submission:
+    def submission(self, body: bytes, max_depth: int, max_elements: int, admit=None) -> Submission:
         """`body` as a validated `Submission`; raises `BodyRefused` for a body over a
-        bound (413) or invalid (422)."""
+        bound (413) or invalid (422). `admit(lease_id)`, if given, may raise for a lease
+        the submission cannot be for: a large body's per-token Python objects are built
+        in this process only once it has passed (`rebuilt` counts them); a small body's
+        lease is left to the caller."""
         if not self.large(body):
-            try:
+            try:  # `admit` left to the controller's own check: nothing to save here
                 return Submission.model_validate_json(body)
             except pydantic.ValidationError as e:
                 raise BodyRefused(422, _errors(e)) from None
@@ -276,6 +373,9 @@ class ParsePool:
         self.parsed += 1
         if result[0] == "refused":
             raise BodyRefused(result[1], result[2])
+        if admit is not None:
+            admit(result[1][0])
+        self.rebuilt += 1
         return rebuild_submission(result[1])
 
     def close(self) -> None:

@@ -58,7 +58,12 @@ from fastapi.responses import JSONResponse
 from bridge.broadcast.relay_address import is_loopback
 from bridge.control.controller import Controller
 from bridge.control.http import prometheus
-from bridge.control.http.body_parse import BodyRefused, ParsePool
+from bridge.control.http.body_parse import (
+    BodyRefused,
+    ParsePool,
+    free_in_pieces,
+    without_frames,
+)
 from bridge.control.http.fast_routes import RelayFilter, fast_routes
 from bridge.control.http.http_bounds import bounded_protocol
 from bridge.control.http.http_guard import HttpGuard, json_body, with_schemas
@@ -104,6 +109,7 @@ class ServerOptions:
     # episode take at most small_body_bytes (parsed on the event loop).
     parse_processes: int = 2
     parse_offload_bytes: int = 128 << 10
+    parse_timeout_s: float = 120.0  # a parser silent this long is replaced, its body 503
     small_body_bytes: int = 1 << 20
     header_timeout_s: float = 10.0  # a request's headers must arrive within (http_bounds.py)
     max_connections_per_peer: int = 64  # open connections per client address (not loopback)
@@ -255,13 +261,29 @@ def make_app(
 
     def _submit(worker: str, body: bytes) -> SubmitResponse:
         try:
-            sub = parser.submission(body, max_json_depth, max_json_elements)
+            sub = parser.submission(
+                body,
+                max_json_depth,
+                max_json_elements,
+                admit=functools.partial(controller.check_submission_lease, worker),
+            )
         except BodyRefused as e:
             if e.status != 422:
                 raise SubmissionError(e.detail, e.status) from None
             errors = [{**x, "loc": ("body", *x["loc"])} for x in e.detail]
             raise RequestValidationError(errors) from None
-        return controller.submit(worker, sub)
+        del body
+        # The submission is freed here, on this pool thread, in pieces (body_parse.py
+        # `free_in_pieces`): a refusal's traceback would carry it to the event loop.
+        trajectories = [t for g in sub.groups for t in g.trajectories]
+        try:
+            return controller.submit(worker, sub)
+        except (SubmissionError, HTTPException) as e:
+            refused = without_frames(e)
+        finally:
+            del sub
+            free_in_pieces(trajectories)
+        raise refused
 
     @app.post("/v1/episode", response_model=EpisodeStepResponse, dependencies=auth)
     def episode(req: EpisodeStep, request: Request) -> EpisodeStepResponse:
@@ -322,7 +344,9 @@ class ControllerServer:
             max_json_depth=options.max_json_depth,
             max_json_elements=options.max_json_elements,
             lean=options.lean_routes,
-            parse_pool=ParsePool(options.parse_processes, options.parse_offload_bytes),
+            parse_pool=ParsePool(
+                options.parse_processes, options.parse_offload_bytes, options.parse_timeout_s
+            ),
             small_body_bytes=options.small_body_bytes,
         )
         if options.prometheus:
