@@ -11,10 +11,10 @@ Waiting (`wait_for_batch`): the lock is not held across the tries (a step's fsyn
 and stats held it ~100-300 ms at 500 workers). A waiting learner is woken only when a batch
 may be there: an accepted submission (`work_arrived`) reads the buffered count in its own
 transaction and bumps a counter and wakes the learner once that count reaches what it waits
-for; a try that finds too few is no miss anyone else pays for. Each submission woke it
-before, and its try took the controller's lock twice and a write transaction (~20 lock
-takes per batch at 500 workers, on the leases' path). The wait is on a condition of its own,
-not the controller's lock's; the counter makes a wake-up between a try and the sleep count.
+for. Each submission woke it before, and each wake-up was a try that took the controller's
+lock twice and a write transaction and missed (up to one per submission, on the path every
+lease queues on). The wait is on a condition of its own, not the controller's lock's; the
+counter makes a wake-up between a try and the sleep count.
 
 Bounded staleness S (the rule: bridge/contracts/staleness.py): learner step t may use a
 trajectory only while its oldest token's version is fresh. Before each batch, buffered groups that
