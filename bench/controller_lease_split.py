@@ -3,7 +3,8 @@
     python -m bench.controller_lease_split --out=/tmp/split.json --workers=500 --gen_s=2.0 \
         --duration_s=60 --ramp_s=20        # any bench.controller_load flag
 
-Wraps (in this process only, before the controller is built) `anyio.to_thread.run_sync`,
+Wraps (in this process only, before the controller is built) the lean routes' thread
+hand-off (`fast_routes.on_thread`),
 `Controller.lease`/`submit`, `Controller._op` and `ControllerDB.sync`, and splits each
 lease grant, refusal and submission into: waiting for a pool thread, waiting for the
 controller's lock, the operation's SQL under the lock, its COMMIT, waiting for its fsync
@@ -26,17 +27,16 @@ import time
 
 def install():
     """Patch the classes; returns the per-request records."""
-    import anyio.to_thread
-
     from bridge.control.controller import Controller
+    from bridge.control.http import fast_routes
     from bridge.control.state import db as db_lib
 
     pc, tl, records = time.perf_counter, threading.local(), []
-    run_sync = anyio.to_thread.run_sync
+    on_thread = fast_routes.on_thread
 
-    async def timed_run_sync(fn, *args, **kw):
+    async def timed_on_thread(lane, fn, *args):
         if getattr(fn, "__name__", "") not in ("lease", "_submit", "timed"):
-            return await run_sync(fn, *args, **kw)
+            return await on_thread(lane, fn, *args)
         t = {"enter": pc()}
 
         def inner():
@@ -46,12 +46,12 @@ def install():
             finally:
                 tl.ph, t["thread_end"] = None, pc()
 
-        out = await run_sync(inner, **kw)
+        out = await on_thread(lane, inner)
         t["resumed"] = pc()
         records.append(t)
         return out
 
-    anyio.to_thread.run_sync = timed_run_sync
+    fast_routes.on_thread = timed_on_thread
 
     def kind_of(name, real):
         def op(self, worker_id, req):

@@ -88,6 +88,10 @@ def summary(r: dict) -> dict:
         "audit_ok": r["audit"]["ok"],
         "audit": r["audit"],
         "controller_cores": cpu["controller"] / wall,
+        # CPU per unit of work, less sensitive to a shared box than rates and latencies:
+        # the controller process's CPU seconds (reward pool excluded) over the whole run
+        # per group accepted (one group per submission at the default --max_groups=1).
+        "controller_cpu_ms_per_group": 1e3 * cpu["controller"] / max(1, r["groups_accepted"]),
         "reward_pool_cores": cpu["reward_pool"] / wall,
         "client_cores": cpu["clients"] / wall,
         "loadavg_after": cpu["loadavg_after"],
@@ -110,6 +114,7 @@ def _median_row(name: str, tree: str, workers: int, gen_s: float, runs: list[dic
         transport_errors=sum(r["transport_errors"] for r in ok),
         audit_ok=all(r["audit_ok"] for r in ok) and len(ok) == len(runs),
         controller_cores=med(lambda r: r["controller_cores"]),
+        controller_cpu_ms_per_group=med(lambda r: r.get("controller_cpu_ms_per_group", 0.0)),
         client_cores=med(lambda r: r["client_cores"]),
         loadavg=[r["loadavg_before"][0] for r in ok] + [ok[-1]["loadavg_after"][0]],
         endpoints={
@@ -145,6 +150,10 @@ def headline(rows: list[dict]) -> dict:
         base = next((b for b in rows if b["tree"] == "baseline" and b["arm"] == row["arm"]), None)
         if row["tree"] == "new" and base is not None and "error" not in base | row:
             row["ratio_p99_ms"] = row["p99_ms"] / base["p99_ms"] if base["p99_ms"] else None
+            ours_cpu, base_cpu = (r.get("controller_cpu_ms_per_group") for r in (row, base))
+            row["ratio_controller_cpu_ms_per_group"] = (
+                ours_cpu / base_cpu if ours_cpu is not None and base_cpu else None
+            )
             row["ratio_submissions_per_s"] = (
                 row["submissions_per_s"] / base["submissions_per_s"]
                 if base["submissions_per_s"]
@@ -165,7 +174,8 @@ def _line(r: dict) -> str:
     ratio = r.get("ratio_p99_ms")
     return (
         f"{name:<34}{r['submissions_per_s']:>7.1f}{lat}{r['server_5xx']:>5}"
-        f"{r['controller_cores']:>7.2f}{r['client_cores']:>7.2f}  "
+        f"{r['controller_cores']:>7.2f}{r['controller_cpu_ms_per_group']:>7.2f}"
+        f"{r['client_cores']:>7.2f}  "
         f"{'OK' if r['audit_ok'] else 'FAIL':<5}{'' if ratio is None else f'{ratio:>7.2f}'}"
         f"  load {'/'.join(f'{x:.1f}' for x in r['loadavg'])}"
     )
@@ -189,7 +199,7 @@ def main(args, argv: list[str]) -> dict:
     head = f"{'arm':<34}{'subm/s':>7}" + "".join(
         f"{ep.split('/')[-1][:5] + ' p50':>10}{'p99':>8}" for ep in ENDPOINTS
     )
-    print(head + f"{'5xx':>5}{'ctl c':>7}{'cli c':>7}  audit  p99 ours/base")
+    print(head + f"{'5xx':>5}{'ctl c':>7}{'ms/grp':>7}{'cli c':>7}  audit  p99 ours/base")
     for r in rows:
         print(_line(r))
     print("headline: " + json.dumps(result["headline"]))

@@ -409,7 +409,7 @@ class Controller:
                 now = self.clock()
                 self.timing.lease_done(worker_id, done.issued_at, now, done.late)
                 self.fleet.lease_done(worker_id, done.issued_at, now, done.rollouts)
-            self.learner.work_arrived()  # wakes wait_batch
+            self.learner.work_arrived(lambda: self.db.count("buffered"))  # wakes wait_batch
             return SubmitResponse(
                 accepted=accepted,
                 duplicates=dups,
@@ -444,7 +444,7 @@ class Controller:
         consumption is on disk before the batch is. The stats carry `time/data_wait_s`, the
         seconds this call waited for work to arrive (learner_api.py `wait_for_batch`)."""
         batch, stats = self.learner.wait_for_batch(
-            lambda: self.take_batch(step, num_groups), timeout_s, self._stats
+            lambda: self.take_batch(step, num_groups), timeout_s, self._stats, num_groups
         )
         if self.auto_staleness is not None:
             # The learner polls with short timeouts: its wait for a step is every call's.

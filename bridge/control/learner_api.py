@@ -8,9 +8,13 @@ The controller keeps the learner's entry points (`take_batch`, `wait_batch`, the
 delegates here; it adds the fleet metrics to each batch's stats.
 
 Waiting (`wait_for_batch`): the lock is not held across the tries (a step's fsync, decoding
-and stats held it ~100-300 ms at 500 workers); each accepted submission bumps a counter
-(`work_arrived`), so a submission accepted after a try started skips the sleep instead of
-being missed, and the sleep is a wait on the controller's lock's condition, woken by it.
+and stats held it ~100-300 ms at 500 workers). A waiting learner is woken only when a batch
+may be there: an accepted submission (`work_arrived`) reads the buffered count in its own
+transaction and bumps a counter and wakes the learner once that count reaches what it waits
+for. Each submission woke it before, and each wake-up was a try that took the controller's
+lock twice and a write transaction and missed (up to one per submission, on the path every
+lease queues on). The wait is on a condition of its own, not the controller's lock's; the
+counter makes a wake-up between a try and the sleep count.
 
 Bounded staleness S (the rule: bridge/contracts/staleness.py): learner step t may use a
 trajectory only while its oldest token's version is fresh. Before each batch, buffered groups that
@@ -52,6 +56,9 @@ _TRAJECTORIES = pydantic.TypeAdapter(list[Trajectory])
 # polling each second recomputed them under the lock, O(fleet) (~17 ms at 2000 workers),
 # while leases queued behind it.
 IDLE_STATS_S = 5.0
+# A waiting learner tries again at least this often, woken or not: leases past their
+# deadline requeue their groups and stale groups drop only when someone looks.
+RETRY_S = 0.5
 
 Batch = tuple[list[ConsumedGroup] | None, dict]
 
@@ -70,8 +77,9 @@ class LearnerSide:
     ):
         self.db, self.lock, self.staleness, self.clock = db, lock, staleness, clock
         self.timing, self.prompts = timing, prompts
-        self._new_work = threading.Condition(lock)
-        self._work_seq = 0  # submissions accepted so far (`work_arrived`)
+        self._new_work = threading.Condition()  # not the controller's lock: see module doc
+        self._work_seq = 0  # times a waiting learner's batch may have become ready
+        self._wanted: list[int] = []  # the batch size of each waiting learner
         self._polling = threading.local()  # inside `wait_for_batch` on this thread
         self._idle_stats: tuple[float, dict] = (-math.inf, {})  # (monotonic time, stats)
 
@@ -122,10 +130,15 @@ class LearnerSide:
             for r in rows
         ]  # fmt: skip
 
-    def work_arrived(self) -> None:
-        """A submission was accepted (the caller holds the lock): wake `wait_for_batch`."""
-        self._work_seq += 1
-        self._new_work.notify_all()
+    def work_arrived(self, buffered: Callable[[], int]) -> None:
+        """A submission was accepted (the caller holds the lock and its transaction): wake
+        `wait_for_batch` if `buffered()` (the buffered groups now) reaches a waiting
+        learner's batch. With no learner waiting nothing is read."""
+        wanted = self._wanted  # changed only under the condition; read under the lock is
+        if wanted and buffered() >= min(wanted):  # ordered with the learner's tries
+            with self._new_work:
+                self._work_seq += 1
+                self._new_work.notify_all()
 
     def polling(self) -> bool:
         """Whether this thread is inside `wait_for_batch`: a miss there needs no fleet
@@ -133,16 +146,22 @@ class LearnerSide:
         return getattr(self._polling, "on", False)
 
     def wait_for_batch(
-        self, take: Callable[[], Batch], timeout_s: float, stats: Callable[[], dict]
+        self,
+        take: Callable[[], Batch],
+        timeout_s: float,
+        stats: Callable[[], dict],
+        num_groups: int = 1,
     ) -> Batch:
-        """`take()` (the controller's `take_batch` for one step) until it returns a batch or
-        `timeout_s` passes (wall clock), sleeping on submissions in between. On a timeout
-        the stats are `stats()` at most every IDLE_STATS_S. Adds `time/data_wait_s`, the
-        seconds spent waiting for work to arrive: the rest of the call (taking the batch,
-        the fleet stats, the fsync, the transfer) is the learner's own cost per step
-        (capacity O)."""
+        """`take()` (the controller's `take_batch` of `num_groups` for one step) until it
+        returns a batch or `timeout_s` passes (wall clock), sleeping in between until the
+        buffer holds `num_groups` (`work_arrived`) or RETRY_S passes. On a timeout the stats
+        are `stats()` at most every IDLE_STATS_S. Adds `time/data_wait_s`, the seconds spent
+        waiting for work to arrive: the rest of the call (taking the batch, the fleet stats,
+        the fsync, the transfer) is the learner's own cost per step (capacity O)."""
         deadline, waited = time.monotonic() + timeout_s, 0.0
         self._polling.on = True
+        with self._new_work:
+            self._wanted.append(num_groups)
         try:
             while True:
                 seen = self._work_seq
@@ -150,13 +169,15 @@ class LearnerSide:
                 left = deadline - time.monotonic()
                 if batch is not None or left <= 0:
                     break
-                with self.lock:  # wake on submissions; poll anyway so expiry is noticed
+                with self._new_work:  # woken when a batch may be there
                     if self._work_seq == seen:
                         t0 = time.monotonic()
-                        self._new_work.wait(min(left, 0.5))
+                        self._new_work.wait(min(left, RETRY_S))
                         waited += time.monotonic() - t0
         finally:
             self._polling.on = False
+            with self._new_work:
+                self._wanted.remove(num_groups)
         if batch is None:
             at, out = self._idle_stats
             if time.monotonic() - at >= IDLE_STATS_S:

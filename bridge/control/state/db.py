@@ -237,6 +237,8 @@ class ControllerDB(LeaseRows):
 
     def put(self, key: str, value: Any) -> None:
         text = json.dumps(value)
+        if self._kv.get(key, _UNREAD) == text:  # the row holds it already: no statement
+            return
         self._x("INSERT OR REPLACE INTO kv(key, value) VALUES (?, ?)", (key, text))
         self._remember(key, text)
 
