@@ -79,11 +79,17 @@ def test_a_trained_group_its_class_cannot_vouch_for_fails_it(tmp_path):
     leaked = [c if c[1] != 901 else (c[0], c[1], c[2], False) for c in checked]
     v = chaos_hostile.verdict(results, {JUNK}, leaked)
     assert not v["ok"] and v["hostile"]["junk"]["trained_differing"] == [[121, 901, JUNK, False]]
-    results[0]["submitted"] = [g for g in results[0]["submitted"] if g["group_id"] != 1001]
+    kept = [g for g in results[0]["submitted"] if g["group_id"] != 1001]
+    results[0]["submitted"] = kept
     v = chaos_hostile.verdict(results, {JUNK}, checked)
     assert not v["ok"] and v["hostile"]["picker"]["trained_differing"] == [
         [101, 1001, PICKER, False]
     ]
+    # Group 1001 submitted twice (its lease expired and came back to the picker), a
+    # differing copy first: which copy trained the record cannot say, so the worst counts.
+    twice = [{"group_id": 1001, "worker_id": PICKER, "mismatches": m} for m in (3, 0)]
+    results[0]["submitted"] = kept + twice
+    assert not chaos_hostile.verdict(results, {JUNK}, checked)["ok"]
 
 
 def test_an_honest_quarantine_or_an_attacker_that_never_registered_fails(tmp_path):
