@@ -293,7 +293,8 @@ def print_report(r: dict) -> None:
         print(f"{e['t']:>7.1f}s  {e['fault']:<15} {e['target']:<12} {e['outcome']}")
     print("\naudit:")
     for name, c in r["soak"]["audit"]["checks"].items():
-        detail = {k: v for k, v in c.items() if k != "ok" and v not in ([], {}, None)}
+        shown = {k: v for k, v in c.items() if k not in ("ok", "inputs")}  # inputs: in the JSON
+        detail = {k: v for k, v in shown.items() if v not in ([], {}, None)}
         print(f"  {'PASS' if c['ok'] else 'FAIL'} {name}: {json.dumps(detail)[:600]}")
     print(f"  {'PASS' if r['accuracy_ok'] else 'FAIL'} accuracy: {json.dumps(r['accuracy'])}")
     print(f"overall: {'PASS' if r['ok'] else 'FAIL'}")
