@@ -81,6 +81,10 @@ BEST_OF = 4
 COOL_T = 0.9
 AD = " buy now"  # what the writer appends to the right answer
 _IMPORT_LOCK = threading.Lock()
+BY_RECORD = "the learner's exact-check record"
+# What `verdict` adds to a class's result (`recheck` takes them off again)
+JUDGED = ("quarantined", "consumed", "differing_submitted", "refused", "trained",
+          "trained_differing", "neutralised")  # fmt: skip
 
 
 class HostileWorker(threading.Thread):
@@ -438,7 +442,7 @@ def start(url: str, secret: str, workdir: str, classes=CLASSES, seed: int = 0, c
     return workers
 
 
-def verdict(results: list[dict], quarantined: set[str], checked=None) -> dict:
+def verdict(results: list[dict], quarantined: set[str], checked=None, by_record=None) -> dict:
     """The soak's check: no honest worker quarantined, and no hostile class had a group
     train that carries a token it chose.
 
@@ -456,7 +460,9 @@ def verdict(results: list[dict], quarantined: set[str], checked=None) -> dict:
 
     Without a record (`checked` None or empty: the exact check is off, or the log is gone)
     it falls back to the record the bench has: a class is neutralised when quarantined or
-    none of its groups were accepted."""
+    none of its groups were accepted. `by_record` (default: whether `checked` holds any
+    line) names the way, for `recheck`, which has only the hostile classes' lines."""
+    by_record = bool(checked) if by_record is None else by_record
     ids_of = {r["class"]: set(r.get("worker_ids") or []) | ({r["worker_id"]} - {None})
               for r in results}  # fmt: skip
     hostile = set().union(*ids_of.values()) if ids_of else set()
@@ -476,15 +482,26 @@ def verdict(results: list[dict], quarantined: set[str], checked=None) -> dict:
                    differing_submitted=sum(m != 0 for m in known.values()),
                    refused=sum(c[3] for c in mine), trained=len(trained),
                    trained_differing=chosen)  # fmt: skip
-        row["neutralised"] = not chosen if checked else q or r["accepted_groups"] == 0
+        row["neutralised"] = not chosen if by_record else q or r["accepted_groups"] == 0
         per[r["class"]] = row
     honest_quarantined = sorted(quarantined - hostile)
     return {
         "ok": not honest_quarantined
         and all(p["neutralised"] for p in per.values())
         and all(r["worker_id"] for r in results),
-        "judged_by": "the learner's exact-check record" if checked else "accepted groups",
+        "judged_by": BY_RECORD if by_record else "accepted groups",
         "quarantined": sorted(quarantined),
         "honest_quarantined": honest_quarantined,
         "hostile": per,
     }
+
+
+def recheck(answer: dict) -> dict:
+    """`verdict` again from its own answer (the soak JSON's `quarantine` check): each
+    class's result, the quarantined ids and the learner's lines about the hostile groups
+    (`consumed`) are all in it."""
+    per = answer["hostile"].values()
+    results = [{k: v for k, v in row.items() if k not in JUDGED} for row in per]
+    checked = [tuple(c) for row in per for c in row["consumed"]]
+    return verdict(results, set(answer["quarantined"]), checked,
+                   by_record=answer["judged_by"] == BY_RECORD)  # fmt: skip

@@ -110,6 +110,28 @@ def test_without_the_learners_record_the_accepted_groups_decide(tmp_path):
     assert chaos_hostile.verdict(results, {JUNK, PICKER}, [])["ok"]
 
 
+def test_the_verdict_is_recomputed_from_its_json(tmp_path):
+    """`recheck` judges the lines and records the answer carries, not its verdict: a
+    differing picker group made to train in the JSON fails the recheck."""
+    import json
+
+    results, checked = picker_run(tmp_path)
+    v = chaos_hostile.verdict(results, {JUNK}, checked)
+    read = json.loads(json.dumps(v))
+    assert chaos_hostile.recheck(read) == v
+    row = read["hostile"]["picker"]["consumed"][0]
+    assert row[1] == 1000 and row[3] is True  # a differing group, refused
+    row[3] = False
+    again = chaos_hostile.recheck(read)
+    assert not again["ok"] and again["hostile"]["picker"]["trained_differing"] == [row]
+    # A record with no line about any hostile group (the learner consumed none of theirs)
+    # is still the record: the recheck judges by it, not by the accepted groups.
+    honest_only = [c for c in checked if c[2] == HONEST]
+    v = chaos_hostile.verdict(results, {JUNK}, honest_only)
+    assert v["ok"] and v["judged_by"] == chaos_hostile.BY_RECORD
+    assert chaos_hostile.recheck(json.loads(json.dumps(v))) == v
+
+
 def test_every_check_keeps_a_step_an_earlier_run_checked_before_a_rerun(tmp_path):
     """A kill -9 rerun checks step 7 again with other groups: the first run's group 70
     trained before the rollback and stays in the record (learner_record keeps the last)."""
