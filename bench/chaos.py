@@ -21,7 +21,8 @@ submissions.
 At the end the binary gets SIGINT; the audit (bench/chaos_audit.py) reads the bench's own
 observations of controller.db (dumped to `<workdir>/soak/chaos_observations.json`), the
 event log (`<workdir>/soak/chaos_events.jsonl`), the worker logs and metrics.jsonl, and
-checks that no gap between RL steps outlasts the bound the faults allow (bench/chaos_stall.py). The
+checks that no gap between RL steps outlasts the bound the faults allow (bench/chaos_stall.py:
+its answer in the JSON holds its inputs, `python -m bench.chaos_stall F.json` recomputes it). The
 baseline runs the same number of RL steps without faults; held-out accuracies must agree
 within 5 points. Prints the fault table and the audit; writes everything as JSON to --out.
 Exit status 1 if the audit fails.
@@ -54,7 +55,7 @@ import sys
 import threading
 import time
 
-from bench import arms, chaos_audit, chaos_hostile, chaos_peer, chaos_stall, netbed
+from bench import arms, chaos_audit, chaos_hostile, chaos_peer, chaos_stall, exact_log, netbed
 from bench.chaos_soak import Soak
 
 LEASE_TTL_S = 60.0  # bridge/control/controller.py ControllerConfig.lease_ttl_s
@@ -209,11 +210,14 @@ def _soak(s: Soak, wd: str, n_workers, seconds, faults, seed, corrupt_count) -> 
         s.run_starts,
         forgers={r["worker_id"] for r in hostile_results if r["worker_id"]},
     )
-    # 6. No honest worker quarantined; every hostile worker quarantined or neutralised.
+    # 6. No honest worker quarantined; no group a hostile worker chose trained (judged on
+    # the learner's exact-check record of every run: bench/chaos_hostile.py `verdict`).
     garbage = [{"class": "garbage", "worker_id": h["worker_id"], "accepted_groups": 0}
                for h in hostile if h.get("worker_id")]  # fmt: skip
     quarantined = {w for _, w in s.obs.quarantined}
-    result["checks"]["quarantine"] = chaos_hostile.verdict(hostile_results + garbage, quarantined)
+    result["checks"]["quarantine"] = chaos_hostile.verdict(
+        hostile_results + garbage, quarantined, exact_log.every_check(wd)
+    )
     if peer_result is not None:  # 7. A corrupting relay poisons no one and is excluded.
         with open(os.path.join(wd, "metrics.jsonl")) as f:
             rows = [json.loads(x) for x in f]
@@ -235,6 +239,8 @@ def _soak(s: Soak, wd: str, n_workers, seconds, faults, seed, corrupt_count) -> 
     s.obs.dump(os.path.join(wd, "chaos_observations.json"))
     return {
         "workdir": wd,
+        "t0": s.t0,  # the events' `t` are seconds after it
+        "fault_schedule": [{"planned_s": round(t, 1), "fault": f} for t, f in plan],
         "events": s.events,
         "audit": result,
         "corrupt": corrupt,
@@ -287,7 +293,8 @@ def print_report(r: dict) -> None:
         print(f"{e['t']:>7.1f}s  {e['fault']:<15} {e['target']:<12} {e['outcome']}")
     print("\naudit:")
     for name, c in r["soak"]["audit"]["checks"].items():
-        detail = {k: v for k, v in c.items() if k != "ok" and v not in ([], {}, None)}
+        shown = {k: v for k, v in c.items() if k not in ("ok", "inputs")}  # inputs: in the JSON
+        detail = {k: v for k, v in shown.items() if v not in ([], {}, None)}
         print(f"  {'PASS' if c['ok'] else 'FAIL'} {name}: {json.dumps(detail)[:600]}")
     print(f"  {'PASS' if r['accuracy_ok'] else 'FAIL'} accuracy: {json.dumps(r['accuracy'])}")
     print(f"overall: {'PASS' if r['ok'] else 'FAIL'}")

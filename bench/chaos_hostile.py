@@ -6,7 +6,13 @@ worker, for the whole soak or until the controller revokes its token:
                  its lease (refused: 422);
   picker         (6) submits the greedy answer of the CURRENT policy (transformers on the
                  version read back from the store) with its true log-probs: the log-prob
-                 audit passes it, the sampling check must not;
+                 audit passes it, the exact check must refuse every group where the greedy
+                 answer is not the seeded sampler's draw. It declares an fp32 engine (no
+                 margin: a bf16 declaration's near-tie slack is the flip rule's to bound,
+                 docs/design/exact-verification.md) and records, per group, how many of
+                 its tokens are not the seeded draw: on a policy that has learnt the task
+                 most greedy answers ARE the draw, and such a group carries no token it
+                 chose;
   hidden_tokens  (7) hides a special token inside each answer ("4<pad>2"), scored 0 and
                  counted against it; its made-up log-probs get it audited out too;
   junk           (9) a $0 worker that asks for many groups and returns random tokens fast
@@ -34,15 +40,17 @@ them no slack) and report the policy's true log-probs, except for one cheat:
                  prompt: a fabricated evaluation, which must never count
                  (eval_samples.jsonl) however right it is.
 
-Each of these records per accepted group (`result["groups"]`: group id, worker id,
-`mismatches`, `tokens`) how many of its tokens are not the seeded sampler's choice: what the
-learner's check must find. A group with 0 (the cheat happened to pick the seeded tokens)
-carries no token the worker chose.
+Each of these (and the picker) records per accepted group (`result["groups"]`: group id,
+worker id, `mismatches`, `tokens`) how many of its tokens are not the seeded sampler's
+choice: what the learner's check must find. A group with 0 (the cheat happened to pick the
+seeded tokens) carries no token the worker chose. Every class also lists each group it
+submitted (`result["submitted"]`, with `mismatches` where it knows them), accepted or not:
+a submission the controller took whose answer was lost on the way back still counts.
 
 `result` per worker: its class, worker id, submit statuses, groups accepted, whether it
 was quarantined (a 401 on its token) and `caught_after_s`, the seconds from its first
-registration to the first 401 (None if never). A hostile worker is neutralised when it was
-quarantined or none of its groups were accepted. From loopback the bench's registrations
+registration to the first 401 (None if never). `verdict` judges each class by what
+trained (module function's docstring). From loopback the bench's registrations
 with the shared secret are the operator's own ("local" identity, never barred:
 identity.py), so a quarantined hostile thread stops rather than registering again. In a
 testbed (bench/netbed.py) the bench calls from the root namespace's one address, where the
@@ -73,6 +81,10 @@ BEST_OF = 4
 COOL_T = 0.9
 AD = " buy now"  # what the writer appends to the right answer
 _IMPORT_LOCK = threading.Lock()
+BY_RECORD = "the learner's exact-check record"
+# What `verdict` adds to a class's result (`recheck` takes them off again)
+JUDGED = ("quarantined", "consumed", "differing_submitted", "refused", "trained",
+          "trained_differing", "neutralised")  # fmt: skip
 
 
 class HostileWorker(threading.Thread):
@@ -88,7 +100,7 @@ class HostileWorker(threading.Thread):
         self.result = {"class": kind, "worker_id": None, "statuses": {}, "accepted_groups": 0,
                        "quarantined": False, "errors": 0, "last_error": "",
                        "caught_after_s": None, "worker_ids": [], "groups": [],
-                       "barred": False, "eval_groups": 0}  # fmt: skip
+                       "barred": False, "eval_groups": 0, "submitted": []}  # fmt: skip
         self._registered_at: float | None = None
         self._hf, self._hf_version, self._tok = None, None, None
         self._record: dict[int, dict] = {}  # group id -> its mismatches and tokens (seeded)
@@ -120,7 +132,7 @@ class HostileWorker(threading.Thread):
     def _register(self) -> None:
         profile = {"accelerator": "cpu", "price_per_hour": 0.0,
                    "max_concurrent_sequences": 64 if self.kind == "junk" else 4}  # fmt: skip
-        if self.kind in SEEDED:
+        if self.kind in SEEDED or self.kind == "picker":
             profile["engine_dtype"] = "float32"  # the check's margin is then 1e-3: no slack
         code, r = _post(
             self.url, "/v1/register", {"join_secret": self.join_secret, "profile": profile}
@@ -170,6 +182,12 @@ class HostileWorker(threading.Thread):
             _post(self.url, "/v1/release", {"lease_id": lease["lease_id"]}, self.token)
             self.stop_event.wait(1.0)
             return
+        self.result["submitted"] += [
+            {"group_id": g["group_id"], "worker_id": self.result["worker_id"],
+             **{k: v for k, v in self._record.get(g["group_id"], {}).items()
+                if k in ("mismatches", "eval")}}
+            for g in groups
+        ]  # fmt: skip
         code, r = _post(self.url, "/v1/submit", {"lease_id": lease["lease_id"], "groups": groups},
                         self.token)  # fmt: skip
         st = self.result["statuses"]
@@ -200,7 +218,7 @@ class HostileWorker(threading.Thread):
         if self.kind in SEEDED:
             return self._seeded_group(g)
         n, max_tokens, v = g["n"], g["sampling"]["max_tokens"], self.version
-        out = []
+        out, picked = [], []
         for i in range(n):
             if self.kind == "mixed_tags":
                 if v < 1:
@@ -218,11 +236,32 @@ class HostileWorker(threading.Thread):
                 ids = [self.rng.randrange(3, 100) for _ in range(max_tokens)]
                 lps, tags = [-0.01] * len(ids), [v] * len(ids)
             stop = ids[-1] == tiny_model.EOS_ID
+            picked.append(ids)
             out.append(dict(prompt_id=g["prompt_id"], sample_index=i,
                             prompt_token_ids=g["prompt_token_ids"], completion_token_ids=ids,
                             logprobs=lps, versions=tags,
                             finish_reason="stop" if stop else "length"))  # fmt: skip
+        if self.kind == "picker":
+            self._record_picked(g, picked)
         return {"group_id": g["group_id"], "trajectories": out}
+
+    def _record_picked(self, g: dict, picked: list[list[int]]) -> None:
+        """How many of the picker's tokens are not the seeded sampler's choice (what the
+        learner's exact check finds, fp32 both sides). Only for untruncated leases: the
+        learner truncates before it adds the noise, and this count does not."""
+        s = g["sampling"]
+        record = {"tokens": sum(map(len, picked)), "prompt_id": g["prompt_id"]}
+        if s["temperature"] == 0:  # an evaluation group: the greedy answer is the honest one
+            record["eval"] = True
+        untruncated = s["top_k"] <= 0 and s["top_p"] >= 1.0 and s["min_p"] <= 0.0
+        if untruncated and (s["temperature"] == 0 or s["seed"] >= 0):  # -1: refused unseen
+            temperature = s["temperature"] or 1.0
+            seed = s["seed"] if s["temperature"] > 0 else None
+            record["mismatches"] = sum(
+                self._score(g["prompt_token_ids"], ids, temperature, seed, i)[1]
+                for i, ids in enumerate(picked)
+            )
+        self._record[g["group_id"]] = record
 
     def _seeded_group(self, g: dict) -> dict:
         """n samples drawn with the lease's seed, but for this class's cheat."""
@@ -403,18 +442,66 @@ def start(url: str, secret: str, workdir: str, classes=CLASSES, seed: int = 0, c
     return workers
 
 
-def verdict(results: list[dict], quarantined: set[str]) -> dict:
-    """The soak's check: no honest worker quarantined, every hostile one neutralised."""
-    hostile = {r["worker_id"] for r in results if r["worker_id"]}
+def verdict(results: list[dict], quarantined: set[str], checked=None, by_record=None) -> dict:
+    """The soak's check: no honest worker quarantined, and no hostile class had a group
+    train that carries a token it chose.
+
+    `checked`: the learner's record of every group it checked ((step, group id, worker id,
+    refused), bench/exact_log.py `every_check`). A consumption of a hostile worker's group
+    that was not refused trained; it may only be a group the class itself recorded as the
+    seeded sampler's draw token for token (`mismatches` 0 in `submitted`: the picker's
+    greedy answer where the policy's draw is greedy too). Any other trained group fails
+    the class: one that differs, or one whose class cannot tell (random or forged
+    tokens), whether or not the class was quarantined afterwards. So a class passes either
+    way the exact check promises: quarantined, or every group of it that differs from the
+    seeded draw refused (a cheat at under exact_quarantine_fraction of its tokens is below
+    the quarantine rule, docs/design/trust.md). Evaluation groups train nothing (their
+    check is eval_leases_test's).
+
+    Without a record (`checked` None or empty: the exact check is off, or the log is gone)
+    it falls back to the record the bench has: a class is neutralised when quarantined or
+    none of its groups were accepted. `by_record` (default: whether `checked` holds any
+    line) names the way, for `recheck`, which has only the hostile classes' lines."""
+    by_record = bool(checked) if by_record is None else by_record
+    ids_of = {r["class"]: set(r.get("worker_ids") or []) | ({r["worker_id"]} - {None})
+              for r in results}  # fmt: skip
+    hostile = set().union(*ids_of.values()) if ids_of else set()
     per = {}
     for r in results:
-        q = r["worker_id"] in quarantined
-        per[r["class"]] = dict(r, quarantined=q, neutralised=q or r["accepted_groups"] == 0)
+        ids = ids_of[r["class"]]
+        q = bool(ids & quarantined)
+        known: dict[tuple[int, str], int | None] = {}
+        for g in r.get("submitted", []):  # a group submitted twice: its worst copy counts
+            key, m = (g["group_id"], g["worker_id"]), g.get("mismatches")
+            old = known.get(key, 0)
+            known[key] = None if m is None or old is None else max(m, old)
+        mine = [c for c in checked or [] if c[2] in ids]
+        trained = [c for c in mine if not c[3]]
+        chosen = [list(c) for c in trained if known.get((c[1], c[2])) != 0]
+        row = dict(r, quarantined=q, consumed=[list(c) for c in mine],
+                   differing_submitted=sum(m != 0 for m in known.values()),
+                   refused=sum(c[3] for c in mine), trained=len(trained),
+                   trained_differing=chosen)  # fmt: skip
+        row["neutralised"] = not chosen if by_record else q or r["accepted_groups"] == 0
+        per[r["class"]] = row
     honest_quarantined = sorted(quarantined - hostile)
     return {
         "ok": not honest_quarantined
         and all(p["neutralised"] for p in per.values())
         and all(r["worker_id"] for r in results),
+        "judged_by": BY_RECORD if by_record else "accepted groups",
+        "quarantined": sorted(quarantined),
         "honest_quarantined": honest_quarantined,
         "hostile": per,
     }
+
+
+def recheck(answer: dict) -> dict:
+    """`verdict` again from its own answer (the soak JSON's `quarantine` check): each
+    class's result, the quarantined ids and the learner's lines about the hostile groups
+    (`consumed`) are all in it."""
+    per = answer["hostile"].values()
+    results = [{k: v for k, v in row.items() if k not in JUDGED} for row in per]
+    checked = [tuple(c) for row in per for c in row["consumed"]]
+    return verdict(results, set(answer["quarantined"]), checked,
+                   by_record=answer["judged_by"] == BY_RECORD)  # fmt: skip

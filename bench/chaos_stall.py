@@ -35,11 +35,20 @@ allowance is what recovering from it must cost at most:
 The soak's B is the largest B(gap) the schedule allows, over a window holding every fault;
 the check fails on any gap past its own bound. Without healing, two corrupt head versions
 stall the learner for the rest of the soak: the last gap outgrows every bound.
+
+The check's answer carries everything it was computed from (`inputs`: the step times, each
+fault's start time, the soak's end, the lease TTL, the first run's start, the corrupted
+version count) and the fault schedule as run with each fault's allowance (`faults`), so a
+finished soak's verdict can be recomputed from its JSON alone:
+
+    python -m bench.chaos_stall F.json      # `recheck` of the soak's no_stall
 """
 
 from __future__ import annotations
 
+import json
 import statistics
+import sys
 
 HEARTBEAT_S = 5.0  # bridge/control/config.py ControllerConfig.heartbeat_interval_s
 HEAL_FIRST_WAIT_S = 10.0  # learner_jax/rl/heal.py VersionHealer.first_wait_s
@@ -102,6 +111,7 @@ def check(
             over.append(row)
     every = base + sum(allow.get(f, 0.0) for _, f in faults)
     longest = max((b - a for a, b in edges), default=0.0)
+    start = walls[0] if walls else end_at
     return {
         "ok": bool(walls) and not over,
         "B_s": round(every, 1),
@@ -110,4 +120,40 @@ def check(
         "longest_gap_s": round(longest, 1),
         "closest_to_bound": worst,
         "over_bound": over[:5],
-    }
+        "gaps_over_bound": len(over),
+        "faults": [{"at": t, "after_first_step_s": round(t - start, 1), "fault": f,
+                    "allowance_s": round(allow.get(f, 0.0), 1)} for t, f in sorted(faults)],
+        "inputs": {"walls": walls, "faults": [[t, f] for t, f in sorted(faults)],
+                   "end_at": end_at, "lease_ttl_s": lease_ttl_s, "startup_s": startup_s,
+                   "corrupt_count": corrupt_count},
+    }  # fmt: skip
+
+
+def recheck(no_stall: dict) -> dict:
+    """The check again from a finished soak's `no_stall` answer (its `inputs`), e.g. read
+    back from the soak's JSON: with this module's allowances as they are now."""
+    if "inputs" not in no_stall:
+        raise ValueError("this no_stall answer predates its inputs: a soak written before "
+                         "the check recorded them cannot be rechecked")  # fmt: skip
+    i = no_stall["inputs"]
+    faults = [(float(t), str(f)) for t, f in i["faults"]]
+    walls = [float(w) for w in i["walls"]]
+    return check(
+        walls, faults, float(i["end_at"]), float(i["lease_ttl_s"]), float(i["startup_s"]),
+        int(i["corrupt_count"]),
+    )  # fmt: skip
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        raise SystemExit("usage: python -m bench.chaos_stall SOAK.json")
+    with open(argv[0]) as f:
+        r = json.load(f)
+    again = recheck(r["soak"]["audit"]["checks"]["no_stall"])
+    shown = {k: v for k, v in again.items() if k not in ("inputs", "faults")}
+    print(json.dumps({**shown, "faults": again["faults"]}, indent=1))
+    return 0 if again["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

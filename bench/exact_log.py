@@ -2,6 +2,7 @@
 import it beside modules that define their own).
 
     consumed, quarantined = learner_record(workdir)   # train.log: the learner's verdicts
+    checked = every_check(workdir)                     # ... every run's, reruns included
     rows = metrics_rows(workdir)                      # metrics.jsonl
 """
 
@@ -37,6 +38,24 @@ def learner_record(workdir: str):
     after = max(rows, default=-1) + 1  # quarantined after the last checked step
     quarantined.update((w, after) for w in pending)
     return [r for s in sorted(rows) for r in rows[s]], quarantined
+
+
+def every_check(workdir: str) -> list[tuple[int, int, str, bool]]:
+    """[(step, group id, worker id, refused)] of every group any binary run checked, in log
+    order: a rerun that consumes a step again adds its lines beside the earlier run's
+    (`learner_record` keeps the last), so a group an earlier run trained on stays in it
+    even where a kill -9 rolled that update back."""
+    path = os.path.join(workdir, "train.log")
+    if not os.path.exists(path):
+        return []
+    out = []
+    with open(path, errors="replace") as f:
+        for line in f:
+            if m := STEP_LINE.search(line):
+                refused = {int(x) for x in m[3].replace(",", " ").split()}
+                out += [(int(m[1]), int(k), w, int(k) in refused)
+                        for k, w in json.loads(m[2]).items()]  # fmt: skip
+    return out
 
 
 def metrics_rows(workdir: str) -> list[dict]:

@@ -64,3 +64,31 @@ def test_a_fault_just_before_a_gap_leaves_it_what_remains_of_its_allowance():
     walls = STEADY + [STEADY[-1] + 30.0 + 100.0 - 1.0]
     r = chaos_stall.check(walls, both, walls[-1] + 1.0, ttl, startup_s=80.0, corrupt_count=2)
     assert r["ok"], r
+
+
+def test_the_verdict_is_recomputed_from_the_soaks_json_alone(tmp_path):
+    """The answer carries the fault schedule (start times, allowances) and every input;
+    `recheck` of its JSON gives the same verdict, and judges the recorded inputs, not the
+    recorded verdict: a gap stretched in the JSON fails the recheck."""
+    import json
+
+    ttl, kill_at = 60.0, STEADY[-1] - 15.0
+    walls = STEADY + [STEADY[-1] + 30.0 + 45.0 - 1.0]  # within what the kill leaves it
+    faults = [(kill_at, "worker_kill"), (STEADY[3], "garbage")]
+    r = chaos_stall.check(walls, faults, walls[-1] + 1.0, ttl, startup_s=80.0, corrupt_count=2)
+    assert r["ok"], r
+    assert r["faults"] == [
+        {"at": STEADY[3], "after_first_step_s": 6.0, "fault": "garbage", "allowance_s": 0.0},
+        {"at": kill_at, "after_first_step_s": round(kill_at - STEADY[0], 1),
+         "fault": "worker_kill", "allowance_s": ttl},
+    ]  # fmt: skip
+    path = tmp_path / "soak.json"
+    path.write_text(json.dumps({"soak": {"audit": {"checks": {"no_stall": r}}}}))
+    read = json.loads(path.read_text())["soak"]["audit"]["checks"]["no_stall"]
+    assert chaos_stall.recheck(read) == r
+    assert chaos_stall.main([str(path)]) == 0
+    read["inputs"]["walls"][-1] += 2.0  # the last gap now 1 s past its bound
+    again = chaos_stall.recheck(read)
+    assert not again["ok"] and again["over_bound"][0]["faults"] == ["worker_kill"]
+    path.write_text(json.dumps({"soak": {"audit": {"checks": {"no_stall": read}}}}))
+    assert chaos_stall.main([str(path)]) == 1
