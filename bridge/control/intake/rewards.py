@@ -58,7 +58,10 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
+import numpy as np
+
 from bridge.contracts import thinking
+from bridge.control.intake import token_arrays
 from bridge.control.intake.validation import SubmissionError
 from bridge.control.protocol import Trajectory, WorkerTrajectory
 from bridge.control.trust.log_text import log_safe
@@ -111,8 +114,25 @@ class ScoringText:
             self._why[i] = why
         return why
 
+    def hidden_flags(self, ids: np.ndarray) -> np.ndarray:
+        """Whether each id of the int array `ids` is hidden: `hidden` once per distinct
+        id, not once per token (a completion repeats few ids many times)."""
+        distinct, where = np.unique(ids, return_inverse=True)
+        hidden = np.array([bool(self.hidden(int(i))) for i in distinct], dtype=bool)
+        return hidden[where.reshape(ids.shape)]
+
     def text(self, ids) -> str:
         """The decoded text; HiddenToken unless every id (but a final stop) is visible."""
+        a = token_arrays.int_array(ids)
+        if a is None:  # ids past int64 (`hidden` words why): token by token
+            return self._text_per_token(ids)
+        body = a[:-1] if len(a) and int(a[-1]) in self.stops else a
+        if (pos := token_arrays.first(self.hidden_flags(body))) is not None:
+            i = int(body[pos])
+            raise HiddenToken(f"completion token {pos} (id {i}) is {self.hidden(i)}")
+        return self.tok.decode(body.tolist(), skip_special_tokens=False)
+
+    def _text_per_token(self, ids) -> str:
         ids = [int(i) for i in ids]
         body = ids[:-1] if ids and ids[-1] in self.stops else ids
         for pos, i in enumerate(body):
@@ -121,16 +141,31 @@ class ScoringText:
         return self.tok.decode(body, skip_special_tokens=False)
 
     def count_hidden(self, trajectories: Sequence[WorkerTrajectory]) -> int:
-        """How many of `trajectories` hold a hidden token in a model turn."""
+        """How many of `trajectories` hold a hidden token in a model turn (`text`'s rule
+        per model turn: a stop id ending the turn is not hidden), without decoding."""
         n = 0
         for t in trajectories:
-            try:
-                for m, ids in t.segments():
-                    if m == 1:
-                        self.text(ids)
-            except HiddenToken:
-                n += 1
+            ids = token_arrays.int_array(t.completion_token_ids)
+            if ids is None:  # ids past int64: the per-turn rule, token by token
+                n += self._count_hidden_slow(t)
+                continue
+            model = np.ones(len(ids), bool)
+            if t.completion_mask is not None:
+                model = np.asarray(t.completion_mask, dtype=np.int64) == 1
+            # The last token of each model turn, where a stop id is allowed.
+            turn_end = model & ~np.append(model[1:], False)
+            stop = np.isin(ids, np.fromiter(self.stops, np.int64, len(self.stops)))
+            n += bool(np.any(self.hidden_flags(ids) & model & ~(turn_end & stop)))
         return n
+
+    def _count_hidden_slow(self, t: WorkerTrajectory) -> int:
+        try:
+            for m, ids in t.segments():
+                if m == 1:
+                    self.text(ids)
+        except HiddenToken:
+            return 1
+        return 0
 
 
 class UnterminatedThinking(RewardError):

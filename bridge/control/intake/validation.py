@@ -14,6 +14,7 @@ import dataclasses
 import math
 
 from bridge.contracts import routing as routing_contract
+from bridge.control.intake import token_arrays
 from bridge.control.protocol import EpisodeSpec, GroupResult, SamplingParams, WorkerTrajectory
 
 
@@ -131,14 +132,20 @@ def check_group(
             )
         _check_mask(t, where, sampling, episode)
         for name, ids in (("prompt", t.prompt_token_ids), ("completion", t.completion_token_ids)):
-            bad = [i for i in ids if not 0 <= i < vocab_size]
-            if bad:
+            at = token_arrays.first_outside(ids, 0, vocab_size)
+            if at is False:  # not an int64 array: the per-token check
+                at = next((k for k, i in enumerate(ids) if not 0 <= i < vocab_size), None)
+            if at is not None:
                 raise SubmissionError(
-                    f"{where}: {name} token id {bad[0]} outside the vocabulary [0, {vocab_size})"
+                    f"{where}: {name} token id {ids[at]} outside the vocabulary [0, {vocab_size})"
                 )
-        bad_lp = [x for x in t.logprobs if not (math.isfinite(x) and x <= 0.0)]
-        if bad_lp:
-            raise SubmissionError(f"{where}: log-prob {bad_lp[0]} is not finite and <= 0")
+        at = token_arrays.first_bad_logprob(t.logprobs)
+        if at is False:  # not a float64 array: the per-token check
+            at = next(
+                (k for k, x in enumerate(t.logprobs) if not (math.isfinite(x) and x <= 0.0)), None
+            )
+        if at is not None:
+            raise SubmissionError(f"{where}: log-prob {t.logprobs[at]} is not finite and <= 0")
         if min(t.versions) < 0:
             raise SubmissionError(f"{where}: negative policy version {min(t.versions)}")
         if max(t.versions) > newest_version:
@@ -146,7 +153,10 @@ def check_group(
                 f"{where}: policy version {max(t.versions)} is from the future "
                 f"(newest published is {newest_version})"
             )
-        if any(b < a for a, b in zip(t.versions, t.versions[1:], strict=False)):
+        down = token_arrays.decreases(t.versions)
+        if down is None:
+            down = any(b < a for a, b in zip(t.versions, t.versions[1:], strict=False))
+        if down:
             raise SubmissionError(f"{where}: versions must not decrease along the completion")
         if lease_version is not None and min(t.versions) < lease_version:
             raise SubmissionError(
