@@ -89,6 +89,11 @@ class HiddenToken(RewardError):
     """A completion holds a token the reward would not see (module docstring)."""
 
 
+# Ids below this are looked up in a table (`hidden_flags`): past every tokenizer's vocabulary
+# (the largest in use have ~260 K ids), small enough that the table is at most 4 MiB.
+_TABLE_IDS = 1 << 22
+
+
 class ScoringText:
     """The text a reward sees: ids decoded with nothing skipped, once no id is hidden."""
 
@@ -98,6 +103,7 @@ class ScoringText:
         added = self.tok.get_added_tokens_decoder()
         self.special = {i for i, t in added.items() if t.special}
         self._why: dict[int, str] = {}  # id -> why hidden ('' = visible); ids are few
+        self._table = np.zeros(0, np.int8)  # id -> 1 hidden, 0 visible, -1 not asked yet
 
     def hidden(self, i: int) -> str:
         """Why id `i` is invisible to a reward, or ''."""
@@ -115,11 +121,25 @@ class ScoringText:
         return why
 
     def hidden_flags(self, ids: np.ndarray) -> np.ndarray:
-        """Whether each id of the int array `ids` is hidden: `hidden` once per distinct
-        id, not once per token (a completion repeats few ids many times)."""
-        distinct, where = np.unique(ids, return_inverse=True)
-        hidden = np.array([bool(self.hidden(int(i))) for i in distinct], dtype=bool)
-        return hidden[where.reshape(ids.shape)]
+        """Whether each id of the int array `ids` is hidden: a table lookup, `hidden`
+        asked once per id the table has not seen (a completion repeats few ids)."""
+        if ids.size == 0:
+            return np.zeros(0, bool)
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= _TABLE_IDS:  # not a tokenizer's id: one question per distinct id
+            distinct, where = np.unique(ids, return_inverse=True)
+            hidden = np.array([bool(self.hidden(int(i))) for i in distinct], dtype=bool)
+            return hidden[where.reshape(ids.shape)]
+        if high >= len(self._table):  # -1: not asked yet
+            self._table = np.concatenate(
+                [self._table, np.full(high + 1 - len(self._table), -1, np.int8)]
+            )
+        looked_up = self._table[ids]
+        if (looked_up < 0).any():
+            for i in np.unique(ids[looked_up < 0]).tolist():
+                self._table[i] = bool(self.hidden(i))
+            looked_up = self._table[ids]
+        return looked_up == 1
 
     def text(self, ids) -> str:
         """The decoded text; HiddenToken unless every id (but a final stop) is visible."""
@@ -371,10 +391,26 @@ class RewardScorer:
                         why,
                     )
                 errors += 1
-            out.append(
-                Trajectory(**t.model_dump(), reward=value, reward_error=why, think_tokens=think)
-            )
+            out.append(scored_trajectory(t, value, why, think))
         return out, errors
+
+
+# A trajectory's token-long lists: validated once, with the submission that brought them.
+_TOKEN_LISTS = ("prompt_token_ids", "completion_token_ids", "logprobs", "versions", "completion_mask")
+
+
+def scored_trajectory(t: WorkerTrajectory, reward, reward_error: str, think: int) -> Trajectory:
+    """`Trajectory(**t.model_dump(), reward=..., ...)` without copying and validating `t`'s
+    token lists a second time (~5 ms of GIL a maximum-length completion): every other
+    field, the score's included, is validated as that call would (a one-token stand-in for
+    each list), then the lists the submission's validation built are put back."""
+    lists = {k: getattr(t, k) for k in _TOKEN_LISTS}
+    stand_in = {k: None if v is None else v[:1] for k, v in lists.items()}
+    fields = t.model_dump(exclude=set(_TOKEN_LISTS))
+    checked = Trajectory(
+        **fields, **stand_in, reward=reward, reward_error=reward_error, think_tokens=think
+    )
+    return Trajectory.model_construct(**{**dict(checked), **lists})
 
 
 def score_texts(

@@ -55,19 +55,10 @@ def first_bad_logprob(logprobs: Sequence[float]) -> int | None | bool:
         return first(~(np.isfinite(a) & (a <= 0.0)))
 
 
-def decreases(versions: Sequence[int]) -> bool | None:
-    """Whether some version is below the one before it; None: not an int64 array."""
+def version_span(versions: Sequence[int]) -> tuple[int, int, bool] | None:
+    """(lowest, highest, whether some version is below the one before it) of a non-empty
+    list; None: not an int64 array."""
     a = int_array(versions)
     if a is None:
         return None
-    return bool(np.any(a[1:] < a[:-1]))
-
-
-def run_bounds(mask: Sequence[int]) -> list[tuple[int, int, int]]:
-    """(mask value, start, end) of each run of equal entries of `mask`, in order."""
-    m = np.asarray(mask, dtype=np.int64)
-    if not m.size:
-        return []
-    starts = np.flatnonzero(m[1:] != m[:-1]) + 1
-    edges = [0, *starts.tolist(), int(m.size)]
-    return [(int(m[a]), a, b) for a, b in zip(edges, edges[1:], strict=False)]
+    return int(a.min()), int(a.max()), bool(np.any(a[1:] < a[:-1]))

@@ -146,21 +146,24 @@ def check_group(
             )
         if at is not None:
             raise SubmissionError(f"{where}: log-prob {t.logprobs[at]} is not finite and <= 0")
-        if min(t.versions) < 0:
-            raise SubmissionError(f"{where}: negative policy version {min(t.versions)}")
-        if max(t.versions) > newest_version:
+        span = token_arrays.version_span(t.versions)
+        if span is None:  # past int64: the per-token checks
+            low, high = min(t.versions), max(t.versions)
+            down = any(b < a for a, b in zip(t.versions, t.versions[1:], strict=False))
+        else:
+            low, high, down = span
+        if low < 0:
+            raise SubmissionError(f"{where}: negative policy version {low}")
+        if high > newest_version:
             raise SubmissionError(
-                f"{where}: policy version {max(t.versions)} is from the future "
+                f"{where}: policy version {high} is from the future "
                 f"(newest published is {newest_version})"
             )
-        down = token_arrays.decreases(t.versions)
-        if down is None:
-            down = any(b < a for a, b in zip(t.versions, t.versions[1:], strict=False))
         if down:
             raise SubmissionError(f"{where}: versions must not decrease along the completion")
-        if lease_version is not None and min(t.versions) < lease_version:
+        if lease_version is not None and low < lease_version:
             raise SubmissionError(
-                f"{where}: a token of version {min(t.versions)} but the lease was taken at "
+                f"{where}: a token of version {low} but the lease was taken at "
                 f"version {lease_version}; a worker's versions only go up"
             )
         check_routing(t, where, routing, episode)
