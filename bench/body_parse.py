@@ -108,7 +108,10 @@ def leased_body(lease, visible: list[int], tokens: int) -> bytes:
         }
         for k in range(group.n)
     ]
-    sub = {"lease_id": lease.lease_id, "groups": [{"group_id": group.group_id, "trajectories": trajs}]}
+    sub = {
+        "lease_id": lease.lease_id,
+        "groups": [{"group_id": group.group_id, "trajectories": trajs}],
+    }
     return json.dumps(sub, separators=(",", ":")).encode()
 
 
@@ -295,7 +298,9 @@ def main(argv=None) -> dict:
     print(f"server CPU per submission {result['rows'][1]['server_cpu_ms_per_submission']} ms")
     print(json.dumps(result["headline"]))
     if "leased_submissions" in result:
-        print(json.dumps({k: v for k, v in result["leased_submissions"].items() if "each" not in k}))
+        print(
+            json.dumps({k: v for k, v in result["leased_submissions"].items() if "each" not in k})
+        )
     print(f"load average {result['load_average']}")
     with open(args.out, "w") as f:
         json.dump(result, f, indent=1)

@@ -396,7 +396,13 @@ class RewardScorer:
 
 
 # A trajectory's token-long lists: validated once, with the submission that brought them.
-_TOKEN_LISTS = ("prompt_token_ids", "completion_token_ids", "logprobs", "versions", "completion_mask")
+_TOKEN_LISTS = (
+    "prompt_token_ids",
+    "completion_token_ids",
+    "logprobs",
+    "versions",
+    "completion_mask",
+)
 
 
 def scored_trajectory(t: WorkerTrajectory, reward, reward_error: str, think: int) -> Trajectory:

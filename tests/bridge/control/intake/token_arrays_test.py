@@ -2,7 +2,8 @@
 the answers of the per-token Python loops they replaced, on random completions: random
 ids (visible, hidden, stop, out of the vocabulary, past int64), log-probs (NaN, inf,
 positive, -0.0), versions and model/environment segment layouts. The loops are written out
-here as the specification."""
+here as the specification. A scored trajectory and a group's JSON are those of the
+validating constructor and the one-call list dump they replaced."""
 
 import math
 
@@ -107,7 +108,9 @@ _LOGPROBS = st.one_of(
 
 @_SETTINGS
 @given(
-    st.lists(st.one_of(st.integers(-2, 130), _BIG), max_size=40),
+    st.lists(
+        st.one_of(st.integers(-2, 130), st.sampled_from([-1, 0, 127, 128]), _BIG), max_size=40
+    ),
     st.lists(_LOGPROBS, max_size=40),
     st.lists(st.one_of(st.integers(0, 5), _BIG), min_size=1, max_size=40),
 )
@@ -140,8 +143,13 @@ def test_scored_trajectories_and_their_json_are_the_validated_ones(cs, reward, t
     checked as that validation does) and `group_json` the one-call list dump."""
     trajectories = [
         WorkerTrajectory(
-            prompt_id="p", sample_index=k, prompt_token_ids=[1, 2], completion_token_ids=ids,
-            logprobs=[-0.5] * len(ids), versions=[0] * len(ids), finish_reason="stop",
+            prompt_id="p",
+            sample_index=k,
+            prompt_token_ids=[1, 2],
+            completion_token_ids=ids,
+            logprobs=[-0.5] * len(ids),
+            versions=[0] * len(ids),
+            finish_reason="stop",
             completion_mask=mask,
         )  # fmt: skip
         for k, (ids, mask) in enumerate(cs)
