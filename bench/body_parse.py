@@ -16,6 +16,14 @@ bar is 5); the rows are each phase's latency percentiles and the server process'
 parsers' CPU not included). The machine's load average is reported: latencies are wall
 time, and on a machine with fewer idle cores than the parsers and clients need they
 include waiting for a CPU; the server's CPU per submission does not.
+
+`--leased_trajectories=64`: valid submissions instead (64 trajectories of 16,384 tokens
+the reward can see, 15.4 MiB), each for its own lease, held by the submitter (leased in
+this process before the phases), so each is checked, scored in the reward pool and accepted
+(200): the whole submit path. The headline then describes that run, and
+`leased_submissions` adds the heartbeats' p50/p99 idle and during, their p99 ratio
+(`heartbeat_p99_ratio_leased`) and the CPU each `Controller.submit` call cost its thread
+(`time.thread_time`; the unmeasured first one, which starts the reward pool, apart).
 """
 
 from __future__ import annotations

@@ -8,8 +8,9 @@ one numpy array (one C-level conversion) and answer the same question with vecto
 operations: where the first offending entry is, if any. The messages built from the answer
 quote the original list's entry, so they read exactly as the per-token checks' did.
 
-Each helper returns None where the list does not fit the array's type (an int past int64,
-a non-number): the caller then runs its per-token check, which words that case as before.
+Where a list does not fit the array's type (an int past int64) each helper says so (False
+or None, as its docstring says): the caller then runs its per-token check, which words
+that case as before.
 """
 
 from __future__ import annotations
