@@ -52,6 +52,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
 # Hard caps on list sizes so a hostile payload fails pydantic validation before any work;
@@ -361,13 +362,16 @@ class WorkerTrajectory(_Model):
 
     def segments(self) -> list[tuple[int, list[int]]]:
         """The completion as runs of equal mask: [(1, model ids), (0, env ids), ...]."""
-        out: list[tuple[int, list[int]]] = []
-        for tok, m in zip(self.completion_token_ids, self.mask, strict=True):
-            if out and out[-1][0] == m:
-                out[-1][1].append(tok)
-            else:
-                out.append((m, [tok]))
-        return out
+        ids, mask = self.completion_token_ids, self.completion_mask
+        if mask is None:  # a single-turn completion: one model turn
+            return [(1, list(ids))] if ids else []
+        if len(mask) != len(ids):
+            raise ValueError(f"completion_mask has {len(mask)} entries for {len(ids)} tokens")
+        # Run boundaries as one array comparison: a per-token loop here was ~20 ms a
+        # maximum-length completion of the controller's GIL (docs/design/request-bodies.md).
+        m = np.asarray(mask, dtype=np.int64)
+        edges = [0, *(np.flatnonzero(m[1:] != m[:-1]) + 1).tolist(), len(ids)]
+        return [(int(m[a]), list(ids[a:b])) for a, b in zip(edges, edges[1:], strict=False) if b]
 
 
 class Trajectory(WorkerTrajectory):

@@ -58,7 +58,10 @@ import sys
 from collections.abc import Sequence
 from typing import Protocol
 
+import numpy as np
+
 from bridge.contracts import thinking
+from bridge.control.intake import token_arrays
 from bridge.control.intake.validation import SubmissionError
 from bridge.control.protocol import Trajectory, WorkerTrajectory
 from bridge.control.trust.log_text import log_safe
@@ -86,6 +89,11 @@ class HiddenToken(RewardError):
     """A completion holds a token the reward would not see (module docstring)."""
 
 
+# Ids below this are looked up in a table (`hidden_flags`): past every tokenizer's vocabulary
+# (the largest in use have ~260 K ids), small enough that the table is at most 4 MiB.
+_TABLE_IDS = 1 << 22
+
+
 class ScoringText:
     """The text a reward sees: ids decoded with nothing skipped, once no id is hidden."""
 
@@ -95,6 +103,7 @@ class ScoringText:
         added = self.tok.get_added_tokens_decoder()
         self.special = {i for i, t in added.items() if t.special}
         self._why: dict[int, str] = {}  # id -> why hidden ('' = visible); ids are few
+        self._table = np.zeros(0, np.int8)  # id -> 1 hidden, 0 visible, -1 not asked yet
 
     def hidden(self, i: int) -> str:
         """Why id `i` is invisible to a reward, or ''."""
@@ -111,8 +120,39 @@ class ScoringText:
             self._why[i] = why
         return why
 
+    def hidden_flags(self, ids: np.ndarray) -> np.ndarray:
+        """Whether each id of the int array `ids` is hidden: a table lookup, `hidden`
+        asked once per id the table has not seen (a completion repeats few ids)."""
+        if ids.size == 0:
+            return np.zeros(0, bool)
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= _TABLE_IDS:  # not a tokenizer's id: one question per distinct id
+            distinct, where = np.unique(ids, return_inverse=True)
+            hidden = np.array([bool(self.hidden(int(i))) for i in distinct], dtype=bool)
+            return hidden[where.reshape(ids.shape)]
+        if high >= len(self._table):  # -1: not asked yet
+            self._table = np.concatenate(
+                [self._table, np.full(high + 1 - len(self._table), -1, np.int8)]
+            )
+        looked_up = self._table[ids]
+        if (looked_up < 0).any():
+            for i in np.unique(ids[looked_up < 0]).tolist():
+                self._table[i] = bool(self.hidden(i))
+            looked_up = self._table[ids]
+        return looked_up == 1
+
     def text(self, ids) -> str:
         """The decoded text; HiddenToken unless every id (but a final stop) is visible."""
+        a = token_arrays.int_array(ids)
+        if a is None:  # ids past int64 (`hidden` words why): token by token
+            return self._text_per_token(ids)
+        body = a[:-1] if len(a) and int(a[-1]) in self.stops else a
+        if (pos := token_arrays.first(self.hidden_flags(body))) is not None:
+            i = int(body[pos])
+            raise HiddenToken(f"completion token {pos} (id {i}) is {self.hidden(i)}")
+        return self.tok.decode(body.tolist(), skip_special_tokens=False)
+
+    def _text_per_token(self, ids) -> str:
         ids = [int(i) for i in ids]
         body = ids[:-1] if ids and ids[-1] in self.stops else ids
         for pos, i in enumerate(body):
@@ -121,16 +161,31 @@ class ScoringText:
         return self.tok.decode(body, skip_special_tokens=False)
 
     def count_hidden(self, trajectories: Sequence[WorkerTrajectory]) -> int:
-        """How many of `trajectories` hold a hidden token in a model turn."""
+        """How many of `trajectories` hold a hidden token in a model turn (`text`'s rule
+        per model turn: a stop id ending the turn is not hidden), without decoding."""
         n = 0
         for t in trajectories:
-            try:
-                for m, ids in t.segments():
-                    if m == 1:
-                        self.text(ids)
-            except HiddenToken:
-                n += 1
+            ids = token_arrays.int_array(t.completion_token_ids)
+            if ids is None:  # ids past int64: the per-turn rule, token by token
+                n += self._count_hidden_slow(t)
+                continue
+            model = np.ones(len(ids), bool)
+            if t.completion_mask is not None:
+                model = np.asarray(t.completion_mask, dtype=np.int64) == 1
+            # The last token of each model turn, where a stop id is allowed.
+            turn_end = model & ~np.append(model[1:], False)
+            stop = np.isin(ids, np.fromiter(self.stops, np.int64, len(self.stops)))
+            n += bool(np.any(self.hidden_flags(ids) & model & ~(turn_end & stop)))
         return n
+
+    def _count_hidden_slow(self, t: WorkerTrajectory) -> int:
+        try:
+            for m, ids in t.segments():
+                if m == 1:
+                    self.text(ids)
+        except HiddenToken:
+            return 1
+        return 0
 
 
 class UnterminatedThinking(RewardError):
@@ -336,10 +391,32 @@ class RewardScorer:
                         why,
                     )
                 errors += 1
-            out.append(
-                Trajectory(**t.model_dump(), reward=value, reward_error=why, think_tokens=think)
-            )
+            out.append(scored_trajectory(t, value, why, think))
         return out, errors
+
+
+# A trajectory's token-long lists: validated once, with the submission that brought them.
+_TOKEN_LISTS = (
+    "prompt_token_ids",
+    "completion_token_ids",
+    "logprobs",
+    "versions",
+    "completion_mask",
+)
+
+
+def scored_trajectory(t: WorkerTrajectory, reward, reward_error: str, think: int) -> Trajectory:
+    """`Trajectory(**t.model_dump(), reward=..., ...)` without copying and validating `t`'s
+    token lists a second time (~5 ms of GIL a maximum-length completion): every other
+    field, the score's included, is validated as that call would (a one-token stand-in for
+    each list), then the lists the submission's validation built are put back."""
+    lists = {k: getattr(t, k) for k in _TOKEN_LISTS}
+    stand_in = {k: None if v is None else v[:1] for k, v in lists.items()}
+    fields = t.model_dump(exclude=set(_TOKEN_LISTS))
+    checked = Trajectory(
+        **fields, **stand_in, reward=reward, reward_error=reward_error, think_tokens=think
+    )
+    return Trajectory.model_construct(**{**dict(checked), **lists})
 
 
 def score_texts(

@@ -14,6 +14,7 @@ import dataclasses
 import math
 
 from bridge.contracts import routing as routing_contract
+from bridge.control.intake import token_arrays
 from bridge.control.protocol import EpisodeSpec, GroupResult, SamplingParams, WorkerTrajectory
 
 
@@ -131,26 +132,38 @@ def check_group(
             )
         _check_mask(t, where, sampling, episode)
         for name, ids in (("prompt", t.prompt_token_ids), ("completion", t.completion_token_ids)):
-            bad = [i for i in ids if not 0 <= i < vocab_size]
-            if bad:
+            at = token_arrays.first_outside(ids, 0, vocab_size)
+            if at is False:  # not an int64 array: the per-token check
+                at = next((k for k, i in enumerate(ids) if not 0 <= i < vocab_size), None)
+            if at is not None:
                 raise SubmissionError(
-                    f"{where}: {name} token id {bad[0]} outside the vocabulary [0, {vocab_size})"
+                    f"{where}: {name} token id {ids[at]} outside the vocabulary [0, {vocab_size})"
                 )
-        bad_lp = [x for x in t.logprobs if not (math.isfinite(x) and x <= 0.0)]
-        if bad_lp:
-            raise SubmissionError(f"{where}: log-prob {bad_lp[0]} is not finite and <= 0")
-        if min(t.versions) < 0:
-            raise SubmissionError(f"{where}: negative policy version {min(t.versions)}")
-        if max(t.versions) > newest_version:
+        at = token_arrays.first_bad_logprob(t.logprobs)
+        if at is False:  # not a float64 array: the per-token check
+            at = next(
+                (k for k, x in enumerate(t.logprobs) if not (math.isfinite(x) and x <= 0.0)), None
+            )
+        if at is not None:
+            raise SubmissionError(f"{where}: log-prob {t.logprobs[at]} is not finite and <= 0")
+        span = token_arrays.version_span(t.versions)
+        if span is None:  # past int64: the per-token checks
+            low, high = min(t.versions), max(t.versions)
+            down = any(b < a for a, b in zip(t.versions, t.versions[1:], strict=False))
+        else:
+            low, high, down = span
+        if low < 0:
+            raise SubmissionError(f"{where}: negative policy version {low}")
+        if high > newest_version:
             raise SubmissionError(
-                f"{where}: policy version {max(t.versions)} is from the future "
+                f"{where}: policy version {high} is from the future "
                 f"(newest published is {newest_version})"
             )
-        if any(b < a for a, b in zip(t.versions, t.versions[1:], strict=False)):
+        if down:
             raise SubmissionError(f"{where}: versions must not decrease along the completion")
-        if lease_version is not None and min(t.versions) < lease_version:
+        if lease_version is not None and low < lease_version:
             raise SubmissionError(
-                f"{where}: a token of version {min(t.versions)} but the lease was taken at "
+                f"{where}: a token of version {low} but the lease was taken at "
                 f"version {lease_version}; a worker's versions only go up"
             )
         check_routing(t, where, routing, episode)
