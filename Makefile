@@ -9,10 +9,10 @@ BROKEN_EXTRAS := torchvision torchaudio torchcodec
 SKYPILOT_DEPS := colorama sqlalchemy aiosqlite greenlet alembic prettytable psycopg2-binary \
 	passlib paramiko orjson casbin sqlalchemy_adapter pandas pyyaml
 WORKDIR ?= /tmp/echo2_demo
-# CI logs name the slowest tests: the suite has a 20-minute budget on 2 cores.
+# CI logs name the slowest tests: the suite has a 15-minute budget on 2 cores.
 PYTEST_ARGS ?= --durations=30
 
-.PHONY: demo test test-parallel lint venv clean mutants
+.PHONY: demo test test-serial lint venv clean mutants
 
 venv: $(STAMP)
 
@@ -31,18 +31,22 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(VENV)/bin/python -m learner_jax.train --config=configs/tiny_arith.py --workdir=$(WORKDIR)
 
-test: $(STAMP)
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
-
-# The suite on 2 pytest-xdist workers, a whole file per worker (module fixtures built once;
-# each worker starts its own session vLLM engine, ~3 GiB per worker). Tests marked `alone`
-# measure a real run's speed, which a neighbour on the same cores would change: they run
-# afterwards, by themselves.
-# Only their files are collected again (collecting the whole suite costs over a minute here).
+# The suite on TEST_WORKERS pytest-xdist workers, a whole file per worker (module fixtures
+# built once; each worker starts its own session vLLM engine). A serial run keeps one core
+# idle while a test waits on its subprocesses (workers, the training binary): 2 workers on 2
+# cores take about half the time (docs/design/test-suite.md). Tests marked `alone` run on
+# wall-clock fault schedules a neighbour on the same cores would stretch: they run
+# afterwards, by themselves; only their files are collected again (collecting the whole
+# suite costs over a minute here).
+TEST_WORKERS ?= 2
 ALONE_FILES = $(shell grep -rl "pytest.mark.alone" tests)
-test-parallel: $(STAMP)
-	$(VENV)/bin/python -m pytest -n 2 --dist loadfile -m "not alone" $(PYTEST_ARGS)
+test: $(STAMP)
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not alone" $(PYTEST_ARGS)
 	$(VENV)/bin/python -m pytest -m alone $(PYTEST_ARGS) $(ALONE_FILES)
+
+# One process, in file order: for bisecting an order-dependent failure.
+test-serial: $(STAMP)
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
 
 # Mutation testing of the critical modules (bench/mutants_targets.toml), all or MODULES="a.py
 # b.py"; writes bench/mutants_results.json and bench/mutants_report.md. mutmut is the dev extra.
