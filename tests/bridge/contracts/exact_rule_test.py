@@ -34,3 +34,37 @@ def test_false_quarantine_bound_is_the_worst_binomial_tail():
     bound = ec.false_quarantine_bound(rate, tokens, fraction)
     assert bound >= brute * 0.999  # the grid reaches the worst n (near tokens / fraction)
     assert bound <= brute * 1.001
+
+
+def _brute_bound(rate, tokens, fraction, n_max):
+    n = np.arange(tokens, n_max)
+    need = np.maximum(tokens, np.ceil(fraction * n)).astype(np.int64)
+    return float(stats.binom.sf(need - 1, n, rate).max())
+
+
+def test_the_bound_finds_a_peak_far_past_a_hundred_times_the_count():
+    # tokens / fraction = 1,600: the worst n lies where the share rule takes over, and the
+    # tail's peaks sit on exact multiples of 1 / fraction, which a coarse grid steps over.
+    rate, tokens, fraction = 0.002, 8, 0.005
+    brute = _brute_bound(rate, tokens, fraction, 20_000)
+    assert abs(ec.false_quarantine_bound(rate, tokens, fraction) - brute) <= 1e-3 * brute
+
+
+def test_a_rate_above_the_share_is_quarantined_almost_surely_in_the_long_run():
+    # Honest mismatches at 1.2% against a 1% share: the count's mean outgrows the share, so
+    # the chance reaches 1 only over many tokens (at n = 16,000 it is still ~0.99).
+    assert ec.false_quarantine_bound(0.012, 8, 0.01) > 1 - 1e-6
+
+
+def test_without_a_share_any_rate_reaches_the_count():
+    assert ec.false_quarantine_bound(1e-6, 8, 0.0) > 0.99  # a billion tokens: mean 1,000
+
+
+def test_margins_are_float64_for_float32_scales():
+    # The learner's logits are float32: the margin must not be rounded to float32, or a gap
+    # exactly at the float64 margin would count as a mismatch.
+    scales = np.array([[3.3, 7.7, 11.1]], np.float32)
+    assert ec.margin(scales).dtype == np.float64
+    gaps = ec.MARGIN_ABS + ec.MARGIN_REL * scales.astype(np.float64)
+    bad, _ = ec.classify(gaps, scales, np.ones((1, 3)))
+    assert bad.tolist() == [0]
