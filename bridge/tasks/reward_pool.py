@@ -125,7 +125,14 @@ def _worker_main(read_fd: int, write_fd: int, preload: str) -> None:
         except (EOFError, OSError):
             return  # the parent is gone or closed us
         try:
+            # Unpickling imports the function's module: said apart, so the call's timeout
+            # covers the call and not a first import on a busy machine.
             fn, args, kwargs = pickle.loads(data)
+        except BaseException as e:  # noqa: BLE001 - an import may raise anything
+            send.send(("err", f"{type(e).__name__}: {e}"))
+            continue
+        send.send(("loaded", None))
+        try:
             out = ("ok", fn(*args, **kwargs))
         except BaseException as e:  # noqa: BLE001 - a reward function may raise anything
             out = ("err", f"{type(e).__name__}: {e}")
@@ -190,15 +197,25 @@ class RewardPool:
                 self._count("reward/errors")
                 raise
             worker.send.send_bytes(payload)
-            start = time.monotonic()
-            if not worker.recv.poll(timeout):
+            # Loading (unpickling, so importing the function's module) is bounded like a
+            # start-up; the call's own timeout starts when the worker says it has loaded.
+            if not worker.recv.poll(STARTUP_TIMEOUT_S):
                 worker = self._replace(worker)
                 self._count("reward/timeouts")
                 raise RewardTimeout(
-                    f"{name} timed out after {time.monotonic() - start:.1f} s "
-                    f"(limit {timeout:g} s); its worker was killed"
+                    f"{name} was not loaded within {STARTUP_TIMEOUT_S:.0f} s; its worker was killed"
                 )
             status, value = worker.recv.recv()
+            if status == "loaded":
+                start = time.monotonic()
+                if not worker.recv.poll(timeout):
+                    worker = self._replace(worker)
+                    self._count("reward/timeouts")
+                    raise RewardTimeout(
+                        f"{name} timed out after {time.monotonic() - start:.1f} s "
+                        f"(limit {timeout:g} s); its worker was killed"
+                    )
+                status, value = worker.recv.recv()
         except (EOFError, OSError) as e:
             code = None
             if worker is not None:

@@ -112,3 +112,25 @@ def test_the_pool_scores_any_task_by_name(pool):
     assert pool.call(score_named, "arithmetic", {"format_reward": 0.25}, p, "47") == (0.25, {})
     with pytest.raises(RewardError, match="unknown task 'nope'"):
         pool.call(score_named, "nope", {}, p, "46")
+
+
+def test_a_first_import_does_not_count_against_the_calls_timeout(tmp_path, monkeypatch):
+    # A reward module that takes 3 s to import (a heavy library on a busy machine): its first
+    # call in a fresh worker imports it while unpickling. The call itself is instant.
+    (tmp_path / "slow_import_reward.py").write_text(
+        "import time\ntime.sleep(3.0)\n\ndef score(x):\n    return x + 1\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))  # the worker inherits the parent's sys.path
+    import slow_import_reward
+
+    with RewardPool(processes=1, timeout_s=2.0) as fresh:
+        assert fresh.call(slow_import_reward.score, 1) == 2
+        assert fresh.stats()["reward/timeouts"] == 0
+        # A module that fails to import is that call's error, and the worker serves on.
+        (tmp_path / "broken_reward.py").write_text("def score(x):\n    return x\n")
+        import broken_reward
+
+        (tmp_path / "broken_reward.py").write_text("raise ImportError('no such library')\n")
+        with pytest.raises(RewardError, match="no such library"):
+            fresh.call(broken_reward.score, 1)
+        assert fresh.call(slow_import_reward.score, 2) == 3
