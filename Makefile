@@ -40,9 +40,13 @@ demo: $(STAMP)
 # suite costs over a minute here).
 TEST_WORKERS ?= 2
 ALONE_FILES = $(shell grep -rl "pytest.mark.alone" tests)
+# The alone tests run even when the rest failed, so one CI log says everything.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not alone" $(PYTEST_ARGS)
-	$(VENV)/bin/python -m pytest -m alone $(PYTEST_ARGS) $(ALONE_FILES)
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not alone" $(PYTEST_ARGS); \
+	rest=$$?; \
+	$(VENV)/bin/python -m pytest -m alone $(PYTEST_ARGS) $(ALONE_FILES); \
+	alone=$$?; \
+	test $$rest -eq 0 && test $$alone -eq 0
 
 # One process, in file order: for bisecting an order-dependent failure.
 test-serial: $(STAMP)
