@@ -85,17 +85,8 @@ def test_a_fabricated_tool_result_is_refused_and_the_honest_episode_scores(
     assert group.episode.env == "tool_arith" and group.episode.seed >= 0  # the worker plays
     codec = TextCodec(tiny_model_dir)
     forged = [_episode(codec, group, 0), _episode(codec, group, 1, result_shift=1)]
-    with pytest.raises(SubmissionError, match="differ from the replay") as e:
-        ctl.submit(wid, Submission(lease_id=lease.lease_id, groups=[
-            GroupResult(group_id=group.group_id, trajectories=forged)]))  # fmt: skip
-    assert e.value.status == 422
     honest = [_episode(codec, group, i) for i in range(2)]
-    r = ctl.submit(wid, Submission(lease_id=lease.lease_id, groups=[
-        GroupResult(group_id=group.group_id, trajectories=honest)]))  # fmt: skip
-    assert r.accepted == [group.group_id]
-    batch, stats = ctl.take_batch(0, 1)
-    assert [t.reward for t in batch[0].trajectories] == [1.0, 1.0], stats
-    ctl.close()
+    _forged_refused_honest_rewarded(ctl, wid, lease, group, forged, honest)
 
 
 @pytest.mark.vllm
@@ -168,13 +159,18 @@ def test_a_nondeterministic_tool_is_scored_from_what_the_controller_drew(tmp_pat
         )  # fmt: skip
 
     forged = [episode(0), episode(1, shift=1)]  # a draw the controller never made
+    # Drawing again would disagree with the controller's answers (1 in 100 per episode);
+    # the honest episodes are scored from the recorded draws and get full reward.
+    _forged_refused_honest_rewarded(ctl, wid, lease, group, forged, [episode(0), episode(1)])
+
+
+def _forged_refused_honest_rewarded(ctl, wid, lease, group, forged, honest):
+    """The forged group is refused (422, nothing accepted); the honest one is accepted and
+    both its episodes get full reward."""
     with pytest.raises(SubmissionError, match="differ from the replay") as e:
         ctl.submit(wid, Submission(lease_id=lease.lease_id, groups=[
             GroupResult(group_id=group.group_id, trajectories=forged)]))  # fmt: skip
     assert e.value.status == 422
-    # Drawing again would disagree with the controller's answers (1 in 100 per episode);
-    # the honest episodes are scored from the recorded draws and get full reward.
-    honest = [episode(0), episode(1)]
     r = ctl.submit(wid, Submission(lease_id=lease.lease_id, groups=[
         GroupResult(group_id=group.group_id, trajectories=honest)]))  # fmt: skip
     assert r.accepted == [group.group_id]
