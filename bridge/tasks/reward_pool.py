@@ -125,9 +125,13 @@ def _worker_main(read_fd: int, write_fd: int, preload: str) -> None:
         except (EOFError, OSError):
             return  # the parent is gone or closed us
         try:
-            # Unpickling imports the function's module: said apart, so the call's timeout
-            # covers the call and not a first import on a busy machine.
-            fn, args, kwargs = pickle.loads(data)
+            # Unpickling imports the function's module, and the call names the modules it
+            # needs: loaded apart, so the call's timeout covers the call and not a first
+            # import on a busy machine.
+            imports, fn, args, kwargs = pickle.loads(data)
+            for module in imports:
+                if module not in sys.modules and module != "__main__":
+                    importlib.import_module(module)
         except BaseException as e:  # noqa: BLE001 - an import may raise anything
             send.send(("err", f"{type(e).__name__}: {e}"))
             continue
@@ -173,16 +177,25 @@ class RewardPool:
         with self._lock:
             return dict(self._stats)
 
-    def call(self, fn: Callable, *args: Any, timeout_s: float | None = None, **kwargs: Any):
+    def call(
+        self,
+        fn: Callable,
+        *args: Any,
+        timeout_s: float | None = None,
+        imports: tuple[str, ...] = (),
+        **kwargs: Any,
+    ):
         """`fn(*args, **kwargs)` in a worker; RewardTimeout past `timeout_s` (default: the
-        pool's), RewardError if it raises or its worker dies."""
+        pool's), RewardError if it raises or its worker dies. `imports`: modules the call
+        needs (a task defined outside bridge.tasks registers itself when imported); the
+        worker imports them while loading the call, outside its timeout."""
         if self._closed:
             raise RewardError("reward pool is closed")
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
         name = fn_name(fn)
         self._count("reward/calls")
         try:
-            payload = pickle.dumps((fn, args, kwargs))
+            payload = pickle.dumps((tuple(imports), fn, args, kwargs))
         except Exception as e:  # noqa: BLE001 - lambdas, closures, open files...
             self._count("reward/errors")
             raise RewardError(f"{name}: cannot be sent to a reward worker: {e}") from e

@@ -195,7 +195,7 @@ class UnterminatedThinking(RewardError):
 class CallPool(Protocol):
     """What `bridge.tasks.reward_pool.RewardPool` offers (the seam for another runner)."""
 
-    def call(self, fn, *args, timeout_s: float | None = None, **kwargs): ...
+    def call(self, fn, *args, timeout_s: float | None = None, imports=(), **kwargs): ...
 
 
 def score_text(
@@ -253,7 +253,9 @@ class RewardScorer:
         t = self.task
         args = (type(t).__module__, t.name, dict(t.options))
         p = (prompt.prompt_id, prompt.text, prompt.answer)
-        value = _checked(self.pool.call(score_text, *args, p, text, timeout_s=self.timeout_s))
+        value = _checked(
+            self.pool.call(score_text, *args, p, text, timeout_s=self.timeout_s, imports=args[:1])
+        )
         if isinstance(value, RewardError):
             raise value
         return value
@@ -273,8 +275,9 @@ class RewardScorer:
         args = (type(t.env).__module__, t.name, dict(t.options))
         p = (prompt.prompt_id, prompt.text, prompt.answer)
         out = self.pool.call(
-            replay_named, *args, p, actions, drawn or None, timeout_s=self.timeout_s
-        )
+            replay_named, *args, p, actions, drawn or None, timeout_s=self.timeout_s,
+            imports=args[:1],
+        )  # fmt: skip
         reward, observations, done, draws = out
         if isinstance(reward, bool) or not isinstance(reward, int | float):
             raise RewardError(f"replay returned {type(reward).__name__}, not a number")
@@ -327,8 +330,9 @@ class RewardScorer:
         p = (prompt.prompt_id, prompt.text, prompt.answer)
         try:
             results = self.pool.call(
-                score_texts, *args, p, texts, timeout_s=self.timeout_s * len(texts)
-            )
+                score_texts, *args, p, texts, timeout_s=self.timeout_s * len(texts),
+                imports=args[:1],
+            )  # fmt: skip
         except RewardError:
             return [self._reward_or_error(prompt, text) for text in texts]
         return [_checked(value) if ok else RewardError(value) for ok, value in results]

@@ -4,6 +4,7 @@ math-verify run inside it (its equivalences, and a sympy input that really hangs
 import math
 import operator
 import os
+import sys
 import threading
 import time
 
@@ -134,3 +135,11 @@ def test_a_first_import_does_not_count_against_the_calls_timeout(tmp_path, monke
         with pytest.raises(RewardError, match="no such library"):
             fresh.call(broken_reward.score, 1)
         assert fresh.call(slow_import_reward.score, 2) == 3
+        # A module the call names (a task registers itself when imported) loads the same way.
+        (tmp_path / "slow_task_module.py").write_text("import time\ntime.sleep(3.0)\n")
+        assert fresh.call(_imported, "slow_task_module", imports=("slow_task_module",))
+        assert fresh.stats()["reward/timeouts"] == 0
+
+
+def _imported(module: str) -> bool:
+    return module in sys.modules
