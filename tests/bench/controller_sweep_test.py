@@ -40,7 +40,9 @@ def test_tiny_sweep_writes_the_headline_from_its_rows(tmp_path):
         assert row["p99_ms"] == worst > 0
     assert head["p99_ms_2000"] == rows["2000"]["p99_ms"]
     assert head["p99_ms_500_fast"] == rows["500_fast"]["p99_ms"]
-    assert head["submissions_per_s_500_fast"] == rows["500_fast"]["submissions_per_s"] > 0
+    # The rate counts the steady window only: a 3-second arm on a busy box may see none
+    # there, so this checks where the headline comes from, not how fast the box is.
+    assert head["submissions_per_s_500_fast"] == rows["500_fast"]["submissions_per_s"] >= 0
     assert head["audit_clean"] is True and head["errors_5xx"] == 0
 
 
