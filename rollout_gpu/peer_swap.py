@@ -59,17 +59,19 @@ class PeerSwap:
         self._inflight: tuple[int, object] | None = None  # (version, Future) of `prefetch`
         self.have = lambda: None  # the version the worker serves (its base for a delta)
         self._from_relay = -1  # the version store_for last handed out as the relay's copy
+        self.route_version: int | None = None  # the version the route was given for
         self._lock = threading.Lock()
 
     def note_route(self, response) -> None:
         """Take the route from any heartbeat or lease response, and start fetching a newly
         announced version at once: children wait on this relay, and the worker itself only
         swaps between leases (`store_for` then joins the fetch in flight)."""
+        ann = getattr(response, "announcement", None)
         with self._lock:
             self.mode = getattr(response, "broadcast_mode", "store") or "store"
             self.parent = getattr(response, "relay_parent", None)
             self.fallbacks = list(getattr(response, "relay_fallbacks", None) or [])
-        ann = getattr(response, "announcement", None)
+            self.route_version = ann.version if ann is not None else None
         if ann is not None:
             self.prefetch(ann)
 
@@ -88,6 +90,8 @@ class PeerSwap:
             self._inflight = (ann.version, fut)
 
         def done(f) -> None:  # the relay has it: that is "has the version" for the metric
+            if f.cancelled():  # the relay stopped
+                return
             if f.exception() is not None:
                 logging.warning("prefetch of version %d failed: %s", ann.version, f.exception())
             else:
@@ -107,7 +111,15 @@ class PeerSwap:
         direct = WeightStore(ann.store)
         with self._lock:
             mode, parent, fallbacks = self.mode, self.parent, list(self.fallbacks)
+            route_version = self.route_version
         t0 = time.monotonic()
+        if mode != "store" and route_version != ann.version and not self.fetching(ann.version):
+            # The route was given for another version: the fleet fetches this one on its
+            # own route, and fetching it on ours can make our parent and us wait on each
+            # other (a cycle until `stall_s`). The store is always a correct source.
+            logging.info("version %d: route heard for version %s; reading the store",
+                         ann.version, route_version)  # fmt: skip
+            mode = "store"
         if mode == "store":
 
             def read(counts: dict) -> None:

@@ -106,7 +106,7 @@ class WeightVersions:
 
     # -- news ------------------------------------------------------------------------------
     def hear(self, reply) -> None:
-        """A heartbeat or lease reply: its route first, so the relay's fetch of a new version
+        """A heartbeat, lease or submit reply: its route first, so the relay's fetch of a new version
         is under way before the main loop sees the announcement, then the announcement."""
         if self.peers is not None:
             self.peers.note_route(reply)

@@ -260,7 +260,7 @@ class RolloutWorker:
         except ConnectionError as e:  # gave up (past the grace period): the lease expires
             logging.error("lease %s: not submitted: %s", lease.lease_id, e)
             return False
-        self.versions.note(resp.announcement)
+        self.versions.hear(resp)  # its route too: the one for the version it announces
         self._eval_hold = self.version if resp.eval_pending else None
         self.leases_done += 1
         logging.info(

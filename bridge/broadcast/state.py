@@ -91,6 +91,7 @@ class BroadcastState:
         self.reporters: set[str] = set()  # workers that fetch through PeerSwap (report)
         self.corrupt_reports = 0
         self._rebuild_for: int = -1
+        self._published_since_rebuild = False
         self._pruned_at = float("-inf")
         # (worker, version) -> every relay URL routed to it for that version (parent first)
         self.routed: dict[tuple[str, int], list[str]] = {}
@@ -107,6 +108,7 @@ class BroadcastState:
         with self.lock:
             self.published[version] = published_at
             self.stores[version] = store
+            self._published_since_rebuild = True
             for old in sorted(self.published)[:-_MAX_VERSIONS]:
                 for d in (self.published, self.done, self.store_bytes, self.peer_bytes,
                           self.stores):  # fmt: skip
@@ -272,9 +274,15 @@ class BroadcastState:
             if self.mode == "store" or worker_id not in self.topology.nodes:
                 return {"broadcast_mode": self.mode} if self.mode != "store" else {}
             # Re-sort by measured uplink between versions only: a reshuffle mid-transfer
-            # would change parents under running fetches.
-            if newest_version != self._rebuild_for:
-                self._rebuild_for = newest_version
+            # would change parents under running fetches, and two workers fetching one
+            # version on two orders can wait on each other (a cycle, until `stall_s`). So
+            # once per version: a reply that read an older announcement just before a
+            # publish (heartbeats read it without the lock) does not re-sort again; a
+            # lower number does only when published since (a learner rerun republishes
+            # from its checkpoint).
+            v, last = newest_version, self._rebuild_for
+            if v > last or (v < last and self._published_since_rebuild):
+                self._rebuild_for, self._published_since_rebuild = v, False
                 self.topology.rebuild()
             p = self.topology.placement(worker_id)
             urls = [u for u in (p.parent_url, *p.fallback_urls) if u]

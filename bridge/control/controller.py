@@ -393,7 +393,9 @@ class Controller:
                 self.workers.touch(worker_id)
                 ann = self.versions.current()
             out = self.evals.submit(worker_id, sub, ann.version, self.scorer)
-            return SubmitResponse(announcement=ann, **out)
+            return SubmitResponse(
+                announcement=ann, **out, **self.broadcast.route(worker_id, ann.version)
+            )
         # The checks read committed rows without the lock (intake.py): one lock a submission.
         newest = self.versions.current().version
         fresh, prompts, drawn = self.intake.check(worker_id, sub, newest, self.db.read_view())
@@ -410,11 +412,13 @@ class Controller:
                 self.timing.lease_done(worker_id, done.issued_at, now, done.late)
                 self.fleet.lease_done(worker_id, done.issued_at, now, done.rollouts)
             self.learner.work_arrived(lambda: self.db.count("buffered"))  # wakes wait_batch
+            ann = self.versions.current()
             return SubmitResponse(
                 accepted=accepted,
                 duplicates=dups,
-                announcement=self.versions.current(),
+                announcement=ann,
                 swap_to=self.versions.swap_to(self.workers.version(worker_id)),
+                **self.broadcast.route(worker_id, ann.version),
             )
 
     def episode_step(self, worker_id: str, req: EpisodeStep) -> EpisodeStepResponse:

@@ -393,7 +393,11 @@ class Submission(_Model):
     groups: list[GroupResult] = Field(min_length=1, max_length=_MAX_GROUPS)
 
 
-class SubmitResponse(_Model):
+class SubmitResponse(_Route):
+    """Its route is the one for `announcement`, as in every reply that announces a version:
+    a worker that first hears of a version here fetches it on the same route as the rest of
+    the fleet (two routes for one version can make two relays wait on each other)."""
+
     accepted: list[int] = Field(description="group ids newly accepted")
     duplicates: list[int] = Field(description="group ids already accepted before (not recounted)")
     announcement: VersionAnnouncement
