@@ -106,8 +106,9 @@ class WeightVersions:
 
     # -- news ------------------------------------------------------------------------------
     def hear(self, reply) -> None:
-        """A heartbeat, lease or submit reply: its route first, so the relay's fetch of a new version
-        is under way before the main loop sees the announcement, then the announcement."""
+        """A heartbeat, lease or submit reply: its route first, so the relay's fetch of a new
+        version is under way before the main loop sees the announcement, then the
+        announcement."""
         if self.peers is not None:
             self.peers.note_route(reply)
         self.note(reply.announcement)
