@@ -32,7 +32,8 @@ demo: $(STAMP)
 	$(VENV)/bin/python -m learner_jax.train --config=configs/tiny_arith.py --workdir=$(WORKDIR)
 
 # The suite on TEST_WORKERS pytest-xdist workers, a whole file per worker (module fixtures
-# built once; each worker starts its own session vLLM engine). A serial run keeps one core
+# built once; each worker starts its own session vLLM engine), the longest files first
+# (tests/durations.json, `python -m tests.durations JUNIT.xml` refreshes it). A serial run keeps one core
 # idle while a test waits on its subprocesses (workers, the training binary): 2 workers on 2
 # cores take about half the time (docs/design/test-suite.md). Tests marked `alone` run on
 # wall-clock fault schedules a neighbour on the same cores would stretch: they run
@@ -42,7 +43,8 @@ TEST_WORKERS ?= 2
 ALONE_FILES = $(shell grep -rl "pytest.mark.alone" tests)
 # The alone tests run even when the rest failed, so one CI log says everything.
 test: $(STAMP)
-	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile -m "not alone" $(PYTEST_ARGS); \
+	$(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder \
+		-m "not alone" $(PYTEST_ARGS); \
 	rest=$$?; \
 	$(VENV)/bin/python -m pytest -m alone $(PYTEST_ARGS) $(ALONE_FILES); \
 	alone=$$?; \

@@ -57,6 +57,14 @@ def pytest_runtest_call(item):
     return result
 
 
+def pytest_collection_modifyitems(config, items):
+    """Under xdist, the longest files first (tests/durations.py says why)."""
+    if hasattr(config, "workerinput"):  # a serial run keeps file order (bisecting)
+        from tests import durations
+
+        durations.longest_files_first(items, durations.measured())
+
+
 def pytest_runtest_teardown(item, nextitem):
     """With ECHO2_TEST_RSS=FILE, append each test file's resident memory after its last
     test (MiB): the suite runs on 2 xdist workers in 23 GiB, and what a file leaves alive

@@ -107,9 +107,14 @@ def test_hostile_workers_are_caught_and_nothing_they_chose_trains(tmp_path):
             assert proc.poll() is None, f"binary exited {proc.returncode}"
             assert time.monotonic() < deadline, [w.result for w in workers]
             time.sleep(1.0)
-        # A few more steps: the honest workers' groups after every hostile one is out.
+        # A few more steps: the honest workers' groups after every hostile one is out; and
+        # one fleet evaluation finished (on a busy box the hostile threads can be done before
+        # the first one is).
         last = learner_record(workdir)[0][-1][0]
-        while learner_record(workdir)[0][-1][0] < last + 3:
+        samples = os.path.join(workdir, "eval_samples.jsonl")
+        while learner_record(workdir)[0][-1][0] < last + 3 or not (
+            os.path.exists(samples) and os.path.getsize(samples) > 0
+        ):
             assert proc.poll() is None and time.monotonic() < deadline
             time.sleep(1.0)
     finally:
