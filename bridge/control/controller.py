@@ -467,6 +467,7 @@ class Controller:
             data_wait_s=step_wait_s,
             step_s=float(stats.get("capacity/train_step_s") or 0.0),
             model_staleness=stats.get("capacity/min_staleness") if confident else None,
+            estimate=None if confident else stats.get("capacity/min_staleness"),
         )
         self.set_staleness(s)
         return s

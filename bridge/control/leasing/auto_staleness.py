@@ -14,6 +14,12 @@ the smallest S that keeps the learner fed, and takes evidence over the model:
   `wait_fraction` of its step time) and the confident capacity model says the freshness
   condition needs more than the current S. Waiting on a fleet that is merely too small (the
   rate bound) is not fixed by a larger S, so waiting alone moves nothing.
+- **Up by one, provisionally,** when the learner waited and the model, not confident yet,
+  estimates more than the current S. The model's estimate settles within a step or two but
+  its confidence takes several batches (capacity.Warmup); waiting at S_min meanwhile cost
+  the demo a third of its utilization over a 12-step run (docs/results.md). One step per
+  waited batch, never past the estimate: a wrong estimate costs at most what the down rule
+  takes back once the model is confident.
 - **Down by one** when the confident model's S is below the current one and the last
   `quiet_batches` batches had neither a drop nor a wait: the window is longer than the fleet
   needs. One step at a time, and only after a quiet stretch, so a short lull does not give
@@ -59,10 +65,12 @@ class AutoStaleness:
         data_wait_s: float,
         step_s: float,
         model_staleness: int | None,
+        estimate: int | None = None,
     ) -> int:
         """One batch's evidence: the run's cumulative stale drops, the seconds the learner
-        waited for this batch's data, the learner's step time, and the capacity model's
-        S (None while it is not confident). Returns the new S."""
+        waited for this batch's data, the learner's step time, the capacity model's S (None
+        while it is not confident) and its estimate before it is (None: none yet). Returns
+        the new S."""
         dropped = dropped_total > self._dropped_seen
         self._dropped_seen = max(self._dropped_seen, dropped_total)
         waited = step_s > 0 and data_wait_s > self.wait_fraction * step_s
@@ -70,8 +78,11 @@ class AutoStaleness:
             self.s, self._quiet = min(self.s + 1, self.s_max), 0
         elif waited:
             self._quiet = 0
-            if model_staleness is not None and model_staleness > self.s:
-                self.s = min(model_staleness, self.s_max)
+            if model_staleness is not None:
+                if model_staleness > self.s:
+                    self.s = min(model_staleness, self.s_max)
+            elif estimate is not None and estimate > self.s:
+                self.s = min(self.s + 1, self.s_max)
         else:
             self._quiet += 1
             if (

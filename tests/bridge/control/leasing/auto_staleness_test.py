@@ -28,6 +28,21 @@ def test_waiting_raises_to_the_models_s_only_when_the_model_asks_for_more():
     assert auto.observe(0, data_wait_s=0.05, step_s=1.0, model_staleness=4) == 3
 
 
+def test_before_the_model_is_confident_a_wait_raises_s_one_step_toward_its_estimate():
+    auto = AutoStaleness(s_min=0, s_max=3, s=0)
+    waited = dict(dropped_total=0, data_wait_s=0.5, step_s=1.0, model_staleness=None)
+    # No estimate yet, or no wait: nothing moves.
+    assert auto.observe(**waited) == 0
+    assert auto.observe(0, data_wait_s=0.05, step_s=1.0, model_staleness=None, estimate=2) == 0
+    # One step per waited batch, never past the estimate.
+    assert [auto.observe(**waited, estimate=2) for _ in range(3)] == [1, 2, 2]
+    # Nor past S_max.
+    assert [auto.observe(**waited, estimate=9) for _ in range(3)] == [3, 3, 3]
+    # Once confident, the model's S rules: down one step after the quiet batches.
+    quiet = dict(dropped_total=0, data_wait_s=0.0, step_s=1.0, model_staleness=1)
+    assert [auto.observe(**quiet) for _ in range(4)] == [3, 3, 3, 2]
+
+
 def test_s_comes_down_one_at_a_time_after_quiet_batches_only():
     auto = AutoStaleness(s_min=1, s_max=4, s=4, quiet_batches=3)
     quiet = dict(dropped_total=0, data_wait_s=0.0, step_s=1.0, model_staleness=1)
@@ -54,6 +69,7 @@ def test_s_never_leaves_its_bounds_whatever_the_evidence():
                 data_wait_s=rng.choice((0.0, 2.0)),
                 step_s=1.0,
                 model_staleness=rng.choice((None, 0, 1, 2, 5, 9)),
+                estimate=rng.choice((None, 0, 1, 3, 9)),
             )
             assert lo <= s <= hi
 
