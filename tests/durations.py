@@ -10,8 +10,11 @@ Refresh the figures from a run's JUnit XML (a file's seconds are the sum of its 
 times: setup, call and teardown, as pytest reports them; files that did not run keep their
 figure, files that no longer exist are dropped):
 
-    make test PYTEST_ARGS="--junitxml=/tmp/suite.xml"
+    pytest -n 2 --dist loadfile -m "not alone" --junitxml=/tmp/suite.xml
     python -m tests.durations /tmp/suite.xml [more.xml ...]
+
+(`make test PYTEST_ARGS=--junitxml=F` would leave only the soak's run in F: its second
+pytest run writes the same file.)
 """
 
 from __future__ import annotations
