@@ -33,9 +33,9 @@ demo: $(STAMP)
 
 # The suite on TEST_WORKERS pytest-xdist workers, a whole file per worker (module fixtures
 # built once; each worker starts its own session vLLM engine), the longest files first
-# (tests/durations.json, `python -m tests.durations JUNIT.xml` refreshes it). A serial run keeps one core
-# idle while a test waits on its subprocesses (workers, the training binary): 2 workers on 2
-# cores take about half the time (docs/design/test-suite.md). Tests marked `alone` run on
+# (tests/durations.json; tests/durations.py says how to refresh it). A serial run keeps one
+# core idle while a test waits on its subprocesses (workers, the training binary): 2 workers
+# on 2 cores take about half the time (docs/design/test-suite.md). Tests marked `alone` run on
 # wall-clock fault schedules a neighbour on the same cores would stretch: they run
 # afterwards, by themselves; only their files are collected again (collecting the whole
 # suite costs over a minute here).
