@@ -65,8 +65,8 @@ class PeerSwap:
     def note_route(self, response) -> None:
         """Take the route from any heartbeat, lease or submit response (each carries the
         route for the version it announces), and start fetching a newly announced version at
-        once: children wait on this relay, and the worker itself only
-        swaps between leases (`store_for` then joins the fetch in flight)."""
+        once: children wait on this relay, and the worker itself only swaps between leases
+        (`store_for` then joins the fetch in flight)."""
         ann = getattr(response, "announcement", None)
         with self._lock:
             self.mode = getattr(response, "broadcast_mode", "store") or "store"
