@@ -65,9 +65,13 @@ def pytest_collection_modifyitems(config, items):
         durations.longest_files_first(items, durations.measured())
 
 
+_cpu_at_last_file_end = [0.0]
+
+
 def pytest_runtest_teardown(item, nextitem):
     """With ECHO2_TEST_RSS=FILE, append each test file's resident memory after its last
-    test (MiB): the suite runs on 2 xdist workers in 23 GiB, and what a file leaves alive
+    test (MiB) and the CPU seconds it cost (this process plus the subprocesses it reaped):
+    the suite runs on 2 xdist workers in 23 GiB and 2 cores, and what a file leaves alive
     (engines, compiled programs) stays for the rest of the worker's session."""
     if nextitem is not None and nextitem.path == item.path:
         return
@@ -82,8 +86,10 @@ def pytest_runtest_teardown(item, nextitem):
         return
     with open("/proc/self/statm") as f:
         rss_mib = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    cpu = sum(os.times()[:4])  # user + system, own and reaped children's
+    cpu_s, _cpu_at_last_file_end[0] = cpu - _cpu_at_last_file_end[0], cpu
     with open(path, "a") as f:
-        f.write(f"{os.getpid()} {rss_mib:.0f} {item.path}\n")
+        f.write(f"{os.getpid()} {rss_mib:.0f} {cpu_s:.1f} {item.path}\n")
 
 
 @pytest.fixture(scope="session")
