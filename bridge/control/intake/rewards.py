@@ -143,8 +143,8 @@ class ScoringText:
 
     def text(self, ids) -> str:
         """The decoded text; HiddenToken unless every id (but a final stop) is visible."""
-        a = token_arrays.int_array(ids)
-        if a is None:  # ids past int64 (`hidden` words why): token by token
+        a = None if token_arrays.short(ids) else token_arrays.int_array(ids)
+        if a is None:  # short, or ids past int64 (`hidden` words why): token by token
             return self._text_per_token(ids)
         body = a[:-1] if len(a) and int(a[-1]) in self.stops else a
         if (pos := token_arrays.first(self.hidden_flags(body))) is not None:
@@ -153,20 +153,28 @@ class ScoringText:
         return self.tok.decode(body.tolist(), skip_special_tokens=False)
 
     def _text_per_token(self, ids) -> str:
-        ids = [int(i) for i in ids]
-        body = ids[:-1] if ids and ids[-1] in self.stops else ids
-        for pos, i in enumerate(body):
-            if why := self.hidden(i):
-                raise HiddenToken(f"completion token {pos} (id {i}) is {why}")
+        body = self._body(ids)
+        if (pos := self._first_hidden(body)) is not None:
+            i = body[pos]
+            raise HiddenToken(f"completion token {pos} (id {i}) is {self.hidden(i)}")
         return self.tok.decode(body, skip_special_tokens=False)
+
+    def _body(self, ids) -> list[int]:
+        """The ids but a final stop id."""
+        ids = [int(i) for i in ids]
+        return ids[:-1] if ids and ids[-1] in self.stops else ids
+
+    def _first_hidden(self, body: list[int]) -> int | None:
+        return next((pos for pos, i in enumerate(body) if self.hidden(i)), None)
 
     def count_hidden(self, trajectories: Sequence[WorkerTrajectory]) -> int:
         """How many of `trajectories` hold a hidden token in a model turn (`text`'s rule
         per model turn: a stop id ending the turn is not hidden), without decoding."""
         n = 0
         for t in trajectories:
-            ids = token_arrays.int_array(t.completion_token_ids)
-            if ids is None:  # ids past int64: the per-turn rule, token by token
+            ids = t.completion_token_ids
+            ids = None if token_arrays.short(ids) else token_arrays.int_array(ids)
+            if ids is None:  # short, or ids past int64: the per-turn rule, token by token
                 n += self._count_hidden_slow(t)
                 continue
             model = np.ones(len(ids), bool)
@@ -179,13 +187,8 @@ class ScoringText:
         return n
 
     def _count_hidden_slow(self, t: WorkerTrajectory) -> int:
-        try:
-            for m, ids in t.segments():
-                if m == 1:
-                    self.text(ids)
-        except HiddenToken:
-            return 1
-        return 0
+        turns = (self._body(ids) for m, ids in t.segments() if m == 1)
+        return int(any(self._first_hidden(body) is not None for body in turns))
 
 
 class UnterminatedThinking(RewardError):
@@ -413,8 +416,12 @@ def scored_trajectory(t: WorkerTrajectory, reward, reward_error: str, think: int
     """`Trajectory(**t.model_dump(), reward=..., ...)` without copying and validating `t`'s
     token lists a second time (~5 ms of GIL a maximum-length completion): every other
     field, the score's included, is validated as that call would (a one-token stand-in for
-    each list), then the lists the submission's validation built are put back."""
+    each list), then the lists the submission's validation built are put back. Short
+    lists are cheaper copied than worked around (token_arrays.ARRAY_MIN)."""
     lists = {k: getattr(t, k) for k in _TOKEN_LISTS}
+    if all(v is None or token_arrays.short(v) for v in lists.values()):
+        return Trajectory(**t.model_dump(), reward=reward, reward_error=reward_error,
+                          think_tokens=think)  # fmt: skip
     stand_in = {k: None if v is None else v[:1] for k, v in lists.items()}
     fields = t.model_dump(exclude=set(_TOKEN_LISTS))
     checked = Trajectory(

@@ -2,9 +2,12 @@
 the answers of the per-token Python loops they replaced, on random completions: random
 ids (visible, hidden, stop, out of the vocabulary, past int64), log-probs (NaN, inf,
 positive, -0.0), versions and model/environment segment layouts. The loops are written out
-here as the specification. A scored trajectory and a group's JSON are those of the
-validating constructor and the one-call list dump they replaced."""
+here as the specification. Each check runs twice: every list through the arrays
+(`ARRAY_MIN` 0) and at the shipped threshold, where these short lists take the Python pass.
+A scored trajectory and a group's JSON are those of the validating constructor and the
+one-call list dump they replaced."""
 
+import contextlib
 import math
 
 import pydantic
@@ -24,6 +27,25 @@ _SETTINGS = settings(
 _GROUP = pydantic.TypeAdapter(list[Trajectory])
 # The tiny tokenizer's 99 ids, the padded model vocabulary past it, and the stop ids.
 _IDS = st.one_of(st.integers(0, 140), st.sampled_from([EOS_ID, PAD_ID]))
+
+
+# None: the shipped threshold (these tests' lists are all shorter); 0: arrays for every list.
+ARRAY_MINS = pytest.mark.parametrize("array_min", [0, None], ids=["arrays", "shipped"])
+
+
+@contextlib.contextmanager
+def arrays_from(array_min):
+    saved = token_arrays.ARRAY_MIN
+    token_arrays.ARRAY_MIN = saved if array_min is None else array_min
+    try:
+        yield token_arrays.ARRAY_MIN
+    finally:
+        token_arrays.ARRAY_MIN = saved
+
+
+def test_the_threshold_picks_the_path():
+    n = token_arrays.ARRAY_MIN
+    assert token_arrays.short([0] * (n - 1)) and not token_arrays.short([0] * n)
 
 
 def segments_per_token(ids, mask):
@@ -84,18 +106,27 @@ def count_hidden_per_token(scoring, trajectories):
     return n
 
 
-def test_text_and_hidden_counts_are_the_per_token_rule(text_codec):
+@ARRAY_MINS
+def test_text_and_hidden_counts_are_the_per_token_rule(text_codec, array_min):
     scoring = ScoringText(text_codec)
 
     @_SETTINGS
     @given(st.lists(completions(), min_size=1, max_size=4))
     def check(cs):
         for ids, _ in cs:
-            assert _outcome(scoring.text, ids) == _outcome(scoring._text_per_token, ids)
+            assert _outcome(scoring.text, ids) == _outcome(scoring_text_per_token, ids)
         trajectories = [_trajectory(ids, mask) for ids, mask in cs]
         assert scoring.count_hidden(trajectories) == count_hidden_per_token(scoring, trajectories)
 
-    check()
+    def scoring_text_per_token(ids):
+        body = ids[:-1] if ids and ids[-1] in scoring.stops else ids
+        for pos, i in enumerate(body):
+            if why := scoring.hidden(i):
+                raise HiddenToken(f"completion token {pos} (id {i}) is {why}")
+        return text_codec.tok.decode(body, skip_special_tokens=False)
+
+    with arrays_from(array_min):
+        check()
 
 
 _BIG = st.integers(-(2**70), 2**70)
@@ -114,31 +145,34 @@ _LOGPROBS = st.one_of(
     st.lists(_LOGPROBS, max_size=40),
     st.lists(st.one_of(st.integers(0, 5), _BIG), min_size=1, max_size=40),
 )
-def test_first_offenders_are_the_per_token_loops(ids, logprobs, versions):
-    at = token_arrays.first_outside(ids, 0, 128)
-    if all(-(2**63) <= i < 2**63 for i in ids):
-        assert at == next((k for k, i in enumerate(ids) if not 0 <= i < 128), None)
+@ARRAY_MINS
+def test_first_offenders_are_the_per_token_loops(array_min, ids, logprobs, versions):
+    with arrays_from(array_min) as threshold:
+        outside = token_arrays.first_outside(ids, 0, 128)
+        bad = token_arrays.first_bad_logprob(logprobs)
+        span = token_arrays.version_span(versions)
+    if len(ids) < threshold or all(-(2**63) <= i < 2**63 for i in ids):
+        assert outside == next((k for k, i in enumerate(ids) if not 0 <= i < 128), None)
     else:
-        assert at is False  # the caller's per-token check
-    at = token_arrays.first_bad_logprob(logprobs)
-    assert at == next(
+        assert outside is False  # the caller's per-token check
+    assert bad == next(
         (k for k, x in enumerate(logprobs) if not (math.isfinite(x) and x <= 0.0)), None
     )
-    span = token_arrays.version_span(versions)
-    if all(-(2**63) <= v < 2**63 for v in versions):
+    if len(versions) < threshold or all(-(2**63) <= v < 2**63 for v in versions):
         down = any(b < a for a, b in zip(versions, versions[1:], strict=False))
         assert span == (min(versions), max(versions), down)
     else:
         assert span is None  # the caller's per-token checks
 
 
+@ARRAY_MINS
 @_SETTINGS
 @given(
     st.lists(completions(), min_size=1, max_size=3),
     st.one_of(st.floats(-2, 2), st.integers(-2, 2)),
     st.integers(0, 9),
 )
-def test_scored_trajectories_and_their_json_are_the_validated_ones(cs, reward, think):
+def test_scored_trajectories_and_their_json_are_the_validated_ones(array_min, cs, reward, think):
     """`scored_trajectory` is `Trajectory(**t.model_dump(), ...)` (the score coerced and
     checked as that validation does) and `group_json` the one-call list dump."""
     trajectories = [
@@ -154,7 +188,8 @@ def test_scored_trajectories_and_their_json_are_the_validated_ones(cs, reward, t
         )  # fmt: skip
         for k, (ids, mask) in enumerate(cs)
     ]
-    scored = [scored_trajectory(t, reward, "why", think) for t in trajectories]
+    with arrays_from(array_min):
+        scored = [scored_trajectory(t, reward, "why", think) for t in trajectories]
     validated = [
         Trajectory(**t.model_dump(), reward=reward, reward_error="why", think_tokens=think)
         for t in trajectories
@@ -165,11 +200,12 @@ def test_scored_trajectories_and_their_json_are_the_validated_ones(cs, reward, t
     assert group_json(scored) == _GROUP.dump_json(validated).decode()
 
 
-def test_a_score_the_validation_refuses_is_refused():
+@ARRAY_MINS
+def test_a_score_the_validation_refuses_is_refused(array_min):
     t = WorkerTrajectory(
         prompt_id="p", sample_index=0, prompt_token_ids=[1], completion_token_ids=[5],
         logprobs=[-0.5], versions=[0], finish_reason="stop",
     )  # fmt: skip
     for reward, think in ((math.nan, 0), (1.0, -1)):
-        with pytest.raises(pydantic.ValidationError):
+        with arrays_from(array_min), pytest.raises(pydantic.ValidationError):
             scored_trajectory(t, reward, "", think)
