@@ -56,7 +56,8 @@ class PeerSwap:
         self.down_bytes_per_s = 0.0
         self._report: tuple[float, dict] | None = None  # (monotonic done time, fields)
         self._prefetched = -1
-        self._inflight: tuple[int, object] | None = None  # (version, Future) of `prefetch`
+        # (version, the `have` it was fetched for, Future) of the last `prefetch`
+        self._inflight: tuple[int, int | None, object] | None = None
         self.have = lambda: None  # the version the worker serves (its base for a delta)
         self._from_relay = -1  # the version store_for last handed out as the relay's copy
         self.route_version: int | None = None  # the version the route was given for
@@ -85,10 +86,10 @@ class PeerSwap:
                 return
             self._prefetched = ann.version
             sources = peer_fetch.sources_for(self.parent, self.fallbacks, ann.store)
-        sha = ann.manifest_sha256
-        fut = self.relay.fetch_async(ann.version, sources, sha, have=self.have())
+        sha, have = ann.manifest_sha256, self.have()
+        fut = self.relay.fetch_async(ann.version, sources, sha, have=have)
         with self._lock:
-            self._inflight = (ann.version, fut)
+            self._inflight = (ann.version, have, fut)
 
         def done(f) -> None:  # the relay has it: that is "has the version" for the metric
             if f.cancelled():  # the relay stopped
@@ -105,7 +106,20 @@ class PeerSwap:
         worker may keep generating on its current version instead of waiting for it."""
         with self._lock:
             inflight = self._inflight
-        return inflight is not None and inflight[0] == version and not inflight[1].done()
+        return inflight is not None and inflight[0] == version and not inflight[2].done()
+
+    def _prefetch_of(self, version: int, have: int | None):
+        """The Future of `prefetch`'s fetch of `version` for this `have`, unless it failed:
+        one fetch of a version, so one report counting every byte of it (a second fetch
+        running beside it counts only what the first had not brought yet)."""
+        with self._lock:
+            inflight = self._inflight
+        if inflight is None or inflight[:2] != (version, have):
+            return None
+        fut = inflight[2]
+        if fut.done() and (fut.cancelled() or fut.exception() is not None):
+            return None
+        return fut
 
     def store_for(self, ann: VersionAnnouncement):
         """The store to load `ann.version` from (fetched through the relay when routed)."""
@@ -133,8 +147,10 @@ class PeerSwap:
             return direct
         sources = peer_fetch.sources_for(parent, fallbacks, direct.spec)
         try:  # joins the prefetch that note_route started, if any
-            sha = ann.manifest_sha256  # the relay refuses a copy whose manifest differs
-            fut = self.relay.fetch_async(ann.version, sources, sha, have=self.have())
+            sha, have = ann.manifest_sha256, self.have()  # a copy of another manifest: refused
+            fut = self._prefetch_of(ann.version, have)
+            if fut is None:
+                fut = self.relay.fetch_async(ann.version, sources, sha, have=have)
             result = fut.result()
         except Exception as e:  # noqa: BLE001 - the direct read below is today's path
             logging.warning(

@@ -68,7 +68,7 @@ def test_provisioned_fleet_standby_replacement_and_run_end(tmp_path, tiny_model_
     script = tmp_path / "launch.sh"  # what a cloud CLI's startup script would run
     script.write_text(
         "#!/bin/sh\n"
-        'echo $$ > "$4/$3.pid"\n'
+        'echo $$ > "$4/$3.pid.part" && mv "$4/$3.pid.part" "$4/$3.pid"\n'  # seen whole
         f"cd {worker_procs.ROOT}\n"
         f'exec {sys.executable} -m rollout_gpu.worker --controller="$1" --token_file="$2" '
         f'--name="$3" --model_dir={tiny_model_dir} {FLAGS}\n'

@@ -17,7 +17,8 @@ from bridge.fleet.reconcile import reconcile
 # "Launches a machine": a foreground process that records its name and pid; "deletes" it
 # by the pid it recorded under its name, as a cloud CLI deletes an instance by name.
 LAUNCH = """#!/bin/sh
-echo $$ > "$4/$3.pid"
+# Written whole, then renamed: a reader that sees the file sees the pid.
+echo $$ > "$4/$3.pid.part" && mv "$4/$3.pid.part" "$4/$3.pid"
 echo "$1 $2 $3" > "$4/$3.started"
 exec sleep 600
 """

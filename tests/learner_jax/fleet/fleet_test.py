@@ -19,7 +19,8 @@ from learner_jax.fleet import local_fleet
 from learner_jax.fleet.fleet import FleetFollower, FollowConfig
 
 LAUNCH = """#!/bin/sh
-echo $$ > "$2/$1.pid"
+# Written whole, then renamed: a reader that sees the file sees the pid.
+echo $$ > "$2/$1.pid.part" && mv "$2/$1.pid.part" "$2/$1.pid"
 exec sleep 600
 """
 
