@@ -11,7 +11,6 @@ refused, so the learner trains only on prompts the controller leased). Each fail
 from __future__ import annotations
 
 import dataclasses
-import math
 
 from bridge.contracts import routing as routing_contract
 from bridge.control.intake import token_arrays
@@ -133,25 +132,14 @@ def check_group(
         _check_mask(t, where, sampling, episode)
         for name, ids in (("prompt", t.prompt_token_ids), ("completion", t.completion_token_ids)):
             at = token_arrays.first_outside(ids, 0, vocab_size)
-            if at is False:  # not an int64 array: the per-token check
-                at = next((k for k, i in enumerate(ids) if not 0 <= i < vocab_size), None)
             if at is not None:
                 raise SubmissionError(
                     f"{where}: {name} token id {ids[at]} outside the vocabulary [0, {vocab_size})"
                 )
         at = token_arrays.first_bad_logprob(t.logprobs)
-        if at is False:  # not a float64 array: the per-token check
-            at = next(
-                (k for k, x in enumerate(t.logprobs) if not (math.isfinite(x) and x <= 0.0)), None
-            )
         if at is not None:
             raise SubmissionError(f"{where}: log-prob {t.logprobs[at]} is not finite and <= 0")
-        span = token_arrays.version_span(t.versions)
-        if span is None:  # past int64: the per-token checks
-            low, high = min(t.versions), max(t.versions)
-            down = any(b < a for a, b in zip(t.versions, t.versions[1:], strict=False))
-        else:
-            low, high, down = span
+        low, high, down = token_arrays.version_span(t.versions)
         if low < 0:
             raise SubmissionError(f"{where}: negative policy version {low}")
         if high > newest_version:
