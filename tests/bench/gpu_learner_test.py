@@ -12,18 +12,16 @@ import numpy as np
 import pytest
 from float_tolerance import EPS32, ULPS
 
-from bench import gpu_learner, step_cost
+from bench import gpu_learner, step_cost, xla_env
 
 EPS_BF16 = 2.0**-7  # bfloat16's machine epsilon (8-bit significand)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def run_reduced(out, *flags):
-    # One CPU device, and XLA's cheapest codegen: this checks wiring, and every train-step
-    # compile otherwise costs several seconds of the suite's two cores.
-    env = {**os.environ, "JAX_PLATFORMS": "cpu", "PYTHONPATH": ROOT,
-           "XLA_FLAGS": "--xla_backend_optimization_level=0 "
-                        "--xla_llvm_disable_expensive_passes=true"}  # fmt: skip
+    # One CPU device, with the suite's compile-time flags: this checks wiring, and every
+    # train-step compile otherwise costs several seconds of the suite's two cores.
+    env = xla_env.child_env(JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)
     proc = subprocess.run(
         [sys.executable, "-m", "bench.gpu_learner", "--reduced", f"--out={out}", *flags],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=300, check=False,

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 
+from bench import xla_env
 from bridge import export
 from bridge.model import hf_files, layouts, tiny_model
 from bridge.model.config import ModelConfig
@@ -81,7 +82,7 @@ def _hf_logits(path, ids, valid):
 
 
 def _run_cli(*args):
-    env = dict(os.environ, XLA_FLAGS="", JAX_PLATFORMS="cpu")  # one device: no mesh needed
+    env = xla_env.child_env(JAX_PLATFORMS="cpu")  # one device: no mesh needed
     cmd = [sys.executable, "-m", "bridge.export", *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 import pytest
 
+from bench import xla_env
 from learner_jax import config_file, run_config, train
 from learner_jax.model import sharding
 from learner_jax.reporting import metrics as metrics_lib
@@ -25,7 +26,7 @@ def tiny_test_config():
 
 
 def run_binary(workdir, *overrides):
-    env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    env = xla_env.child_env(devices=8)
     cmd = [
         sys.executable,
         "-m",

@@ -32,6 +32,7 @@ import time
 import numpy as np
 import pytest
 
+from bench import xla_env
 from bridge.control.protocol import ConsumedGroup, Trajectory
 from bridge.store.chunk_digest import chunk_boxes
 from bridge.store.layout import LAYOUT
@@ -133,9 +134,8 @@ def coordinator_port():
 
 
 def _launch(workdir, out, hf_dir, batches, devices, extra=(), log=None, **flags):
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = xla_env.child_env(devices=devices)
     env.update(
-        XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}",
         JAX_PLATFORMS="cpu",
         PYTHONPATH=ROOT,
         PYTHONUNBUFFERED="1",
@@ -305,9 +305,8 @@ def test_binary_runs_as_two_processes_with_a_vllm_worker(tmp_path, coordinator_p
     """`python -m learner_jax.train` x 2: SFT, then RL fed by a real vLLM worker that joins
     process 0's controller and swaps in every version the two processes publish."""
     workdir, port, procs, logs = tmp_path / "run", coordinator_port, [], []
-    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env = xla_env.child_env(devices=4)
     env.update(
-        XLA_FLAGS="--xla_force_host_platform_device_count=4",
         JAX_PLATFORMS="cpu",
         PYTHONPATH=ROOT,
         PYTHONUNBUFFERED="1",

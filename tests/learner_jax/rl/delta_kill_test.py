@@ -41,6 +41,8 @@ import time
 
 import numpy as np
 
+from bench import xla_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 HOLDING = "HOLDING AFTER VERSION"
 RL_STEPS = 5
@@ -138,9 +140,8 @@ def child(workdir: str, record_path: str, seed: int, hold_at: int) -> None:
 # -- the test ---------------------------------------------------------------------------------
 def _run_child(workdir, record, seed, hold_at=-1, timeout_s=600.0) -> list[str]:
     """Run the child; with `hold_at`, SIGKILL it once it holds after that version."""
-    env = dict(os.environ)
+    env = xla_env.child_env(devices=8)
     env.update(
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
         JAX_PLATFORMS="cpu",
         PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""),
     )

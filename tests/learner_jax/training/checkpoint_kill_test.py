@@ -33,6 +33,7 @@ import time
 import jax
 import numpy as np
 
+from bench import xla_env
 from bridge.model import tiny_model
 from learner_jax.model import sharding
 from learner_jax.training import checkpoint, optim, train_state
@@ -108,9 +109,8 @@ def child(directory: str) -> None:
 # -- the test ---------------------------------------------------------------------------------
 def run_child_and_kill_mid_save(directory: str, timeout_s: float = 240.0) -> list[str]:
     """Start the child, SIGKILL it once step 2 is written but not committed; its lines."""
-    env = dict(os.environ)
+    env = xla_env.child_env(devices=8)
     env.update(
-        XLA_FLAGS="--xla_force_host_platform_device_count=8",
         JAX_PLATFORMS="cpu",
         PYTHONPATH=ROOT + os.pathsep + env.get("PYTHONPATH", ""),
     )
