@@ -103,7 +103,11 @@ class ControllerSession:
         self._stop_at: float | None = None
         self._join_lock = threading.Lock()
         self._hb_stop = threading.Event()
+        self._hb_wake = threading.Event()  # ends the heartbeat thread's wait early
         self._hb_thread: threading.Thread | None = None
+        self._news_wanted = False  # want_news
+        self._holding = False  # a held heartbeat is in flight
+        self._hold_from = 0.0  # monotonic time from which a held heartbeat may be sent
         self.contact = Contact(options.controller, options.max_no_contact_s)
         self.standing = Standing(on_run_over=self.stop.set)
 
@@ -236,7 +240,9 @@ class ControllerSession:
             attempt += 1
 
     # -- heartbeats ------------------------------------------------------------------------
-    def heartbeat_once(self) -> None:
+    def heartbeat_once(self, news_after: float | None = None) -> None:
+        """One heartbeat; with `news_after` (a `published_at`), one the controller holds until
+        a version published after it is announced (`want_news`)."""
         tokens_per_s, samples_per_s = self.meter.rates()
         hb = Heartbeat(
             worker_version=self.versions.loaded,
@@ -244,6 +250,7 @@ class ControllerSession:
             tokens_per_s=tokens_per_s,
             active_sequences=self.active_sequences,
             unloadable_version=self.versions.lease_claims()["unloadable_version"],
+            news_after=news_after,
             **(peers.heartbeat_fields() if (peers := self.versions.peers) else {}),
         )
         r = self.call(ControllerClient.heartbeat, hb, patient=False)
@@ -252,14 +259,42 @@ class ControllerSession:
         self.versions.hear(r)
         self.standing.update(active=r.active, run_over=r.run_over)
 
+    def want_news(self, wanted: bool) -> None:
+        """While `wanted` (a partial-rollout lease is generating) every heartbeat is one the
+        controller holds until a newer version is announced (at most an interval), sent
+        again as soon as it is answered: the lease hears of a version when it is published,
+        not up to a heartbeat interval later (bridge/control/http/version_news.py)."""
+        self._news_wanted = wanted
+        if wanted:
+            self._hb_wake.set()
+
     def _heartbeat_loop(self) -> None:
-        while not self._hb_stop.wait(self.heartbeat_interval_s):
+        next_at = time.monotonic() + self.heartbeat_interval_s
+        while True:
+            news = self._news_wanted
+            due = self._hold_from if news else next_at
+            self._hb_wake.wait(max(0.0, due - time.monotonic()))
+            self._hb_wake.clear()
+            if self._hb_stop.is_set():
+                return
+            if news != self._news_wanted or time.monotonic() < due:
+                continue  # woken by want_news: wait for what is due now
+            sent, before = time.monotonic(), self.versions.announced.published_at
+            self._holding = news
             try:
-                self.heartbeat_once()
+                self.heartbeat_once(news_after=before if news else None)
             except ConnectionError:
                 pass  # `contact` said so once already; the main loop decides when to give up
             except Exception as e:  # noqa: BLE001 - a missed heartbeat must not kill the thread
                 logging.warning("heartbeat failed: %s", e)
+            finally:
+                self._holding = False
+            next_at = time.monotonic() + self.heartbeat_interval_s
+            # A held heartbeat that brought no news was held its whole interval, or went to a
+            # controller that does not hold (its FastAPI route, an outage): the next one no
+            # sooner than an interval after this one was sent, never in a tight loop.
+            quiet = news and self.versions.announced.published_at <= before
+            self._hold_from = sent + self.heartbeat_interval_s if quiet else time.monotonic()
 
     def start_heartbeats(self) -> None:
         self._hb_thread = threading.Thread(target=self._heartbeat_loop, daemon=True, name="hb")
@@ -267,8 +302,11 @@ class ControllerSession:
 
     def stop_heartbeats(self) -> None:
         self._hb_stop.set()
+        self._hb_wake.set()
         if self._hb_thread is not None:
-            self._hb_thread.join(timeout=5)
+            # A held heartbeat may wait for a publish for an interval: a stopping worker does
+            # not (its reply only brings news; the thread is a daemon).
+            self._hb_thread.join(timeout=0.5 if self._holding else 5)
 
     def leave(self) -> None:
         """Stop heartbeats and tell the controller (it requeues anything still held)."""

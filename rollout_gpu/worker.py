@@ -23,7 +23,9 @@ made them. With partial rollouts (the lease says `partial="continue"`, `rollout.
 worker also swaps mid-lease: before generating (a lease that waited asks the controller for
 its newest version first, `_hear_news`), and whenever a newer version is ready while
 it generates, continuing its unfinished samples under it (generate.py `continue_groups`);
-each token carries the version that sampled it.
+each token carries the version that sampled it. While such a lease generates, the
+controller holds the worker's heartbeats until a newer version is announced
+(`ControllerSession.want_news`), so the worker hears of it when it is published.
 The worker is composed of three owners: `ControllerSession` (rollout_gpu/session.py:
 registration, retried calls, heartbeats, the stop state), `WeightVersions`
 (rollout_gpu/versions.py: loaded, fetching, swap-ready and refused versions) and the engine.
@@ -231,9 +233,13 @@ class RolloutWorker:
                 if self._newer_ready():
                     self._swap_newer()
                 swaps = gen.Swaps(due=self._newer_ready, swap=self._swap_newer)
-                results = gen.continue_groups(
-                    self.engine, lease.groups, self.version, swaps, self._abort
-                )
+                session.want_news(True)  # held heartbeats: hear of versions as published
+                try:
+                    results = gen.continue_groups(
+                        self.engine, lease.groups, self.version, swaps, self._abort
+                    )
+                finally:
+                    session.want_news(False)
             else:
                 results = gen.generate_groups(
                     self.engine, lease.groups, self.version, self._abort, observe

@@ -784,6 +784,14 @@ CONTROLLER = (
         CTRL,
     ),
     Key(
+        "controller.news_hold",
+        True,
+        "Hold the heartbeats of a worker generating a partial-rollout lease until a newer "
+        "version is published (at most one interval), so it swaps the version in when it is "
+        "published (bridge/control/http/version_news.py); off: answered at once.",
+        CTRL,
+    ),
+    Key(
         "controller.heartbeat_budget_per_s",
         50.0,
         "Fleet-wide heartbeats/s aimed at: the interval handed out is live workers / this, "

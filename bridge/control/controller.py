@@ -133,6 +133,7 @@ class Controller:
             prober=None if c.broadcast == "store" else ReportChecker(probe_uplink, 8),
         )  # fmt: skip
         self.pacing = HeartbeatPacing(c)  # the interval each reply carries
+        self._publish_listeners: list[Callable[[], None]] = []
         self.auditor = audit_lib.WorkerAudit.from_config(c, self.db)
         self.liveness = Liveness(c.staleness, c.groups_per_step, c.max_version_lag, clock())
         self.episodes = EpisodeSteps(
@@ -215,7 +216,18 @@ class Controller:
             self.liveness.published(version)
             self.fleet.published(version, ann.published_at)
             self.broadcast.publish(version, ann.published_at, ann.store)
-            return ann
+        for listener in self._publish_listeners:
+            listener()
+        return ann
+
+    def on_publish(self, listener: Callable[[], None]) -> None:
+        """Call `listener()` after every announcement, on the publishing thread: the HTTP
+        service answers its held heartbeats (http/version_news.py)."""
+        self._publish_listeners.append(listener)
+
+    def announced_at(self) -> float:
+        """`published_at` of the announced version; no lock (read as `heartbeat` reads it)."""
+        return self.versions.current().published_at
 
     def announcement(self) -> VersionAnnouncement:
         with self.lock:

@@ -149,6 +149,15 @@ class Heartbeat(_Model):
         description="the announced version this worker failed to load, -1: none (a worker "
         "with no version loaded asks for no lease, so it reports here)",
     )
+    news_after: float | None = Field(
+        default=None,
+        ge=0.0,
+        le=1e12,
+        description="hold the answer until a version published after this time (the "
+        "published_at of the newest announcement the worker has heard) is announced, at "
+        "most one heartbeat interval: a worker generating a partial-rollout lease hears of "
+        "a new version when it is published (http/version_news.py)",
+    )
 
 
 class _Route(_Model):

@@ -11,6 +11,9 @@ same models and rules), the controller answers, and pydantic-core writes the rep
 names, status codes and error bodies are those of the FastAPI routes, which stay declared
 in service.py for the OpenAPI schema (and answer if the guard is built without these).
 
+A heartbeat that carries `news_after` is held on the loop until a newer version is announced
+or for one heartbeat interval (version_news.py); the FastAPI route answers it at once.
+
 Where each runs: a heartbeat on the event loop (hot state in memory, no lock, no SQLite:
 hot_state.py), except when the activation solve is due (it takes the controller's lock),
 then on a pool thread; a lease always on a thread of its own lane (lock, SQLite,
@@ -35,6 +38,7 @@ from fastapi import HTTPException
 from fastapi.exceptions import RequestValidationError
 
 from bridge.broadcast.relay_address import advertised_relay_url
+from bridge.control.http.version_news import VersionNews
 from bridge.control.intake.validation import SubmissionError
 from bridge.control.protocol import (
     Heartbeat,
@@ -92,9 +96,12 @@ def _malformed(e: pydantic.ValidationError) -> tuple[int, bytes]:
     return _error(422, errors)
 
 
-def fast_routes(controller, relay: RelayFilter, submit=None) -> dict[str, Route]:
+def fast_routes(
+    controller, relay: RelayFilter, news: VersionNews | None = None, submit=None
+) -> dict[str, Route]:
     """path -> handler(scope, body) -> (status, JSON bytes), for `HttpGuard(fast=...)`.
-    `submit(worker, body)`: service.py's submission handler (parses on its pool thread)."""
+    `news`: where held heartbeats wait (a new one if None). `submit(worker, body)`:
+    service.py's submission handler (parses on its pool thread)."""
 
     def answer(model, call, out):
         async def route(scope: dict, body: bytes) -> tuple[int, bytes]:
@@ -118,8 +125,12 @@ def fast_routes(controller, relay: RelayFilter, submit=None) -> dict[str, Route]
 
         return route
 
+    news = news if news is not None else VersionNews(controller)
+
     async def heartbeat(worker, hb, caller):
         hb = relay(worker, hb, caller)
+        if hb.news_after is not None and controller.config.news_hold:  # a partial rollout
+            await news.hold(hb.news_after, controller.heartbeat_interval(worker))
         if controller.heartbeat_takes_lock():  # the activation solve is due: off the loop
             return await anyio.to_thread.run_sync(controller.heartbeat, worker, hb)
         return controller.heartbeat(worker, hb)

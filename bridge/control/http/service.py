@@ -67,6 +67,7 @@ from bridge.control.http.body_parse import (
 from bridge.control.http.fast_routes import RelayFilter, fast_routes
 from bridge.control.http.http_bounds import bounded_protocol
 from bridge.control.http.http_guard import HttpGuard, json_body, with_schemas
+from bridge.control.http.version_news import VersionNews
 from bridge.control.intake.episode_steps import OverBudget
 from bridge.control.intake.validation import SubmissionError
 from bridge.control.protocol import (
@@ -311,19 +312,21 @@ def make_app(
         # A worker sees the run and its own row; the operator (join secret) the whole fleet.
         return controller.status(only=request.state.worker_id)
 
+    news = VersionNews(controller)  # held heartbeats (fast_routes.py)
     app.add_middleware(
         HttpGuard,
         check=check,
         max_body_bytes=max_body_bytes,
         max_json_depth=max_json_depth,
         max_json_elements=max_json_elements,
-        fast=fast_routes(controller, relay, _submit) if lean else {},
+        fast=fast_routes(controller, relay, news, _submit) if lean else {},
         parse_pool=parser,
         parsed_in_route=frozenset({"/v1/submit"}),
         large_body_paths=frozenset({"/v1/submit", "/v1/episode"}),
         small_body_bytes=small_body_bytes,
     )
     app.state.parse_pool = parser
+    app.state.version_news = news
     app.openapi = with_schemas(app, Submission, public=PUBLIC_PATHS)
     return app
 
@@ -420,6 +423,7 @@ class ControllerServer:
         if server is None:
             return
         self.app.state.parse_pool.close()
+        self.app.state.version_news.release()  # held heartbeats answer now, not at their hold
         server.should_exit = True
         deadline = time.monotonic() + grace_s
         while self._thread.is_alive() and time.monotonic() < deadline:
