@@ -3,7 +3,7 @@ staleness="auto" against the best fixed S.
 
     python -m bench.async_bias --out=F.json [--parts=bias,auto] \
         [--bias_task=reversal] [--bias_staleness=1] [--bias_steps=12] [--bias_throttle_s=auto] \
-        [--bias_throttle_steps=2] \
+        [--bias_throttle_steps=2] [--news_baseline] \
         [--auto_task=demo] [--fixed=0,1,2,4] [--auto_max=4] [--auto_steps=12] \
         [--auto_throttle_s=1] [--warm_start_TASK=DIR] [--warm_start_auto=DIR] \
         [--workdir=/tmp/echo2_async_bias] [--set KEY=VALUE ...] [--combine=A.json,B.json]
@@ -24,7 +24,12 @@ slow worker's late leases are dropped, the bias item 1 measured) and
 whenever one is ready while it generates, continuing its unfinished samples under it; the
 controller judges a group by its newest token, bridge/contracts/staleness.py). Each run's
 controller database says what was consumed and dropped; for `continue` also how many
-consumed groups carry tokens of several versions.
+consumed groups carry tokens of several versions, and the token lag (the mean over the
+consumed tokens of the consuming step minus the version that sampled the token). With
+`--news_baseline` a third run, `continue_unheld`, has `controller.news_hold=False`: its
+worker hears of a version mid-lease only at its next heartbeat, not when it is published
+(bridge/control/http/version_news.py); `token_lag_continue` against
+`token_lag_continue_unheld` is what the held heartbeats buy.
 
 Why the throttle follows the learner: with S = 1 a group of version v may be consumed by
 steps v and v + 1, so a lease must come back within about two learner step periods. A fixed
@@ -79,15 +84,24 @@ def _warm_start(a, config_file: str, pinned: list[str], given: str, root: str) -
     return base
 
 
-def continued_groups(db_path: str) -> tuple[int, int]:
-    """(consumed groups with tokens of more than one version, consumed groups)."""
+def continued_groups(db_path: str) -> tuple[int, int, float | None]:
+    """(consumed groups with tokens of more than one version, consumed groups, token lag):
+    the token lag is the mean over the consumed completion tokens of the consuming step
+    minus the version that sampled the token, how far behind the learner the policy that
+    drew a trained token was."""
     conn = sqlite3.connect(f"file:{db_path}?mode=ro", uri=True)
     try:
-        payloads = [r[0] for r in conn.execute("SELECT payload FROM groups WHERE state='consumed'")]
+        rows = conn.execute(
+            "SELECT payload, consumed_step FROM groups WHERE state='consumed'"
+        ).fetchall()
     finally:
         conn.close()
-    mixed = sum(len({v for t in json.loads(p) for v in t["versions"]}) > 1 for p in payloads if p)
-    return mixed, len(payloads)
+    mixed, lags = 0, []
+    for payload, step in rows:
+        trajs = json.loads(payload) if payload else []
+        mixed += len({v for t in trajs for v in t["versions"]}) > 1
+        lags += [step - v for t in trajs for v in t["versions"]]
+    return mixed, len(rows), (statistics.fmean(lags) if lags else None)
 
 
 CALIBRATION_STEPS = 5  # RL steps of the calibration run; the first compiles
@@ -130,6 +144,16 @@ def _bias_run(a) -> list[str]:
     return staleness_bias.cell_overrides(knobs, a.bias_staleness)
 
 
+def _bias_arms(a) -> list[tuple[str, str, list[str]]]:
+    """(arm, rollout.partial, overrides): `off`, `continue`, and with `--news_baseline`
+    `continue` without held heartbeats (the worker hears of versions mid-lease only at its
+    heartbeat interval: bridge/control/http/version_news.py)."""
+    arms = [("off", "off", []), ("continue", "continue", [])]
+    if a.news_baseline:
+        arms.append(("continue_unheld", "continue", ["controller.news_hold=False"]))
+    return arms
+
+
 def run_bias(a, cells: list[dict], on_cell) -> None:
     """The `bias` part's cells, appended to `cells` as each finishes (then `on_cell()`)."""
     from bench import sweep_cells
@@ -147,20 +171,22 @@ def run_bias(a, cells: list[dict], on_cell) -> None:
     first = sweep_cells.load(config_file, [*pinned, *a.set])
     pool = sweep_cells.Pool(first, os.path.join(root, "pool"), throttle_s)
     try:
-        for partial in ("off", "continue"):
-            wd = os.path.join(root, partial)
+        for arm, partial, arm_set in _bias_arms(a):
+            wd = os.path.join(root, arm)
             sweep_cells.copy_warm_start(base, wd)
-            run = _bias_run(a)
+            run = [*_bias_run(a), *arm_set]
             overrides = [*pinned, *pool.overrides(), *a.set, *run, f"rollout.partial={partial}"]
             secs = sweep_cells.run_cell(sweep_cells.load(config_file, overrides), wd, pool)
             cell = staleness_bias.cell_of(wd, task, s, secs)
-            cell["partial"] = partial
+            cell["partial"] = arm
             cell["throttle_s"], cell["learner_step_s"] = throttle_s, step_s
-            cell["continued_groups"], _ = continued_groups(os.path.join(wd, "controller.db"))
+            db = os.path.join(wd, "controller.db")
+            cell["continued_groups"], _, cell["token_lag"] = continued_groups(db)
             cells.append(cell)
             on_cell()
-            print(f"  {task} S={s} partial={partial}: {secs:.0f} s, {cell['headline']}, "
-                  f"continued groups {cell['continued_groups']}", flush=True)  # fmt: skip
+            print(f"  {task} S={s} partial={arm}: {secs:.0f} s, {cell['headline']}, "
+                  f"continued groups {cell['continued_groups']}, token lag "
+                  f"{cell['token_lag']}", flush=True)  # fmt: skip
     finally:
         pool.close()
 
@@ -216,6 +242,9 @@ def headline_of(bias: list[dict], auto: list[dict]) -> dict:
         "length_bias_off": off.get("length_bias"),
         "length_bias_continue": on.get("length_bias"),
     }
+    for c in bias:
+        if c["partial"] != "off":  # the held heartbeats' effect: continue vs continue_unheld
+            out[f"token_lag_{c['partial']}"] = c.get("token_lag")
     fixed = [c for c in auto if c["S"] != "auto" and c["quality_final"] is not None]
     auto_cells = [c for c in auto if c["S"] == "auto"]
     if fixed and auto_cells:
@@ -236,6 +265,7 @@ def rows_of(bias: list[dict], auto: list[dict]) -> list[dict]:
         rows.append({
             "part": "bias", "task": c["task"], "S": c["S"], "partial": c["partial"],
             "consumed": k["groups"], "dropped": d["groups"], "continued": c["continued_groups"],
+            "token_lag": c.get("token_lag"),
             "length_consumed": k["length"], "length_dropped": d["length"],
             "reward_consumed": k["reward"], "reward_dropped": d["reward"],
             "slow_share_consumed": k["slow_share"], "starved_prompts": c["starved_prompts"],
@@ -256,15 +286,16 @@ def rows_of(bias: list[dict], auto: list[dict]) -> list[dict]:
 def markdown(rows: list[dict]) -> str:
     f = lambda v, spec=".3f": "-" if v is None else format(v, spec)
     lines = [
-        "| task | S | partial | consumed / dropped groups | continued groups | dropped frac | "
-        "mean length consumed / dropped | length bias | slow worker's consumed share | "
-        "starved prompts |",
-        "|" + "---|" * 10,
+        "| task | S | partial | consumed / dropped groups | continued groups | token lag | "
+        "dropped frac | mean length consumed / dropped | length bias | slow worker's consumed "
+        "share | starved prompts |",
+        "|" + "---|" * 11,
     ]
     for r in (r for r in rows if r["part"] == "bias"):
         lines.append(
             f"| {r['task']} | {r['S']} | {r['partial']} | {r['consumed']} / {r['dropped']} | "
-            f"{r['continued']} | {f(r['headline_dropped_frac'])} | "
+            f"{r['continued']} | {f(r.get('token_lag'), '.2f')} | "
+            f"{f(r['headline_dropped_frac'])} | "
             f"{f(r['length_consumed'], '.2f')} / {f(r['length_dropped'], '.2f')} | "
             f"{f(r['headline_length_bias'])} | {f(r['slow_share_consumed'], '.2f')} | "
             f"{r['starved_prompts']} |"
@@ -300,6 +331,11 @@ def main():
         type=float,
         default=2.0,
         help="auto throttle: this many learner step periods, measured (docstring)",
+    )
+    p.add_argument(
+        "--news_baseline",
+        action="store_true",
+        help="also run continue without held heartbeats (controller.news_hold=False)",
     )
     p.add_argument("--auto_task", default="demo", choices=["demo"])
     p.add_argument("--fixed", default="0,1,2,4")

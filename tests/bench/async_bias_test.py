@@ -44,7 +44,7 @@ def _cell(tmp_path, partial):
     cell = {"task": "demo", "S": 1, "partial": partial, "wall_s": 1.0}
     cell.update(staleness_bias.read_cell(db, "demo", "pool-b-"))
     cell["headline"] = staleness_bias.headline_of(cell)
-    cell["continued_groups"], consumed = async_bias.continued_groups(db)
+    cell["continued_groups"], consumed, cell["token_lag"] = async_bias.continued_groups(db)
     return cell, consumed
 
 
@@ -55,6 +55,10 @@ def test_off_drops_the_long_continued_group_and_continue_trains_it(tmp_path):
         1, 1, 0,
     )  # fmt: skip
     assert (on["consumed"]["groups"], on["dropped"]["groups"], on["continued_groups"]) == (2, 0, 1)
+    # Token lag at step 3: the fast group's 2 tokens of version 2 (lag 1 each), with
+    # `continue` also the slow one's 0, 0, 1, 2, 2, 2 (3, 3, 2, 1, 1, 1): 13 / 8.
+    assert off["token_lag"] == pytest.approx(1.0)
+    assert on["token_lag"] == pytest.approx(13 / 8)
     auto = [
         {"task": "demo", "S": s, "quality_final": q, "quality_before": 0.1,
          "learner_utilization": u, "staleness_mean": 0.0, "staleness_max": 0, "rl_wall_s": 1.0}
@@ -64,11 +68,12 @@ def test_off_drops_the_long_continued_group_and_continue_trains_it(tmp_path):
     assert head["dropped_frac_off"] == pytest.approx(0.5)
     assert head["length_bias_off"] == pytest.approx(6 / 2)  # dropped 6 tokens, consumed 2
     assert head["dropped_frac_continue"] == 0.0 and head["length_bias_continue"] is None
+    assert head["token_lag_continue"] == pytest.approx(13 / 8) and "token_lag_off" not in head
     assert head["best_fixed_S"] == 2  # quality tie with S = 0: the higher utilization
     assert head["auto_quality_minus_best_fixed"] == pytest.approx(0.75 - 0.8)
     assert head["auto_util_minus_best_fixed"] == pytest.approx(0.8 - 0.7)
     table = async_bias.markdown(async_bias.rows_of([off, on], auto))
-    assert "| demo | 1 | continue | 2 / 0 | 1 |" in table
+    assert "| demo | 1 | continue | 2 / 0 | 1 | 1.62 |" in table
 
 
 def test_the_throttle_follows_the_learner_step_without_its_waits():
