@@ -22,7 +22,7 @@ import threading
 import time
 import urllib.request
 
-from bench import arms, chaos_faults, netbed, xla_env
+from bench import arms, chaos_faults, netbed
 
 ROOT = arms.ROOT
 RELAY_PORT = 7070  # a worker's relay in its own namespace: a fixed port the bench can poll
@@ -91,7 +91,8 @@ class Soak:
             *[f"--config.{kv}" for kv in self.overrides],
         ]
         cmd = self.bed.exec_argv("learner", cmd) if self.bed else cmd
-        env = xla_env.child_env(PYTHONUNBUFFERED="1")  # one device, as a user's run
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env.pop("XLA_FLAGS", None)
         log = open(os.path.join(self.workdir, f"binary-{self.runs}.log"), "w")  # noqa: SIM115
         self.obs.run_index = self.runs
         self.run_starts.append(time.time())

@@ -29,7 +29,6 @@ import time
 
 from absl import app, flags
 
-from bench import xla_env
 from bench.chaos_soak import free_port
 from bench.exact_log import learner_record, metrics_rows
 from bridge.fleet.local import worker_env
@@ -79,7 +78,8 @@ def run(workdir: str, minutes: float, extra: list[str]) -> dict:
     cmd = [sys.executable, "-m", "learner_jax.train", "--config=configs/tiny_arith.py",
            f"--workdir={workdir}", f"--config.controller.port={port}",
            "--config.local_workers=1", "--config.total_steps=100000", *extra]  # fmt: skip
-    env = xla_env.child_env(PYTHONUNBUFFERED="1")  # one device, as a user's run
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("XLA_FLAGS", None)
     os.makedirs(os.path.join(workdir, "workers"), exist_ok=True)
     log = open(os.path.join(workdir, "binary.log"), "w")  # noqa: SIM115
     binary = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)

@@ -46,7 +46,6 @@ import shutil
 import subprocess
 import sys
 
-from bench import xla_env
 from bridge.plan import fleet as fleet_lib
 from bridge.plan import from_run
 
@@ -87,7 +86,7 @@ def separate_cpus():
 
 def run_demo(workdir: str, steps: int) -> subprocess.CompletedProcess:
     """The training binary on the demo config for `steps` RL steps; its console captured."""
-    env = xla_env.child_env()  # one device, as a user's run
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
     cmd = [sys.executable, "-m", "learner_jax.train", "--config=configs/tiny_arith.py"]
     learner_cpus, pin_workers = separate_cpus()
     return subprocess.run(

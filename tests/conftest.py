@@ -13,8 +13,8 @@ import tempfile
 # newer MLIR ones cost more to compile (ten of the JAX test files: 298 -> 170 CPU seconds).
 # Every comparison in the suite is between programs built with the same flags or against
 # float64/independent references with arithmetic tolerances, so the numbers the tests check
-# do not depend on them. The binaries and peers the tests start keep these flags
-# (bench/xla_env.py).
+# do not depend on them. The short binaries and peers the tests start keep them
+# (tests/xla_env.py); a whole user-shaped run drops them (it runs more than it compiles).
 os.environ.setdefault(
     "XLA_FLAGS",
     "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "

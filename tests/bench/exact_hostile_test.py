@@ -39,7 +39,7 @@ import time
 import pytest
 from safetensors.numpy import save_file
 
-from bench import chaos_hostile, xla_env
+from bench import chaos_hostile
 from bench.chaos_soak import free_port
 from bench.exact_log import learner_record
 from bridge.contracts import exact_check
@@ -87,7 +87,8 @@ def test_hostile_workers_are_caught_and_nothing_they_chose_trains(tmp_path):
     port = free_port()
     cmd = [sys.executable, "-m", "learner_jax.train", "--config=configs/test_tiny.py",
            f"--workdir={workdir}", f"--config.controller.port={port}", *ARGS]  # fmt: skip
-    env = xla_env.child_env(PYTHONUNBUFFERED="1")  # one device, as a user's run
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("XLA_FLAGS", None)
     log = open(tmp_path / "binary.log", "w")  # noqa: SIM115
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     workers = []

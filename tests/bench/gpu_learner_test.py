@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 from float_tolerance import EPS32, ULPS
 
-from bench import gpu_learner, step_cost, xla_env
+from bench import gpu_learner, step_cost
+from tests import xla_env
 
 EPS_BF16 = 2.0**-7  # bfloat16's machine epsilon (8-bit significand)
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from bench import xla_env
 from bridge import export
 from bridge.model import hf_files, layouts, tiny_model
 from bridge.model.config import ModelConfig
 from learner_jax import train
 from learner_jax.model import model, sharding
 from learner_jax.training import checkpoint, optim, train_state
+from tests import xla_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Right-padded rows of different lengths (char tokenizer: 0 = pad, 1 = bos).

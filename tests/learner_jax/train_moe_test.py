@@ -17,7 +17,6 @@ import sys
 
 import pytest
 
-from bench import xla_env
 from bridge.contracts import routing
 from bridge.store.weight_store import WeightStore
 
@@ -29,7 +28,8 @@ STEPS = 3
 @pytest.mark.vllm
 def test_moe_run_replays_routing_through_the_whole_system(tmp_path):
     workdir = str(tmp_path / "run")
-    env = xla_env.child_env(PYTHONUNBUFFERED="1")  # one device, as a user's run
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env.pop("XLA_FLAGS", None)  # one device, as a user's run
     cmd = [sys.executable, "-m", "learner_jax.train", "--config=configs/qwen3_moe_shaped.py",
            f"--workdir={workdir}", f"--config.total_steps={STEPS}"]  # fmt: skip
     with open(tmp_path / "run.log", "w") as log:

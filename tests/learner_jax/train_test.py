@@ -10,11 +10,11 @@ import jax
 import numpy as np
 import pytest
 
-from bench import xla_env
 from learner_jax import config_file, run_config, train
 from learner_jax.model import sharding
 from learner_jax.reporting import metrics as metrics_lib
 from learner_jax.training import checkpoint, train_step
+from tests import xla_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SFT_KEYS = {"step", "phase", "loss", "grad_norm", "entropy", "learning_rate", "time/step_s"}

@@ -32,11 +32,11 @@ import time
 import numpy as np
 import pytest
 
-from bench import xla_env
 from bridge.control.protocol import ConsumedGroup, Trajectory
 from bridge.store.chunk_digest import chunk_boxes
 from bridge.store.layout import LAYOUT
 from bridge.store.weight_store import WeightStore
+from tests import xla_env
 
 pytestmark = pytest.mark.slow
 

@@ -41,7 +41,7 @@ import time
 
 import numpy as np
 
-from bench import xla_env
+from tests import xla_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 HOLDING = "HOLDING AFTER VERSION"

@@ -33,10 +33,10 @@ import time
 import jax
 import numpy as np
 
-from bench import xla_env
 from bridge.model import tiny_model
 from learner_jax.model import sharding
 from learner_jax.training import checkpoint, optim, train_state
+from tests import xla_env
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 CFG = tiny_model.tiny_config("qwen3")
