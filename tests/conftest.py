@@ -4,6 +4,7 @@ The environment variables must be set before jax or vllm is imported anywhere.
 """
 
 import atexit
+import gc
 import os
 import shutil
 import tempfile
@@ -165,3 +166,19 @@ def qwen3_chat_engine(qwen3_chat_model_dir, extra_vllm_engine):
     """The session's one engine on that model: a Qwen3-vocabulary engine takes about a
     minute to start here, so every chat-format test shares it."""
     return extra_vllm_engine(qwen3_chat_model_dir, dtype="float32", max_model_len=1536, seed=0)
+
+
+# No cyclic GC while the session imports every test module (jax, torch, vLLM, transformers:
+# millions of long-lived objects), then those objects frozen out of every later collection:
+# collecting the suite took 18.4 CPU seconds per process with the collector on, 14.7 off.
+gc.disable()
+
+
+def pytest_collection_finish(session):
+    gc.freeze()
+    gc.enable()
+
+
+def pytest_unconfigure(config):
+    gc.unfreeze()  # exit as without the freeze (nanobind reports objects alive at exit)
+    gc.collect()
