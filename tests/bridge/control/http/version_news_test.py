@@ -42,6 +42,14 @@ def _publish_later(ctl, clock, version, after_s):
     return t
 
 
+def _session(tmp_path, server) -> ControllerSession:
+    """A worker's session (not joined) with the controller's join secret."""
+    secret = load_or_create_join_secret(str(tmp_path))
+    profile = WorkerProfile(accelerator="cpu", price_per_hour=0.0, max_concurrent_sequences=8)
+    opts = WorkerOptions(controller=server.url, join_secret=secret, profile=profile)
+    return ControllerSession(opts)
+
+
 def test_a_held_heartbeat_is_answered_by_the_next_publish(tmp_path):
     clock, ctl, server = _serve(tmp_path)
     try:
@@ -98,30 +106,21 @@ def test_the_worker_hears_a_publish_through_its_held_heartbeats(tmp_path):
     """At a 20 s heartbeat interval a plain heartbeat thread would hear of version 1 after
     up to 20 s; with `want_news` it hears of it when it is published."""
     clock, ctl, server = _serve(tmp_path)
-    secret = load_or_create_join_secret(str(tmp_path))
-    profile = WorkerProfile(accelerator="cpu", price_per_hour=0.0, max_concurrent_sequences=8)
-    opts = WorkerOptions(controller=server.url, join_secret=secret, profile=profile)
-    session = ControllerSession(opts)
+    session = _session(tmp_path, server)
     try:
         session.join()
         assert session.heartbeat_interval_s == HOLD_S
         session.start_heartbeats()
         session.want_news(True)
-        time.sleep(0.3)  # the held heartbeat is in flight (a publish before it: answered at once)
-        clock.t += 1.0
-        ctl.publish(1, STORE)
-        deadline = time.monotonic() + HOLD_S / 2
-        while session.versions.announced.version != 1:
-            assert time.monotonic() < deadline, "not heard within half a heartbeat interval"
-            time.sleep(0.02)
-        # The next held heartbeat is in flight at once and hears the next publish as well.
-        time.sleep(0.3)
-        clock.t += 1.0
-        ctl.publish(2, STORE)
-        deadline = time.monotonic() + HOLD_S / 2
-        while session.versions.announced.version != 2:
-            assert time.monotonic() < deadline, "the second publish not heard"
-            time.sleep(0.02)
+        # Version 2: the next held heartbeat was sent at once and hears the next publish too.
+        for version in (1, 2):
+            time.sleep(0.3)  # a held heartbeat in flight (before it, one is answered at once)
+            clock.t += 1.0
+            ctl.publish(version, STORE)
+            deadline = time.monotonic() + HOLD_S / 2
+            while session.versions.announced.version != version:
+                assert time.monotonic() < deadline, f"{version} not heard in half an interval"
+                time.sleep(0.02)
     finally:
         session.want_news(False)
         session.stop_heartbeats()
@@ -139,10 +138,7 @@ def test_with_holds_off_a_news_heartbeat_is_answered_at_once_and_not_resent_in_a
     real = ctl.heartbeat
     ctl.heartbeat = lambda *args: (calls.append(args), real(*args))[1]
     server = serve_controller(ctl, str(tmp_path), ServerOptions())
-    secret = load_or_create_join_secret(str(tmp_path))
-    profile = WorkerProfile(accelerator="cpu", price_per_hour=0.0, max_concurrent_sequences=8)
-    session = ControllerSession(WorkerOptions(controller=server.url, join_secret=secret,
-                                              profile=profile))  # fmt: skip
+    session = _session(tmp_path, server)
     try:
         session.join()
         session.start_heartbeats()
