@@ -151,15 +151,33 @@ def run_cell(config, workdir: str, pool: Pool, stop_after: int = 0) -> float:
     from learner_jax import train
 
     pool.check()
-    done = threading.Event()
+    done, died = threading.Event(), []
     if stop_after:
         threading.Thread(target=_interrupt_after, args=(workdir, stop_after, done)).start()
+    threading.Thread(target=_interrupt_if_died, args=(pool, done, died), daemon=True).start()
     t0 = time.monotonic()
     try:
         train.run(config, workdir)
+    except KeyboardInterrupt:  # stopped before the run took Ctrl-C as a request to stop
+        if not died:
+            raise
     finally:
         done.set()
+    if died:  # the run was stopped: without workers it would have waited for data forever
+        raise died[0]
     return time.monotonic() - t0
+
+
+def _interrupt_if_died(pool: Pool, done: threading.Event, died: list) -> None:
+    """Ctrl-C the cell (the binary's own stop) once a pool worker has exited: a worker that
+    cannot start (a model length vLLM refuses) left the run waiting for data forever."""
+    while not done.wait(1.0):
+        try:
+            pool.check()
+        except RuntimeError as e:
+            died.append(e)
+            os.kill(os.getpid(), signal.SIGINT)
+            return
 
 
 def _interrupt_after(workdir: str, steps: int, done: threading.Event) -> None:
