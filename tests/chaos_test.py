@@ -1,5 +1,5 @@
 """The chaos soak (bench/chaos.py), shortened for CI: a tiny model, 2 real vLLM workers run
-by the bench and the real training binary for ~1.5 minutes of RL under kill -9 of workers
+by the bench and the real training binary for a minute of RL under kill -9 of workers
 (restarted), kill -9 of the binary (rerun with the same workdir, resumed), corrupted chunks
 in freshly published versions and a hostile client posting forged submissions; then the
 bench's independent audit (bench/chaos_audit.py) must pass.
@@ -11,11 +11,11 @@ import pytest
 
 from bench import chaos
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.vllm,
-    pytest.mark.alone,  # the fault schedule and the stall bound are in wall-clock seconds
-]
+# Not `alone`: it runs beside the other files. Its stall bound is measured in the same run
+# (the first run's start, 5 x the median step; bench/chaos_stall.py), so a neighbour on the
+# same cores stretches the bound with the steps: beside the suite's heaviest files its
+# longest gap was 29.1 s against allowances of 30-185 s, every check passed.
+pytestmark = [pytest.mark.slow, pytest.mark.vllm]
 
 TINY = [
     "model.tiny_num_layers=2",
