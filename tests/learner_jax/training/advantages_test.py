@@ -204,3 +204,12 @@ def test_group_filter_keeps_exactly_the_groups_with_nonzero_advantages(units, sc
     keep = bool(advantages.group_filter(r)[0])
     for name in ESTIMATORS:
         assert keep == bool(np.any(np.asarray(advantages.get_advantage(name)(r)) != 0)), name
+
+
+def test_each_group_is_judged_on_its_own_rewards():
+    """The tolerance and the spread are per group: a large group beside a small one does not
+    make the small one equal, nor an equal group informative. And atol is exclusive."""
+    r = np.array([[1e-3, 2e-3], [1e6, 1e6], [5.0, 5.0], [0.0, 1.0]], np.float32)
+    assert np.asarray(advantages.informative(r)).tolist() == [True, False, False, True]
+    assert np.asarray(advantages.group_filter(r, atol=1.0)).tolist() == [False] * 4
+    assert np.asarray(advantages.group_filter(r, atol=0.5)).tolist() == [False, False, False, True]
