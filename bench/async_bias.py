@@ -4,7 +4,7 @@ staleness="auto" against the best fixed S.
     python -m bench.async_bias --out=F.json [--parts=bias,auto] \
         [--bias_task=reversal] [--bias_staleness=1] [--bias_steps=12] [--bias_throttle_s=auto] \
         [--bias_throttle_steps=2] [--news_baseline] \
-        [--auto_task=demo] [--fixed=0,1,2,4] [--auto_max=4] [--auto_steps=12] \
+        [--auto_task=demo|kuhn] [--fixed=0,1,2,4] [--auto_max=4] [--auto_steps=12|24] \
         [--auto_throttle_s=1] [--warm_start_TASK=DIR] [--warm_start_auto=DIR] \
         [--workdir=/tmp/echo2_async_bias] [--set KEY=VALUE ...] [--combine=A.json,B.json]
 
@@ -43,14 +43,16 @@ it also fills the compile cache): per step, the wall time since the previous ste
 time the learner waited for data, the median over the steps after the first two (the
 first compiles).
 
-Part `auto` (the cells of bench/staleness_sweep.py, reduced): the demo from the sweep's SFT
-warm start (the config's own 2000 steps),
-one run per fixed S in `--fixed` and one with `staleness="auto"` in [0, `--auto_max`], one
-seed, correction `tis`, the sweep's fleet (second worker throttled `--auto_throttle_s`) and
-schedule (`--auto_steps` RL steps at lr 3e-4, evaluations every 3 steps, the too-slow rule
-off). The best fixed S is the one with the highest final quality (held-out accuracy), ties to
-the higher learner utilization; the headline is auto's quality and mean utilization minus
-that S's. One seed: the sweep's seed-to-seed sd of the demo's final accuracy was 0.03-0.09
+Part `auto` (the cells of bench/staleness_sweep.py, reduced) for `--auto_task`: the demo
+from the sweep's SFT warm start (the config's own 2000 steps), or Kuhn poker from the sweep's
+pinned recipe (`KUHN_RECIPE`: 100 SFT steps); one run per fixed S in `--fixed` and one with
+`staleness="auto"` in [0, `--auto_max`], one seed, correction `tis`, the sweep's fleet
+(second worker throttled `--auto_throttle_s`) and schedule (`--auto_steps` RL steps, 12 demo
+/ 24 Kuhn, the demo at lr 3e-4, evaluations every 3 / 4 steps, the too-slow rule off). The
+best fixed S is the one with the highest final quality (the demo's held-out accuracy,
+Kuhn's exact expected chips per hand), ties to the higher learner utilization; the headline
+is auto's quality and mean utilization minus that S's. One seed per run (`--seed`): the
+sweep's seed-to-seed sd of the final quality was 0.03-0.09 for the demo, 0.004-0.03 for Kuhn
 (docs/results.md), the noise a difference must beat.
 """
 
@@ -191,21 +193,30 @@ def run_bias(a, cells: list[dict], on_cell) -> None:
         pool.close()
 
 
+# The staleness sweep's schedule per task (bench/staleness_sweep.py's defaults): evaluations
+# every N RL steps, warmup steps (Kuhn's 10: the binary's cold-Adam threshold), RL steps.
+AUTO_SCHEDULE = {"demo": (3, 3), "kuhn": (4, 10)}
+DEFAULT_AUTO_STEPS = {"demo": 12, "kuhn": 24}
+
+
 def run_auto(a, cells: list[dict], on_cell) -> None:
     """The `auto` part's cells, appended to `cells` as each finishes (then `on_cell()`)."""
     from bench import staleness_sweep, sweep_cells
 
     task = a.auto_task
-    # The sweep's task as the sweep runs it: the config's own SFT (the demo's 2000 steps,
-    # after which RL moves held-out accuracy from ~0.07 to ~0.8 in 12 steps).
+    # The sweep's task as the sweep runs it: the demo with its config's own SFT (2000 steps,
+    # after which RL moves held-out accuracy from ~0.07 to ~0.8 in 12 steps), Kuhn poker with
+    # the sweep's pinned recipe (100 SFT steps, then RL towards the game's value -1/18).
     config_file, key, target = staleness_sweep.TASKS[task]
-    pinned: list[str] = []
+    pinned = staleness_sweep.KUHN_RECIPE if task == "kuhn" else []
     root = os.path.join(a.workdir, "auto")
     base = _warm_start(a, config_file, pinned, a.warm_start_auto, root)
     first = sweep_cells.load(config_file, [*pinned, *a.set])
     pool = sweep_cells.Pool(first, os.path.join(root, "pool"), a.auto_throttle_s)
-    knobs = SimpleNamespace(**{f"steps_{task}": a.auto_steps, f"eval_period_{task}": 3,
-                               f"warmup_{task}": 3, "lr_demo": 3e-4})  # fmt: skip
+    eval_period, warmup = AUTO_SCHEDULE[task]
+    knobs = SimpleNamespace(**{f"steps_{task}": a.auto_steps or DEFAULT_AUTO_STEPS[task],
+                               f"eval_period_{task}": eval_period, f"warmup_{task}": warmup,
+                               "lr_demo": 3e-4})  # fmt: skip
     fixed = [*pinned, *pool.overrides(), *a.set]
     try:
         for s in [*a.fixed, "auto"]:
@@ -245,16 +256,27 @@ def headline_of(bias: list[dict], auto: list[dict]) -> dict:
     for c in bias:
         if c["partial"] != "off":  # the held heartbeats' effect: continue vs continue_unheld
             out[f"token_lag_{c['partial']}"] = c.get("token_lag")
-    fixed = [c for c in auto if c["S"] != "auto" and c["quality_final"] is not None]
-    auto_cells = [c for c in auto if c["S"] == "auto"]
-    if fixed and auto_cells:
+    per_task = {}
+    for task in dict.fromkeys(c["task"] for c in auto):
+        fixed = [c for c in auto if c["task"] == task and c["S"] != "auto"]
+        fixed = [c for c in fixed if c["quality_final"] is not None]
+        auto_cells = [c for c in auto if c["task"] == task and c["S"] == "auto"]
+        if not (fixed and auto_cells):
+            continue
         best = max(fixed, key=lambda c: (c["quality_final"], c["learner_utilization"] or 0.0))
         (mine,) = auto_cells
-        out["best_fixed_S"] = best["S"]
-        out["auto_quality_minus_best_fixed"] = mine["quality_final"] - best["quality_final"]
-        out["auto_util_minus_best_fixed"] = (
-            mine["learner_utilization"] - best["learner_utilization"]
+        per_task[task] = (
+            best["S"],
+            mine["quality_final"] - best["quality_final"],
+            mine["learner_utilization"] - best["learner_utilization"],
         )
+    for task, (s, dq, du) in per_task.items():
+        out[f"best_fixed_S_{task}"] = s
+        out[f"auto_quality_minus_best_fixed_{task}"] = dq
+        out[f"auto_util_minus_best_fixed_{task}"] = du
+    if per_task:  # over several tasks (--combine), the worst task's: auto must hold on each
+        out["auto_quality_minus_best_fixed"] = min(dq for _, dq, _ in per_task.values())
+        out["auto_util_minus_best_fixed"] = min(du for _, _, du in per_task.values())
     return out
 
 
@@ -337,10 +359,12 @@ def main():
         action="store_true",
         help="also run continue without held heartbeats (controller.news_hold=False)",
     )
-    p.add_argument("--auto_task", default="demo", choices=["demo"])
+    p.add_argument("--auto_task", default="demo", choices=sorted(AUTO_SCHEDULE))
     p.add_argument("--fixed", default="0,1,2,4")
     p.add_argument("--auto_max", type=int, default=4)
-    p.add_argument("--auto_steps", type=int, default=12)
+    p.add_argument(
+        "--auto_steps", type=int, default=0, help="RL steps per cell; 0: 12 demo, 24 Kuhn"
+    )
     p.add_argument("--auto_throttle_s", type=float, default=1.0)
     p.add_argument("--seed", type=int, default=0)
     for task in staleness_bias.TASKS:

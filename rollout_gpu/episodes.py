@@ -54,6 +54,7 @@ class _Episode:
     turn_ids: list[list[int]] = dataclasses.field(default_factory=list)  # model turns
     mask: list[int] = dataclasses.field(default_factory=list)
     logprobs: list[float] = dataclasses.field(default_factory=list)
+    versions: list[int] = dataclasses.field(default_factory=list)
     turns: int = 0
     finish: str | None = None  # "stop" | "length" once over
 
@@ -146,6 +147,7 @@ def _take_turn(engine: RolloutEngine, ep: _Episode, sample, version: int) -> Non
     ep.tokens += ids
     ep.mask += [1] * len(ids)
     ep.logprobs += lps
+    ep.versions += [version] * len(ids)
     ep.turns += 1
     ep.turn_ids.append(ids)
     if ep.env is None:
@@ -175,6 +177,9 @@ def _take_observation(engine: RolloutEngine, ep: _Episode, obs: str, done: bool)
     ep.tokens += obs_ids
     ep.mask += [0] * len(obs_ids)
     ep.logprobs += [0.0] * len(obs_ids)
+    # The version of the turn the observation answers: versions never decrease along a
+    # completion, and the next turn may already be sampled by a newer one.
+    ep.versions += [ep.versions[-1]] * len(obs_ids)
 
 
 def generate_episodes(
@@ -183,12 +188,20 @@ def generate_episodes(
     version: int,
     should_abort: Callable[[], bool] = lambda: False,
     observe: Callable | None = None,
+    swaps=None,
 ) -> list[GroupResult]:
     """Play every group's n episodes, all of a lease's turns batched per engine call;
     `observe(list[EpisodeTurns]) -> EpisodeStepResponse`: the controller's observations
-    (POST /v1/episode of the lease) for episodes leased without a seed."""
+    (POST /v1/episode of the lease) for episodes leased without a seed.
+
+    `swaps` (rollout_gpu/generate.py `Swaps`, partial rollouts): between turns, when a newer
+    version is ready, it is loaded and the episodes' next turns are sampled under it. Each
+    model token is tagged with the version that sampled it, each observation token with its
+    turn's. A turn itself is never split: a poker or tool turn is a few tokens, the
+    environment's round trip between turns is where the lease waits."""
     per_group = [_start(engine, g) for g in groups]
     live = [ep for eps in per_group for ep in eps]
+    served = version
     while live:
         outs = engine.generate([_request(ep) for ep in live], should_abort)
         if len(outs) != len(live):
@@ -196,12 +209,14 @@ def generate_episodes(
         for ep, samples in zip(live, outs, strict=True):
             if len(samples) != 1:
                 raise GenerationError(f"engine returned {len(samples)} samples for n=1")
-            _take_turn(engine, ep, samples[0], version)
+            _take_turn(engine, ep, samples[0], served)
         remote = [ep for ep in live if ep.env is None]
         if remote:
             for ep, (obs, done) in zip(remote, _observe_remote(remote, observe), strict=True):
                 _take_observation(engine, ep, obs, done)
         live = [ep for ep in live if ep.finish is None]
+        if live and swaps is not None and swaps.due():
+            served = swaps.swap()
     return [
         GroupResult(
             group_id=g.group_id,
@@ -212,7 +227,7 @@ def generate_episodes(
                     prompt_token_ids=list(g.prompt_token_ids),
                     completion_token_ids=ep.tokens,
                     logprobs=ep.logprobs,
-                    versions=[version] * len(ep.tokens),
+                    versions=ep.versions,
                     finish_reason=ep.finish,
                     completion_mask=ep.mask,
                 )

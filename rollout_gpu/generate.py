@@ -29,6 +29,8 @@ index), so the sampler's noise at each position is the one the uninterrupted sam
 have drawn (it is keyed by the position in the whole sequence), and the tokens after the
 swap are tagged with the new version. Each token keeps the log-prob of the distribution it
 was drawn from, the one the learner's per-token correction and the exact check use.
+Multi-turn episodes take the newer version between turns (their next turn continues the
+whole history under it, keyed the same way), never inside one.
 
 Routing: a MoE engine records the experts every forwarded token was routed to
 (rollout_gpu/routing_capture.py); each trajectory carries them (bridge/contracts/routing.py),
@@ -201,13 +203,34 @@ def continue_groups(
     version: int,
     swaps: Swaps,
     should_abort: Callable[[], bool] = lambda: False,
+    observe: Callable | None = None,
 ) -> list[GroupResult]:
-    """`generate_groups` with partial rollouts (single-turn groups): whenever `swaps.due()`
-    the engine pauses, `swaps.swap()` loads the newer version, and the unfinished samples go
-    on under it (module docstring). Each token is tagged with the version that sampled it:
-    `version` until the first swap."""
-    if any(g.episode is not None for g in groups):
-        raise GenerationError("partial rollouts continue single-turn groups only")
+    """`generate_groups` with partial rollouts: whenever `swaps.due()` the engine pauses,
+    `swaps.swap()` loads the newer version, and the unfinished samples go on under it
+    (module docstring); multi-turn episodes take it between turns (rollout_gpu/episodes.py).
+    Each token is tagged with the version that sampled it: `version` until the first swap."""
+    single = [g for g in groups if g.episode is None]
+    done, served = {}, version
+    if single:
+        results, served = _continue_single(engine, single, version, swaps, should_abort)
+        done.update((r.group_id, r) for r in results)
+    if len(single) < len(groups):
+        from rollout_gpu.episodes import generate_episodes
+
+        multi = [g for g in groups if g.episode is not None]
+        episodes = generate_episodes(engine, multi, served, should_abort, observe, swaps)
+        done.update((r.group_id, r) for r in episodes)
+    return [done[g.group_id] for g in groups]
+
+
+def _continue_single(
+    engine: RolloutEngine,
+    groups: Sequence[PromptGroup],
+    version: int,
+    swaps: Swaps,
+    should_abort: Callable[[], bool],
+) -> tuple[list[GroupResult], int]:
+    """`continue_groups` of single-turn groups; (results, the version served at the end)."""
     if getattr(engine, "records_routing", False):
         # A continued sample's routing would be split across versions' forwards; replay
         # needs one complete record per position, so the two are not combined.
@@ -258,7 +281,7 @@ def continue_groups(
                 finish_reason=finished[gi, i],
             ))  # fmt: skip
         results.append(GroupResult(group_id=g.group_id, trajectories=trajs))
-    return results
+    return results, served
 
 
 def generate_groups(

@@ -227,7 +227,7 @@ class RolloutWorker:
             observe = lambda eps: session.call(  # a multi-turn lease's observations
                 ControllerClient.episode, EpisodeStep(lease_id=lease.lease_id, episodes=eps)
             )
-            if self._continues(lease):
+            if lease.partial == "continue":  # episodes too: a newer version between turns
                 # A lease that waited starts on the newest version the controller has.
                 self._hear_news()
                 if self._newer_ready():
@@ -236,7 +236,7 @@ class RolloutWorker:
                 session.want_news(True)  # held heartbeats: hear of versions as published
                 try:
                     results = gen.continue_groups(
-                        self.engine, lease.groups, self.version, swaps, self._abort
+                        self.engine, lease.groups, self.version, swaps, self._abort, observe
                     )
                 finally:
                     session.want_news(False)
@@ -282,12 +282,6 @@ class RolloutWorker:
             len(resp.duplicates),
         )
         return True
-
-    @staticmethod
-    def _continues(lease: Lease) -> bool:
-        """Partial rollouts: the controller asks for them, and the lease is single-turn
-        (an episode's turns are played against the controller under one version)."""
-        return lease.partial == "continue" and all(g.episode is None for g in lease.groups)
 
     def _hear_news(self) -> None:
         """Ask the controller for its newest version (a heartbeat) unless a reply said it

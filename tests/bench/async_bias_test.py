@@ -3,7 +3,7 @@ lease -- leased at version 0, its long samples continued to version 2 -- comes b
 controller with `rollout.partial=off` and to one with `continue`. Off drops it (its oldest
 token is too stale at S = 1), continue consumes it as a continued group; the bench's readers
 (staleness_bias.read_cell, `continued_groups`) and its headline must say exactly that, and
-the auto part's headline must pick the best fixed S by quality, then utilization."""
+the auto part's headline must pick each task's best fixed S by quality, then utilization."""
 
 import pytest
 from controller_helpers import make, result
@@ -60,18 +60,28 @@ def test_off_drops_the_long_continued_group_and_continue_trains_it(tmp_path):
     assert off["token_lag"] == pytest.approx(1.0)
     assert on["token_lag"] == pytest.approx(13 / 8)
     auto = [
-        {"task": "demo", "S": s, "quality_final": q, "quality_before": 0.1,
+        {"task": task, "S": s, "quality_final": q, "quality_before": 0.1,
          "learner_utilization": u, "staleness_mean": 0.0, "staleness_max": 0, "rl_wall_s": 1.0}
-        for s, q, u in ((0, 0.8, 0.2), (2, 0.8, 0.7), (4, 0.6, 0.75), ("auto", 0.75, 0.8))
+        for task, s, q, u in (
+            ("demo", 0, 0.8, 0.2), ("demo", 2, 0.8, 0.7), ("demo", 4, 0.6, 0.75),
+            ("demo", "auto", 0.75, 0.8), ("kuhn", 1, -0.12, 0.4), ("kuhn", 2, -0.11, 0.6),
+            ("kuhn", "auto", -0.10, 0.5),
+        )
     ]  # fmt: skip
     head = async_bias.headline_of([off, on], auto)
     assert head["dropped_frac_off"] == pytest.approx(0.5)
     assert head["length_bias_off"] == pytest.approx(6 / 2)  # dropped 6 tokens, consumed 2
     assert head["dropped_frac_continue"] == 0.0 and head["length_bias_continue"] is None
     assert head["token_lag_continue"] == pytest.approx(13 / 8) and "token_lag_off" not in head
-    assert head["best_fixed_S"] == 2  # quality tie with S = 0: the higher utilization
+    assert head["best_fixed_S_demo"] == 2  # quality tie with S = 0: the higher utilization
+    assert head["auto_quality_minus_best_fixed_demo"] == pytest.approx(0.75 - 0.8)
+    assert head["auto_util_minus_best_fixed_demo"] == pytest.approx(0.8 - 0.7)
+    assert head["best_fixed_S_kuhn"] == 2  # each task is judged against its own fixed S
+    assert head["auto_quality_minus_best_fixed_kuhn"] == pytest.approx(-0.10 + 0.11)
+    assert head["auto_util_minus_best_fixed_kuhn"] == pytest.approx(0.5 - 0.6)
+    # the plain keys are the worse task's: auto must hold on each task
     assert head["auto_quality_minus_best_fixed"] == pytest.approx(0.75 - 0.8)
-    assert head["auto_util_minus_best_fixed"] == pytest.approx(0.8 - 0.7)
+    assert head["auto_util_minus_best_fixed"] == pytest.approx(0.5 - 0.6)
     table = async_bias.markdown(async_bias.rows_of([off, on], auto))
     assert "| demo | 1 | continue | 2 / 0 | 1 | 1.62 |" in table
 

@@ -28,7 +28,7 @@ from bridge.tasks import make_task
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
-GRACE_S, NO_CONTACT_S = 3.0, 20.0
+GRACE_S, NO_CONTACT_S = 3.0, 10.0
 FLAGS = (
     f"--max_num_seqs=8 --max_model_len=256 --grace_s={GRACE_S} --max_no_contact_s={NO_CONTACT_S}"
 )

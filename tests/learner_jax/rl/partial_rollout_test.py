@@ -22,9 +22,16 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bridge.control.protocol import ConsumedGroup, PromptGroup, SamplingParams, Trajectory
+from bridge.control.protocol import (
+    ConsumedGroup,
+    EpisodeSpec,
+    PromptGroup,
+    SamplingParams,
+    Trajectory,
+)
 from bridge.model import tiny_model
 from bridge.store.weight_store import WeightStore
+from bridge.tasks.env import Environment, register_env
 from learner_jax.model import model
 from learner_jax.rl.exact_check import ExactChecker
 from learner_jax.rl.rescore import VersionRescorer
@@ -150,5 +157,94 @@ def test_continued_samples_carry_each_tokens_version_and_log_prob(vllm_engine, t
     verdict = checker.check(_consumed(results, groups))
     assert verdict.refused == set(), verdict.metrics
     assert verdict.metrics["exact/checked_tokens"] == len(trajs) * MAX_TOKENS
+    for wrong in (lambda t: [0] * len(t.versions), lambda t: [1] * len(t.versions)):
+        assert checker.check(_consumed(results, groups, wrong)).refused == set(SEEDS)
+
+
+@register_env("partial_count_test", max_turns=3, turn_max_tokens=4)
+class CountTurns(Environment):
+    """Three model turns with a fixed observation between them: every episode has turns on
+    both sides of a swap after its first turn."""
+
+    hidden_state = False
+
+    def reset(self, seed: int) -> str:
+        self.k = 0
+        return "count"
+
+    def step(self, action: str) -> tuple[str, float, bool]:
+        self.k += 1
+        return f" next {self.k}", 0.0, self.k >= 3
+
+
+def test_episodes_take_the_newer_version_between_turns(vllm_engine, tmp_path):
+    """Multi-turn episodes with `rollout.partial=continue`: the version announced during the
+    first turn is loaded before the second, every later model token is tagged with it (the
+    first observation with the first turn's), and the audit and the exact check accept each
+    model token under the version it names and refuse any other tagging.
+
+    Would catch: episodes tagged with the lease's version throughout (the exact check
+    refuses them), a swap not taken between turns, and observations tagged with the next
+    turn's version (asserted tag by tag)."""
+    from rollout_gpu import generate, weight_swap
+
+    store = WeightStore(f"file://{tmp_path}/store")
+    weights = {
+        0: tiny_model.random_hf_weights(CFG, seed=0),
+        1: tiny_model.random_hf_weights(CFG, seed=5, std=0.1),
+    }
+    for v, w in weights.items():
+        store.publish(v, v, w.items(), model_config=CFG.to_hf_dict(), dtype="float32")
+    current = weight_swap.EngineVersion()
+
+    def swap():
+        weight_swap.load_version(vllm_engine, store, 1, current)
+        return current.version
+
+    groups = [
+        PromptGroup(
+            group_id=seed,
+            prompt_id=f"e{seed}",
+            task="partial_count_test",
+            prompt="",
+            n=N,
+            prompt_token_ids=ids,
+            sampling=SamplingParams(temperature=1.0, max_tokens=4, seed=seed),
+            episode=EpisodeSpec(
+                env="partial_count_test", module=__name__, seed=3, max_turns=3, max_tokens=40
+            ),
+        )  # fmt: skip
+        for seed, ids in zip(SEEDS, ([1, 17, 23, 5], [1, 8, 40, 2, 9]), strict=True)
+    ]
+    try:
+        weight_swap.load_version(vllm_engine, store, 0, current)
+        # polled between turns only: version 1 is ready from the first turn's end
+        swaps = generate.Swaps(due=lambda: current.version == 0, swap=swap)
+        results = generate.continue_groups(vllm_engine, groups, 0, swaps)
+    finally:
+        weight_swap.restore(vllm_engine, weight_swap.EngineVersion())
+
+    trajs = [t for r in results for t in r.trajectories]
+    assert len(trajs) == len(SEEDS) * N
+    for t in trajs:
+        segs = t.segments()
+        assert [m for m, _ in segs] == [1, 0, 1, 0, 1], segs
+        first = len(segs[0][1]) + len(segs[1][1])  # the first turn and its observation
+        assert t.versions == [0] * first + [1] * (len(t.versions) - first), t.versions
+
+    rescorer = VersionRescorer(store, CFG, every=1, max_rows=8)
+    params = {v: rescorer.params(v) for v in weights}
+    for t in trajs:
+        mask = np.asarray(t.completion_mask) == 1
+        tags = np.asarray(t.versions)
+        under = {v: learner_logprobs(params[v], t) for v in weights}
+        own = np.where(tags == 0, under[0], under[1])
+        gap = np.abs(np.asarray(t.logprobs, np.float64) - own)[mask]
+        assert gap.max() <= TOL, gap.max()
+    model_tokens = sum(sum(t.completion_mask) for t in trajs)
+    checker = ExactChecker(rescorer.params, CFG, temperature=1.0, rows_per_call=8, chunk=8)
+    verdict = checker.check(_consumed(results, groups))
+    assert verdict.refused == set(), verdict.metrics
+    assert verdict.metrics["exact/checked_tokens"] == model_tokens
     for wrong in (lambda t: [0] * len(t.versions), lambda t: [1] * len(t.versions)):
         assert checker.check(_consumed(results, groups, wrong)).refused == set(SEEDS)
