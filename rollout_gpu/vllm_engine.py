@@ -98,6 +98,21 @@ def _no_gc_cycles():
             gc.enable()
 
 
+def _eager_rank_count() -> None:
+    """vLLM's sampler counts each sampled token's rank with a function it compiles with
+    inductor at the first request that asks for log-probs: a C++ build of ~2 s wall and
+    ~2.6 CPU seconds (its compile subprocesses) in every CPU worker's start, for a count
+    the eager expression computes identically (an integer sum of a comparison). On CPU the
+    sampler gets the eager one; a GPU engine keeps vLLM's kernel. The engine runs in this
+    process on CPU (`configure_cpu_process`), so patching the sampler module here is enough."""
+    from vllm.v1.sample import sampler
+
+    def batched_count_greater_than(x, values):
+        return (x >= values).sum(-1)
+
+    sampler.batched_count_greater_than = batched_count_greater_than
+
+
 class VllmEngine(RolloutEngine):
     """A vLLM `LLM` (in-process, offline API) behind the rollout interface."""
 
@@ -150,6 +165,7 @@ class VllmEngine(RolloutEngine):
             _expert_group_after_a_dense_engine()
         if on_cpu():
             kwargs["gpu_memory_utilization"] = 0.1
+            _eager_rank_count()
         llm = LLM(
             model=model_dir,
             dtype=dtype,
