@@ -16,7 +16,8 @@ Real components: the controller over HTTP on loopback, a file weight store holdi
 loader and leave the shared engine as it was), the worker's own lease and submission path.
 
 Would catch: a worker that generates a `continue` lease on the version it last heard of
-without asking (the drop), or that asks but does not swap before generating.
+without asking (the drop), or that asks but does not swap before generating; for episodes
+(Kuhn poker), a `continue` lease played without the controller's observations.
 """
 
 import os
@@ -45,8 +46,10 @@ S, GROUP_SIZE, MAX_TOKENS = 1, 2, 4
 WAIT_S = NEWS_FRESH_S + 0.1
 
 
-@pytest.fixture
-def rig(tmp_path, vllm_engine):
+@pytest.fixture(params=["arithmetic", "kuhn_poker"])
+def rig(request, tmp_path, vllm_engine):
+    """The task: single-turn groups, or Kuhn poker's episodes, whose observations the
+    worker asks the controller for turn by turn (the deal is hidden)."""
     cfg = tiny_model.tiny_config("qwen3")
     store_url = f"file://{tmp_path}/store"
     store = WeightStore(store_url)
@@ -66,7 +69,7 @@ def rig(tmp_path, vllm_engine):
     ctl = Controller(
         config,
         os.path.join(tmp_path, "controller.db"),
-        make_task("arithmetic"),
+        make_task(request.param),
         codec=TextCodec(tokenizer),
     )
     server = serve_controller(ctl, str(tmp_path), ServerOptions(host="127.0.0.1", port=0))
