@@ -305,6 +305,11 @@ def _objective(cfg: ModelConfig, step_cfg: StepConfig) -> Callable:
         row_k3, row_lr, row_n = audit.row_sums(prox, mb.behavior_logp, mm, xp=jnp)  # [B]
         sums["mismatch/kl"] = row_k3.sum()
         sums["mismatch/tokens"] = row_n.sum()
+        # staleness/kl: the same estimate over every trained token, stale rows included:
+        # what the bound S costs in off-policy distance (the on-policy rows add their
+        # numerics gap, mismatch/kl's).
+        all_k3, _, all_n = audit.row_sums(prox, mb.behavior_logp, m, xp=jnp)
+        sums["staleness/kl"], sums["staleness/kl_tokens"] = all_k3.sum(), all_n.sum()
         if mb.routing is not None:
             # The same KL under the other routing (one more forward, no backward): the
             # replay's effect on train/inference mismatch, measured on the same tokens.
@@ -429,6 +434,9 @@ def make_step_fn(cfg: ModelConfig, optimizer: optax.GradientTransformation, step
         else:
             out["mismatch/kl"] = sums["mismatch/kl"] / jnp.maximum(sums["mismatch/tokens"], 1.0)
             out["mismatch/tokens"] = sums["mismatch/tokens"]
+            out["staleness/kl"] = sums["staleness/kl"] / jnp.maximum(
+                sums["staleness/kl_tokens"], 1.0
+            )
             for name in ("mismatch/kl_replay", "mismatch/kl_no_replay"):
                 if name in sums:  # a MoE batch with recorded routing: both, every step
                     out[name] = sums[name] / jnp.maximum(sums["mismatch/tokens"], 1.0)

@@ -214,7 +214,8 @@ def test_bf16_compute_keeps_fp32_master_weights():
 
 
 def test_mismatch_kl_equals_numpy_k3_and_is_never_negative():
-    """`mismatch/kl` on on-policy rows vs a float64 numpy k3 of the same log-prob gaps."""
+    """`mismatch/kl` on on-policy rows and `staleness/kl` on every trained token vs a float64
+    numpy k3 of the same log-prob gaps."""
     from learner_jax.model import model
 
     base = make_rl_batch(seed=3)
@@ -230,7 +231,9 @@ def test_mismatch_kl_equals_numpy_k3_and_is_never_negative():
         ),
         np.float64,
     )
-    mm = base.loss_mask * base.seq_mask[:, None] * base.on_policy[:, None]
+    m = base.loss_mask * base.seq_mask[:, None]
+    mm = m * base.on_policy[:, None]
+    assert 0 < mm.sum() < m.sum()  # both kinds of rows: the two means differ
     rng = np.random.default_rng(0)
     mesh, state, shardings = initial_state((("data", 1),))
     # One compiled step for the three batches (run_step would compile each anew).
@@ -244,6 +247,9 @@ def test_mismatch_kl_equals_numpy_k3_and_is_never_negative():
         got = float(metrics["mismatch/kl"])
         assert got >= 0.0
         assert abs(got - want) <= 1e-2 * want + 1e-9, (scale, got, want)
+        want_all = ((np.exp(d) - d - 1.0) * m).sum() / m.sum()
+        got_all = float(metrics["staleness/kl"])
+        assert abs(got_all - want_all) <= 1e-2 * want_all + 1e-9, (scale, got_all, want_all)
 
 
 @pytest.mark.parametrize("remat", ["full", "dots_saveable"])
