@@ -61,21 +61,43 @@ def learner_logprobs(params, t):
     return lp[0, len(p) - 1 : len(p) + len(c) - 1]
 
 
-def _groups():
-    prompts = ([1, 17, 23, 5, 9, 31], [1, 8, 8, 40, 2])
+def _groups(prompts=([1, 17, 23, 5, 9, 31], [1, 8, 8, 40, 2]), max_tokens=MAX_TOKENS, **kw):
+    """One group per seed; `kw` (task, episode) for episodes."""
     return [
         PromptGroup(
             group_id=seed,
             prompt_id=f"p{seed}",
-            task="test",
+            task=kw.get("task", "test"),
             prompt="",
             prompt_token_ids=ids,
             n=N,
             # no stop token: every sample runs its whole budget, so each spans the swap
-            sampling=SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS, seed=seed),
+            sampling=SamplingParams(temperature=1.0, max_tokens=max_tokens, seed=seed),
+            episode=kw.get("episode"),
         )
         for seed, ids in zip(SEEDS, prompts, strict=True)
     ]
+
+
+def _two_versions(tmp_path, engine):
+    """A store with versions 0 and 1 (far apart), the engine's version record and a `swap`
+    that loads version 1 through the worker's verified loader."""
+    from rollout_gpu import weight_swap
+
+    store = WeightStore(f"file://{tmp_path}/store")
+    weights = {
+        0: tiny_model.random_hf_weights(CFG, seed=0),
+        1: tiny_model.random_hf_weights(CFG, seed=5, std=0.1),  # far from version 0
+    }
+    for v, w in weights.items():
+        store.publish(v, v, w.items(), model_config=CFG.to_hf_dict(), dtype="float32")
+    current = weight_swap.EngineVersion()
+
+    def swap():
+        weight_swap.load_version(engine, store, 1, current)
+        return current.version
+
+    return store, weights, current, swap
 
 
 def _consumed(results, groups, versions_of=None):
@@ -100,23 +122,12 @@ def _consumed(results, groups, versions_of=None):
 def test_continued_samples_carry_each_tokens_version_and_log_prob(vllm_engine, tmp_path):
     from rollout_gpu import generate, weight_swap
 
-    store = WeightStore(f"file://{tmp_path}/store")
-    weights = {
-        0: tiny_model.random_hf_weights(CFG, seed=0),
-        1: tiny_model.random_hf_weights(CFG, seed=5, std=0.1),  # far from version 0
-    }
-    for v, w in weights.items():
-        store.publish(v, v, w.items(), model_config=CFG.to_hf_dict(), dtype="float32")
-    current = weight_swap.EngineVersion()
+    store, weights, current, swap = _two_versions(tmp_path, vllm_engine)
     polls = [0]
 
     def due():  # version 1 "announced" a few engine steps into the lease
         polls[0] += 1
         return current.version == 0 and polls[0] > PAUSE_AFTER_STEPS
-
-    def swap():
-        weight_swap.load_version(vllm_engine, store, 1, current)
-        return current.version
 
     groups = _groups()
     try:
@@ -188,34 +199,11 @@ def test_episodes_take_the_newer_version_between_turns(vllm_engine, tmp_path):
     turn's version (asserted tag by tag)."""
     from rollout_gpu import generate, weight_swap
 
-    store = WeightStore(f"file://{tmp_path}/store")
-    weights = {
-        0: tiny_model.random_hf_weights(CFG, seed=0),
-        1: tiny_model.random_hf_weights(CFG, seed=5, std=0.1),
-    }
-    for v, w in weights.items():
-        store.publish(v, v, w.items(), model_config=CFG.to_hf_dict(), dtype="float32")
-    current = weight_swap.EngineVersion()
-
-    def swap():
-        weight_swap.load_version(vllm_engine, store, 1, current)
-        return current.version
-
-    groups = [
-        PromptGroup(
-            group_id=seed,
-            prompt_id=f"e{seed}",
-            task="partial_count_test",
-            prompt="",
-            n=N,
-            prompt_token_ids=ids,
-            sampling=SamplingParams(temperature=1.0, max_tokens=4, seed=seed),
-            episode=EpisodeSpec(
-                env="partial_count_test", module=__name__, seed=3, max_turns=3, max_tokens=40
-            ),
-        )  # fmt: skip
-        for seed, ids in zip(SEEDS, ([1, 17, 23, 5], [1, 8, 40, 2, 9]), strict=True)
-    ]
+    store, weights, current, swap = _two_versions(tmp_path, vllm_engine)
+    spec = EpisodeSpec(
+        env="partial_count_test", module=__name__, seed=3, max_turns=3, max_tokens=40
+    )
+    groups = _groups(([1, 17, 23, 5], [1, 8, 40, 2, 9]), 4, task="partial_count_test", episode=spec)
     try:
         weight_swap.load_version(vllm_engine, store, 0, current)
         # polled between turns only: version 1 is ready from the first turn's end
