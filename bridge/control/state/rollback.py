@@ -6,8 +6,9 @@ The versions a crashed run published after checkpoint `version` are gone: the re
 republishes those numbers with other weights (learner_jax/rl/weights.py `open_store` deletes
 them from the store). Nothing sampled by them may be trained on, so:
 - buffered groups with any token from such a version go back to the queue;
-- leases held by workers serving such a version end (their groups requeue) and those
-  workers' versions become unknown (-1) until they report the version they swap to;
+- leases taken at such a version, or held by workers serving one, end (their groups
+  requeue) and those workers' versions become unknown (-1) until they report the version
+  they swap to;
 - the announcement is cleared, so the rerun may announce `version` again.
 Groups accepted from versions <= `version` stay buffered and the rerun trains on them:
 nothing accepted that is still valid is lost (before this, the whole database was moved
@@ -29,10 +30,16 @@ def roll_back(db: ControllerDB, version: int) -> dict:
     db.incr("groups/rolled_back", len(requeued))
     leases = 0
     for w in db.workers():
-        if w["version"] > version:
-            for lease_id in db.active_leases(w["worker_id"]):
+        newer = w["version"] > version
+        for lease_id in db.active_leases(w["worker_id"]):
+            # The lease's own version as well: the worker's row can lag the version it took
+            # the lease at (a kill right after the grant). Such a lease, kept, was renewed
+            # by the worker's heartbeats although its submission had failed, and held the
+            # rerun's admission full until its age cap (a chaos soak hang).
+            if newer or db.get(f"lease_version/{lease_id}", -1) > version:
                 db.end_lease(lease_id, "rolled_back")
                 leases += 1
+        if newer:
             db.update_worker(w["worker_id"], version=-1)
     announced = VersionAnnouncement(**db.get("announcement", {"version": -1})).version
     if announced > version:

@@ -54,3 +54,30 @@ def test_a_checkpoint_at_the_newest_version_rolls_back_nothing(tmp_path):
     assert ctl.restore_cursor(cursor, version=0) == 0
     assert ctl.announcement().version == 0 and ctl.db.count("buffered") == 2
     assert ctl.db.lease(lease.lease_id)["state"] != "rolled_back"
+
+
+def test_a_lease_taken_at_a_rolled_back_version_ends_though_the_kill_lost_the_worker_row(
+    tmp_path,
+):
+    """A binary killed right after granting a lease at version 2: the worker's version lived
+    in the controller's memory (hot state), so the database's row never said 2. The rerun
+    from checkpoint 1 must still end that lease, by the version it was taken at: kept, its
+    worker's heartbeats renewed it although the worker had given it up, and it held the
+    rerun's admission full (a chaos soak hang)."""
+    killed = make(tmp_path, staleness=3, groups_per_step=2)
+    killed.publish(0)
+    w = worker(killed)
+    checkpoint = killed.export_cursor()
+    killed.publish(1)
+    killed.publish(2)
+    held = killed.lease(w, LeaseRequest(worker_version=2, max_groups=1)).lease
+    assert killed.db.q("SELECT version FROM workers")[0]["version"] < 2  # not on disk
+
+    ctl = make(tmp_path, staleness=3, groups_per_step=2)  # the rerun; `killed` never closed
+    try:
+        ctl.restore_cursor(checkpoint, version=1)
+        assert ctl.db.lease(held.lease_id)["state"] == "rolled_back"
+        (row,) = ctl.db.q("SELECT state FROM groups WHERE group_id=?", (held.groups[0].group_id,))
+        assert row["state"] == "queued"
+    finally:
+        ctl.close()
