@@ -300,6 +300,7 @@ def rows_of(bias: list[dict], auto: list[dict]) -> list[dict]:
             "part": "auto", "task": c["task"], "S": c["S"], "quality": c["quality_final"],
             "quality_before": c["quality_before"], "utilization": c["learner_utilization"],
             "staleness_mean": c["staleness_mean"], "staleness_max": c["staleness_max"],
+            "staleness_kl": c.get("staleness_kl"),
             "wall_s": c["rl_wall_s"], "bound_path": c.get("bound_path"),
         })  # fmt: skip
     return rows
@@ -323,13 +324,13 @@ def markdown(rows: list[dict]) -> str:
             f"{r['starved_prompts']} |"
         )
     lines += ["", "| task | S | final quality (from) | learner utilization | staleness mean / max "
-              "| RL wall s | S over the run |", "|" + "---|" * 7]  # fmt: skip
+              "| staleness KL | RL wall s | S over the run |", "|" + "---|" * 8]  # fmt: skip
     for r in (r for r in rows if r["part"] == "auto"):
         path = r["bound_path"]
         lines.append(
             f"| {r['task']} | {r['S']} | {f(r['quality'])} ({f(r['quality_before'])}) | "
             f"{f(r['utilization'], '.2f')} | {f(r['staleness_mean'], '.2f')} / "
-            f"{r['staleness_max']} | {f(r['wall_s'], '.0f')} | "
+            f"{r['staleness_max']} | {f(r.get('staleness_kl'), '.2e')} | {f(r['wall_s'], '.0f')} | "
             f"{'-' if not path else ' '.join(map(str, path))} |"
         )
     return "\n".join(lines)

@@ -79,6 +79,8 @@ def cell_result(workdir: str, key: str, target: float, process_s: float) -> dict
         "staleness_mean": mean("staleness/mean"),
         "staleness_max": max((r.get("staleness/max", 0) for r in rows), default=None),
         "mismatch_kl": mean("mismatch/kl"),
+        # The off-policy gap S lets in: KL(behaviour || learner) over every trained token.
+        "staleness_kl": mean("staleness/kl"),
         "curve": [(e["time"] - t0, e[key]) for e in evals],
     }
 

@@ -369,6 +369,7 @@ def controller_config(config, vocab_size: int, eos_id: int, model_cfg=None):
         staleness_auto=auto,
         staleness_min=s_min,
         staleness_max=s_max,
+        staleness_kl_max=float(config.get("staleness_kl_max", 0.0)),
         partial=partial_mode(config),
         groups_per_step=b.groups_per_step,
         group_size=b.samples_per_group,

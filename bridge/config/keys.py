@@ -155,6 +155,14 @@ RUN = (
         'With staleness="auto", the highest S (versions are kept for it: staleness_max + 2).',
         L,
     ),
+    Key(
+        "staleness_kl_max",
+        0.01,
+        'With staleness="auto", the ceiling on the learner\'s `staleness/kl` (the stale rows\' '
+        "off-policy gap): S steps down past it and is not raised into it (0: no ceiling).",
+        L,
+        type="float",
+    ),
     Key("publish_every", 1, "kappa: publish weights every kappa learner steps.", L),
     Key(
         "local_workers",

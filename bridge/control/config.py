@@ -25,6 +25,7 @@ class ControllerConfig:
     staleness_auto: bool = False
     staleness_min: int = 0
     staleness_max: int = 0
+    staleness_kl_max: float = 0.0  # auto S's KL ceiling (`staleness_kl_max`; 0: none)
     # `rollout.partial`: "continue" = workers continue unfinished samples under each newer
     # version; a group is then judged by its newest token (bridge/contracts/staleness.py).
     partial: str = "off"

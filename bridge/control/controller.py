@@ -58,7 +58,7 @@ from bridge.control.intake.episode_steps import EpisodeSteps
 from bridge.control.intake.intake import Intake, own_lease
 from bridge.control.intake.rewards import CallPool, Codec, RewardScorer
 from bridge.control.learner_api import LearnerSide, build_batch
-from bridge.control.leasing.auto_staleness import AutoStaleness
+from bridge.control.leasing.auto_staleness import AutoStaleness, KlReport
 from bridge.control.leasing.lease_content import LeaseContent
 from bridge.control.leasing.lease_timing import LeaseTiming
 from bridge.control.leasing.leasing import Grant, Leasing
@@ -144,10 +144,12 @@ class Controller:
         self._flusher = HotFlusher(self.flush_hot, c.hot_flush_s) if c.hot_flush_s > 0 else None
         self._step_wait = (None, 0.0)  # (learner step, its wait so far): auto S's evidence
         self.auto_staleness = (
-            AutoStaleness(c.staleness_min, c.staleness_max, c.staleness)
+            AutoStaleness(c.staleness_min, c.staleness_max, c.staleness, kl_max=c.staleness_kl_max)
             if c.staleness_auto
             else None
         )
+        self._last_batch: tuple[float, int] | None = None  # its mean lag and S: the KL's context
+        self._kl: KlReport | None = None  # the learner's report on it, until auto S reads it
 
     def set_staleness(self, s: int) -> None:
         """Move the bound S (`staleness="auto"`, leasing/auto_staleness.py) in every part that
@@ -468,7 +470,9 @@ class Controller:
                 self._step_wait = (step, 0.0)
             self._step_wait = (step, self._step_wait[1] + stats["time/data_wait_s"])
             if batch is not None:
+                taken_at = self.config.staleness
                 stats["staleness/bound"] = self._adapt_staleness(stats, self._step_wait[1])
+                self._last_batch = (float(stats.get("staleness/mean", 0.0)), taken_at)
         return batch, stats
 
     def _adapt_staleness(self, stats: dict, step_wait_s: float) -> int:
@@ -480,7 +484,9 @@ class Controller:
             step_s=float(stats.get("capacity/train_step_s") or 0.0),
             model_staleness=stats.get("capacity/min_staleness") if confident else None,
             estimate=None if confident else stats.get("capacity/min_staleness"),
+            kl=self._kl,
         )
+        self._kl = None  # each report is evidence once
         self.set_staleness(s)
         return s
 
@@ -490,16 +496,20 @@ class Controller:
         publish_s: float | None = None,
         overhead_s: float | None = None,
         cold: bool = False,
+        staleness_kl: float | None = None,
     ) -> None:
         """The learner's train time of its last update (T for the capacity model; until it
         reports, the measured step period, waits included), on publishing steps the time to
         publish (0 or None: none this step), and its time outside train steps and waits
         since the previous update (evaluation, checkpoints, publishing). `cold`: XLA
         compiled since the previous report, a one-off: these times are left out while warm
-        ones exist. Call after each RL step."""
+        ones exist. `staleness_kl`: the update's `staleness/kl` on the batch it took last
+        (auto S's KL ceiling). Call after each RL step."""
         with self.lock:
             self.fleet.learner_reported(step_s, publish_s, overhead_s, cold)
             self.liveness.stepped(self.clock())
+            if staleness_kl is not None and self._last_batch is not None:
+                self._kl = KlReport(float(staleness_kl), *self._last_batch)
 
     def export_cursor(self) -> dict:
         return self.learner.export_cursor()

@@ -40,7 +40,8 @@ class Publish:
     """Publish every kappa RL steps, then tell the controller what its capacity model needs:
     T (the train step, not the step period, which includes waiting for data), the learner's
     own time since the previous step, the publish time, and whether XLA compiled meanwhile
-    (compiles.py: a one-off, so those times are not warm samples)."""
+    (compiles.py: a one-off, so those times are not warm samples); and for auto S's KL
+    ceiling the step's `staleness/kl`."""
 
     def __init__(self, publisher, ctl):
         self.publisher, self.ctl = publisher, ctl
@@ -68,6 +69,7 @@ class Publish:
             out.get("bridge/publish_s"),
             overhead,
             cold=self._compiles > seen,
+            staleness_kl=metrics.get("staleness/kl"),
         )
         return out
 

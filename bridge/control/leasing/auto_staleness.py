@@ -25,6 +25,28 @@ the smallest S that keeps the learner fed, and takes evidence over the model:
   needs. One step at a time, and only after a quiet stretch, so a short lull does not give
   up the window a burst of slow leases needs (hysteresis against oscillation).
 
+The KL ceiling (`staleness_kl_max`, 0: none). What a larger S costs is the off-policy gap of
+the stale rows: the learner measures it on every trained token as `staleness/kl` (k3 of
+KL(behaviour || learner), learner_jax/training/train_step.py) and reports it after each step
+(`Controller.report_learner(staleness_kl=...)`), with the batch's mean lag and the S it was
+taken under. The rule bounds it from above, before any of the raises above:
+
+- **Down by one, at once,** when a batch taken under S' measured a KL above the ceiling: S
+  goes to S' - 1 (or stays lower), and S' becomes the ceiling: no raise reaches it again.
+  This outranks a drop: data dropped as stale is lost, data trained past the ceiling is
+  trained on (the demo at S = 4 lost a third of its accuracy with no drop; docs/results.md).
+- **No raise past the extrapolated room.** The KL grows with the square of the lag (a policy
+  drifting steadily moves its log-ratio in proportion to the lag; measured on Kuhn poker,
+  KL / lag^2 was 1.4e-3, 1.1e-3, 1.2e-3 at S = 1, 2, 4), so a batch of mean lag l and KL k
+  predicts k * (S / l)^2 for a batch whose lag reaches S: a raise goes at most to
+  floor(l * sqrt(ceiling / k)). Counting the lag at the bound S, not the batch's mean,
+  overestimates (lags spread below S): a conservative room. A batch with mean lag under
+  half a version says nothing of staleness (its KL is the engine's numerics), so it leaves
+  the room open; the ceiling catches an overshoot one batch later.
+- **The ceiling lifts** by one version once `quiet_batches` batches in a row predicted room
+  at it: the policy moves less per update as training settles, and a ceiling set early
+  should not bind forever.
+
 S always stays in [S_min, S_max]; S_min itself must satisfy the schedule rule
 (S_min >= publish_every - 1, bridge/contracts/staleness.py), which the learner's config
 check enforces. The current S is the metric `staleness/bound`.
@@ -33,6 +55,7 @@ check enforces. The current S is the metric `staleness/bound`.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 
 @dataclasses.dataclass
@@ -44,8 +67,11 @@ class AutoStaleness:
     s: int
     quiet_batches: int = 4
     wait_fraction: float = 0.1
+    kl_max: float = 0.0  # the KL ceiling (0: none)
     _dropped_seen: int = 0
     _quiet: int = 0
+    _kl_ceiling: int | None = None  # the lowest S whose batch measured a KL above kl_max
+    _kl_roomy: int = 0  # batches in a row whose KL predicted room at the ceiling
 
     def __post_init__(self):
         if not 0 <= self.s_min <= self.s <= self.s_max:
@@ -53,10 +79,10 @@ class AutoStaleness:
                 f"need 0 <= staleness_min <= staleness <= staleness_max, got "
                 f"{self.s_min} <= {self.s} <= {self.s_max}"
             )
-        if self.quiet_batches < 1 or not 0.0 <= self.wait_fraction:
+        if self.quiet_batches < 1 or not 0.0 <= self.wait_fraction or not 0.0 <= self.kl_max:
             raise ValueError(
-                f"need quiet_batches >= 1 and wait_fraction >= 0, got "
-                f"{self.quiet_batches}, {self.wait_fraction}"
+                f"need quiet_batches >= 1, wait_fraction >= 0 and staleness_kl_max >= 0, got "
+                f"{self.quiet_batches}, {self.wait_fraction}, {self.kl_max}"
             )
 
     def observe(
@@ -66,23 +92,28 @@ class AutoStaleness:
         step_s: float,
         model_staleness: int | None,
         estimate: int | None = None,
+        kl: KlReport | None = None,
     ) -> int:
         """One batch's evidence: the run's cumulative stale drops, the seconds the learner
         waited for this batch's data, the learner's step time, the capacity model's S (None
-        while it is not confident) and its estimate before it is (None: none yet). Returns
-        the new S."""
+        while it is not confident), its estimate before it is (None: none yet) and the
+        learner's last KL report (None: none yet). Returns the new S."""
         dropped = dropped_total > self._dropped_seen
         self._dropped_seen = max(self._dropped_seen, dropped_total)
         waited = step_s > 0 and data_wait_s > self.wait_fraction * step_s
+        if self._over_ceiling(kl):
+            self.s, self._quiet = max(self.s_min, min(self.s, kl.staleness - 1)), 0
+            return self.s
+        top = self._raise_limit(kl)
         if dropped:
-            self.s, self._quiet = min(self.s + 1, self.s_max), 0
+            self.s, self._quiet = max(self.s, min(self.s + 1, top)), 0
         elif waited:
             self._quiet = 0
             if model_staleness is not None:
                 if model_staleness > self.s:
-                    self.s = min(model_staleness, self.s_max)
+                    self.s = max(self.s, min(model_staleness, top))
             elif estimate is not None and estimate > self.s:
-                self.s = min(self.s + 1, self.s_max)
+                self.s = max(self.s, min(self.s + 1, top))
         else:
             self._quiet += 1
             if (
@@ -92,3 +123,39 @@ class AutoStaleness:
             ):
                 self.s, self._quiet = max(self.s - 1, self.s_min), 0
         return self.s
+
+    def _over_ceiling(self, kl: KlReport | None) -> bool:
+        """Whether `kl` is past the ceiling; if so its S becomes (or lowers) the ceiling."""
+        if not self.kl_max or kl is None or kl.kl <= self.kl_max:
+            return False
+        if self._kl_ceiling is None or kl.staleness < self._kl_ceiling:
+            self._kl_ceiling = kl.staleness
+        self._kl_roomy = 0
+        return True
+
+    def _raise_limit(self, kl: KlReport | None) -> int:
+        """The highest S a raise may reach: S_max, the KL's extrapolated room, below the
+        ceiling (which lifts after `quiet_batches` roomy batches in a row)."""
+        room = self.s_max
+        if self.kl_max and kl is not None and kl.lag >= 0.5 and kl.kl > 0:
+            room = math.floor(kl.lag * math.sqrt(self.kl_max / kl.kl))
+        if self._kl_ceiling is not None:
+            self._kl_roomy = self._kl_roomy + 1 if room >= self._kl_ceiling else 0
+            if self._kl_roomy >= self.quiet_batches:
+                self._kl_ceiling += 1
+                self._kl_roomy = 0
+            if self._kl_ceiling > self.s_max:
+                self._kl_ceiling = None
+            else:
+                room = min(room, self._kl_ceiling - 1)
+        return min(room, self.s_max)
+
+
+@dataclasses.dataclass(frozen=True)
+class KlReport:
+    """The learner's `staleness/kl` for one batch, with that batch's mean lag (versions behind
+    the learner, over its rows) and the S it was taken under."""
+
+    kl: float
+    lag: float
+    staleness: int

@@ -42,3 +42,30 @@ def test_a_window_with_a_compile_is_reported_cold(tmp_path):
         assert ctl.stats()["capacity/learner_overhead_s"] < 0.2
     finally:
         ctl.close()
+
+
+def test_the_steps_staleness_kl_reaches_auto_s_and_moves_it(tmp_path):
+    from controller_helpers import make, submit_all, worker
+
+    from bridge.control.protocol import LeaseRequest
+
+    ctl = make(
+        tmp_path, staleness=1, staleness_auto=True, staleness_min=0, staleness_max=2,
+        staleness_kl_max=0.01, groups_per_step=1, max_groups_per_lease=1,
+    )  # fmt: skip
+    hook = hooks.Publish(NotAPublishingStep(), ctl)
+    ctl.publish(0)
+    w = worker(ctl)
+    try:
+        for step in (1, 2):
+            lease = ctl.lease(w, LeaseRequest(worker_version=step - 1, max_groups=1)).lease
+            ctl.publish(step)
+            submit_all(ctl, w, lease, versions=(step - 1,) * 3)  # lag 1
+            batch, stats = ctl.wait_batch(step, 1, timeout_s=5.0)
+            assert batch is not None
+            # The first step's KL is past the ceiling: the second batch steps S down.
+            assert stats["staleness/bound"] == (1 if step == 1 else 0)
+            metrics = {"time/step_s": 0.01, "time/data_wait_s": 0.0, "staleness/kl": 0.05}
+            hook.after_step(types.SimpleNamespace(rl_steps=step), metrics)
+    finally:
+        ctl.close()

@@ -5,7 +5,7 @@ import random
 import pytest
 from controller_helpers import make, submit_all, worker
 
-from bridge.control.leasing.auto_staleness import AutoStaleness
+from bridge.control.leasing.auto_staleness import AutoStaleness, KlReport
 from bridge.control.protocol import LeaseRequest
 
 
@@ -60,16 +60,21 @@ def test_s_never_leaves_its_bounds_whatever_the_evidence():
     for _ in range(200):
         lo = rng.randint(0, 3)
         hi = lo + rng.randint(0, 3)
-        auto = AutoStaleness(s_min=lo, s_max=hi, s=rng.randint(lo, hi), quiet_batches=1)
+        auto = AutoStaleness(
+            s_min=lo, s_max=hi, s=rng.randint(lo, hi), quiet_batches=1,
+            kl_max=rng.choice((0.0, 0.01)),
+        )  # fmt: skip
         dropped = 0
         for _ in range(50):
             dropped += rng.choice((0, 0, 1, 5))
+            kl = KlReport(rng.choice((0.0, 1e-4, 0.05)), rng.uniform(0, hi), rng.randint(lo, hi))
             s = auto.observe(
                 dropped,
                 data_wait_s=rng.choice((0.0, 2.0)),
                 step_s=1.0,
                 model_staleness=rng.choice((None, 0, 1, 2, 5, 9)),
                 estimate=rng.choice((None, 0, 1, 3, 9)),
+                kl=rng.choice((None, kl)),
             )
             assert lo <= s <= hi
 
@@ -136,12 +141,15 @@ def test_the_rule_sees_the_learners_whole_wait_for_a_step_across_its_polls(tmp_p
     assert batch is not None and ctl._step_wait == (0, sum(polls) + stats["time/data_wait_s"])
 
 
-@pytest.mark.parametrize("quiet_batches, wait_fraction", [(0, 0.1), (2, -0.1)])
-def test_the_rules_knobs_are_checked_each_alone(quiet_batches, wait_fraction):
+@pytest.mark.parametrize(
+    "quiet_batches, wait_fraction, kl_max", [(0, 0.1, 0.0), (2, -0.1, 0.0), (2, 0.1, -0.01)]
+)
+def test_the_rules_knobs_are_checked_each_alone(quiet_batches, wait_fraction, kl_max):
     with pytest.raises(ValueError, match="quiet_batches"):
         AutoStaleness(
-            s_min=0, s_max=2, s=1, quiet_batches=quiet_batches, wait_fraction=wait_fraction
-        )
+            s_min=0, s_max=2, s=1, quiet_batches=quiet_batches, wait_fraction=wait_fraction,
+            kl_max=kl_max,
+        )  # fmt: skip
     AutoStaleness(s_min=0, s_max=2, s=1, wait_fraction=0.0)  # never waiting counts: allowed
 
 
@@ -164,3 +172,100 @@ def test_the_quiet_stretch_starts_after_a_drop_and_the_models_s_is_not_a_reason_
     # The model asking for the current S is no reason to come down, however long it is quiet.
     at_s = dict(quiet, model_staleness=2)
     assert [auto.observe(**at_s) for _ in range(8)] == [2] * 8
+
+
+# -- the KL ceiling ---------------------------------------------------------------------------
+WAITED = dict(dropped_total=0, data_wait_s=0.5, step_s=1.0)
+QUIET = dict(dropped_total=0, data_wait_s=0.0, step_s=1.0)
+
+
+def test_a_batch_past_the_kl_ceiling_steps_s_below_the_s_it_was_taken_under_even_after_a_drop():
+    auto = AutoStaleness(s_min=0, s_max=4, s=3, kl_max=0.01)
+    # The batch taken under S = 3 measured 0.02: down to 2 at once, though a group was dropped.
+    over = KlReport(kl=0.02, lag=2.5, staleness=3)
+    assert auto.observe(5, data_wait_s=0.5, step_s=1.0, model_staleness=4, kl=over) == 2
+    # Just at the ceiling is not past it; a waited batch may then raise, but never back to
+    # 3: S = 3 is the ceiling now (no KL report this batch, so no extrapolated room either).
+    at = KlReport(kl=0.01, lag=1.5, staleness=2)
+    assert auto.observe(**WAITED, model_staleness=4, kl=at) == 2
+    assert auto.observe(6, data_wait_s=0.0, step_s=1.0, model_staleness=4) == 2
+    # Past it again under S = 2: the ceiling comes down to 2, so S = 1 is the most a raise gets.
+    assert auto.observe(**QUIET, model_staleness=4, kl=KlReport(0.03, 1.5, 2)) == 1
+    assert auto.observe(**WAITED, model_staleness=4) == 1
+    # A report on an older, higher-S batch pushes S no lower and lifts no ceiling.
+    assert auto.observe(**WAITED, model_staleness=4, kl=over) == 1
+    assert auto.observe(**WAITED, model_staleness=4) == 1
+
+
+def test_without_a_ceiling_or_a_report_the_kl_moves_nothing():
+    for kl_max, kl in ((0.0, KlReport(1.0, 2.0, 2)), (0.01, None)):
+        auto = AutoStaleness(s_min=0, s_max=4, s=2, kl_max=kl_max)
+        assert auto.observe(**WAITED, model_staleness=4, kl=kl) == 4
+
+
+def test_a_raise_stops_at_the_room_the_kl_extrapolates_with_the_square_of_the_lag():
+    # KL 0.0025 at mean lag 1: the square law predicts 0.01 at lag 2 and 0.0225 at 3.
+    auto = AutoStaleness(s_min=0, s_max=4, s=1, kl_max=0.01)
+    kl = KlReport(kl=0.0025, lag=1.0, staleness=1)
+    assert auto.observe(**WAITED, model_staleness=4, kl=kl) == 2
+    assert auto.observe(1, data_wait_s=0.0, step_s=1.0, model_staleness=None, kl=kl) == 2
+    # A hair more KL and S = 2 is past the room: the raise is refused, S stays (not lowered).
+    kl = KlReport(kl=0.0026, lag=1.0, staleness=2)
+    assert auto.observe(**WAITED, model_staleness=4, kl=kl) == 2
+    # Before the model is confident, the provisional raise obeys the room too.
+    auto = AutoStaleness(s_min=0, s_max=4, s=1, kl_max=0.01)
+    assert auto.observe(**WAITED, model_staleness=None, estimate=4, kl=kl) == 1
+
+
+def test_a_batch_of_fresh_rows_says_nothing_of_staleness_and_leaves_the_room_open():
+    auto = AutoStaleness(s_min=0, s_max=4, s=0, kl_max=0.01)
+    # Mean lag 0.4 (mostly on-policy rows): its KL is the engine's numerics, however large.
+    fresh = KlReport(kl=0.009, lag=0.4, staleness=0)
+    assert auto.observe(**WAITED, model_staleness=3, kl=fresh) == 3
+
+
+def test_the_kl_ceiling_lifts_after_quiet_batches_of_room_and_never_below_s_min():
+    auto = AutoStaleness(s_min=1, s_max=4, s=3, kl_max=0.01, quiet_batches=2)
+    assert auto.observe(**QUIET, model_staleness=3, kl=KlReport(0.05, 2.5, 3)) == 2
+    # The policy settles: lag 2 at KL 0.001 predicts room for floor(2 * sqrt(10)) = 6.
+    roomy = KlReport(kl=0.001, lag=2.0, staleness=2)
+    tight = KlReport(kl=0.006, lag=2.0, staleness=2)  # room for floor(2 * sqrt(1.67)) = 2
+    assert auto.observe(**WAITED, model_staleness=4, kl=roomy) == 2  # one roomy batch: held
+    assert auto.observe(**WAITED, model_staleness=4, kl=tight) == 2  # no room at 3: again
+    assert auto.observe(**WAITED, model_staleness=4, kl=roomy) == 2
+    assert auto.observe(**WAITED, model_staleness=4, kl=roomy) == 3  # two: the ceiling is 4
+    assert auto.observe(**WAITED, model_staleness=4, kl=roomy) == 3
+    assert auto.observe(**WAITED, model_staleness=4, kl=roomy) == 4  # lifted past S_max
+    # Past the ceiling at S_min itself: S cannot go lower, and no raise leaves it.
+    auto = AutoStaleness(s_min=1, s_max=4, s=1, kl_max=0.01)
+    assert auto.observe(**WAITED, model_staleness=4, kl=KlReport(0.05, 1.0, 1)) == 1
+    assert auto.observe(**WAITED, model_staleness=4) == 1
+
+
+def test_a_controller_steps_s_down_on_the_learners_kl_report_for_the_batch_it_took(tmp_path):
+    ctl = make(
+        tmp_path, staleness=2, staleness_auto=True, staleness_min=0, staleness_max=3,
+        staleness_kl_max=0.01, groups_per_step=1, max_groups_per_lease=1,
+    )  # fmt: skip
+    ctl.publish(0)
+    w = worker(ctl)
+
+    def one_batch(step: int, version: int) -> dict:
+        lease = ctl.lease(w, LeaseRequest(worker_version=version, max_groups=1)).lease
+        for v in range(version + 1, step + 1):
+            ctl.publish(v)
+        submit_all(ctl, w, lease, versions=(version,) * 3)
+        batch, stats = ctl.wait_batch(step, 1, timeout_s=5.0)
+        assert batch is not None
+        return stats
+
+    assert one_batch(2, 0)["staleness/bound"] == 2  # lag 2, taken under S = 2
+    ctl.report_learner(step_s=1.0, staleness_kl=0.02)
+    assert ctl.auto_staleness._kl_ceiling is None  # evidence is read at the next batch
+    assert one_batch(3, 2)["staleness/bound"] == 1
+    assert ctl.auto_staleness._kl_ceiling == 2 and ctl.config.staleness == 1
+    # The report is evidence once: a batch with no new report leaves S where it is, though
+    # the earlier report would have said past the ceiling again.
+    ctl.report_learner(step_s=1.0)
+    auto, ctl.auto_staleness._kl_ceiling = ctl.auto_staleness, None
+    assert one_batch(4, 3)["staleness/bound"] == 1 and auto._kl_ceiling is None
