@@ -4,7 +4,7 @@ staleness="auto" against the best fixed S.
     python -m bench.async_bias --out=F.json [--parts=bias,auto] \
         [--bias_task=reversal] [--bias_staleness=1] [--bias_steps=12] [--bias_throttle_s=auto] \
         [--bias_throttle_steps=2] [--news_baseline] \
-        [--auto_task=demo|kuhn] [--fixed=0,1,2,4] [--auto_max=4] [--auto_steps=12|24] \
+        [--auto_task=demo|kuhn] [--fixed=0,1,2,4] [--auto_min=0] [--auto_max=4] [--auto_no_kl] [--auto_steps=12|24] \
         [--auto_throttle_s=1] [--warm_start_TASK=DIR] [--warm_start_auto=DIR] \
         [--workdir=/tmp/echo2_async_bias] [--set KEY=VALUE ...] [--combine=A.json,B.json]
 
@@ -46,7 +46,8 @@ first compiles).
 Part `auto` (the cells of bench/staleness_sweep.py, reduced) for `--auto_task`: the demo
 from the sweep's SFT warm start (the config's own 2000 steps), or Kuhn poker from the sweep's
 pinned recipe (`KUHN_RECIPE`: 100 SFT steps); one run per fixed S in `--fixed` and one with
-`staleness="auto"` in [0, `--auto_max`], one seed, correction `tis`, the sweep's fleet
+`staleness="auto"` in [`--auto_min`, `--auto_max`] (with `--auto_no_kl` a second, `auto_nokl`,
+without the KL ceiling: `staleness_kl_max=0`), one seed, correction `tis`, the sweep's fleet
 (second worker throttled `--auto_throttle_s`) and schedule (`--auto_steps` RL steps, 12 demo
 / 24 Kuhn, the demo at lr 3e-4, evaluations every 3 / 4 steps, the too-slow rule off). The
 best fixed S is the one with the highest final quality (the demo's held-out accuracy,
@@ -219,15 +220,19 @@ def run_auto(a, cells: list[dict], on_cell) -> None:
                                "lr_demo": 3e-4})  # fmt: skip
     fixed = [*pinned, *pool.overrides(), *a.set]
     try:
-        for s in [*a.fixed, "auto"]:
+        for s in [*a.fixed, "auto", *(["auto_nokl"] if a.auto_no_kl else [])]:
             wd = os.path.join(root, f"S{s}")
             sweep_cells.copy_warm_start(base, wd)
-            overrides = [*fixed, *staleness_sweep.cell_overrides(knobs, task, s, "tis", a.seed)]
-            if s == "auto":
-                overrides += ["staleness_min=0", f"staleness_max={a.auto_max}"]
+            auto = isinstance(s, str)
+            overrides = [*fixed, *staleness_sweep.cell_overrides(
+                knobs, task, "auto" if auto else s, "tis", a.seed)]  # fmt: skip
+            if auto:
+                overrides += [f"staleness_min={a.auto_min}", f"staleness_max={a.auto_max}"]
+            if s == "auto_nokl":  # the same rule without its KL ceiling
+                overrides += ["staleness_kl_max=0"]
             secs = sweep_cells.run_cell(sweep_cells.load(config_file, overrides), wd, pool)
             cell = {"task": task, "S": s, **staleness_sweep.cell_result(wd, key, target, secs)}
-            if s == "auto":
+            if auto:
                 cell["bound_path"] = _bounds(wd)
             cells.append(cell)
             on_cell()
@@ -258,7 +263,7 @@ def headline_of(bias: list[dict], auto: list[dict]) -> dict:
             out[f"token_lag_{c['partial']}"] = c.get("token_lag")
     per_task = {}
     for task in dict.fromkeys(c["task"] for c in auto):
-        fixed = [c for c in auto if c["task"] == task and c["S"] != "auto"]
+        fixed = [c for c in auto if c["task"] == task and isinstance(c["S"], int)]
         fixed = [c for c in fixed if c["quality_final"] is not None]
         auto_cells = [c for c in auto if c["task"] == task and c["S"] == "auto"]
         if not (fixed and auto_cells):
@@ -362,6 +367,11 @@ def main():
     )
     p.add_argument("--auto_task", default="demo", choices=sorted(AUTO_SCHEDULE))
     p.add_argument("--fixed", default="0,1,2,4")
+    p.add_argument("--auto_min", type=int, default=0)
+    p.add_argument(
+        "--auto_no_kl", action="store_true",
+        help="auto: a second auto cell without the KL ceiling (staleness_kl_max=0)",
+    )  # fmt: skip
     p.add_argument("--auto_max", type=int, default=4)
     p.add_argument(
         "--auto_steps", type=int, default=0, help="RL steps per cell; 0: 12 demo, 24 Kuhn"

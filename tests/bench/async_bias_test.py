@@ -66,6 +66,8 @@ def test_off_drops_the_long_continued_group_and_continue_trains_it(tmp_path):
             ("demo", 0, 0.8, 0.2), ("demo", 2, 0.8, 0.7), ("demo", 4, 0.6, 0.75),
             ("demo", "auto", 0.75, 0.8), ("kuhn", 1, -0.12, 0.4), ("kuhn", 2, -0.11, 0.6),
             ("kuhn", "auto", -0.10, 0.5),
+            # auto without its KL ceiling (--auto_no_kl): neither a fixed S nor auto's cell
+            ("demo", "auto_nokl", 0.95, 0.95),
         )
     ]  # fmt: skip
     head = async_bias.headline_of([off, on], auto)

@@ -29,20 +29,27 @@ The KL ceiling (`staleness_kl_max`, 0: none). What a larger S costs is the off-p
 the stale rows: the learner measures it on every trained token as `staleness/kl` (k3 of
 KL(behaviour || learner), learner_jax/training/train_step.py) and reports it after each step
 (`Controller.report_learner(staleness_kl=...)`), with the batch's mean lag and the S it was
-taken under. The rule bounds it from above, before any of the raises above:
+taken under. The rule bounds it from above, before any of the raises above. The default
+ceiling, 0.05, is measured: the demo's mean `staleness/kl` over 30-step cells was 0.0055,
+0.024, 0.13, 0.19 at S = 1, 2, 3, 4 with held-out accuracy 0.86, 0.86, 0.60, 0.59 (S = 0:
+0.865), so the loss starts between 0.024 and 0.13 (0.05 is about their geometric mean);
+Kuhn poker's 8e-4 to 1.3e-2 at S = 1-4 lost nothing (docs/design/staleness.md).
 
-- **Down by one, at once,** when a batch taken under S' measured a KL above the ceiling: S
-  goes to S' - 1 (or stays lower), and S' becomes the ceiling: no raise reaches it again.
+- **Down by one, at once,** when the batches taken under S' measured a KL above the ceiling
+  (the mean of the last `quiet_batches` reports at S': one batch's KL is noisy): S goes to
+  S' - 1 (or stays lower), and S' becomes the ceiling: no raise reaches it again.
   This outranks a drop: data dropped as stale is lost, data trained past the ceiling is
   trained on (the demo at S = 4 lost a third of its accuracy with no drop; docs/results.md).
-- **No raise past the extrapolated room.** The KL grows with the square of the lag (a policy
-  drifting steadily moves its log-ratio in proportion to the lag; measured on Kuhn poker,
-  KL / lag^2 was 1.4e-3, 1.1e-3, 1.2e-3 at S = 1, 2, 4), so a batch of mean lag l and KL k
-  predicts k * (S / l)^2 for a batch whose lag reaches S: a raise goes at most to
-  floor(l * sqrt(ceiling / k)). Counting the lag at the bound S, not the batch's mean,
-  overestimates (lags spread below S): a conservative room. A batch with mean lag under
-  half a version says nothing of staleness (its KL is the engine's numerics), so it leaves
-  the room open; the ceiling catches an overshoot one batch later.
+- **No raise past the extrapolated room.** The KL grows at least with the square of the lag
+  (a policy drifting steadily moves its log-ratio in proportion to the lag): on Kuhn poker
+  KL / lag^2 was 1.4e-3, 1.1e-3, 1.2e-3 at S = 1, 2, 4; on the demo 2.9e-3, 4.3e-3, 1.4e-2
+  at S = 1, 2, 3 (faster than the square past 2). So reports of mean KL k at mean lag l (over
+  the last reports at the current S) predict k * (S / l)^2 for batches whose lag reaches S:
+  a raise goes at most to floor(l * sqrt(ceiling / k)). Counting the lag at the bound S, not
+  the mean lag, overestimates where the square law holds (lags spread below S); where the
+  KL grows faster, the ceiling catches the overshoot one batch later. Reports with mean lag
+  under half a version say nothing of staleness (their KL is the engine's numerics), so
+  they leave the room open.
 - **The ceiling lifts** by one version once `quiet_batches` batches in a row predicted room
   at it: the policy moves less per update as training settles, and a ceiling set early
   should not bind forever.
@@ -54,8 +61,10 @@ check enforces. The current S is the metric `staleness/bound`.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import math
+import statistics
 
 
 @dataclasses.dataclass
@@ -70,8 +79,9 @@ class AutoStaleness:
     kl_max: float = 0.0  # the KL ceiling (0: none)
     _dropped_seen: int = 0
     _quiet: int = 0
-    _kl_ceiling: int | None = None  # the lowest S whose batch measured a KL above kl_max
+    _kl_ceiling: int | None = None  # the lowest S whose batches measured a KL above kl_max
     _kl_roomy: int = 0  # batches in a row whose KL predicted room at the ceiling
+    _kl_reports: dict = dataclasses.field(default_factory=dict)  # S -> its last reports
 
     def __post_init__(self):
         if not 0 <= self.s_min <= self.s <= self.s_max:
@@ -101,6 +111,7 @@ class AutoStaleness:
         dropped = dropped_total > self._dropped_seen
         self._dropped_seen = max(self._dropped_seen, dropped_total)
         waited = step_s > 0 and data_wait_s > self.wait_fraction * step_s
+        kl = self._smoothed(kl)
         if self._over_ceiling(kl):
             self.s, self._quiet = max(self.s_min, min(self.s, kl.staleness - 1)), 0
             return self.s
@@ -124,10 +135,27 @@ class AutoStaleness:
                 self.s, self._quiet = max(self.s - 1, self.s_min), 0
         return self.s
 
+    def _smoothed(self, kl: KlReport | None) -> KlReport | None:
+        """`kl` averaged with the last `quiet_batches` - 1 reports on batches taken under its S
+        (one batch's KL is noisy: the demo's at S = 2 had median 0.014 and maximum 0.12)."""
+        if kl is None:
+            return None
+        window = self._kl_reports.setdefault(
+            kl.staleness, collections.deque(maxlen=self.quiet_batches)
+        )
+        window.append(kl)
+        return KlReport(
+            statistics.fmean(r.kl for r in window),
+            statistics.fmean(r.lag for r in window),
+            kl.staleness,
+        )
+
     def _over_ceiling(self, kl: KlReport | None) -> bool:
-        """Whether `kl` is past the ceiling; if so its S becomes (or lowers) the ceiling."""
+        """Whether `kl` is past the ceiling; if so its S becomes (or lowers) the ceiling and
+        its reports are forgotten (a later stay at that S is judged afresh)."""
         if not self.kl_max or kl is None or kl.kl <= self.kl_max:
             return False
+        self._kl_reports.pop(kl.staleness, None)
         if self._kl_ceiling is None or kl.staleness < self._kl_ceiling:
             self._kl_ceiling = kl.staleness
         self._kl_roomy = 0

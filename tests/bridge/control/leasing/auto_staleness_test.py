@@ -229,10 +229,12 @@ def test_the_kl_ceiling_lifts_after_quiet_batches_of_room_and_never_below_s_min(
     assert auto.observe(**QUIET, model_staleness=3, kl=KlReport(0.05, 2.5, 3)) == 2
     # The policy settles: lag 2 at KL 0.001 predicts room for floor(2 * sqrt(10)) = 6.
     roomy = KlReport(kl=0.001, lag=2.0, staleness=2)
-    tight = KlReport(kl=0.006, lag=2.0, staleness=2)  # room for floor(2 * sqrt(1.67)) = 2
-    assert auto.observe(**WAITED, model_staleness=4, kl=roomy) == 2  # one roomy batch: held
-    assert auto.observe(**WAITED, model_staleness=4, kl=tight) == 2  # no room at 3: again
-    assert auto.observe(**WAITED, model_staleness=4, kl=roomy) == 2
+    # The rule judges the mean of the last 2 (quiet_batches) reports at an S: with this one
+    # it is 0.008 (under the ceiling), room for floor(2 * sqrt(1.25)) = 2.
+    tight = KlReport(kl=0.015, lag=2.0, staleness=2)
+    steps = [auto.observe(**WAITED, model_staleness=4, kl=kl) for kl in (roomy, tight, roomy)]
+    assert steps == [2, 2, 2]  # one roomy batch, then none: held below the ceiling
+    assert auto.observe(**WAITED, model_staleness=4, kl=roomy) == 2  # one in a row
     assert auto.observe(**WAITED, model_staleness=4, kl=roomy) == 3  # two: the ceiling is 4
     assert auto.observe(**WAITED, model_staleness=4, kl=roomy) == 3
     assert auto.observe(**WAITED, model_staleness=4, kl=roomy) == 4  # lifted past S_max
@@ -269,3 +271,21 @@ def test_a_controller_steps_s_down_on_the_learners_kl_report_for_the_batch_it_to
     ctl.report_learner(step_s=1.0)
     auto, ctl.auto_staleness._kl_ceiling = ctl.auto_staleness, None
     assert one_batch(4, 3)["staleness/bound"] == 1 and auto._kl_ceiling is None
+
+
+def test_one_noisy_batch_does_not_trip_the_ceiling_but_a_first_report_at_a_new_s_can():
+    # The demo's per-batch KL at S = 2 had median 0.014 and maximum 0.12.
+    auto = AutoStaleness(s_min=0, s_max=4, s=2, kl_max=0.05)
+    calm, spike = KlReport(0.01, 1.8, 2), KlReport(0.12, 1.8, 2)
+    assert [auto.observe(**QUIET, model_staleness=2, kl=k) for k in (calm,) * 3 + (spike,)] == [2] * 4
+    auto = AutoStaleness(s_min=0, s_max=4, s=2, kl_max=0.05)
+    assert auto.observe(**QUIET, model_staleness=2, kl=spike) == 1
+
+
+def test_a_stay_at_an_s_after_its_ceiling_lifted_is_judged_afresh():
+    auto = AutoStaleness(s_min=0, s_max=4, s=2, kl_max=0.05, quiet_batches=2)
+    assert auto.observe(**QUIET, model_staleness=2, kl=KlReport(0.2, 1.8, 2)) == 1
+    settled = KlReport(0.001, 1.0, 1)  # room for floor(sqrt(50)) = 7: the ceiling lifts
+    assert [auto.observe(**WAITED, model_staleness=2, kl=settled) for _ in range(2)] == [1, 2]
+    # Back at 2, a calm report is not averaged with the one that set the ceiling.
+    assert auto.observe(**QUIET, model_staleness=2, kl=KlReport(0.02, 1.8, 2)) == 2
