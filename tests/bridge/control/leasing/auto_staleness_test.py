@@ -289,3 +289,8 @@ def test_a_stay_at_an_s_after_its_ceiling_lifted_is_judged_afresh():
     assert [auto.observe(**WAITED, model_staleness=2, kl=settled) for _ in range(2)] == [1, 2]
     # Back at 2, a calm report is not averaged with the one that set the ceiling.
     assert auto.observe(**QUIET, model_staleness=2, kl=KlReport(0.02, 1.8, 2)) == 2
+    # Past it again: the second lift waits twice as many roomy batches (4), the third 8.
+    for trip, wait in ((2, 4), (3, 8)):
+        assert auto.observe(**QUIET, model_staleness=2, kl=KlReport(0.3, 1.8, 2)) == 1
+        lifts = [auto.observe(**WAITED, model_staleness=2, kl=settled) for _ in range(wait)]
+        assert lifts == [1] * (wait - 1) + [2] and auto._kl_trips == trip
