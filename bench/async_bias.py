@@ -4,8 +4,9 @@ staleness="auto" against the best fixed S.
     python -m bench.async_bias --out=F.json [--parts=bias,auto] \
         [--bias_task=reversal] [--bias_staleness=1] [--bias_steps=12] [--bias_throttle_s=auto] \
         [--bias_throttle_steps=2] [--news_baseline] \
-        [--auto_task=demo|kuhn] [--fixed=0,1,2,4] [--auto_min=0] [--auto_max=4] [--auto_no_kl] [--auto_steps=12|24] \
-        [--auto_throttle_s=1] [--warm_start_TASK=DIR] [--warm_start_auto=DIR] \
+        [--auto_task=demo|kuhn] [--fixed=0,1,2,4] [--auto_min=0] [--auto_max=4] [--auto_no_kl] \
+        [--auto_steps=12|24] [--auto_throttle_s=1] [--auto_throttle_fast_s=0] \
+        [--warm_start_TASK=DIR] [--warm_start_auto=DIR] \
         [--workdir=/tmp/echo2_async_bias] [--set KEY=VALUE ...] [--combine=A.json,B.json]
 
 Headline: `dropped_frac_off`, `dropped_frac_continue` (dropped / (dropped + consumed)
@@ -48,8 +49,8 @@ from the sweep's SFT warm start (the config's own 2000 steps), or Kuhn poker fro
 pinned recipe (`KUHN_RECIPE`: 100 SFT steps); one run per fixed S in `--fixed` and one with
 `staleness="auto"` in [`--auto_min`, `--auto_max`] (with `--auto_no_kl` a second, `auto_nokl`,
 without the KL ceiling: `staleness_kl_max=0`), one seed, correction `tis`, the sweep's fleet
-(second worker throttled `--auto_throttle_s`) and schedule (`--auto_steps` RL steps, 12 demo
-/ 24 Kuhn, the demo at lr 3e-4, evaluations every 3 / 4 steps, the too-slow rule off). The
+(second worker throttled `--auto_throttle_s`, the first `--auto_throttle_fast_s`, default 0)
+and schedule (`--auto_steps` RL steps, 12 demo / 24 Kuhn, the demo at lr 3e-4, evaluations every 3 / 4 steps, the too-slow rule off). The
 best fixed S is the one with the highest final quality (the demo's held-out accuracy,
 Kuhn's exact expected chips per hand), ties to the higher learner utilization; the headline
 is auto's quality and mean utilization minus that S's. One seed per run (`--seed`): the
@@ -213,7 +214,9 @@ def run_auto(a, cells: list[dict], on_cell) -> None:
     root = os.path.join(a.workdir, "auto")
     base = _warm_start(a, config_file, pinned, a.warm_start_auto, root)
     first = sweep_cells.load(config_file, [*pinned, *a.set])
-    pool = sweep_cells.Pool(first, os.path.join(root, "pool"), a.auto_throttle_s)
+    pool = sweep_cells.Pool(
+        first, os.path.join(root, "pool"), a.auto_throttle_s, fast_throttle_s=a.auto_throttle_fast_s
+    )
     eval_period, warmup = AUTO_SCHEDULE[task]
     knobs = SimpleNamespace(**{f"steps_{task}": a.auto_steps or DEFAULT_AUTO_STEPS[task],
                                f"eval_period_{task}": eval_period, f"warmup_{task}": warmup,
@@ -377,6 +380,10 @@ def main():
         "--auto_steps", type=int, default=0, help="RL steps per cell; 0: 12 demo, 24 Kuhn"
     )
     p.add_argument("--auto_throttle_s", type=float, default=1.0)
+    p.add_argument(
+        "--auto_throttle_fast_s", type=float, default=0.0,
+        help="auto: the first worker's throttle too (a fleet whose latency needs a larger S)",
+    )  # fmt: skip
     p.add_argument("--seed", type=int, default=0)
     for task in staleness_bias.TASKS:
         p.add_argument(f"--warm_start_{task}", default="", help="bias: reuse this SFT workdir")

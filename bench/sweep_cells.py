@@ -77,10 +77,13 @@ def free_port() -> int:
 
 
 class Pool:
-    """Two local workers (the second throttled by `throttle_s` per lease) that serve every
-    cell at one controller address; `overrides()` are what each cell's config needs."""
+    """Two local workers (the second throttled by `throttle_s` per lease, the first by
+    `fast_throttle_s`) that serve every cell at one controller address; `overrides()` are
+    what each cell's config needs."""
 
-    def __init__(self, config, pool_dir: str, throttle_s: float, seed: int = 0):
+    def __init__(
+        self, config, pool_dir: str, throttle_s: float, seed: int = 0, fast_throttle_s: float = 0.0
+    ):
         from bridge.fleet.local import LocalProvisioner
         from learner_jax import run_config
         from learner_jax.fleet import local_fleet
@@ -94,7 +97,8 @@ class Pool:
             f.write(secrets.token_urlsafe(32) + "\n")
         url = f"http://127.0.0.1:{self.port}"
         fleet = dataclasses.replace(
-            run_config.fleet_config(config), prices=(0.40, 0.15), throttle_s=(0.0, throttle_s)
+            run_config.fleet_config(config), prices=(0.40, 0.15),
+            throttle_s=(fast_throttle_s, throttle_s),
         )
         self.provs = []
         for k, spec in enumerate(local_fleet.local_specs(fleet, seed)):
