@@ -277,7 +277,8 @@ def test_one_noisy_batch_does_not_trip_the_ceiling_but_a_first_report_at_a_new_s
     # The demo's per-batch KL at S = 2 had median 0.014 and maximum 0.12.
     auto = AutoStaleness(s_min=0, s_max=4, s=2, kl_max=0.05)
     calm, spike = KlReport(0.01, 1.8, 2), KlReport(0.12, 1.8, 2)
-    assert [auto.observe(**QUIET, model_staleness=2, kl=k) for k in (calm,) * 3 + (spike,)] == [2] * 4
+    steps = [auto.observe(**QUIET, model_staleness=2, kl=k) for k in (calm, calm, calm, spike)]
+    assert steps == [2] * 4
     auto = AutoStaleness(s_min=0, s_max=4, s=2, kl_max=0.05)
     assert auto.observe(**QUIET, model_staleness=2, kl=spike) == 1
 
