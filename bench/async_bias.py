@@ -52,8 +52,8 @@ without the KL ceiling: `staleness_kl_max=0`), one seed, correction `tis`, the s
 (second worker throttled `--auto_throttle_s`, the first `--auto_throttle_fast_s`, default 0)
 and schedule (`--auto_steps` RL steps, 12 demo / 24 Kuhn, the demo at lr 3e-4, evaluations
 every 3 / 4 steps, the too-slow rule off). The best fixed S is the one with the highest final
-quality (the demo's held-out accuracy, Kuhn's exact expected chips per hand), ties to the higher learner utilization; the headline
-is auto's quality and mean utilization minus that S's. One seed per run (`--seed`): the
+quality (the demo's held-out accuracy, Kuhn's exact expected chips per hand), ties to the
+higher learner utilization; the headline is auto's quality and mean utilization minus that S's. One seed per run (`--seed`): the
 sweep's seed-to-seed sd of the final quality was 0.03-0.09 for the demo, 0.004-0.03 for Kuhn
 (docs/results.md), the noise a difference must beat.
 """

@@ -97,7 +97,8 @@ class Pool:
             f.write(secrets.token_urlsafe(32) + "\n")
         url = f"http://127.0.0.1:{self.port}"
         fleet = dataclasses.replace(
-            run_config.fleet_config(config), prices=(0.40, 0.15),
+            run_config.fleet_config(config),
+            prices=(0.40, 0.15),
             throttle_s=(fast_throttle_s, throttle_s),
         )
         self.provs = []

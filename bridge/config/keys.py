@@ -158,7 +158,7 @@ RUN = (
     Key(
         "staleness_kl_max",
         0.1,
-        'With staleness="auto", the ceiling on the learner\'s `staleness/kl` (the stale rows\' '
+        "With staleness=\"auto\", the ceiling on the learner's `staleness/kl` (the stale rows' "
         "off-policy gap): S steps down past it and is not raised into it (0: no ceiling).",
         L,
         type="float",
