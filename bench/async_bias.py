@@ -44,8 +44,8 @@ it also fills the compile cache): per step, the wall time since the previous ste
 time the learner waited for data, the median over the steps after the first two (the
 first compiles).
 
-Part `auto` (the cells of bench/staleness_sweep.py, reduced) for `--auto_task`: the demo
-from the sweep's SFT warm start (the config's own 2000 steps), or Kuhn poker from the sweep's
+Part `auto` (the cells of bench/staleness_sweep.py, reduced) for `--auto_task`: the demo from
+the sweep's SFT warm start (the config's own 2000 steps), or Kuhn poker from the sweep's
 pinned recipe (`KUHN_RECIPE`: 100 SFT steps); one run per fixed S in `--fixed` and one with
 `staleness="auto"` in [`--auto_min`, `--auto_max`] (with `--auto_no_kl` a second, `auto_nokl`,
 without the KL ceiling: `staleness_kl_max=0`), one seed, correction `tis`, the sweep's fleet
@@ -53,10 +53,10 @@ without the KL ceiling: `staleness_kl_max=0`), one seed, correction `tis`, the s
 and schedule (`--auto_steps` RL steps, 12 demo / 24 Kuhn, the demo at lr 3e-4, evaluations
 every 3 / 4 steps, the too-slow rule off). The best fixed S is the one with the highest final
 quality (the demo's held-out accuracy, Kuhn's exact expected chips per hand), ties to the
-higher learner utilization; the headline is auto's quality and mean utilization minus that S's. One seed per run (`--seed`): the
-sweep's seed-to-seed sd of the final quality was 0.03-0.09 for the demo, 0.004-0.03 for Kuhn
-(docs/results.md), the noise a difference must beat.
-"""
+higher learner utilization; the headline is auto's quality and mean utilization minus that
+S's. One seed per run (`--seed`): the sweep's seed-to-seed sd of the final quality was
+0.03-0.09 for the demo, 0.004-0.03 for Kuhn (docs/results.md), the noise a difference must
+beat. """
 
 from __future__ import annotations
 
