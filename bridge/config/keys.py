@@ -157,7 +157,7 @@ RUN = (
     ),
     Key(
         "staleness_kl_max",
-        0.12,
+        0.15,
         "With staleness=\"auto\", the ceiling on the learner's `staleness/kl` (the stale rows' "
         "off-policy gap): S steps down past it and is not raised into it (0: no ceiling).",
         L,
