@@ -55,7 +55,7 @@ S = 3 and 4 in that phase. Kuhn poker's 8e-4 to 2e-2 at S = 1-4 lost nothing.
   they leave the room open.
 - **The ceiling lifts** by one version once enough batches in a row predicted room at it
   (`quiet_batches` after its first trip, twice as many after each further one): the policy
-  moves less per update as training settles (the demo's KL at S = 2 fell from 0.04-0.12 in
+  moves less per update as training settles (the demo's KL at S = 2 fell from 0.04-0.15 in
   its first ten steps to 0.002-0.03), so a ceiling set early should not bind forever; but
   the square law can underestimate (the demo's S = 3 stayed near 0.14 while S = 2 fell to
   0.015, nine times, where the square predicts 2.9), and the backoff bounds what the
@@ -145,7 +145,7 @@ class AutoStaleness:
 
     def _smoothed(self, kl: KlReport | None) -> KlReport | None:
         """`kl` averaged with the last `quiet_batches` - 1 reports on batches taken under its S
-        (one batch's KL is noisy: the demo's at S = 2 had median 0.014 and maximum 0.12)."""
+        (one batch's KL is noisy: the demo's at S = 2 had median 0.014 and maximum 0.15)."""
         if kl is None:
             return None
         window = self._kl_reports.setdefault(
@@ -173,10 +173,12 @@ class AutoStaleness:
         """The highest S a raise may reach: S_max, the KL's extrapolated room, below the
         ceiling (which lifts after `quiet_batches` * 2^(trips - 1) roomy batches in a row)."""
         room = self.s_max
-        if self.kl_max and kl is not None and kl.lag >= 0.5 and kl.kl > 0:
+        evidence = self.kl_max and kl is not None and kl.lag >= 0.5
+        if evidence and kl.kl > 0:
             room = math.floor(kl.lag * math.sqrt(self.kl_max / kl.kl))
         if self._kl_ceiling is not None:
-            self._kl_roomy = self._kl_roomy + 1 if room >= self._kl_ceiling else 0
+            if evidence:  # a batch without a report (or of fresh rows) says nothing of room
+                self._kl_roomy = self._kl_roomy + 1 if room >= self._kl_ceiling else 0
             if self._kl_roomy >= self.quiet_batches * 2 ** (self._kl_trips - 1):
                 self._kl_ceiling += 1
                 self._kl_roomy = 0

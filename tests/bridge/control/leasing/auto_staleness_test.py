@@ -241,7 +241,9 @@ def test_the_kl_ceiling_lifts_after_quiet_batches_of_room_and_never_below_s_min(
     # Past the ceiling at S_min itself: S cannot go lower, and no raise leaves it.
     auto = AutoStaleness(s_min=1, s_max=4, s=1, kl_max=0.01)
     assert auto.observe(**WAITED, model_staleness=4, kl=KlReport(0.05, 1.0, 1)) == 1
-    assert auto.observe(**WAITED, model_staleness=4) == 1
+    # Batches without a report, or of fresh rows, are no evidence of room: the ceiling stays.
+    fresh = KlReport(0.0, 0.2, 1)
+    assert [auto.observe(**WAITED, model_staleness=4, kl=k) for k in (None, fresh) * 4] == [1] * 8
 
 
 def test_a_controller_steps_s_down_on_the_learners_kl_report_for_the_batch_it_took(tmp_path):
