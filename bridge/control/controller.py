@@ -478,6 +478,7 @@ class Controller:
     def _adapt_staleness(self, stats: dict, step_wait_s: float) -> int:
         """`staleness="auto"`: one batch's evidence moves S (leasing/auto_staleness.py)."""
         confident = stats.get("capacity/confident", 0)
+        trips = self.auto_staleness.kl_trips
         s = self.auto_staleness.observe(
             dropped_total=int(stats.get("staleness/dropped", 0)),
             data_wait_s=step_wait_s,
@@ -486,6 +487,13 @@ class Controller:
             estimate=None if confident else stats.get("capacity/min_staleness"),
             kl=self._kl,
         )
+        if self.auto_staleness.kl_trips > trips:
+            logging.warning(
+                "staleness/kl %.3g at S = %d is past staleness_kl_max %.3g: S -> %d, and no "
+                "higher than %d until the KL shows room",
+                self._kl.kl, self._kl.staleness, self.config.staleness_kl_max, s,
+                self.auto_staleness.kl_ceiling - 1,
+            )  # fmt: skip
         self._kl = None  # each report is evidence once
         self.set_staleness(s)
         return s

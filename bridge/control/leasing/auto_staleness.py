@@ -86,9 +86,9 @@ class AutoStaleness:
     kl_max: float = 0.0  # the KL ceiling (0: none)
     _dropped_seen: int = 0
     _quiet: int = 0
-    _kl_ceiling: int | None = None  # the lowest S whose batches measured a KL above kl_max
+    kl_ceiling: int | None = None  # the lowest S whose batches measured a KL above kl_max
+    kl_trips: int = 0  # how often the ceiling was set or lowered
     _kl_roomy: int = 0  # batches in a row whose KL predicted room at the ceiling
-    _kl_trips: int = 0  # how often the ceiling was set or lowered
     _kl_reports: dict = dataclasses.field(default_factory=dict)  # S -> its last reports
 
     def __post_init__(self):
@@ -164,9 +164,9 @@ class AutoStaleness:
         if not self.kl_max or kl is None or kl.kl <= self.kl_max:
             return False
         self._kl_reports.pop(kl.staleness, None)
-        if self._kl_ceiling is None or kl.staleness < self._kl_ceiling:
-            self._kl_ceiling = kl.staleness
-        self._kl_roomy, self._kl_trips = 0, self._kl_trips + 1
+        if self.kl_ceiling is None or kl.staleness < self.kl_ceiling:
+            self.kl_ceiling = kl.staleness
+        self._kl_roomy, self.kl_trips = 0, self.kl_trips + 1
         return True
 
     def _raise_limit(self, kl: KlReport | None) -> int:
@@ -176,16 +176,16 @@ class AutoStaleness:
         evidence = self.kl_max and kl is not None and kl.lag >= 0.5
         if evidence and kl.kl > 0:
             room = math.floor(kl.lag * math.sqrt(self.kl_max / kl.kl))
-        if self._kl_ceiling is not None:
+        if self.kl_ceiling is not None:
             if evidence:  # a batch without a report (or of fresh rows) says nothing of room
-                self._kl_roomy = self._kl_roomy + 1 if room >= self._kl_ceiling else 0
-            if self._kl_roomy >= self.quiet_batches * 2 ** (self._kl_trips - 1):
-                self._kl_ceiling += 1
+                self._kl_roomy = self._kl_roomy + 1 if room >= self.kl_ceiling else 0
+            if self._kl_roomy >= self.quiet_batches * 2 ** (self.kl_trips - 1):
+                self.kl_ceiling += 1
                 self._kl_roomy = 0
-            if self._kl_ceiling > self.s_max:
-                self._kl_ceiling = None
+            if self.kl_ceiling > self.s_max:
+                self.kl_ceiling = None
             else:
-                room = min(room, self._kl_ceiling - 1)
+                room = min(room, self.kl_ceiling - 1)
         return min(room, self.s_max)
 
 

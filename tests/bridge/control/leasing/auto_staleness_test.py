@@ -246,7 +246,9 @@ def test_the_kl_ceiling_lifts_after_quiet_batches_of_room_and_never_below_s_min(
     assert [auto.observe(**WAITED, model_staleness=4, kl=k) for k in (None, fresh) * 4] == [1] * 8
 
 
-def test_a_controller_steps_s_down_on_the_learners_kl_report_for_the_batch_it_took(tmp_path):
+def test_a_controller_steps_s_down_on_the_learners_kl_report_for_the_batch_it_took(
+    tmp_path, caplog
+):
     ctl = make(
         tmp_path, staleness=2, staleness_auto=True, staleness_min=0, staleness_max=3,
         staleness_kl_max=0.01, groups_per_step=1, max_groups_per_lease=1,
@@ -265,14 +267,17 @@ def test_a_controller_steps_s_down_on_the_learners_kl_report_for_the_batch_it_to
 
     assert one_batch(2, 0)["staleness/bound"] == 2  # lag 2, taken under S = 2
     ctl.report_learner(step_s=1.0, staleness_kl=0.02)
-    assert ctl.auto_staleness._kl_ceiling is None  # evidence is read at the next batch
-    assert one_batch(3, 2)["staleness/bound"] == 1
-    assert ctl.auto_staleness._kl_ceiling == 2 and ctl.config.staleness == 1
+    assert ctl.auto_staleness.kl_ceiling is None  # evidence is read at the next batch
+    with caplog.at_level("WARNING"):
+        assert one_batch(3, 2)["staleness/bound"] == 1
+    assert ctl.auto_staleness.kl_ceiling == 2 and ctl.config.staleness == 1
+    # The console says why S fell and how far it may rise.
+    assert "staleness/kl 0.02 at S = 2 is past staleness_kl_max 0.01: S -> 1" in caplog.text
     # The report is evidence once: a batch with no new report leaves S where it is, though
     # the earlier report would have said past the ceiling again.
     ctl.report_learner(step_s=1.0)
-    auto, ctl.auto_staleness._kl_ceiling = ctl.auto_staleness, None
-    assert one_batch(4, 3)["staleness/bound"] == 1 and auto._kl_ceiling is None
+    auto, ctl.auto_staleness.kl_ceiling = ctl.auto_staleness, None
+    assert one_batch(4, 3)["staleness/bound"] == 1 and auto.kl_ceiling is None
 
 
 def test_one_noisy_batch_does_not_trip_the_ceiling_but_a_first_report_at_a_new_s_can():
@@ -296,4 +301,4 @@ def test_a_stay_at_an_s_after_its_ceiling_lifted_is_judged_afresh():
     for trip, wait in ((2, 4), (3, 8)):
         assert auto.observe(**QUIET, model_staleness=2, kl=KlReport(0.3, 1.8, 2)) == 1
         lifts = [auto.observe(**WAITED, model_staleness=2, kl=settled) for _ in range(wait)]
-        assert lifts == [1] * (wait - 1) + [2] and auto._kl_trips == trip
+        assert lifts == [1] * (wait - 1) + [2] and auto.kl_trips == trip
