@@ -129,8 +129,7 @@ class AutoStaleness:
         elif waited:
             self._quiet = 0
             if model_staleness is not None:
-                if model_staleness > self.s:
-                    self.s = max(self.s, min(model_staleness, top))
+                self.s = max(self.s, min(model_staleness, top))
             elif estimate is not None and estimate > self.s:
                 self.s = max(self.s, min(self.s + 1, top))
         else:
@@ -163,9 +162,9 @@ class AutoStaleness:
         its reports are forgotten (a later stay at that S is judged afresh)."""
         if not self.kl_max or kl is None or kl.kl <= self.kl_max:
             return False
-        self._kl_reports.pop(kl.staleness, None)
-        if self.kl_ceiling is None or kl.staleness < self.kl_ceiling:
-            self.kl_ceiling = kl.staleness
+        del self._kl_reports[kl.staleness]  # _smoothed put it there
+        low = self.kl_ceiling
+        self.kl_ceiling = kl.staleness if low is None else min(low, kl.staleness)
         self._kl_roomy, self.kl_trips = 0, self.kl_trips + 1
         return True
 

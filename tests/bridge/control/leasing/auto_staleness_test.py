@@ -302,3 +302,21 @@ def test_a_stay_at_an_s_after_its_ceiling_lifted_is_judged_afresh():
         assert auto.observe(**QUIET, model_staleness=2, kl=KlReport(0.3, 1.8, 2)) == 1
         lifts = [auto.observe(**WAITED, model_staleness=2, kl=settled) for _ in range(wait)]
         assert lifts == [1] * (wait - 1) + [2] and auto.kl_trips == trip
+
+
+def test_the_rooms_edges_half_a_version_of_lag_is_evidence_and_room_at_the_ceiling_lifts_it():
+    # Mean lag exactly 0.5 is evidence: KL 0.01 there leaves room for floor(0.5) = 0.
+    auto = AutoStaleness(s_min=0, s_max=4, s=0, kl_max=0.01)
+    assert auto.observe(**WAITED, model_staleness=3, kl=KlReport(0.01, 0.5, 0)) == 0
+    # Room exactly at the ceiling counts: floor(2 * sqrt(0.01 / 0.004)) = 3 = the ceiling.
+    auto = AutoStaleness(s_min=0, s_max=4, s=3, kl_max=0.01, quiet_batches=1)
+    assert auto.observe(**QUIET, model_staleness=3, kl=KlReport(0.05, 2.5, 3)) == 2
+    assert auto.observe(**WAITED, model_staleness=3, kl=KlReport(0.004, 2.0, 2)) == 3
+
+
+def test_a_trip_starts_the_quiet_stretch_afresh():
+    auto = AutoStaleness(s_min=0, s_max=4, s=3, kl_max=0.01, quiet_batches=2)
+    assert auto.observe(**QUIET, model_staleness=0) == 3  # one quiet batch so far
+    assert auto.observe(**QUIET, model_staleness=0, kl=KlReport(0.05, 2.5, 3)) == 2
+    # The model asks for less: down again only after 2 more quiet batches, not 1.
+    assert [auto.observe(**QUIET, model_staleness=0) for _ in range(2)] == [2, 1]
