@@ -67,7 +67,11 @@ def cell_result(workdir: str, key: str, target: float, process_s: float) -> dict
     evals = [e for e in read_jsonl(os.path.join(workdir, "eval.jsonl")) if key in e]
     t0 = rows[0]["time/wall"] - rows[0].get("time/step_s", 0.0) if rows else 0.0
     hit = next((e for e in evals if e["tag"] != "before" and e[key] >= target), None)
-    mean = lambda k: statistics.fmean(r[k] for r in rows if k in r) if rows else None
+
+    def mean(metric: str) -> float | None:  # None where no row has it (a run before the metric)
+        values = [r[metric] for r in rows if metric in r]
+        return statistics.fmean(values) if values else None
+
     return {
         "steps": len(rows),
         "process_wall_s": process_s,

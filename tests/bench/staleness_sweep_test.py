@@ -27,6 +27,8 @@ def write_run(path, evals, staleness_max=3):
                 "staleness/mean": st,
                 "staleness/max": m,
                 "mismatch/kl": 1e-6 * s,
+                # staleness/kl only from step 2 on (a metric a run's first rows may lack)
+                **({"staleness/kl": 0.01 * s} if s > 1 else {}),
             }  # fmt: skip
             for s, u, st, m in ((1, 0.5, 1.0, 1), (2, 0.7, 2.0, staleness_max), (3, 0.9, 3.0, 2))
         ],
@@ -51,6 +53,7 @@ def test_cell_and_summary(tmp_path):
     assert a["learner_utilization"] == pytest.approx(0.7)
     assert a["staleness_mean"] == pytest.approx(2.0) and a["staleness_max"] == 3
     assert a["mismatch_kl"] == pytest.approx(2e-6)
+    assert a["staleness_kl"] == pytest.approx(0.025)  # the rows that have it
     write_run(tmp_path / "b", [("before", 0, 90.0, 0.1), ("after", 3, 108, 0.35)], 5)
     b = staleness_sweep.cell_result(str(tmp_path / "b"), "accuracy", 0.5, process_s=30.0)
     assert b["time_to_target_s"] is None
