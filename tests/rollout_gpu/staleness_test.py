@@ -64,6 +64,7 @@ class RecordingController(Controller):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.log: list[tuple] = []
+        self.refused_too_slow: set[str] = set()  # workers ever refused a lease as too slow
 
     def submit(self, worker_id, sub):
         with self.lock:  # the same RLock the operation takes: the log order is the real one
@@ -87,7 +88,10 @@ class RecordingController(Controller):
     def lease(self, worker_id, req):
         with self.lock:
             self.log.append(("look", self.db.get("next_step", 0)))
-            return super().lease(worker_id, req)
+            resp = super().lease(worker_id, req)
+            if resp.reason == "too_slow":
+                self.refused_too_slow.add(worker_id)
+            return resp
 
     def take_batch(self, step, num_groups):
         with self.lock:
@@ -278,10 +282,14 @@ def test_no_consumed_trajectory_is_too_stale_and_drops_are_counted(fleet):
         if '"region":"slow"' in r["profile"]
     )
     assert any(log[i][4] == slow for i in stale_on_arrival)  # the throttled worker's work
-    # Freshness-aware leasing: one lease measured it, then it got no more work.
+    # Freshness-aware leasing: one lease measured it, then it got no more work. (Refused as
+    # too slow, though not necessarily at its very last request: `timing.too_slow` holds the
+    # last verdict, and a learner waiting longer widens the window, so that one may pass and
+    # find no work.)
     slow_leases = ctl.db.q("SELECT COUNT(*) AS n FROM leases WHERE worker_id=?", (slow,))
-    assert slow_leases[0]["n"] == 1 and slow in ctl.timing.too_slow
-    assert stats["fleet/too_slow_workers"] >= 1
+    assert slow_leases[0]["n"] == 1 and slow in ctl.refused_too_slow
+    # (`fleet/too_slow_workers` counts the last verdicts, so it is timing here; its rule is
+    # pinned without a clock in tests/bridge/control/leasing/too_slow_test.py.)
     assert procs["slow"].poll() is None  # alive, asking, refused
 
     # (3) Nothing lost: each dropped group went back to the queue (same row, same prompt)
